@@ -1,0 +1,198 @@
+"""The internal HTTP protocol between the router and the workers, and between workers.
+
+One source of truth for what crosses a process boundary on the data plane.
+It never imports torch: the router uses it too.
+
+Endpoints every worker serves (aiohttp, see worker/server/):
+
+  GET  /health                  200 while the process is alive
+  GET  /ready                   200 once the model is loaded and the KV agent is up, else 503
+  GET  /v1/models               OpenAI list with the served model name
+  GET  /metrics                 Prometheus text
+  GET  /internal/info           WorkerInfo (role, epoch, limits, load), for the router
+  POST /internal/generate       GenerateRequest -> NDJSON stream of StreamEvent lines
+                                (decode and colocated roles; with `kv_source` set, the
+                                decode worker pulls the KV from the prefill worker first)
+  POST /internal/prefill        GenerateRequest -> PrefillResult JSON (prefill and colocated roles);
+                                the KV blocks stay leased on the prefill worker until pulled,
+                                released or expired
+  POST /internal/abort          {"request_id"}: cancel and free everything the request holds here
+  GET  /internal/kv/metadata    the KV agent's metadata (backend, engine_id, epoch, layout, ...)
+  POST /internal/kv/release     {"request_id"}: the prefill side frees a request's leased blocks
+  GET  /internal/kv/health      KV transfer health, read by the operator for KVTransferReady
+
+Every request carries the router's request id in the `X-Request-Id` header and
+in the body. Errors are HTTP 4xx/5xx with an OpenAI-format body
+({"error": {"message", "type", "param", "code"}}); the router passes 4xx bodies
+through to the client unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+REQUEST_ID_HEADER = "X-Request-Id"
+NDJSON = "application/x-ndjson"
+
+
+class Role(enum.StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    COLOCATED = "colocated"
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or the context length
+    ABORT = "abort"  # cancelled by the client or the router
+    ERROR = "error"
+
+
+class EventType(enum.StrEnum):
+    START = "start"  # first line of a stream: prompt_tokens
+    TOKEN = "token"  # one or more new tokens with their text delta
+    FINISH = "finish"  # last line on success: finish_reason and usage
+    ERROR = "error"  # last line on failure: an OpenAI-format error object
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: off
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: bool = False  # return the chosen token's logprob with every token
+
+
+@dataclass
+class KVSource:
+    """Where a decode worker finds the KV a prefill worker computed (returned by /internal/prefill)."""
+
+    url: str  # base URL of the prefill worker's HTTP API
+    engine_id: str  # "<pod or host>-<epoch>": a restarted worker gets a new one
+    backend: str  # "nixl" | "tcp" | "memory"
+    block_ids: list[int]  # the prefill worker's blocks, in sequence order
+    num_tokens: int  # tokens whose KV the blocks hold (the prompt)
+    extra: dict[str, Any] = field(default_factory=dict)  # backend-specific (e.g. tcp host/port)
+
+
+@dataclass
+class GenerateRequest:
+    request_id: str
+    # Exactly one of prompt / messages / prompt_token_ids. The worker tokenizes
+    # (and applies the chat template to messages); the router never does.
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    prompt_token_ids: list[int] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Disaggregated decode: the KV is pulled from here, and `first_token_id`
+    # (sampled by the prefill worker) is the first generated token.
+    kv_source: KVSource | None = None
+    first_token_id: int | None = None
+    # Resume on another decode worker after a failure: tokens already sent to
+    # the client; the worker re-prefills prompt + these and continues.
+    # max_tokens counts them (it is the request's total budget).
+    generated_token_ids: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GenerateRequest:
+        d = dict(d)
+        d["sampling"] = SamplingParams(**(d.get("sampling") or {}))
+        if d.get("kv_source") is not None:
+            d["kv_source"] = KVSource(**d["kv_source"])
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass
+class PrefillResult:
+    request_id: str
+    prompt_token_ids: list[int]
+    first_token_id: int
+    first_token_text: str
+    first_token_logprob: float | None
+    # Set when the first token already ends the request (EOS, stop, max_tokens=1):
+    # then there is nothing to hand off and the prefill worker has freed the blocks.
+    finish_reason: FinishReason | None
+    kv: KVSource | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PrefillResult:
+        d = dict(d)
+        if d.get("kv") is not None:
+            d["kv"] = KVSource(**d["kv"])
+        if d.get("finish_reason") is not None:
+            d["finish_reason"] = FinishReason(d["finish_reason"])
+        return cls(**d)
+
+
+@dataclass
+class StreamEvent:
+    """One NDJSON line of /internal/generate."""
+
+    type: EventType
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""  # detokenized delta for token_ids (may lag a token on partial UTF-8)
+    logprobs: list[float] | None = None
+    prompt_tokens: int | None = None  # on START
+    finish_reason: FinishReason | None = None  # on FINISH
+    usage: dict[str, int] | None = None  # on FINISH: prompt_tokens, completion_tokens
+    error: dict[str, Any] | None = None  # on ERROR: {"message", "type", "param", "code"}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, [], "")} | {
+            "type": self.type.value
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StreamEvent:
+        d = dict(d)
+        d["type"] = EventType(d["type"])
+        if d.get("finish_reason") is not None:
+            d["finish_reason"] = FinishReason(d["finish_reason"])
+        return cls(**d)
+
+
+@dataclass
+class WorkerInfo:
+    """GET /internal/info: what the router needs to pair and load-balance workers."""
+
+    role: Role
+    model: str  # served model name
+    max_model_len: int
+    engine_id: str  # "<pod or host>-<epoch>"
+    generation: str  # tandem.dev/generation: only equal generations are paired
+    kv_backend: str
+    ready: bool
+    running: int  # sequences in the running batch
+    waiting: int  # sequences queued
+    kv_usage: float  # used / total blocks, 0..1
+    outstanding_prompt_tokens: int  # prompt tokens queued or being prefilled
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> WorkerInfo:
+        d = dict(d)
+        d["role"] = Role(d["role"])
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def openai_error(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    """The body of an OpenAI-format error response."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
