@@ -22,14 +22,19 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(BIN)/tandem up $(ARGS)
 
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm,
+# built from Go modules into ~/.cache/tandem/k8s/<versions>/ (seconds once built;
+# see docs/control-plane.md). Honours KUBEBUILDER_ASSETS.
 k8s-bins:
-	hack/k8s-bins.sh
+	bash hack/k8s-bins.sh
 
 test: $(STAMP) k8s-bins
-	KUBEBUILDER_ASSETS="$$(hack/k8s-bins.sh --print-dir)" $(BIN)/pytest $(PYTEST_ARGS)
+	KUBEBUILDER_ASSETS="$$(bash hack/k8s-bins.sh --print-dir)" $(BIN)/pytest $(PYTEST_ARGS)
 
+# A control plane with fake GPU nodes left running; .cluster/kubeconfig is its admin.
 cluster: $(STAMP) k8s-bins
-	KUBEBUILDER_ASSETS="$$(hack/k8s-bins.sh --print-dir)" $(BIN)/python -m tandem.testing.cluster up
+	KUBEBUILDER_ASSETS="$$(bash hack/k8s-bins.sh --print-dir)" $(BIN)/python -m tandem.testing.cluster up
+	@echo 'PATH="$$(bash hack/k8s-bins.sh --print-dir):$$PATH" kubectl --kubeconfig .cluster/kubeconfig get nodes -L tandem.dev/pool'
 
 cluster-down:
 	$(BIN)/python -m tandem.testing.cluster down

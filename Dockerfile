@@ -1,0 +1,95 @@
+# syntax=docker/dockerfile:1.7
+#
+# Two images from one file:
+#
+#   docker build --target operator -t REGISTRY/tandem-operator:0.1.0 .
+#   docker build --target worker   -t REGISTRY/tandem-worker:0.1.0 .
+#
+# operator: kopf and the Kubernetes client only (no torch): small, starts in a second.
+# worker:   torch, transformers, tokenizers and NIXL (UCX) for the prefill, decode and
+#           colocated roles; the router runs from this image too (it never imports torch).
+#
+# Base images are pinned to a full version tag; pin the digest as well when you
+# publish (`python:3.11.14-slim-bookworm@sha256:...`), which needs a registry to look up.
+
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+# ---------------------------------------------------------------------------------------------
+# base: the Python runtime, a non-root user and a virtualenv on PATH.
+FROM ${PYTHON_IMAGE} AS base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/tandem \
+    PATH=/opt/tandem/bin:$PATH
+# A fixed numeric uid/gid so that `runAsNonRoot: true` can be verified by the kubelet.
+RUN groupadd --system --gid 10001 tandem \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /home/tandem --create-home \
+       --shell /usr/sbin/nologin tandem \
+    && python -m venv "$VIRTUAL_ENV" \
+    && pip install --no-cache-dir pip==25.3
+
+# ---------------------------------------------------------------------------------------------
+# source: only what `pip install .` reads (see .dockerignore for what is kept out).
+FROM base AS source
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY cli/ cli/
+COPY operator/ operator/
+COPY worker/ worker/
+COPY testing/ testing/
+
+# ---------------------------------------------------------------------------------------------
+# operator-build: the operator extra only; torch is never installed here.
+# DL3013 (pin versions in pip) is ignored on both `pip install '.[extra]'` lines: every
+# dependency is pinned exactly in pyproject.toml, which hadolint cannot read.
+FROM source AS operator-build
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir '.[operator]'
+
+# ---------------------------------------------------------------------------------------------
+# operator: the image the Helm chart deploys.
+FROM base AS operator
+COPY --from=operator-build /opt/tandem /opt/tandem
+USER 10001:10001
+WORKDIR /home/tandem
+# kopf's liveness endpoint (the chart passes the same address with --liveness).
+EXPOSE 8080
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=4)"]
+ENTRYPOINT ["tandem"]
+CMD ["operator", "--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz"]
+
+# ---------------------------------------------------------------------------------------------
+# worker-build: torch first, then NIXL, so NIXL's resolver sees the torch already there
+# and never pulls its own (the same order as the Makefile).
+FROM source AS worker-build
+ARG NIXL_VERSION=1.5.1
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir '.[worker]' \
+    && pip install --no-cache-dir "nixl-cu12==${NIXL_VERSION}"
+
+# ---------------------------------------------------------------------------------------------
+# worker: prefill, decode, colocated and router roles.
+FROM base AS worker
+# rdma-core's user-space verbs libraries: UCX (inside NIXL) loads them to reach the RDMA
+# NIC (mlx5 for InfiniBand and RoCE). The kernel driver and the device plugin live on the node.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends \
+       ibverbs-providers=44.0-2 \
+       libibverbs1=44.0-2 \
+       librdmacm1=44.0-2 \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=worker-build /opt/tandem /opt/tandem
+# Model weights from a hub (where the cluster has internet) are cached here; mount a volume.
+ENV HF_HOME=/home/tandem/.cache/huggingface
+USER 10001:10001
+WORKDIR /home/tandem
+# The worker and router HTTP port (the operator sets --port to the same value).
+EXPOSE 8000
+# /health answers once the process is up; readiness (/ready: model loaded) is the kubelet's job.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)"]
+ENTRYPOINT ["tandem"]
+CMD ["worker", "--help"]

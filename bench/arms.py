@@ -1,0 +1,241 @@
+"""The arms of a benchmark: sets of real `tandem` processes on loopback, started with the CLIs.
+
+  colocated      two colocated workers (core 0, core 1) behind one router
+  disagg-nixl    a prefill worker on core 0, a decode worker on core 1, KV over NIXL (UCX)
+  disagg-tcp     the same with the TCP handoff
+
+Every worker runs one torch thread and is pinned to its core (sched_setaffinity before exec, so
+every thread it starts inherits the mask). The router and the load generator are not pinned:
+they share both cores with the workers, as they would on a two-core node, and their CPU is
+measured and reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+ARMS = ("colocated", "disagg-nixl", "disagg-tcp")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tandem_exe() -> list[str]:
+    """The `tandem` console script of this interpreter's environment ($TANDEM_EXE overrides)."""
+    if os.environ.get("TANDEM_EXE"):
+        return [os.environ["TANDEM_EXE"]]
+    exe = Path(sys.executable).with_name("tandem")
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("tandem")
+    if found:
+        return [found]
+    return [sys.executable, "-m", "tandem.cli"]
+
+
+@dataclass
+class Proc:
+    name: str  # "router", "prefill", "decode", "colocated-0", ...
+    role: str  # "router" | "prefill" | "decode" | "colocated"
+    url: str
+    cmd: list[str]
+    cpu: int | None  # the core it is pinned to; None: not pinned
+    log_path: Path
+    popen: subprocess.Popen | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        cpu = self.cpu
+
+        def pin() -> None:
+            if cpu is not None:
+                os.sched_setaffinity(0, {cpu})
+
+        self.popen = subprocess.Popen(
+            self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=pin,
+            start_new_session=True,
+        )
+        log.close()
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def ps(self) -> psutil.Process | None:
+        try:
+            return psutil.Process(self.popen.pid) if self.popen else None
+        except psutil.NoSuchProcess:
+            return None
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the process and its children so far."""
+        p = self.ps()
+        if p is None:
+            return 0.0
+        total = 0.0
+        try:
+            for q in [p, *p.children(recursive=True)]:
+                t = q.cpu_times()
+                total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+        return total
+
+    def placement(self) -> dict:
+        """Where it may run and how many threads it has: pinning is checked, not assumed."""
+        p = self.ps()
+        if p is None:
+            return {}
+        try:
+            return {"pid": p.pid, "affinity": p.cpu_affinity(), "threads": p.num_threads()}
+        except psutil.NoSuchProcess:
+            return {}
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if not self.alive():
+            return
+        assert self.popen is not None
+        try:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(5)
+        except ProcessLookupError:
+            pass
+
+
+@dataclass
+class Arm:
+    name: str
+    model_dir: Path
+    log_dir: Path
+    procs: list[Proc] = field(default_factory=list)
+
+    @property
+    def router(self) -> Proc:
+        return next(p for p in self.procs if p.role == "router")
+
+    @property
+    def url(self) -> str:
+        return self.router.url
+
+    @property
+    def workers(self) -> list[Proc]:
+        return [p for p in self.procs if p.role != "router"]
+
+    @property
+    def kv_backend(self) -> str | None:
+        return {"disagg-nixl": "nixl", "disagg-tcp": "tcp"}.get(self.name)
+
+    def plan_processes(self) -> None:
+        if self.name not in ARMS:
+            raise ValueError(f"unknown arm {self.name!r}; choose from {ARMS}")
+        self.procs = []
+        if self.name == "colocated":
+            roles = [("colocated-0", "colocated", 0), ("colocated-1", "colocated", 1)]
+        else:
+            roles = [("prefill", "prefill", 0), ("decode", "decode", 1)]
+        for name, role, cpu in roles:
+            port = free_port()
+            self.procs.append(Proc(
+                name, role, f"http://127.0.0.1:{port}", worker_cmd(role, port, self.model_dir,
+                                                                   self.kv_backend or "tcp"),
+                cpu, self.log_dir / f"{self.name}-{name}.log",
+            ))
+        port = free_port()
+        self.procs.append(Proc(
+            "router", "router", f"http://127.0.0.1:{port}",
+            router_cmd(port, [(w.role, w.url) for w in self.workers]), None,
+            self.log_dir / f"{self.name}-router.log",
+        ))
+
+    def start(self) -> None:
+        self.plan_processes()
+        env = dict(os.environ)
+        # One compute thread per worker; every library that might start a pool is told so.
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+                   TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+        for p in self.procs:
+            p.start(env)
+
+    async def wait_ready(self, timeout_s: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        async with aiohttp.ClientSession() as s:
+            for p in self.procs:
+                path = "/ready" if p.role != "router" else "/v1/models"
+                while True:
+                    if not p.alive():
+                        raise RuntimeError(
+                            f"{self.name}: {p.name} exited with {p.popen.returncode if p.popen else '?'}"
+                            f"; command: {' '.join(p.cmd)}\n--- log tail ---\n{p.log_tail()}")
+                    try:
+                        async with s.get(p.url + path, timeout=aiohttp.ClientTimeout(total=2)) as r:
+                            if r.status == 200:
+                                break
+                    except (aiohttp.ClientError, TimeoutError):
+                        pass
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{self.name}: {p.name} not ready after {timeout_s:.0f}s"
+                                           f"\n--- log tail ---\n{p.log_tail()}")
+                    await asyncio.sleep(0.5)
+            # The router learns its workers by polling them: wait until it routes a request.
+            await _wait_router_serves(s, self.url, deadline)
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+
+
+async def _wait_router_serves(s: aiohttp.ClientSession, url: str, deadline: float) -> None:
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            async with s.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                model = (await r.json())["data"][0]["id"]
+            body = {"model": model, "prompt": "hello", "max_tokens": 2, "temperature": 0}
+            async with s.post(url + "/v1/completions", json=body,
+                              timeout=aiohttp.ClientTimeout(total=60)) as r:
+                if r.status == 200:
+                    return
+                last = f"HTTP {r.status}: {(await r.text())[:200]}"
+        except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError) as e:
+            last = f"{type(e).__name__}: {e}"
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"router {url} does not serve a request: {last}")
+
+
+def worker_cmd(role: str, port: int, model_dir: Path, kv_backend: str) -> list[str]:
+    return [*tandem_exe(), "worker", "--role", role, "--model", str(model_dir),
+            "--host", "127.0.0.1", "--port", str(port), "--threads", "1",
+            # 1024 blocks of 16 tokens: 16k tokens (256 MiB) of KV, more than any workload holds.
+            "--num-blocks", "1024", "--kv-backend", "none" if role == "colocated" else kv_backend]
+
+
+def router_cmd(port: int, workers: list[tuple[str, str]]) -> list[str]:
+    cmd = [*tandem_exe(), "router", "--host", "127.0.0.1", "--port", str(port)]
+    for role, url in workers:
+        # Colocated workers serve /internal/generate like decode workers and are listed as such.
+        cmd += ["--prefill" if role == "prefill" else "--decode", url]
+    return cmd

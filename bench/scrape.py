@@ -1,0 +1,47 @@
+"""Reading Prometheus text from the workers' and router's /metrics, for per-run deltas."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import aiohttp
+
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Sample name -> value summed over every label set (the bench has no per-label questions).
+
+    `_bucket` series are skipped: their sum over `le` means nothing.
+    """
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if not m or m.group(1).endswith("_bucket"):
+            continue
+        try:
+            v = float(m.group(3))
+        except ValueError:
+            continue
+        if math.isnan(v):
+            continue
+        out[m.group(1)] = out.get(m.group(1), 0.0) + v
+    return out
+
+
+def delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """The parsed /metrics of one process; empty when it does not answer (never fails a run)."""
+    try:
+        async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            if resp.status != 200:
+                return {}
+            return parse_prometheus(await resp.text())
+    except (aiohttp.ClientError, TimeoutError):
+        return {}

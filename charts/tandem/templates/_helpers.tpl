@@ -1,0 +1,143 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "tandem.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tandem.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Objects of the operator itself: Deployment, Service, ServiceAccount. */}}
+{{- define "tandem.operatorName" -}}
+{{- printf "%s-operator" (include "tandem.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Cluster-scoped objects are shared by every namespace: the release namespace keeps two
+installs of the same release name apart. */}}
+{{- define "tandem.clusterName" -}}
+{{- printf "%s-%s" (include "tandem.operatorName" .) .Release.Namespace | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tandem.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "tandem.operatorName" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "tandem.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tandem.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tandem.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "tandem.labels" -}}
+helm.sh/chart: {{ include "tandem.chart" . }}
+{{ include "tandem.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: tandem
+{{- end }}
+
+{{- define "tandem.operatorImage" -}}
+{{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) }}
+{{- end }}
+
+{{- define "tandem.workerImage" -}}
+{{- printf "%s:%s" .Values.workerDefaults.image.repository (default .Chart.AppVersion .Values.workerDefaults.image.tag) }}
+{{- end }}
+
+{{/* The Restricted pod security level, for the operator pod and the `helm test` pod. */}}
+{{- define "tandem.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "tandem.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/*
+Exactly what the operator calls in the namespaces it serves (operator/apply.py, handlers.py;
+docs/install.md lists each call). A ClusterRole when it serves every namespace, a Role in
+each watched namespace otherwise. The end-to-end test runs the operator with a token of this
+ServiceAccount, so a rule missing here fails it. No delete anywhere: children go with their
+InferenceService through owner references and the garbage collector.
+*/}}
+{{- define "tandem.operatorRules" -}}
+# The InferenceService: kopf lists and watches it and patches its annotations (handler
+# progress); the resync lists it and reads it back; status goes through the subresource.
+- apiGroups: ["tandem.dev"]
+  resources: ["inferenceservices"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["tandem.dev"]
+  resources: ["inferenceservices/status"]
+  verbs: ["patch"]
+# Children, written with server-side apply (PATCH, which also creates) after a GET.
+# Deployments and pods are also watched (status refresh) and listed (observation).
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "patch"]
+- apiGroups: [""]
+  resources: ["configmaps", "serviceaccounts"]
+  verbs: ["get", "patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "patch"]
+# Pods are only read: readiness and scheduling failures become status conditions. The
+# router's Role grants pods and EndpointSlices get/list/watch, and Kubernetes lets the
+# operator write (and bind) a Role only with every permission it grants (no `escalate`
+# or `bind` verbs here), so the operator holds them too.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["get", "list", "watch"]
+# Events on the InferenceService for what the operator did (kopf posts core/v1 Events).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}
+
+{{/* What kopf needs at cluster scope whatever it serves: it lists and watches CRDs to
+notice resources that appear or change; when it serves a list of namespaces it also lists
+and watches namespaces to notice them appear. */}}
+{{- define "tandem.frameworkRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- if .Values.watchNamespaces }}
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}
+{{- end }}

@@ -1,0 +1,234 @@
+"""The operator's I/O with the API server: server-side apply of children, observing them, status.
+
+Every write of a child is a server-side apply (PATCH application/apply-patch+yaml, force) under
+one field manager, so reconciling is idempotent and a no-op apply writes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import socket
+from dataclasses import dataclass, field
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from tandem.operator.config import FIELD_MANAGER, GROUP, LABEL_ROLE, LABEL_SERVICE, PLURAL, VERSION
+from tandem.operator.status import Observation, RoleObservation
+
+log = logging.getLogger(__name__)
+
+# (apiVersion, kind) -> URL path template of the named object.
+PATHS: dict[tuple[str, str], str] = {
+    ("v1", "ConfigMap"): "/api/v1/namespaces/{namespace}/configmaps/{name}",
+    ("v1", "Service"): "/api/v1/namespaces/{namespace}/services/{name}",
+    ("v1", "ServiceAccount"): "/api/v1/namespaces/{namespace}/serviceaccounts/{name}",
+    ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
+    ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles/{name}",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings/{name}",
+}
+
+
+@dataclass
+class ApplyResult:
+    """What one pass of applies did, for events and status."""
+
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    error: str | None = None
+    retryable: bool = False
+
+
+def ref(manifest: dict) -> str:
+    return f"{manifest['kind']}/{manifest['metadata']['name']}"
+
+
+def _path(manifest: dict) -> str:
+    meta = manifest["metadata"]
+    template = PATHS[(manifest["apiVersion"], manifest["kind"])]
+    return template.format(namespace=meta["namespace"], name=meta["name"])
+
+
+def request(
+    api: client.ApiClient,
+    method: str,
+    path: str,
+    query: list[tuple[str, str]] | None = None,
+    body: dict | None = None,
+    content_type: str | None = None,
+) -> dict:
+    """One raw API call returning the JSON body as a dict; non-2xx raises ApiException."""
+    headers = {"Accept": "application/json"}
+    if content_type:
+        headers["Content-Type"] = content_type
+    params = api.param_serialize(
+        method=method,
+        resource_path=path,
+        query_params=query or [],
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    resp = api.call_api(*params)
+    resp.read()
+    text = (resp.data or b"").decode("utf-8", errors="replace")
+    if not 200 <= resp.status <= 299:
+        raise ApiException.from_response(http_resp=resp, body=text, data=None)
+    return json.loads(text) if text else {}
+
+
+def server_side_apply(api: client.ApiClient, manifest: dict) -> dict:
+    """One SSA PATCH (force: the operator owns what it renders); returns the stored object."""
+    return request(
+        api,
+        "PATCH",
+        _path(manifest),
+        query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+        body=manifest,
+        content_type="application/apply-patch+yaml",
+    )
+
+
+def _resource_version(api: client.ApiClient, manifest: dict) -> str | None:
+    try:
+        obj = request(api, "GET", _path(manifest))
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return obj["metadata"]["resourceVersion"]
+
+
+def _error_text(e: ApiException) -> str:
+    try:
+        return json.loads(e.body or "").get("message") or f"{e.status} {e.reason}"
+    except (TypeError, ValueError, AttributeError):
+        return f"{e.status} {e.reason}"
+
+
+def apply_all(api: client.ApiClient, manifests: list[dict]) -> ApplyResult:
+    """Applies children in order; stops at the first failure and says whether retrying may help.
+
+    A GET before each apply tells created/updated/unchanged apart (a no-op apply keeps the
+    resourceVersion), which is what the events on the CR report.
+    """
+    result = ApplyResult()
+    for manifest in manifests:
+        try:
+            before = _resource_version(api, manifest)
+            after = server_side_apply(api, manifest)["metadata"]["resourceVersion"]
+        except ApiException as e:
+            result.error = f"applying {ref(manifest)}: {_error_text(e)}"
+            # 4xx other than conflicts/throttling: the API server refuses what we rendered.
+            result.retryable = e.status is None or e.status >= 500 or e.status in (409, 429)
+            return result
+        except Exception as e:  # connection errors and the like: retry later
+            result.error = f"applying {ref(manifest)}: {e}"
+            result.retryable = True
+            return result
+        if before is None:
+            result.created.append(ref(manifest))
+        elif before != after:
+            result.updated.append(ref(manifest))
+    return result
+
+
+def _list(api: client.ApiClient, path: str, selector: str) -> list[dict]:
+    return request(api, "GET", path, query=[("labelSelector", selector)]).get("items") or []
+
+
+def observe(api: client.ApiClient, namespace: str, name: str) -> Observation:
+    """Lists this InferenceService's Deployments, pods and router Service by label."""
+    selector = f"{LABEL_SERVICE}={name}"
+    deployments = _list(api, f"/apis/apps/v1/namespaces/{namespace}/deployments", selector)
+    pods = _list(api, f"/api/v1/namespaces/{namespace}/pods", selector)
+    obs = Observation()
+    for d in deployments:
+        role = (d["metadata"].get("labels") or {}).get(LABEL_ROLE)
+        if role is None:
+            continue
+        role_pods = [
+            p for p in pods
+            if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == role
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+        obs.roles[role] = RoleObservation(
+            exists=True,
+            replicas=d["spec"].get("replicas") or 0,
+            ready=(d.get("status") or {}).get("readyReplicas") or 0,
+            pods=role_pods,
+        )
+    services = _list(api, f"/api/v1/namespaces/{namespace}/services", f"{selector},{LABEL_ROLE}=router")
+    obs.router_service = any(s["metadata"]["name"] == f"{name}-router" for s in services)
+    return obs
+
+
+def _cr_path(namespace: str | None, name: str | None = None) -> str:
+    base = f"/apis/{GROUP}/{VERSION}"
+    path = f"{base}/namespaces/{namespace}/{PLURAL}" if namespace else f"{base}/{PLURAL}"
+    return f"{path}/{name}" if name else path
+
+
+def get_service(api: client.ApiClient, namespace: str, name: str) -> dict | None:
+    """The InferenceService as a dict, or None when it is gone."""
+    try:
+        return request(api, "GET", _cr_path(namespace, name))
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def list_services(api: client.ApiClient, namespaces: list[str] | None) -> list[dict]:
+    """Every InferenceService the operator serves (all namespaces when namespaces is None)."""
+    if namespaces is None:
+        return request(api, "GET", _cr_path(None)).get("items") or []
+    items: list[dict] = []
+    for ns in namespaces:
+        items += request(api, "GET", _cr_path(ns)).get("items") or []
+    return items
+
+
+def write_status(api: client.ApiClient, namespace: str, name: str, status: dict) -> None:
+    """Merge-patches the status subresource (a JSON merge patch replaces the conditions list)."""
+    try:
+        request(
+            api,
+            "PATCH",
+            _cr_path(namespace, name) + "/status",
+            body={"status": status},
+            content_type="application/merge-patch+json",
+        )
+    except ApiException as e:
+        if e.status != 404:  # deleted meanwhile: nothing to report on
+            raise
+
+
+def post_event(api: client.ApiClient, body: dict, type_: str, reason: str, message: str) -> None:
+    """A core/v1 Event on the InferenceService; failing to post one never fails a reconcile."""
+    meta = body["metadata"]
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    event = {
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": body.get("apiVersion", f"{GROUP}/{VERSION}"),
+            "kind": body.get("kind", "InferenceService"),
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid"),
+        },
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": FIELD_MANAGER},
+        "reportingComponent": FIELD_MANAGER,
+        "reportingInstance": socket.gethostname(),
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+    try:
+        request(api, "POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
+    except Exception as e:  # events are best effort
+        log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], e)

@@ -1,0 +1,89 @@
+"""`tandem operator`: runs the kopf operator for InferenceServices.
+
+Cheap to import (the CLI table imports it for --help): kopf and the kubernetes client load in run().
+Deploy exactly one replica (Deployment strategy Recreate): kopf runs standalone, without peering.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from tandem.operator.config import DEFAULT_RESYNC_SECONDS, OperatorConfig, split_image
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n", "--namespace", action="append", default=[],
+        help="watch this namespace (repeatable; default: $TANDEM_NAMESPACES, comma-separated)",
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    parser.add_argument(
+        "--log-format", choices=["plain", "full", "json"], default=os.environ.get("TANDEM_LOG_FORMAT", "full"),
+        help="log line format (json: one JSON object per line)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--liveness", default=os.environ.get("TANDEM_LIVENESS"), metavar="URL",
+        help="serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz",
+    )
+    parser.add_argument(
+        "--worker-image", default=os.environ.get("TANDEM_WORKER_IMAGE", ""), metavar="REPO[:TAG]",
+        help="image for workers and router when the InferenceService sets none ($TANDEM_WORKER_IMAGE)",
+    )
+    parser.add_argument(
+        "--image-pull-policy", choices=["Always", "IfNotPresent", "Never"],
+        default=os.environ.get("TANDEM_IMAGE_PULL_POLICY") or None,
+        help="pull policy when the InferenceService sets none ($TANDEM_IMAGE_PULL_POLICY)",
+    )
+    parser.add_argument(
+        "--resync-seconds", type=float,
+        default=float(os.environ.get("TANDEM_RESYNC_SECONDS") or DEFAULT_RESYNC_SECONDS),
+        help="period of the drift-correcting re-apply of every InferenceService",
+    )
+
+
+def operator_config(args: argparse.Namespace) -> OperatorConfig:
+    """Flags over environment over built-in defaults."""
+    base = OperatorConfig.from_env()
+    repo, tag = split_image(args.worker_image)
+    return OperatorConfig(
+        image_repository=repo or base.image_repository,
+        image_tag=tag or base.image_tag,
+        pull_policy=args.image_pull_policy or base.pull_policy,
+        resync_seconds=args.resync_seconds,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import kopf
+    from tandem.operator import handlers  # noqa: F401  (registers the handlers)
+
+    namespaces = list(args.namespace) or [
+        n for n in os.environ.get("TANDEM_NAMESPACES", "").split(",") if n
+    ]
+    if not namespaces and not args.all_namespaces:
+        raise SystemExit("tandem operator: give --namespace NS (repeatable) or --all-namespaces")
+    log_format = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
+    kopf.configure(verbose=args.verbose, log_format=log_format[args.log_format])
+    memo = kopf.Memo(
+        config=operator_config(args),
+        namespaces=None if args.all_namespaces else namespaces,
+    )
+    kopf.run(
+        standalone=True,
+        clusterwide=args.all_namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=args.liveness,
+        memo=memo,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    _parser = argparse.ArgumentParser(prog="tandem operator")
+    add_arguments(_parser)
+    sys.exit(run(_parser.parse_args()))

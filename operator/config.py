@@ -1,0 +1,74 @@
+"""The operator's own configuration: what a CR does not say, the operator decides from here.
+
+Kept apart from the renderer so render stays a pure function of (CR, OperatorConfig).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+GROUP = "tandem.dev"
+VERSION = "v1alpha1"
+PLURAL = "inferenceservices"
+KIND = "InferenceService"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# One field manager for every server-side apply the operator makes.
+FIELD_MANAGER = "tandem-operator"
+
+# Labels every child carries; tandem.dev/service + tandem.dev/role select a role's pods.
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_SERVICE = "tandem.dev/service"
+LABEL_ROLE = "tandem.dev/role"
+LABEL_GENERATION = "tandem.dev/generation"
+ANNOTATION_CONFIG_HASH = "tandem.dev/config-hash"
+MANAGED_BY = "tandem-operator"
+
+# Ports inside the pods (the router Service's port comes from the spec).
+WORKER_PORT = 8000
+ROUTER_PORT = 8000
+
+DEFAULT_IMAGE_REPOSITORY = "ghcr.io/tandem-dev/tandem-worker"
+DEFAULT_IMAGE_TAG = "0.1.0"
+DEFAULT_PULL_POLICY = "IfNotPresent"
+DEFAULT_RESYNC_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Operator-wide settings; flags of `tandem operator` override the TANDEM_* environment."""
+
+    image_repository: str = DEFAULT_IMAGE_REPOSITORY
+    image_tag: str = DEFAULT_IMAGE_TAG
+    pull_policy: str = DEFAULT_PULL_POLICY
+    resync_seconds: float = DEFAULT_RESYNC_SECONDS
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
+        """TANDEM_WORKER_IMAGE (repo[:tag]), TANDEM_IMAGE_PULL_POLICY, TANDEM_RESYNC_SECONDS."""
+        env = dict(os.environ if env is None else env)
+        repo, tag = split_image(env.get("TANDEM_WORKER_IMAGE", ""))
+        return cls(
+            image_repository=repo or DEFAULT_IMAGE_REPOSITORY,
+            image_tag=tag or DEFAULT_IMAGE_TAG,
+            pull_policy=env.get("TANDEM_IMAGE_PULL_POLICY") or DEFAULT_PULL_POLICY,
+            resync_seconds=float(env.get("TANDEM_RESYNC_SECONDS") or DEFAULT_RESYNC_SECONDS),
+        )
+
+
+def split_image(image: str) -> tuple[str, str]:
+    """'registry:5000/repo:tag' -> ('registry:5000/repo', 'tag'); a digest stays in the tag."""
+    if not image:
+        return "", ""
+    if "@" in image:
+        repo, digest = image.split("@", 1)
+        return repo, "@" + digest
+    last = image.rsplit("/", 1)[-1]
+    if ":" in last:
+        repo, tag = image.rsplit(":", 1)
+        return repo, tag
+    return image, ""

@@ -1,0 +1,87 @@
+"""The chart's RBAC grants exactly the operator's calls: cluster-wide by default, per watched
+namespace when asked, never a wildcard, a Secret, a delete or a pod write. (That nothing is
+missing is proved by the end-to-end test, which runs the operator with these rules.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tandem.testing.chart import find, render
+
+# (apiGroup, resource) -> verbs: the operator's calls (operator/apply.py, handlers.py, kopf).
+EXPECTED = {
+    ("tandem.dev", "inferenceservices"): {"get", "list", "watch", "patch"},
+    ("tandem.dev", "inferenceservices/status"): {"patch"},
+    ("apps", "deployments"): {"get", "list", "watch", "patch"},
+    ("", "services"): {"get", "list", "patch"},
+    ("", "configmaps"): {"get", "patch"},
+    ("", "serviceaccounts"): {"get", "patch"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "patch"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "patch"},
+    ("", "pods"): {"get", "list", "watch"},
+    ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
+    ("", "events"): {"create"},
+}
+FRAMEWORK = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
+
+
+def grants(role: dict) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+        assert "*" not in rule["apiGroups"] and not rule.get("resourceNames"), rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+def bound_subjects(binding: dict) -> list[tuple[str, str, str]]:
+    return [(s["kind"], s["name"], s.get("namespace", "")) for s in binding["subjects"]]
+
+
+def test_cluster_wide_by_default(helm_bin: Path) -> None:
+    objs = render(helm_bin, release="rel", namespace="ops")
+    roles = {r["metadata"]["name"]: grants(r) for r in find(objs, "ClusterRole")}
+    assert roles == {
+        "rel-tandem-operator-ops": EXPECTED,
+        "rel-tandem-operator-ops-framework": FRAMEWORK,
+    }
+    assert not find(objs, "Role") and not find(objs, "RoleBinding")
+    for binding in find(objs, "ClusterRoleBinding"):
+        assert binding["roleRef"]["kind"] == "ClusterRole"
+        assert binding["roleRef"]["name"] == binding["metadata"]["name"]
+        assert bound_subjects(binding) == [("ServiceAccount", "rel-tandem-operator", "ops")]
+
+
+def test_watched_namespaces_get_roles_and_nothing_cluster_wide_but_discovery(
+    helm_bin: Path,
+) -> None:
+    objs = render(helm_bin, release="rel", namespace="ops", watchNamespaces=["llm-a", "llm-b"])
+    (framework,) = find(objs, "ClusterRole")
+    assert grants(framework) == FRAMEWORK | {("", "namespaces"): {"list", "watch"}}
+    roles = find(objs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["llm-a", "llm-b"]
+    for role in roles:
+        assert grants(role) == EXPECTED
+    bindings = find(objs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["llm-a", "llm-b"]
+    for binding in bindings:
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                      "name": "rel-tandem-operator"}
+        assert bound_subjects(binding) == [("ServiceAccount", "rel-tandem-operator", "ops")]
+
+
+def test_nothing_beyond_the_operators_calls(helm_bin: Path) -> None:
+    for role in find(render(helm_bin), "ClusterRole"):
+        for (_group, resource), verbs in grants(role).items():
+            assert resource != "secrets"
+            assert "delete" not in verbs and "deletecollection" not in verbs
+            assert not {"escalate", "bind", "impersonate"} & verbs
+            if resource == "pods":
+                assert verbs == {"get", "list", "watch"}
+
+
+def test_rbac_can_be_left_to_the_user(helm_bin: Path) -> None:
+    objs = render(helm_bin, **{"rbac.create": False})
+    assert not [o for o in objs if o["apiVersion"].startswith("rbac.authorization.k8s.io")]

@@ -1,0 +1,137 @@
+"""Fixtures for the operator's tests: the CRD as the API server would default it, specs, examples."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "crds" / "inferenceservices.tandem.dev.yaml"
+EXAMPLES = ROOT / "examples"
+
+
+def _apply_defaults(schema: dict, value: Any) -> Any:
+    """The API server's defaulting: a missing property gets its `default`, recursively."""
+    if isinstance(value, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if key not in value and "default" in sub:
+                value[key] = copy.deepcopy(sub["default"])
+            if key in value:
+                value[key] = _apply_defaults(sub, value[key])
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in value:
+                value[key] = _apply_defaults(extra, value[key])
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [_apply_defaults(schema["items"], v) for v in value]
+    return value
+
+
+@pytest.fixture(scope="session")
+def crd() -> dict:
+    return yaml.safe_load(CRD_PATH.read_text())
+
+
+@pytest.fixture(scope="session")
+def spec_schema(crd: dict) -> dict:
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+@pytest.fixture
+def defaulted(spec_schema: dict) -> Callable[[dict], dict]:
+    """spec -> the spec as stored by the API server after CRD defaulting."""
+    return lambda spec: _apply_defaults(spec_schema, copy.deepcopy(spec))
+
+
+@pytest.fixture
+def meta() -> dict:
+    return {"name": "llama", "namespace": "serving", "uid": "0b5e7a4c-1111-2222-3333-444455556666", "generation": 1}
+
+
+@pytest.fixture(scope="session")
+def examples() -> dict[str, dict]:
+    """examples/*.yaml by file stem."""
+    return {p.stem: yaml.safe_load(p.read_text()) for p in sorted(EXAMPLES.glob("*.yaml"))}
+
+
+# --- against the real control plane ------------------------------------------------------------
+
+CRD_NAME = "inferenceservices.tandem.dev"
+
+
+@pytest.fixture(scope="session")
+def crd_installed(k8s) -> str:
+    """The CRD applied (server-side, so a later edit of the file updates it) and Established."""
+    k8s.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
+    k8s.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+    return CRD_NAME
+
+
+class OperatorProcess:
+    """`tandem operator` as a real subprocess, with its log file and liveness URL."""
+
+    def __init__(self, proc: subprocess.Popen, log_path: Path, liveness: str) -> None:
+        self.proc, self.log_path, self.liveness = proc, log_path, liveness
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """SIGTERM (kopf's graceful stop), then SIGKILL: never leaves a process behind."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def start_operator(k8s, crd_installed, tmp_path_factory):
+    """Starts operators (all namespaces, resync every 2 s, JSON logs); stops them all at the end."""
+    from tandem.testing.cluster import free_port, wait_until
+
+    started: list[OperatorProcess] = []
+
+    def start(*extra: str) -> OperatorProcess:
+        port = free_port()
+        liveness = f"http://127.0.0.1:{port}/healthz"
+        log_path = tmp_path_factory.mktemp("operator") / "operator.log"
+        argv = [
+            str(Path(sys.executable).parent / "tandem"), "operator", "--all-namespaces",
+            "--resync-seconds", "2", "--log-format", "json", "--liveness", liveness,
+            "--worker-image", "registry.test/tandem-worker:test", *extra,
+        ]
+        env = dict(os.environ, KUBECONFIG=str(k8s.kubeconfig))
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        op = OperatorProcess(proc, log_path, liveness)
+        started.append(op)
+
+        def alive() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"tandem operator exited with {proc.returncode}:\n{op.log()[-3000:]}")
+            with urllib.request.urlopen(liveness, timeout=2) as resp:
+                return resp.status == 200
+
+        try:
+            wait_until(alive, timeout=60, what="tandem operator liveness")
+        except TimeoutError as e:
+            raise AssertionError(f"{e}\n{op.log()[-3000:]}") from None
+        return op
+
+    try:
+        yield start
+    finally:
+        for op in started:
+            op.stop()

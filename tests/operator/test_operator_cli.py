@@ -1,0 +1,58 @@
+"""`tandem operator`: flags over environment over defaults, and no heavy imports."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+from tandem.operator.cli import add_arguments, operator_config
+from tandem.operator.config import OperatorConfig, split_image
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_flags_override_environment(monkeypatch):
+    monkeypatch.setenv("TANDEM_WORKER_IMAGE", "env.registry/tandem:env")
+    monkeypatch.setenv("TANDEM_IMAGE_PULL_POLICY", "Always")
+    cfg = operator_config(_parse(["-A"]))
+    assert (cfg.image_repository, cfg.image_tag, cfg.pull_policy) == ("env.registry/tandem", "env", "Always")
+    cfg = operator_config(_parse(["-A", "--worker-image", "flag.registry:5000/t:v9",
+                                  "--image-pull-policy", "Never", "--resync-seconds", "7"]))
+    assert (cfg.image_repository, cfg.image_tag, cfg.pull_policy) == ("flag.registry:5000/t", "v9", "Never")
+    assert cfg.resync_seconds == 7
+
+
+def test_defaults_without_environment(monkeypatch):
+    for var in ("TANDEM_WORKER_IMAGE", "TANDEM_IMAGE_PULL_POLICY", "TANDEM_RESYNC_SECONDS"):
+        monkeypatch.delenv(var, raising=False)
+    assert operator_config(_parse(["-n", "a", "-n", "b"])) == OperatorConfig()
+
+
+def test_namespace_and_all_namespaces_exclude_each_other():
+    with pytest.raises(SystemExit):
+        _parse(["-A", "-n", "x"])
+
+
+@pytest.mark.parametrize(("image", "split"), [
+    ("repo", ("repo", "")),
+    ("registry:5000/repo", ("registry:5000/repo", "")),
+    ("registry:5000/repo:1.0", ("registry:5000/repo", "1.0")),
+    ("repo@sha256:" + "a" * 64, ("repo", "@sha256:" + "a" * 64)),
+])
+def test_split_image(image, split):
+    assert split_image(image) == split
+
+
+def test_operator_modules_never_import_torch():
+    code = ("import sys, tandem.operator.cli, tandem.operator.handlers; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    # the CLI table imports this module for --help: it must not even load kopf
+    code = "import sys, tandem.operator.cli; assert 'kopf' not in sys.modules and 'kubernetes' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,103 @@
+"""The router runs at the Restricted pod security level and the Services expose the right pods."""
+
+from __future__ import annotations
+
+import yaml
+from tandem.operator.config import OperatorConfig
+from tandem.operator.render import endpoint, render
+
+CONFIG = OperatorConfig()
+
+
+def _by(manifests: list[dict], kind: str, name: str) -> dict:
+    return next(m for m in manifests if m["kind"] == kind and m["metadata"]["name"] == name)
+
+
+def test_children_are_the_documented_set(defaulted, meta):
+    out = render(meta, defaulted({"model": {"path": "/m"}}), CONFIG)
+    assert sorted((m["kind"], m["metadata"]["name"]) for m in out) == sorted([
+        ("ConfigMap", "llama-config"),
+        ("ServiceAccount", "llama-router"), ("Role", "llama-router"), ("RoleBinding", "llama-router"),
+        ("Service", "llama-prefill"), ("Service", "llama-decode"), ("Service", "llama-router"),
+        ("Deployment", "llama-prefill"), ("Deployment", "llama-decode"), ("Deployment", "llama-router"),
+    ])
+    # the ConfigMap comes before the pods that mount it
+    kinds = [m["kind"] for m in out]
+    assert kinds.index("ConfigMap") < kinds.index("Deployment")
+
+
+def test_router_pod_meets_restricted_pod_security(defaulted, meta):
+    out = render(meta, defaulted({"model": {"path": "/m"}}), CONFIG)
+    pod = _by(out, "Deployment", "llama-router")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    c = pod["containers"][0]
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+    }
+    assert c["command"] == ["tandem", "router", "--config", "/etc/tandem/config.yaml"]
+    assert pod["serviceAccountName"] == "llama-router"
+    assert "nvidia.com/gpu" not in (c["resources"].get("limits") or {})
+
+
+def test_router_role_grants_only_pod_and_endpointslice_reads(defaulted, meta):
+    out = render(meta, defaulted({"model": {"path": "/m"}}), CONFIG)
+    role = _by(out, "Role", "llama-router")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+    ]
+    binding = _by(out, "RoleBinding", "llama-router")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llama-router", "namespace": "serving"}]
+
+
+def test_services_and_endpoint(defaulted, meta):
+    spec = defaulted({"model": {"path": "/m"}, "router": {"service": {"type": "NodePort", "port": 9000}}})
+    out = render(meta, spec, CONFIG)
+    router = _by(out, "Service", "llama-router")["spec"]
+    assert router["type"] == "NodePort"
+    assert router["ports"] == [{"name": "http", "port": 9000, "targetPort": "http", "protocol": "TCP"}]
+    assert router["selector"] == {"tandem.dev/service": "llama", "tandem.dev/role": "router"}
+    for role in ("prefill", "decode"):
+        svc = _by(out, "Service", f"llama-{role}")["spec"]
+        assert svc["clusterIP"] == "None"
+        assert svc["selector"] == {"tandem.dev/service": "llama", "tandem.dev/role": role}
+    assert endpoint("llama", "serving", spec) == "http://llama-router.serving.svc.cluster.local:9000"
+
+
+def test_router_config_and_api_key(examples, defaulted, meta):
+    spec = defaulted(examples["gpu-roce"]["spec"])
+    out = render(meta, spec, CONFIG)
+    cfg = yaml.safe_load(_by(out, "ConfigMap", "llama-config")["data"]["router.yaml"])
+    assert cfg["kubernetes"] is True and cfg["namespace"] == "serving" and cfg["service"] == "llama"
+    assert cfg["max_prompt_tokens"] == 7168 and cfg["max_tokens_limit"] == 1024
+    assert cfg["model"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert cfg["max_body_bytes"] == 4194304 and cfg["policy"] == "least-loaded"
+    c = _by(out, "Deployment", "llama-router")["spec"]["template"]["spec"]["containers"][0]
+    key = next(e for e in c["env"] if e["name"] == "TANDEM_API_KEY")
+    assert key["valueFrom"] == {"secretKeyRef": {"name": "llama-8b-api-key", "key": "api-key"}}
+    # limits default to the model's context when unset
+    cfg2 = yaml.safe_load(_by(render(meta, defaulted({"model": {"path": "/m"}}), CONFIG), "ConfigMap",
+                              "llama-config")["data"]["router.yaml"])
+    assert cfg2["max_prompt_tokens"] == 4095 and cfg2["max_body_bytes"] == 1048576
+
+
+def test_render_is_pure_and_deterministic(defaulted, meta, examples):
+    spec = defaulted(examples["gpu-roce"]["spec"])
+    snapshot = yaml.safe_dump(spec)
+    assert render(meta, spec, CONFIG) == render(meta, spec, CONFIG)
+    assert yaml.safe_dump(spec) == snapshot, "render must not modify its input"
+
+
+def test_pods_meet_restricted_unless_rdma_needs_more(defaulted, meta, examples):
+    from tandem.testing.pod_security import restricted_violations
+
+    out = render(meta, defaulted(examples["cpu"]["spec"]), CONFIG)
+    for role in ("prefill", "decode", "router"):
+        pod = _by(out, "Deployment", f"llama-{role}")["spec"]["template"]["spec"]
+        assert restricted_violations(pod) == [], role
+    out = render(meta, defaulted(examples["gpu-roce"]["spec"]), CONFIG)
+    assert restricted_violations(_by(out, "Deployment", "llama-router")["spec"]["template"]["spec"]) == []
+    worker = _by(out, "Deployment", "llama-prefill")["spec"]["template"]["spec"]
+    assert any("IPC_LOCK" in v for v in restricted_violations(worker))

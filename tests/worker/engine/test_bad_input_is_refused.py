@@ -1,0 +1,131 @@
+"""Bad input gets a clear error and the engine keeps serving: prompts over the context, max_tokens
+below 1, malformed requests, an unknown model folder, an architecture the engine does not run."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tandem.testing.engine_helpers import greedy, run_to_completion, submit, tokens_of
+from tandem.worker.engine.errors import ModelLoadError, RequestError
+from tandem.worker.engine.loader import load_model
+from tandem.worker.protocol import GenerateRequest, SamplingParams
+
+
+def _still_serves(eng, loaded_toy, reference):
+    ids = loaded_toy.tokenizer("Hello, world!")["input_ids"]
+    outs = submit(eng, "after", ids, greedy(5))
+    run_to_completion(eng)
+    assert tokens_of(outs) == reference(ids, 5)
+
+
+def test_prompt_longer_than_context(make_engine, loaded_toy, reference):
+    eng = make_engine(max_model_len=16)
+    long_ids = loaded_toy.tokenizer("The quick brown fox jumps over the lazy dog " * 3)["input_ids"]
+    assert len(long_ids) >= 16
+    with pytest.raises(RequestError) as e:
+        eng.make_sequence(GenerateRequest(request_id="x", prompt_token_ids=long_ids))
+    assert e.value.code == "context_length_exceeded" and e.value.status == 400
+    assert "maximum context length is 16 tokens" in str(e.value)
+    _still_serves(eng, loaded_toy, reference)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"sampling": SamplingParams(max_tokens=0)}, "max_tokens"),
+        ({"sampling": SamplingParams(max_tokens=-3)}, "max_tokens"),
+        ({"sampling": SamplingParams(temperature=-1)}, "temperature"),
+        ({"sampling": SamplingParams(top_p=0)}, "top_p"),
+        ({"prompt_token_ids": [1, 2, 100000]}, "prompt"),
+        ({"prompt_token_ids": [5], "prompt": "both"}, "prompt"),
+        ({"prompt_token_ids": None}, "prompt"),
+        ({"messages": "not a list", "prompt_token_ids": None}, "messages"),
+        ({"generated_token_ids": [5, 6, 7], "sampling": SamplingParams(max_tokens=3)}, "max_tokens"),
+    ],
+)
+def test_invalid_requests(make_engine, loaded_toy, reference, fields, param):
+    eng = make_engine()
+    req = GenerateRequest(request_id="bad", prompt_token_ids=[0, 5, 6])
+    for k, v in fields.items():
+        setattr(req, k, v)
+    with pytest.raises(RequestError) as e:
+        eng.make_sequence(req)
+    assert e.value.status == 400 and e.value.param == param
+    _still_serves(eng, loaded_toy, reference)
+
+
+def test_duplicate_request_id_is_refused(make_engine, loaded_toy):
+    eng = make_engine()
+    outs = submit(eng, "dup", [0, 5, 6], greedy(3))
+    with pytest.raises(RequestError) as e:
+        submit(eng, "dup", [0, 7], greedy(3))
+    assert e.value.status == 409
+    run_to_completion(eng)
+    assert len(tokens_of(outs)) == 3
+
+
+def test_unknown_model_folder(tmp_path):
+    with pytest.raises(ModelLoadError, match="no Hugging Face model at"):
+        load_model(str(tmp_path / "nope"))
+
+
+def _save_with_toy_tokenizer(model, toy_model_dir: Path, dest: Path) -> str:
+    model.save_pretrained(dest)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (toy_model_dir / f).exists():
+            shutil.copy(toy_model_dir / f, dest / f)
+    return str(dest)
+
+
+def test_non_llama_architecture_is_refused(tmp_path, toy_model_dir):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    path = _save_with_toy_tokenizer(
+        GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=512, n_positions=64)),
+        toy_model_dir, tmp_path / "gpt2")
+    with pytest.raises(ModelLoadError, match="model_type 'gpt2' is not supported"):
+        load_model(path)
+
+
+def test_mistral_sliding_window_beyond_it_is_refused(tmp_path, toy_model_dir):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=64,
+                        max_position_embeddings=256)
+    path = _save_with_toy_tokenizer(MistralForCausalLM(cfg), toy_model_dir, tmp_path / "mistral")
+    with pytest.raises(ModelLoadError, match="sliding-window"):
+        load_model(path, max_model_len=128)
+    assert load_model(path).max_model_len == 64  # served within the window, where it is exact
+
+
+def test_qwen2_with_qkv_bias_matches_generate(tmp_path, toy_model_dir):
+    """Qwen2 differs from Llama by biases on q/k/v: the engine's forward must include them."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from tandem.worker.engine.config import EngineConfig
+    from tandem.worker.engine.engine import Engine
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      initializer_range=0.15, tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(cfg)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    path = _save_with_toy_tokenizer(model.eval(), toy_model_dir, tmp_path / "qwen2")
+    eng = Engine(EngineConfig(model=path, num_blocks=32, block_size=8, max_batched_tokens=64, max_num_seqs=4))
+    ids = eng.tokenizer("The quick brown fox")["input_ids"]
+    outs = submit(eng, "q", ids, greedy(12))
+    run_to_completion(eng)
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                             min_new_tokens=12)[0, len(ids):].tolist()
+    assert tokens_of(outs) == ref
+    assert eng.allocator.num_used == 0

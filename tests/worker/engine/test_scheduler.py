@@ -1,0 +1,60 @@
+"""Scheduling rules, without a model: running sequences first, the token budget, chunking, the
+sequence limit, first-come-first-served admission and preemption of the newest sequence."""
+
+from __future__ import annotations
+
+from tandem.worker.engine.block_allocator import BlockAllocator
+from tandem.worker.engine.scheduler import Scheduler
+from tandem.worker.engine.sequence import Sequence, SeqStatus
+from tandem.worker.protocol import SamplingParams
+
+
+def _seq(rid: str, n: int) -> Sequence:
+    return Sequence(rid, list(range(n)), SamplingParams(), max_total_len=4096, seed=0)
+
+
+def _advance(chunks, token=7):
+    """What the engine does after a forward pass: count computed tokens, append the samples."""
+    for c in chunks:
+        c.seq.num_computed += c.num_tokens
+        if c.sample:
+            c.seq.output_ids.append(token)
+
+
+def test_budget_chunks_long_prompts_and_decodes_go_first():
+    s = Scheduler(BlockAllocator(100), block_size=4, max_num_seqs=8, max_batched_tokens=10)
+    a, b = _seq("a", 3), _seq("b", 25)
+    s.add(a)
+    s.add(b)
+    chunks = s.schedule()
+    assert [(c.seq.request_id, c.num_tokens, c.sample) for c in chunks] == [("a", 3, True), ("b", 7, False)]
+    _advance(chunks)
+    chunks = s.schedule()  # a decodes (1 token), b's next chunk takes the rest of the budget
+    assert [(c.seq.request_id, c.start, c.num_tokens) for c in chunks] == [("a", 3, 1), ("b", 7, 9)]
+
+
+def test_max_num_seqs_and_fcfs():
+    s = Scheduler(BlockAllocator(100), block_size=4, max_num_seqs=2, max_batched_tokens=100)
+    seqs = [_seq(str(i), 2) for i in range(3)]
+    for q in seqs:
+        s.add(q)
+    chunks = s.schedule()
+    assert [c.seq.request_id for c in chunks] == ["0", "1"]
+    assert seqs[2].status == SeqStatus.WAITING
+
+
+def test_preempts_newest_when_blocks_run_out():
+    alloc = BlockAllocator(4)
+    s = Scheduler(alloc, block_size=2, max_num_seqs=4, max_batched_tokens=100)
+    old, new = _seq("old", 4), _seq("new", 4)
+    s.add(old)
+    s.add(new)
+    _advance(s.schedule())
+    assert alloc.num_free == 0
+    chunks = s.schedule()  # old needs a third block: new is preempted and its blocks freed
+    assert [c.seq.request_id for c in chunks] == ["old"]
+    assert new.status == SeqStatus.WAITING and new.num_computed == 0 and not new.block_table
+    assert s.waiting[0] is new and new.num_preemptions == 1
+    s.remove(old)
+    s.remove(new)
+    assert alloc.num_used == 0

@@ -1,0 +1,51 @@
+"""A restarted prefill worker (same URL, new engine_id) is re-discovered; its predecessor's KV is never served."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from tandem.testing.kv_peer import SMALL_LAYOUT, KVPeer, KVPeerProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_restarted_prefill_is_used_and_stale_sources_fail(backend: str, decode_peer: KVPeer,
+                                                                 peer_process: list) -> None:
+    http_port, tcp_port = _free_port(), _free_port()
+    old = KVPeerProcess(backend, SMALL_LAYOUT, "prefill-host-100", port=http_port, tcp_port=tcp_port)
+    peer_process.append(old)
+    url = old.start()
+    res = await decode_peer.pull("a", await old.prefill("a", 50, seed=1), seed=1)
+    assert res["ok"] and res["identical"]
+    stale_1 = await old.prefill("b", 50, seed=2)
+    stale_2 = await old.prefill("c", 50, seed=3)
+    old.kill()
+
+    # Same URL (and, for tcp, the same data port), new start-up epoch.
+    new = KVPeerProcess(backend, SMALL_LAYOUT, "prefill-host-200", port=http_port, tcp_port=tcp_port)
+    peer_process.append(new)
+    assert new.start() == url
+
+    # The decode side still caches the old engine's metadata: the stale source must fail, not
+    # read whatever the new process keeps at those block ids.
+    res = await decode_peer.pull("b", stale_1, seed=2)
+    assert not res["ok"], "a KVSource of the dead engine was served"
+    # A source from the new engine: fresh metadata is fetched and used.
+    src = await new.prefill("d", 50, seed=4)
+    res = await decode_peer.pull("d", src, seed=4)
+    assert res["ok"] and res["identical"], res
+    assert decode_peer.transport.health()["peers"] == {url: "prefill-host-200"}
+    # With fresh metadata cached, the old engine_id is refused outright and says why.
+    res = await decode_peer.pull("c", stale_2, seed=3)
+    assert not res["ok"] and "restarted" in res["error"], res
+    assert decode_peer.transport.health()["peers"] == {}  # a failure drops the cache
+    assert len(decode_peer.free) == SMALL_LAYOUT.num_blocks
+    res = await decode_peer.pull("e", await new.prefill("e", 3000, seed=5), seed=5)
+    assert res["ok"] and res["identical"], res

@@ -1,0 +1,104 @@
+"""Runs the engine's steps on a dedicated thread so a forward pass never blocks the event loop.
+
+Sequences deliver their outputs to asyncio queues through call_soon_threadsafe; the HTTP side only
+ever awaits those queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+
+from tandem.worker.engine.engine import Engine
+from tandem.worker.engine.sequence import SeqOutput, Sequence
+
+log = logging.getLogger("tandem.worker.engine")
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="tandem-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        eng = self.engine
+        while not self._stopping:
+            try:
+                self._wake.clear()
+                eng.expire_leases()
+                if eng.has_work():
+                    eng.step()
+                    continue
+                nxt = eng.next_lease_expiry()
+                self._wake.wait(1.0 if nxt is None else max(0.0, min(1.0, nxt - time.monotonic())))
+            except Exception:  # noqa: BLE001 - the loop must survive any one bad step
+                log.exception("engine loop error")
+                time.sleep(0.1)
+
+    def _attach(self, seq: Sequence) -> asyncio.Queue[SeqOutput]:
+        q: asyncio.Queue[SeqOutput] = asyncio.Queue()
+        loop = self._loop
+        assert loop is not None, "AsyncEngine.start() first"
+
+        def sink(out: SeqOutput) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closing: nobody is listening
+                loop.call_soon_threadsafe(q.put_nowait, out)
+
+        seq.sink = sink
+        return q
+
+    def submit(
+        self, seq: Sequence, *, kv_blocks: list[int] | None = None, first_token_id: int | None = None
+    ) -> AsyncIterator[SeqOutput]:
+        """Add a sequence now (raising RequestError at once, e.g. for a duplicate id) and return its
+        outputs until it finishes (or, for prefill_only, until its blocks are leased). With kv_blocks
+        the prompt's KV is already in the pool and first_token_id is the first generated token.
+        A caller that stops listening early must call abort(request_id)."""
+        q = self._attach(seq)
+        if kv_blocks is not None:
+            if first_token_id is None:
+                raise ValueError("first_token_id is required with kv_blocks")
+            self.engine.add_prefilled(seq, kv_blocks, first_token_id)
+        else:
+            self.engine.add(seq)
+        self._wake.set()
+        return self._outputs(seq, q)
+
+    async def _outputs(self, seq: Sequence, q: asyncio.Queue[SeqOutput]) -> AsyncIterator[SeqOutput]:
+        done = False
+        try:
+            while True:
+                out = await q.get()
+                done = out.finished or out.kv_blocks is not None
+                yield out
+                if done:
+                    return
+        finally:
+            if not done:
+                self.abort(seq.request_id)
+
+    def abort(self, request_id: str) -> bool:
+        found = self.engine.abort(request_id)
+        self._wake.set()
+        return found

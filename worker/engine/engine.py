@@ -1,0 +1,413 @@
+"""The engine: a model, one paged KV pool, a scheduler, and the step that ties them together.
+
+`Engine` is synchronous and owns all sequence state (guarded by one lock); `AsyncEngine`
+(async_engine.py) runs its steps on a dedicated thread for the HTTP server. Tests and benchmarks
+drive `Engine` directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from tandem.worker.engine.block_allocator import BlockAllocator
+from tandem.worker.engine.config import EngineConfig
+from tandem.worker.engine.detokenizer import IncrementalDetokenizer
+from tandem.worker.engine.errors import ModelLoadError, RequestError
+from tandem.worker.engine.loader import LoadedModel, load_model
+from tandem.worker.engine.paged_forward import BatchItem, PagedForward, kv_layout_for
+from tandem.worker.engine.sampling import sample
+from tandem.worker.engine.scheduler import Scheduler
+from tandem.worker.engine.sequence import SeqOutput, SeqStatus, Sequence
+from tandem.worker.protocol import FinishReason, GenerateRequest, SamplingParams
+
+log = logging.getLogger("tandem.worker.engine")
+
+
+@dataclass
+class EngineStats:
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    preemptions_total: int = 0
+    steps_total: int = 0
+    requests_finished: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Lease:
+    seq: Sequence
+    expires: float  # time.monotonic()
+
+
+def _available_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, lease_s: float = 30.0):
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        if config.block_size < 1 or config.max_num_seqs < 1 or config.max_batched_tokens < 1:
+            raise ValueError("block_size, max_num_seqs and max_batched_tokens must be >= 1")
+        if config.max_batched_tokens < config.max_num_seqs:
+            raise ValueError(
+                f"max_batched_tokens ({config.max_batched_tokens}) must be >= max_num_seqs "
+                f"({config.max_num_seqs}) so every running sequence can decode each step"
+            )
+        self.config = config
+        self.loaded = loaded or load_model(
+            config.model, dtype=config.dtype, device=config.device, max_model_len=config.max_model_len,
+            trust_remote_code=config.trust_remote_code,
+        )
+        lm = self.loaded
+        self.tokenizer = lm.tokenizer
+        self.vocab_size = int(lm.config.vocab_size)
+        self.served_name = config.served_name or lm.name
+        probe = kv_layout_for(lm.config, 1, config.block_size, lm.dtype)
+        num_blocks = config.num_blocks
+        if num_blocks is None:
+            default_fraction = 0.9 if lm.device.type == "cuda" else 0.25
+            fraction = config.kv_memory_fraction or default_fraction
+            num_blocks = int(_available_memory(lm.device) * fraction) // probe.block_bytes
+            # On a CPU there is no point in more than every sequence at full context.
+            if lm.device.type == "cpu" and config.kv_memory_fraction is None:
+                num_blocks = min(num_blocks, config.max_num_seqs * probe.blocks_for(lm.max_model_len))
+        if num_blocks < 1:
+            raise ModelLoadError("no memory left for the KV pool; lower kv_memory_fraction or set num_blocks")
+        self.layout = kv_layout_for(lm.config, num_blocks, config.block_size, lm.dtype)
+        self.max_model_len = lm.max_model_len
+        if config.max_model_len is not None:
+            self.max_model_len = min(config.max_model_len, lm.max_model_len)
+        if self.max_model_len > num_blocks * config.block_size:
+            log.warning(
+                "context length capped from %d to %d tokens: the KV pool holds only %d blocks of %d",
+                self.max_model_len, num_blocks * config.block_size, num_blocks, config.block_size)
+            self.max_model_len = num_blocks * config.block_size
+        # One contiguous tensor for the whole pool, allocated once: transports register it once.
+        self.pool = torch.zeros(self.layout.shape, dtype=lm.dtype, device=lm.device)
+        log.info("KV pool: %d blocks of %d tokens, %.1f MiB", num_blocks, config.block_size,
+                 self.pool.numel() * self.pool.element_size() / 2**20)
+        self.allocator = BlockAllocator(num_blocks)
+        self.scheduler = Scheduler(
+            self.allocator, config.block_size, config.max_num_seqs, config.max_batched_tokens,
+            on_preempt=self._on_preempt,
+        )
+        self.runner = PagedForward(lm.model, self.pool, self.layout)
+        self.lock = threading.RLock()
+        self.seqs: dict[str, Sequence] = {}  # waiting or running, by request id
+        self.leases: dict[str, Lease] = {}  # prefill role: blocks kept for a peer to pull
+        self.lease_s = lease_s
+        self.stats = EngineStats()
+        self.on_step: Callable[[float, int], None] = lambda seconds, num_tokens: None
+        self._in_flight: set[str] = set()
+        self._abort_after_step: set[str] = set()
+
+    # ---- requests in ----------------------------------------------------------------------
+
+    def tokenize(self, req: GenerateRequest) -> list[int]:
+        given = [x is not None for x in (req.prompt, req.messages, req.prompt_token_ids)]
+        if sum(given) != 1:
+            raise RequestError("give exactly one of prompt, messages or prompt_token_ids", param="prompt")
+        if req.prompt_token_ids is not None:
+            ids = req.prompt_token_ids
+            if not isinstance(ids, list) or not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
+                raise RequestError(
+                    f"prompt_token_ids must be a list of token ids in [0, {self.vocab_size})", param="prompt")
+            return list(ids)
+        if req.prompt is not None:
+            if not isinstance(req.prompt, str):
+                raise RequestError("prompt must be a string", param="prompt")
+            return list(self.tokenizer(req.prompt)["input_ids"])
+        if not isinstance(req.messages, list) or not all(isinstance(m, dict) for m in req.messages):
+            raise RequestError("messages must be a list of objects with role and content", param="messages")
+        try:
+            enc = self.tokenizer.apply_chat_template(
+                req.messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+        except Exception as e:  # noqa: BLE001 - template errors come in many types
+            raise RequestError(f"cannot apply the chat template to messages: {e}", param="messages") from e
+        return list(enc["input_ids"])
+
+    def validate_sampling(self, p: SamplingParams) -> None:
+        def bad(msg: str, param: str) -> RequestError:
+            return RequestError(msg, param=param, code="invalid_value")
+
+        if isinstance(p.max_tokens, bool) or not isinstance(p.max_tokens, int) or p.max_tokens < 1:
+            raise bad(f"max_tokens must be an integer >= 1, got {p.max_tokens!r}", "max_tokens")
+        if not isinstance(p.temperature, int | float) or p.temperature < 0:
+            raise bad(f"temperature must be >= 0, got {p.temperature!r}", "temperature")
+        if not isinstance(p.top_p, int | float) or not 0 < p.top_p <= 1:
+            raise bad(f"top_p must be in (0, 1], got {p.top_p!r}", "top_p")
+        if not isinstance(p.top_k, int) or (p.top_k < 1 and p.top_k not in (-1, 0)):
+            raise bad(f"top_k must be -1 (off) or >= 1, got {p.top_k!r}", "top_k")
+        if p.seed is not None and not isinstance(p.seed, int):
+            raise bad("seed must be an integer", "seed")
+        if isinstance(p.stop, str):
+            p.stop = [p.stop]
+        if not isinstance(p.stop, list) or not all(isinstance(s, str) for s in p.stop):
+            raise bad("stop must be a string or a list of strings", "stop")
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in p.stop_token_ids):
+            raise bad(f"stop_token_ids must be token ids in [0, {self.vocab_size})", "stop_token_ids")
+
+    def make_sequence(self, req: GenerateRequest, *, prefill_only: bool = False) -> Sequence:
+        """Tokenize and validate a request; raises RequestError (a 4xx) for anything wrong with it."""
+        if not isinstance(req.request_id, str) or not req.request_id:
+            raise RequestError("request_id must be a non-empty string", param="request_id")
+        if not isinstance(req.sampling, SamplingParams):
+            raise RequestError("sampling must be an object", param="sampling")
+        self.validate_sampling(req.sampling)
+        prompt = self.tokenize(req)
+        if not prompt:
+            raise RequestError("the prompt is empty", param="prompt")
+        resumed = list(req.generated_token_ids or [])
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in resumed):
+            raise RequestError("generated_token_ids must be token ids", param="generated_token_ids")
+        if len(prompt) + len(resumed) >= self.max_model_len:
+            raise RequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                f"prompt has {len(prompt)} tokens" + (f" (+{len(resumed)} already generated)" if resumed else "")
+                + ", leaving no room for a completion. Please shorten the prompt.",
+                param="messages" if req.messages is not None else "prompt", code="context_length_exceeded",
+            )
+        if len(resumed) >= req.sampling.max_tokens:
+            raise RequestError(
+                f"generated_token_ids already holds {len(resumed)} tokens, max_tokens is "
+                f"{req.sampling.max_tokens}: nothing left to generate", param="max_tokens", code="invalid_value")
+        p = req.sampling
+        seq = Sequence(
+            request_id=req.request_id, prompt_ids=prompt, params=p, max_total_len=self.max_model_len,
+            seed=p.seed if p.seed is not None else random.getrandbits(62), eos_ids=self.loaded.eos_ids,
+            output_ids=resumed, prefill_only=prefill_only, arrival=time.monotonic(), num_resumed=len(resumed),
+        )
+        seq.detok = IncrementalDetokenizer(self.tokenizer, prompt + resumed, p.stop)
+        return seq
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence to be prefilled (locally) and decoded."""
+        with self.lock:
+            self._register(seq)
+            self.stats.prompt_tokens_total += len(seq.prompt_ids)
+            self.scheduler.add(seq)
+
+    def _register(self, seq: Sequence) -> None:
+        if seq.request_id in self.seqs:
+            raise RequestError(f"request {seq.request_id!r} is already running here",
+                               status=409, param="request_id", code="duplicate_request_id")
+        self.seqs[seq.request_id] = seq
+
+    def reserve_blocks(self, num_tokens: int) -> list[int] | None:
+        """Blocks to receive a pulled prompt's KV, or None when the pool is too full right now."""
+        return self.allocator.try_allocate(self.layout.blocks_for(num_tokens))
+
+    def free_blocks(self, block_ids: list[int]) -> None:
+        self.allocator.free(block_ids)
+
+    def add_prefilled(self, seq: Sequence, block_ids: list[int], first_token_id: int) -> None:
+        """Join the running batch with the prompt's KV already in block_ids (pulled from a prefill
+        worker) and first_token_id as the first generated token; emits that token at once."""
+        with self.lock:
+            self._register(seq)
+            seq.block_table = list(block_ids)
+            seq.num_computed = len(seq.prompt_ids) + len(seq.output_ids)
+            self.stats.prompt_tokens_total += len(seq.prompt_ids)
+            out = self._append_token(seq, first_token_id, None)
+            if seq.finished:
+                self.allocator.free(seq.block_table)
+                seq.block_table = []
+                del self.seqs[seq.request_id]
+            else:
+                self.scheduler.add_running(seq)
+        self._emit(seq, out)
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request and free what it holds here (a running sequence and/or a lease)."""
+        found = self.release(request_id)
+        with self.lock:
+            seq = self.seqs.get(request_id)
+            if seq is None:
+                return found
+            if request_id in self._in_flight:
+                self._abort_after_step.add(request_id)
+                return True
+            self._finish(seq, FinishReason.ABORT)
+            out = SeqOutput(request_id, text=seq.detok.take(final=True), finished=True,
+                            finish_reason=FinishReason.ABORT)
+        self._emit(seq, out)
+        return True
+
+    # ---- leases (prefill role) ------------------------------------------------------------
+
+    def release(self, request_id: str) -> bool:
+        """Free the blocks a prefill result leased to a peer (pulled, released or given up)."""
+        with self.lock:
+            lease = self.leases.pop(request_id, None)
+            if lease is None:
+                return False
+            self.allocator.free(lease.seq.block_table)
+            lease.seq.block_table = []
+            lease.seq.status = SeqStatus.FINISHED
+            return True
+
+    def expire_leases(self, now: float | None = None) -> list[str]:
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            expired = [rid for rid, lease in self.leases.items() if lease.expires <= now]
+        for rid in expired:
+            log.warning("KV lease expired before a peer pulled it", extra={"request_id": rid})
+            self.release(rid)
+        return expired
+
+    def next_lease_expiry(self) -> float | None:
+        with self.lock:
+            return min((lease.expires for lease in self.leases.values()), default=None)
+
+    # ---- the step ---------------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> int:
+        """Run one forward pass over the scheduled batch; returns the number of tokens processed."""
+        t0 = time.perf_counter()
+        with self.lock:
+            chunks = self.scheduler.schedule()
+            if not chunks:
+                return 0
+            items = [
+                BatchItem(c.seq.all_ids[c.start : c.start + c.num_tokens], c.start, list(c.seq.block_table), c.sample)
+                for c in chunks
+            ]
+            self._in_flight = {c.seq.request_id for c in chunks}
+        try:
+            logits = self.runner.forward(items)
+            sampled = [c for c in chunks if c.sample]
+            tokens, logprobs = sample(
+                logits, [c.seq.params for c in sampled], [c.seq.seed for c in sampled],
+                [len(c.seq.output_ids) for c in sampled])
+        except Exception as e:  # noqa: BLE001 - fail the batch, keep serving
+            log.exception("forward pass failed; failing %d sequences", len(chunks))
+            self._fail(chunks, e)
+            return 0
+        emits: list[tuple[Sequence, SeqOutput]] = []
+        with self.lock:
+            self._in_flight = set()
+            it = iter(zip(tokens, logprobs, strict=True))
+            for c in chunks:
+                seq = c.seq
+                seq.num_computed += c.num_tokens
+                if not c.sample:
+                    continue
+                tok, lp = next(it)
+                if seq.finished:
+                    continue
+                emits.append((seq, self._append_token(seq, tok, lp)))
+            for rid in self._abort_after_step:
+                seq = self.seqs.get(rid)
+                if seq is not None:
+                    self._finish(seq, FinishReason.ABORT)
+                    emits.append((seq, SeqOutput(rid, text=seq.detok.take(final=True), finished=True,
+                                                 finish_reason=FinishReason.ABORT)))
+            self._abort_after_step = set()
+            self.stats.steps_total += 1
+        for seq, out in emits:
+            self._emit(seq, out)
+        n = sum(c.num_tokens for c in chunks)
+        self.on_step(time.perf_counter() - t0, n)
+        return n
+
+    def _append_token(self, seq: Sequence, tok: int, lp: float | None) -> SeqOutput:
+        """Add a sampled token, apply the stop rules, finish or lease the sequence; under the lock."""
+        seq.output_ids.append(tok)
+        self.stats.generation_tokens_total += 1
+        p = seq.params
+        reason: FinishReason | None = None
+        if tok in seq.eos_ids and not p.ignore_eos:
+            reason = FinishReason.STOP
+        elif tok in p.stop_token_ids:
+            reason = FinishReason.STOP
+        elif seq.detok.add(tok):
+            reason = FinishReason.STOP
+        if reason is None and (len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= seq.max_total_len):
+            reason = FinishReason.LENGTH
+        out = SeqOutput(seq.request_id, token_ids=[tok], logprobs=[lp] if lp is not None else [])
+        if reason is not None:
+            self._finish(seq, reason)
+            out.text, out.finished, out.finish_reason = seq.detok.take(final=True), True, reason
+        else:
+            out.text = seq.detok.take()
+            if seq.prefill_only:
+                self._lease(seq)
+                out.kv_blocks = list(seq.block_table)
+        return out
+
+    def _lease(self, seq: Sequence) -> None:
+        self.scheduler.running.remove(seq)
+        del self.seqs[seq.request_id]
+        seq.status = SeqStatus.LEASED
+        self.leases[seq.request_id] = Lease(seq, time.monotonic() + self.lease_s)
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.scheduler.remove(seq)
+        self.seqs.pop(seq.request_id, None)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        self.stats.requests_finished[reason.value] = self.stats.requests_finished.get(reason.value, 0) + 1
+
+    def _fail(self, chunks, error: Exception) -> None:
+        emits = []
+        with self.lock:
+            self._in_flight = set()
+            self._abort_after_step = set()
+            for c in chunks:
+                if not c.seq.finished:
+                    self._finish(c.seq, FinishReason.ERROR)
+                    emits.append((c.seq, SeqOutput(c.seq.request_id, finished=True, finish_reason=FinishReason.ERROR,
+                                                   error={"message": f"the engine failed: {error}",
+                                                          "type": "internal_error", "param": None,
+                                                          "code": "engine_error"})))
+        for seq, out in emits:
+            self._emit(seq, out)
+
+    def _on_preempt(self, seq: Sequence) -> None:
+        self.stats.preemptions_total += 1
+        log.info("preempted (will recompute)", extra={"request_id": seq.request_id})
+
+    @staticmethod
+    def _emit(seq: Sequence, out: SeqOutput) -> None:
+        if seq.sink is not None:
+            seq.sink(out)
+
+    # ---- views ---------------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def outstanding_prompt_tokens(self) -> int:
+        with self.lock:
+            seqs = list(self.scheduler.waiting) + self.scheduler.running
+            return sum(s.num_pending for s in seqs if s.num_pending > 1)
+
+    def generate(self, requests: list[GenerateRequest]) -> list[list[SeqOutput]]:
+        """Run requests to completion on the calling thread (tests, benchmarks)."""
+        outs: list[list[SeqOutput]] = []
+        for req in requests:
+            seq = self.make_sequence(req)
+            outs.append([])
+            seq.sink = outs[-1].append
+            self.add(seq)
+        while self.has_work():
+            self.step()
+        return outs

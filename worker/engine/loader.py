@@ -1,0 +1,160 @@
+"""Loading a Hugging Face causal LM (Llama, Mistral, Qwen2) and its tokenizer through transformers.
+
+The engine runs its own forward pass over these modules, so it accepts only the architectures whose
+math it reproduces exactly, and refuses the rest with a message instead of producing wrong output.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tandem.worker.engine.errors import ModelLoadError
+
+log = logging.getLogger("tandem.worker.engine")
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # the transformers *ForCausalLM module, in eval mode
+    tokenizer: Any
+    config: Any
+    dtype: Any  # torch.dtype
+    device: Any  # torch.device
+    max_model_len: int
+    eos_ids: frozenset[int]
+    name: str
+
+
+def resolve_device(device: str) -> Any:
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} asked for, but CUDA is not available here")
+    return dev
+
+
+def resolve_dtype(dtype: str, config: Any, device: Any) -> Any:
+    import torch
+
+    if dtype == "auto":
+        if device.type == "cpu":
+            return torch.float32  # half-precision matmuls on CPU are slow and less exact
+        cfg = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        name = str(cfg).removeprefix("torch.") if cfg is not None else "bfloat16"
+        return getattr(torch, name) if name in DTYPES else torch.bfloat16
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)} or auto")
+    return getattr(torch, dtype)
+
+
+def _sliding_window(config: Any) -> int | None:
+    """The attention window when some layer uses one, else None."""
+    window = getattr(config, "sliding_window", None)
+    if config.model_type == "qwen2":
+        types = getattr(config, "layer_types", None) or []
+        uses = "sliding_attention" in types or getattr(config, "use_sliding_window", False)
+        return window if uses else None
+    return window
+
+
+def check_config(config: Any, max_model_len: int | None) -> int:
+    """Refuse what the engine's forward pass would get wrong; return the context length to serve."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(
+            f"model_type {model_type!r} is not supported: Tandem runs {', '.join(SUPPORTED_MODEL_TYPES)} "
+            "architectures (Llama-style decoder with RoPE and RMSNorm)"
+        )
+    rope = getattr(config, "rope_parameters", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ModelLoadError(
+            f"rope_type {rope_type!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
+    model_max = int(getattr(config, "max_position_embeddings", 0) or 0) or 2048
+    limit = model_max
+    window = _sliding_window(config)
+    if window is not None:
+        # Within the window sliding attention equals full attention; beyond it the engine would differ.
+        if max_model_len is not None and max_model_len > window:
+            raise ModelLoadError(
+                f"this {model_type} model uses sliding-window attention ({window} tokens), which Tandem "
+                f"does not implement; set max_model_len <= {window} (asked for {max_model_len})"
+            )
+        limit = min(limit, window)
+    if max_model_len is not None:
+        if max_model_len > model_max:
+            raise ModelLoadError(
+                f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {model_max}"
+            )
+        limit = max_model_len
+    return limit
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(src, "eos_token_id", None) if src is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(int(e) for e in eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def load_model(
+    model: str, *, dtype: str = "auto", device: str = "auto", max_model_len: int | None = None,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """Load weights and tokenizer from a local folder, or a hub id resolved through HF_HOME's cache."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(model).expanduser()
+    looks_local = path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1
+    if looks_local and not (path / "config.json").is_file():
+        raise ModelLoadError(
+            f"no Hugging Face model at {model!r}: expected a folder with config.json, "
+            "safetensors weights and tokenizer files (or a hub id like org/name)"
+        )
+    src = str(path) if looks_local else model
+    t0 = time.monotonic()
+    log.info("loading model config from %s", src)
+    try:
+        config = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds; all mean "can't load"
+        raise ModelLoadError(f"cannot read the model config at {src!r}: {e}") from e
+    limit = check_config(config, max_model_len)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, config, dev)
+    log.info("loading %s weights (%s, %s) onto %s", config.model_type, src, torch_dtype, dev)
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            src, dtype=torch_dtype, trust_remote_code=trust_remote_code
+        )
+        tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001
+        raise ModelLoadError(f"cannot load the model or tokenizer at {src!r}: {e}") from e
+    hf_model = hf_model.to(dev).eval()
+    inner = getattr(hf_model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(hf_model, "lm_head"):
+        raise ModelLoadError(f"{type(hf_model).__name__} does not have the Llama module layout")
+    n_params = sum(p.numel() for p in hf_model.parameters())
+    log.info(
+        "model loaded in %.1fs: %.1fM parameters, %d layers, context %d",
+        time.monotonic() - t0, n_params / 1e6, config.num_hidden_layers, limit,
+    )
+    name = path.name if looks_local else model
+    return LoadedModel(hf_model, tokenizer, config, torch_dtype, dev, limit, _eos_ids(hf_model, tokenizer), name)

@@ -1,0 +1,115 @@
+"""Continuous batching: which sequences run in the next forward pass, and how many tokens each.
+
+Every step the running sequences go first (one token each when decoding, the next chunk when a
+long prompt is being prefilled), then waiting ones are admitted while the token budget, the
+sequence limit and the free blocks allow. When blocks run out the newest running sequence is
+preempted: its blocks are freed and it is recomputed later, so its output does not change.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tandem.worker.engine.block_allocator import BlockAllocator
+from tandem.worker.engine.sequence import SeqStatus, Sequence
+
+
+@dataclass
+class ScheduledChunk:
+    seq: Sequence
+    start: int  # position of the first token in the chunk (= seq.num_computed)
+    num_tokens: int
+    sample: bool  # the chunk reaches the sequence's last token: sample the next one
+
+
+class Scheduler:
+    def __init__(
+        self,
+        allocator: BlockAllocator,
+        block_size: int,
+        max_num_seqs: int,
+        max_batched_tokens: int,
+        on_preempt: Callable[[Sequence], None] | None = None,
+    ):
+        self.allocator = allocator
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_batched_tokens = max_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.on_preempt = on_preempt or (lambda seq: None)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A sequence whose KV is already in the pool (pulled from a prefill worker)."""
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a sequence out of the queues and free its blocks (finish, abort, error)."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.free_blocks(seq)
+
+    def free_blocks(self, seq: Sequence) -> None:
+        if seq.block_table:
+            self.allocator.free(seq.block_table)
+            seq.block_table = []
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.free_blocks(seq)
+        seq.num_computed = 0
+        seq.num_preemptions += 1
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.on_preempt(seq)
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> None:
+        need = self.blocks_for(seq.num_computed + num_tokens) - len(seq.block_table)
+        if need > 0:
+            seq.block_table.extend(self.allocator.allocate(need))
+
+    def schedule(self) -> list[ScheduledChunk]:
+        budget = self.max_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        queue = list(self.running)  # oldest first; preemption victims come off the end
+        while queue and budget > 0:
+            seq = queue.pop(0)
+            n = min(seq.num_pending, budget)
+            need = self.blocks_for(seq.num_computed + n) - len(seq.block_table)
+            while need > self.allocator.num_free and queue:
+                self.preempt(queue.pop())
+            if need > self.allocator.num_free:
+                # Nothing left to preempt but the sequences already scheduled this step: wait.
+                if not chunks:
+                    self.preempt(seq)
+                break
+            self._grow(seq, n)
+            chunks.append(ScheduledChunk(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.num_pending, budget)
+            if self.blocks_for(n) > self.allocator.num_free:
+                break  # first come, first served: don't let later requests overtake the head
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            self._grow(seq, n)
+            chunks.append(ScheduledChunk(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
+            budget -= n
+        return chunks

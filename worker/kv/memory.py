@@ -1,0 +1,67 @@
+"""The in-memory backend: prefill and decode transports in one process, for unit tests of the engine.
+
+Transports register in a process-wide table (engine_id -> transport) on
+start() and leave it on close(); a pull copies block runs tensor to tensor and
+calls the source's on_released directly. It follows the same protocol as the
+real backends (pull, engine_id checked, layout checked, runs merged), but finds
+peers by engine_id instead of over HTTP, so no server is needed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.worker.kv.base import KVTransferError
+from tandem.worker.kv.layout import KVLayout
+from tandem.worker.kv.pulling import PullTransport
+from tandem.worker.protocol import KVSource
+
+ENGINES: dict[str, MemoryTransport] = {}
+
+
+class MemoryTransport(PullTransport):
+    """Copies blocks between pools of the same process."""
+
+    name = "memory"
+
+    async def start(self) -> None:
+        if ENGINES.get(self.engine_id) not in (None, self):
+            raise ValueError(f"engine_id {self.engine_id} is already registered in this process")
+        ENGINES[self.engine_id] = self
+
+    async def close(self) -> None:
+        if ENGINES.get(self.engine_id) is self:
+            del ENGINES[self.engine_id]
+        await self._close_shared()
+
+    def metadata(self) -> dict[str, Any]:
+        return self._base_metadata()
+
+    async def _peer(self, source: KVSource) -> dict[str, Any]:
+        peer = ENGINES.get(source.engine_id)
+        if peer is None:
+            raise KVTransferError(f"no engine {source.engine_id} in this process (stopped or restarted)")
+        if not self.layout.compatible_with(KVLayout(**peer.metadata()["layout"])):
+            raise KVTransferError(f"KV layouts differ: peer {peer.layout}, here {self.layout}")
+        return peer.metadata()
+
+    async def _add_peer(self, md: dict[str, Any]) -> None:
+        pass
+
+    async def _forget_peer(self, md: dict[str, Any]) -> None:
+        pass
+
+    async def _post_release(self, request_id: str, source: KVSource) -> None:
+        peer = ENGINES.get(source.engine_id)
+        if peer is not None:
+            peer.on_released(request_id)
+
+    async def _read(self, md: dict[str, Any], request_id: str, runs: list[tuple[int, int, int]]) -> int:
+        peer = ENGINES.get(md["engine_id"])
+        if peer is None:
+            raise KVTransferError(f"engine {md['engine_id']} stopped during the handoff")
+        for s, d, c in runs:
+            self.pool[d:d + c].copy_(peer.pool[s:s + c])
+        peer.kv_health.success("serve", sum(c for _, _, c in runs) * self.layout.block_bytes)
+        peer.on_released(request_id)
+        return len(runs)

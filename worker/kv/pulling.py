@@ -1,0 +1,234 @@
+"""What every pull-based backend shares: peer discovery, validation, the time bound and health.
+
+Protocol (the same for every backend; why it is this way):
+
+- PULL by the decode worker. It allocates destination blocks only when it has
+  room, so backpressure lives where memory is scarce; the prefill worker needs
+  to know nothing about decode ahead of time; the router just passes the
+  KVSource from the prefill result to the decode worker.
+- Metadata: GET <source.url>/internal/kv/metadata returns transport.metadata()
+  (backend, engine_id "<pod>-<epoch>", layout, and the backend's addressing).
+  The decode side caches it per URL. A KVSource whose engine_id differs from the
+  cached one (a restarted peer) forces a fresh fetch and the old peer is
+  forgotten (NIXL: remove_remote_agent; TCP: its connections closed); if the
+  fresh metadata still names another engine_id the KV is gone and that is a
+  KVTransferError. Any failed transfer also drops the cache, so stale metadata
+  is never used twice.
+- Layout compatibility (KVLayout.compatible_with) and every block id are checked
+  before a byte moves. Adjacent blocks that are adjacent on BOTH sides merge into
+  one transfer.
+- Completion: the backend signals the prefill side, which calls
+  on_released(request_id) so the engine frees the leased blocks.
+- Failure: a dead peer, a transfer error or config.timeout_s elapsing raises
+  KVTransferError on the decode side (its caller frees the destination blocks)
+  and, where the peer is still reachable, POSTs /internal/kv/release so the
+  prefill side frees at once; otherwise the prefill engine reclaims by lease.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from tandem.worker.kv.base import (
+    KVTransferConfig,
+    KVTransferError,
+    KVTransport,
+    TransferState,
+    TransferStats,
+)
+from tandem.worker.kv.health import TransferHealth
+from tandem.worker.kv.layout import KVLayout
+from tandem.worker.protocol import REQUEST_ID_HEADER, KVSource
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+
+def merge_block_pairs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
+    """[(src_first, dst_first, count), ...]: runs consecutive in both pools become one transfer."""
+    runs: list[tuple[int, int, int]] = []
+    for s, d in zip(src, dst, strict=True):
+        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((s, d, 1))
+    return runs
+
+
+def pool_bytes(pool: torch.Tensor) -> memoryview:
+    """A writable byte view of the pool's storage (no copy), for sockets to send from and recv into."""
+    import torch
+
+    if pool.device.type != "cpu":
+        raise ValueError("the tcp backend moves host memory; use nixl for a GPU pool")
+    if not pool.is_contiguous():
+        raise ValueError("the KV pool must be one contiguous tensor")
+    return memoryview(pool.view(torch.uint8).reshape(-1).numpy()).cast("B")
+
+
+class PullTransport(KVTransport):
+    """KVTransport with the decode-side bookkeeping done once; backends move the bytes."""
+
+    def __init__(self, pool: torch.Tensor, layout: KVLayout, engine_id: str,
+                 config: KVTransferConfig):
+        super().__init__(pool, layout, engine_id, config)
+        if tuple(pool.shape) != layout.shape:
+            raise ValueError(f"pool shape {tuple(pool.shape)} does not match the layout {layout.shape}")
+        self.kv_health = TransferHealth(self.name, engine_id,
+                                        config.extra.get("prometheus_registry"),
+                                        self._transport_info())
+        self._peers: dict[str, dict[str, Any]] = {}  # url -> metadata of the engine last seen there
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    # --- backend hooks ------------------------------------------------------------------------
+
+    def _transport_info(self) -> dict[str, Any]:
+        """What carries the bytes (RDMA or TCP) and how that was found out, for health()."""
+        return {"rdma": False, "network": self.name,
+                "detected_by": f"the {self.name} backend never uses RDMA"}
+
+    @abc.abstractmethod
+    async def _add_peer(self, md: dict[str, Any]) -> None:
+        """Make a freshly fetched peer reachable (NIXL: add_remote_agent)."""
+
+    @abc.abstractmethod
+    async def _forget_peer(self, md: dict[str, Any]) -> None:
+        """Drop everything known about a peer (restarted, failed or closing)."""
+
+    @abc.abstractmethod
+    async def _read(self, md: dict[str, Any], request_id: str,
+                    runs: list[tuple[int, int, int]]) -> int:
+        """Copy the runs from the peer's pool into ours and signal completion; returns transfers made.
+        Must leave nothing writing into our pool when it returns, raises or is cancelled."""
+
+    # --- shared -------------------------------------------------------------------------------
+
+    def _base_metadata(self) -> dict[str, Any]:
+        return {"backend": self.name, "engine_id": self.engine_id, "layout": self.layout.to_dict()}
+
+    def health(self) -> dict[str, Any]:
+        return self.kv_health.as_dict(peers={u: m["engine_id"] for u, m in self._peers.items()})
+
+    async def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def _close_shared(self) -> None:
+        self._closed = True
+        for md in list(self._peers.values()):
+            await self._forget_peer(md)
+        self._peers.clear()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _peer(self, source: KVSource) -> dict[str, Any]:
+        """The metadata of the engine that holds source's blocks: cached, or fetched if it restarted."""
+        cached = self._peers.get(source.url)
+        if cached is not None and cached["engine_id"] == source.engine_id:
+            return cached
+        if cached is not None:
+            log.info("kv peer at %s is now %s (was %s): fetching fresh metadata",
+                     source.url, source.engine_id, cached["engine_id"])
+            await self._drop_peer(source.url)
+        session = await self._http()
+        try:
+            async with session.get(source.url.rstrip("/") + "/internal/kv/metadata") as resp:
+                if resp.status != 200:
+                    raise KVTransferError(f"{source.url}/internal/kv/metadata answered {resp.status}")
+                md = await resp.json()
+        except (aiohttp.ClientError, OSError, ValueError) as e:
+            raise KVTransferError(f"cannot fetch KV metadata from {source.url}: {e}") from e
+        if md.get("engine_id") != source.engine_id:
+            raise KVTransferError(
+                f"the prefill worker at {source.url} is now {md.get('engine_id')}, but the KV was "
+                f"computed by {source.engine_id} (it restarted and its blocks are gone): re-run prefill")
+        if md.get("backend") != self.name:
+            raise KVTransferError(f"peer {source.engine_id} uses KV backend {md.get('backend')!r}, "
+                                  f"this worker {self.name!r}: configure both roles alike")
+        remote = KVLayout(**md["layout"])
+        if not self.layout.compatible_with(remote):
+            raise KVTransferError(f"KV layouts differ: peer {remote}, here {self.layout}: "
+                                  "prefill and decode must serve the same model and dtype")
+        await self._add_peer(md)
+        self._peers[source.url] = md
+        return md
+
+    async def _drop_peer(self, url: str) -> None:
+        md = self._peers.pop(url, None)
+        if md is not None:
+            try:
+                await self._forget_peer(md)
+            except Exception:  # forgetting is best effort; never mask the error being handled
+                log.exception("forgetting kv peer %s failed", md.get("engine_id"))
+
+    def _check(self, source: KVSource, local_block_ids: list[int], md: dict[str, Any]) -> None:
+        if len(source.block_ids) != len(local_block_ids):
+            raise KVTransferError(f"{len(source.block_ids)} source blocks but "
+                                  f"{len(local_block_ids)} destination blocks")
+        if len(source.block_ids) < self.layout.blocks_for(source.num_tokens):
+            raise KVTransferError(f"{source.num_tokens} tokens need "
+                                  f"{self.layout.blocks_for(source.num_tokens)} blocks, "
+                                  f"the source lists {len(source.block_ids)}")
+        remote_blocks = md["layout"]["num_blocks"]
+        if any(not 0 <= b < remote_blocks for b in source.block_ids):
+            raise KVTransferError(f"source block ids outside the peer's pool of {remote_blocks}")
+        if any(not 0 <= b < self.layout.num_blocks for b in local_block_ids):
+            raise KVTransferError(f"destination block ids outside this pool of {self.layout.num_blocks}")
+
+    async def pull(self, request_id: str, source: KVSource, local_block_ids: list[int]) -> TransferStats:
+        t0 = time.monotonic()
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                md = await self._peer(source)
+                self._check(source, local_block_ids, md)
+                runs = merge_block_pairs(source.block_ids, local_block_ids)
+                transfers = await self._read(md, request_id, runs) if runs else 0
+        except TimeoutError:
+            err = KVTransferError(f"KV handoff of {request_id} from {source.url} took longer than "
+                                  f"{self.config.timeout_s} s", TransferState.TIMED_OUT)
+            await self._failed(request_id, source, str(err))
+            raise err from None
+        except KVTransferError as e:
+            await self._failed(request_id, source, str(e))
+            raise
+        except (OSError, aiohttp.ClientError, asyncio.IncompleteReadError, ValueError) as e:
+            await self._failed(request_id, source, f"{type(e).__name__}: {e}")
+            raise KVTransferError(f"KV handoff of {request_id} from {source.url} failed: "
+                                  f"{type(e).__name__}: {e}") from e
+        except asyncio.CancelledError:
+            await self._failed(request_id, source, "cancelled")
+            raise
+        seconds = time.monotonic() - t0
+        nbytes = len(local_block_ids) * self.layout.block_bytes
+        self.kv_health.success("pull", nbytes, seconds)
+        return TransferStats(request_id, nbytes, seconds, len(local_block_ids), transfers)
+
+    async def _failed(self, request_id: str, source: KVSource, error: str) -> None:
+        """Count the failure, forget the peer (its metadata may be stale) and free its blocks if it listens."""
+        self.kv_health.failure("pull", error)
+        log.warning("kv pull of %s from %s failed: %s", request_id, source.url, error)
+        await self._drop_peer(source.url)
+        if self._closed:
+            return
+        # The release is best effort and bounded: a dead peer's engine reclaims by lease.
+        asyncio.get_running_loop().create_task(self._post_release(request_id, source))
+
+    async def _post_release(self, request_id: str, source: KVSource) -> None:
+        try:
+            session = await self._http()
+            async with asyncio.timeout(2.0), session.post(
+                    source.url.rstrip("/") + "/internal/kv/release",
+                    json={"request_id": request_id},
+                    headers={REQUEST_ID_HEADER: request_id}) as resp:
+                await resp.read()
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            pass

@@ -1,0 +1,41 @@
+"""Chooses the KV transfer backend by name and imports it only then, so Tandem never requires nixl.
+
+Same shape as vLLM's kv_connector factory: a name maps to "module:Class".
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from tandem.worker.kv.base import KVTransferConfig, KVTransport
+from tandem.worker.kv.layout import KVLayout
+
+if TYPE_CHECKING:
+    import torch
+
+BACKENDS: dict[str, str] = {
+    "nixl": "tandem.worker.kv.nixl:NixlTransport",
+    "tcp": "tandem.worker.kv.tcp:TcpTransport",
+    "memory": "tandem.worker.kv.memory:MemoryTransport",
+}
+
+
+def transport_class(name: str) -> type[KVTransport]:
+    """The class registered under `name`; a helpful error for an unknown name or a missing package."""
+    try:
+        module_name, cls_name = BACKENDS[name].split(":")
+    except KeyError:
+        raise ValueError(f"unknown KV transfer backend {name!r}; choose one of {sorted(BACKENDS)}") from None
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ImportError(f"KV backend {name!r} needs a package that is not installed ({e}); "
+                          "install nixl-cu12 (see the Makefile) or choose backend 'tcp'") from e
+    return getattr(module, cls_name)
+
+
+def create_transport(name: str, pool: torch.Tensor, layout: KVLayout, engine_id: str,
+                     config: KVTransferConfig) -> KVTransport:
+    """A transport of backend `name` over `pool`; call `await transport.start()` before use."""
+    return transport_class(name)(pool, layout, engine_id, config)

@@ -1,0 +1,1 @@
+"""Local mode: run Tandem's processes on one machine (`tandem up`)."""

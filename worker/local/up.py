@@ -1,0 +1,283 @@
+"""`tandem up`: a router and its workers as local processes, serving the OpenAI API on localhost.
+
+Each child runs in its own process group and dies with this process (PR_SET_PDEATHSIG), so
+nothing is orphaned. Ctrl-C or SIGTERM stops everything. If the router dies, everything stops
+(exit 1); if a worker dies after start-up, `up` reports it and keeps serving through the
+others, as the router falls back (prefill gone: decode-side prefill; a decode worker gone: the
+others), which is what the fault tests rely on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# what `tandem up` builds when no --model is given: a bit bigger than the tests' model, still
+# quick on a CPU
+DEFAULT_TOY = {
+    "num_layers": 4,
+    "hidden_size": 128,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "intermediate_size": 256,
+    "vocab_size": 512,
+    "max_position_embeddings": 2048,
+    "seed": 0,
+}
+TOY_VERSION = 1  # bump when make_toy_model's output for the same arguments changes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="a Hugging Face model folder (default: a small toy Llama, "
+                        "built once under ~/.cache/tandem/models/)")
+    parser.add_argument("--port", type=int, default=8000, help="the router's port (default 8000)")
+    parser.add_argument("--host", default="127.0.0.1", help="the router's address (default 127.0.0.1)")
+    parser.add_argument("--mode", choices=["disaggregated", "colocated"], default="disaggregated")
+    parser.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers (default 1)")
+    parser.add_argument("--decode", type=int, default=1, metavar="N",
+                        help="decode workers; colocated workers in colocated mode (default 1)")
+    parser.add_argument("--kv-backend", choices=["nixl", "tcp"], default="nixl",
+                        help="how KV moves from prefill to decode (default nixl)")
+    parser.add_argument("--pin-cpus", action="store_true", help="pin each worker to its own CPU core")
+    parser.add_argument("--threads", type=int, default=1, help="compute threads per worker (default 1)")
+    parser.add_argument("--served-name", default=None,
+                        help="model name clients send (default: the model folder's name)")
+    parser.add_argument("--short-prompt-threshold", type=int, default=None,
+                        help="prompts estimated below this many tokens skip prefill (router default)")
+    parser.add_argument("--api-key", default=None, help="require this API key (default: env TANDEM_API_KEY)")
+    parser.add_argument("--startup-timeout", type=float, default=300.0,
+                        help="seconds to wait for everything to be ready (default 300)")
+    parser.add_argument("--state-file", default=None,
+                        help="write the processes (name, role, url, pid) here as JSON once ready")
+    parser.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
+                        help="extra argument passed to every worker (repeatable)")
+    parser.add_argument("--router-arg", action="append", default=[], metavar="ARG",
+                        help="extra argument passed to the router (repeatable)")
+
+
+@dataclass
+class Child:
+    name: str
+    role: str
+    url: str
+    argv: list[str]
+    cpu: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    ready_after: float | None = None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def toy_model_dir() -> Path:
+    """The default model, built once and cached by its parameters."""
+    key = "llama-" + "-".join(f"{k[:3]}{v}" for k, v in DEFAULT_TOY.items()) + f"-v{TOY_VERSION}"
+    path = Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem")) / "models" / key
+    from tandem.testing.toy_model import make_toy_model
+
+    if not path.exists():
+        print(f"building the toy model once into {path} ...", flush=True)
+    return Path(make_toy_model(path, **DEFAULT_TOY))
+
+
+def _child_setup(cpu: int | None) -> None:
+    """Runs in the child before exec: die with the parent, and optionally pin to one core."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+
+
+def plan(args: argparse.Namespace, model: Path) -> list[Child]:
+    """The processes to start: pure, so the command lines are testable."""
+    exe = [sys.executable, "-m", "tandem.cli.main"]
+    cpus = sorted(os.sched_getaffinity(0)) if args.pin_cpus else []
+    children: list[Child] = []
+    roles = (
+        [("colocated", args.decode)]
+        if args.mode == "colocated"
+        else [("prefill", args.prefill), ("decode", args.decode)]
+    )
+    for role, count in roles:
+        for i in range(count):
+            port = free_port()
+            argv = [
+                *exe, "worker", "--role", role, "--model", str(model), "--host", "127.0.0.1",
+                "--port", str(port), "--threads", str(args.threads),
+                *(["--kv-backend", args.kv_backend] if role != "colocated" else []),
+                *(["--served-name", args.served_name] if args.served_name else []),
+                *args.worker_arg,
+            ]
+            cpu = cpus[len(children) % len(cpus)] if cpus else None
+            env = {"OMP_NUM_THREADS": str(args.threads)}
+            children.append(Child(f"{role}-{i}", role, f"http://127.0.0.1:{port}", argv, cpu, env))
+    router = [*exe, "router", "--host", args.host, "--port", str(args.port)]
+    for c in children:
+        router += ["--prefill" if c.role == "prefill" else "--decode", c.url]
+    if args.short_prompt_threshold is not None:
+        router += ["--short-prompt-threshold", str(args.short_prompt_threshold)]
+    if args.api_key:
+        router += ["--api-key", args.api_key]
+    router += args.router_arg
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    children.append(Child("router", "router", f"http://{host}:{args.port}", router))
+    return children
+
+
+def _ready(url: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + "/ready", timeout=1) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class Supervisor:
+    """Starts children in their own process groups and stops them all, whatever happens."""
+
+    def __init__(self, children: list[Child]) -> None:
+        self.children = children
+        self.stopping = False
+
+    def start(self, child: Child) -> None:
+        env = os.environ | child.env
+        child.proc = subprocess.Popen(
+            child.argv, env=env, start_new_session=True, preexec_fn=lambda: _child_setup(child.cpu)
+        )
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        self.stopping = True
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        live = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
+        for c in reversed(live):  # the router first, so it stops taking requests
+            try:
+                os.killpg(c.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        for c in live:
+            try:
+                c.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for c in self.children:
+            if c.proc is None:
+                continue
+            try:  # the whole group: anything a child started goes too
+                os.killpg(c.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            c.proc.wait()
+
+    def dead(self) -> list[Child]:
+        return [c for c in self.children if c.proc is not None and c.proc.poll() is not None]
+
+
+def _raise_on_signal(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.mode == "disaggregated" and (args.prefill < 0 or args.decode < 1):
+        print("tandem up: disaggregated mode needs --decode >= 1 and --prefill >= 0", file=sys.stderr)
+        return 2
+    if args.mode == "colocated" and args.decode < 1:
+        print("tandem up: colocated mode needs --decode >= 1", file=sys.stderr)
+        return 2
+    if args.api_key is None and os.environ.get("TANDEM_API_KEY"):
+        args.api_key = os.environ["TANDEM_API_KEY"]
+    signal.signal(signal.SIGTERM, _raise_on_signal)
+    sup: Supervisor | None = None
+    try:
+        model = Path(args.model) if args.model else toy_model_dir()
+        if not (model / "config.json").is_file():
+            print(f"tandem up: {model} is not a Hugging Face model folder (no config.json)", file=sys.stderr)
+            return 2
+        children = plan(args, model)
+        sup = Supervisor(children)
+        t0 = time.monotonic()
+        print(f"tandem up: {args.mode}, model {model}", flush=True)
+        for c in children:
+            sup.start(c)
+            pin = f", cpu {c.cpu}" if c.cpu is not None else ""
+            print(f"  started {c.name:<12} {c.url}  pid {c.proc.pid}{pin}", flush=True)
+        pending = list(children)
+        last_note = 0.0
+        while pending:
+            dead = sup.dead()
+            if dead:
+                for c in dead:
+                    print(f"tandem up: {c.name} exited with code {c.proc.returncode} while starting",
+                          file=sys.stderr, flush=True)
+                return 1
+            for c in list(pending):
+                if _ready(c.url):
+                    c.ready_after = time.monotonic() - t0
+                    pending.remove(c)
+                    print(f"  ready   {c.name:<12} after {c.ready_after:.1f}s", flush=True)
+            elapsed = time.monotonic() - t0
+            if elapsed > args.startup_timeout:
+                print(f"tandem up: not ready after {args.startup_timeout:.0f}s: "
+                      f"{', '.join(c.name for c in pending)}", file=sys.stderr, flush=True)
+                return 1
+            if pending and elapsed - last_note >= 10:
+                last_note = elapsed
+                print(f"  waiting for {', '.join(c.name for c in pending)} ({elapsed:.0f}s)", flush=True)
+            time.sleep(0.25)
+        router = children[-1]
+        if args.state_file:
+            state = [{"name": c.name, "role": c.role, "url": c.url, "pid": c.proc.pid} for c in children]
+            Path(args.state_file).write_text(json.dumps(state, indent=2))
+        auth = f" -H 'Authorization: Bearer {args.api_key}'" if args.api_key else ""
+        model_name = args.served_name or model.name
+        print(
+            f"\nTandem is ready at {router.url}/v1 (OpenAI API), model '{model_name}'.\nTry:\n"
+            f"  curl -s {router.url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
+            f"    -d '{{\"model\": \"{model_name}\", \"messages\": [{{\"role\": \"user\", "
+            f"\"content\": \"Hello!\"}}], \"max_tokens\": 32}}'\n"
+            "Press Ctrl-C to stop.",
+            flush=True,
+        )
+        reported: set[str] = set()
+        while True:
+            for c in sup.dead():
+                if c.name in reported:
+                    continue
+                reported.add(c.name)
+                if c is router:
+                    print(f"tandem up: the router exited with code {c.proc.returncode}; stopping",
+                          file=sys.stderr, flush=True)
+                    return 1
+                print(f"tandem up: {c.name} exited with code {c.proc.returncode}; "
+                      "the router serves through the others", file=sys.stderr, flush=True)
+            if len(reported) == len(children) - 1:
+                print("tandem up: every worker has exited; stopping", file=sys.stderr, flush=True)
+                return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("\ntandem up: stopping ...", flush=True)
+        return 0
+    finally:
+        if sup is not None:
+            sup.stop()
+            print("tandem up: stopped", flush=True)

@@ -1,0 +1,346 @@
+"""The router's HTTP face: the OpenAI API, health, readiness and metrics (aiohttp).
+
+Streaming responses start (HTTP 200 and SSE headers) only once a worker accepted the request,
+so errors found by the worker (context length, ...) still reach the client as a 4xx. A request
+that ends early for any reason has every worker it touched told to abort it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tandem.worker.protocol import REQUEST_ID_HEADER, Role
+from tandem.worker.router.config import RouterConfig
+from tandem.worker.router.errors import RouterError, bad_request, upstream_failed
+from tandem.worker.router.metrics import RouterMetrics
+from tandem.worker.router.orchestrator import (
+    Finished,
+    Orchestrator,
+    RequestContext,
+    Started,
+    Timeouts,
+    Tokens,
+)
+from tandem.worker.router.pool import Target, WorkerPool
+from tandem.worker.router.sse import DONE, ResponseShape, frame
+from tandem.worker.router.validation import Endpoint, Limits, check_model, parse_request
+
+log = logging.getLogger("tandem.router")
+
+ROUTER_KEY: web.AppKey[Router] = web.AppKey("router")
+
+
+def _error_response(err: RouterError, request_id: str | None = None) -> web.Response:
+    headers = dict(err.headers)
+    if request_id:
+        headers[REQUEST_ID_HEADER] = request_id
+    return web.json_response(err.body, status=err.status, headers=headers)
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every error leaves in OpenAI's format, including aiohttp's own 404/405/413."""
+    try:
+        return await handler(request)
+    except RouterError as err:
+        return _error_response(err)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status)
+        return _error_response(RouterError(exc.status, exc.reason, "invalid_request_error", None, code))
+
+
+class Router:
+    """Everything one router process holds: config, worker pool, orchestrator and metrics."""
+
+    def __init__(self, config: RouterConfig, discovery: Any = None) -> None:
+        self.config = config
+        self.metrics = RouterMetrics()
+        self.limits = Limits(
+            max_tokens_limit=config.max_tokens_limit,
+            default_max_tokens=config.default_max_tokens,
+            max_prompt_tokens=config.max_prompt_tokens,
+        )
+        self.discovery = discovery  # None: static targets from config
+        self.created = int(time.time())
+        self.session: aiohttp.ClientSession | None = None
+        self.pool: WorkerPool | None = None
+        self.orchestrator: Orchestrator | None = None
+        self._poller: asyncio.Task | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self, app: web.Application) -> None:
+        from tandem.worker.router.discovery.static import static_targets
+
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        self.pool = WorkerPool(
+            self.session, poll_interval_s=self.config.poll_interval_s, served_model=self.config.model
+        )
+        self.orchestrator = Orchestrator(
+            self.session,
+            self.pool,
+            self.metrics,
+            limits=self.limits,
+            timeouts=Timeouts(
+                connect_s=self.config.connect_timeout_s,
+                prefill_s=self.config.prefill_timeout_s,
+                chunk_s=self.config.chunk_timeout_s,
+            ),
+            short_prompt_threshold=self.config.short_prompt_threshold,
+            max_prefill_attempts=self.config.max_prefill_attempts,
+            max_resumes=self.config.max_resumes,
+        )
+        if self.discovery is None:
+            self.pool.set_targets(static_targets(self.config.prefill, self.config.decode))
+        else:
+            self.discovery.on_change = self.set_targets
+            self.discovery.start(asyncio.get_running_loop())
+        await self.pool.poll_once()
+        self._poller = asyncio.create_task(self.pool.run())
+
+    def set_targets(self, targets: list[Target]) -> None:
+        assert self.pool is not None
+        self.pool.set_targets(targets)
+
+    async def stop(self, app: web.Application) -> None:
+        if self.discovery is not None:
+            self.discovery.stop()
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        if self.orchestrator is not None:
+            await self.orchestrator.drain()
+        if self.session is not None:
+            await self.session.close()
+
+    # --- small endpoints ----------------------------------------------------------------------
+
+    def _check_auth(self, request: web.Request) -> None:
+        key = self.config.api_key
+        if not key:
+            return
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise RouterError(
+                401,
+                "Missing or incorrect API key: send 'Authorization: Bearer <key>'.",
+                "invalid_request_error",
+                None,
+                "invalid_api_key",
+            )
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    def _counts(self) -> dict[str, dict[str, int]]:
+        assert self.pool is not None
+        counts: dict[str, dict[str, int]] = {r.value: {"ready": 0, "total": 0} for r in Role}
+        for v in self.pool.views():
+            counts[v.role.value]["total"] += 1
+            counts[v.role.value]["ready"] += int(v.ready)
+        return counts
+
+    async def ready(self, request: web.Request) -> web.Response:
+        """Ready when some path can serve: a decode or colocated worker (prefill is optional)."""
+        counts = self._counts()
+        ok = counts["decode"]["ready"] + counts["colocated"]["ready"] > 0
+        return web.json_response(
+            {"status": "ready" if ok else "not ready", "workers": counts}, status=200 if ok else 503
+        )
+
+    async def models(self, request: web.Request) -> web.Response:
+        self._check_auth(request)
+        assert self.pool is not None
+        model = self.pool.model()
+        data = [] if model is None else [
+            {"id": model, "object": "model", "created": self.created, "owned_by": "tandem"}
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        for role, c in self._counts().items():
+            self.metrics.workers.labels(role, "true").set(c["ready"])
+            self.metrics.workers.labels(role, "false").set(c["total"] - c["ready"])
+        resp = web.Response(body=generate_latest(self.metrics.registry))
+        resp.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+        return resp
+
+    # --- generation ---------------------------------------------------------------------------
+
+    async def _read_body(self, request: web.Request) -> Any:
+        limit = self.config.max_body_bytes
+        too_large = RouterError(
+            413, f"The request body is larger than this server accepts ({limit} bytes).",
+            "invalid_request_error", None, "request_too_large",
+        )
+        if request.content_length is not None and request.content_length > limit:
+            raise too_large
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise too_large from exc
+        if len(raw) > limit:
+            raise too_large
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise bad_request(f"The request body is not valid JSON: {exc}") from exc
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.CHAT)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.COMPLETION)
+
+    async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        assert self.pool is not None and self.orchestrator is not None
+        request_id = uuid.uuid4().hex
+        ctx = RequestContext(request_id)
+        t0 = time.monotonic()
+        status = "500"
+        self.metrics.in_flight.inc()
+        try:
+            try:
+                self._check_auth(request)
+                body = await self._read_body(request)
+                parsed = parse_request(body, endpoint, self.limits)
+                check_model(parsed.model, self.pool.model())
+                shape = ResponseShape(
+                    endpoint, request_id, parsed.model, int(time.time()), parsed.include_usage
+                )
+                if parsed.stream:
+                    resp, status = await self._stream(request, parsed, shape, ctx, t0)
+                else:
+                    resp = await self._complete(parsed, shape, ctx, t0)
+                    status = "200"
+                    self.metrics.e2e.observe(time.monotonic() - t0)
+                return resp
+            except RouterError as err:
+                status = str(err.status)
+                return _error_response(err, request_id)
+        except asyncio.CancelledError:
+            status = "499"  # the client went away (handler cancellation)
+            raise
+        finally:
+            if not ctx.done and ctx.touched:
+                self.orchestrator.abort(ctx)
+            self.metrics.in_flight.dec()
+            self.metrics.requests.labels(status).inc()
+            log.info(
+                "request done",
+                extra={
+                    "request_id": request_id, "status": status, "route": ctx.route,
+                    "prefill": ctx.prefill_url, "decode": ctx.decode_url,
+                    "seconds": round(time.monotonic() - t0, 4),
+                },
+            )
+
+    async def _complete(
+        self, parsed: Any, shape: ResponseShape, ctx: RequestContext, t0: float
+    ) -> web.Response:
+        assert self.orchestrator is not None
+        texts: list[str] = []
+        first = True
+        events = self.orchestrator.run(parsed, ctx)
+        try:
+            async for ev in events:
+                if isinstance(ev, Tokens):
+                    if first:
+                        self.metrics.ttft.observe(time.monotonic() - t0)
+                        first = False
+                    texts.append(ev.text)
+                elif isinstance(ev, Finished):
+                    body = shape.full(
+                        "".join(texts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens
+                    )
+                    return web.json_response(body, headers={REQUEST_ID_HEADER: ctx.request_id})
+        finally:
+            await events.aclose()
+        raise upstream_failed("the workers ended the request without finishing it")
+
+    async def _stream(
+        self,
+        request: web.Request,
+        parsed: Any,
+        shape: ResponseShape,
+        ctx: RequestContext,
+        t0: float,
+    ) -> tuple[web.StreamResponse, str]:
+        assert self.orchestrator is not None
+        resp: web.StreamResponse | None = None
+        last: float | None = None
+        events = self.orchestrator.run(parsed, ctx)
+        try:
+            async for ev in events:
+                if isinstance(ev, Started) and resp is None:
+                    resp = web.StreamResponse(
+                        headers={
+                            "Content-Type": "text/event-stream",
+                            "Cache-Control": "no-cache",
+                            REQUEST_ID_HEADER: ctx.request_id,
+                        }
+                    )
+                    await resp.prepare(request)
+                    if shape.endpoint is Endpoint.CHAT:
+                        await resp.write(frame(shape.chunk("", role=True)))
+                elif isinstance(ev, Tokens) and resp is not None:
+                    now = time.monotonic()
+                    if last is None:
+                        self.metrics.ttft.observe(now - t0)
+                    else:
+                        self.metrics.itl.observe(now - last)
+                    last = now
+                    if ev.text:
+                        await resp.write(frame(shape.chunk(ev.text)))
+                elif isinstance(ev, Finished) and resp is not None:
+                    final = shape.chunk(None if shape.endpoint is Endpoint.CHAT else "", ev.finish_reason)
+                    await resp.write(frame(final))
+                    if shape.include_usage:
+                        await resp.write(frame(shape.usage_chunk(ev.prompt_tokens, ev.completion_tokens)))
+                    await resp.write(DONE)
+                    await resp.write_eof()
+                    self.metrics.e2e.observe(time.monotonic() - t0)
+                    return resp, "200"
+            raise upstream_failed("the workers ended the request without finishing it")
+        except ConnectionResetError:
+            return resp or web.Response(), "499"  # the client went away mid-stream
+        except RouterError as err:
+            if resp is None:
+                raise
+            # the stream already started: end it with an error event the client can see
+            log.warning("request %s: stream failed: %s", ctx.request_id, err.message)
+            await resp.write(frame(err.body))
+            await resp.write(DONE)
+            await resp.write_eof()
+            return resp, "502" if err.status >= 500 else str(err.status)
+        finally:
+            await events.aclose()
+
+
+def build_app(config: RouterConfig, discovery: Any = None) -> web.Application:
+    """The aiohttp application; `discovery` (e.g. KubernetesDiscovery) replaces the static list."""
+    router = Router(config, discovery)
+    # a little headroom so an oversized body reaches our own 413 rather than aiohttp's
+    app = web.Application(middlewares=[openai_errors], client_max_size=config.max_body_bytes + 1)
+    app[ROUTER_KEY] = router
+    app.on_startup.append(router.start)
+    app.on_cleanup.append(router.stop)
+    app.router.add_post("/v1/chat/completions", router.chat)
+    app.router.add_post("/v1/completions", router.completions)
+    app.router.add_get("/v1/models", router.models)
+    app.router.add_get("/health", router.health)
+    app.router.add_get("/ready", router.ready)
+    app.router.add_get("/metrics", router.metrics_endpoint)
+    return app

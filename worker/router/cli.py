@@ -1,0 +1,117 @@
+"""`tandem router`: the OpenAI-compatible router, with static or Kubernetes discovery.
+
+Cheap to import (the CLI table imports it for --help); aiohttp is loaded in run().
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from tandem.worker.router.config import RouterConfig, apply, load_yaml
+
+# flag dest -> config field, for flags whose value overrides the config file when given
+_FLAGS = (
+    "host", "port", "namespace", "service", "worker_port", "model", "api_key", "max_body_bytes",
+    "max_tokens_limit", "default_max_tokens", "max_prompt_tokens", "short_prompt_threshold",
+    "poll_interval_s", "connect_timeout_s", "chunk_timeout_s", "prefill_timeout_s", "log_format",
+    "log_level",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = RouterConfig()
+    parser.add_argument("--config", help="YAML file of router settings (the operator mounts one)")
+    parser.add_argument("--host", default=None, help=f"listen address (default {d.host})")
+    parser.add_argument("--port", type=int, default=None, help=f"listen port (default {d.port})")
+    parser.add_argument("--prefill", action="append", default=[], metavar="URL",
+                        help="a prefill worker's base URL (repeatable; static discovery)")
+    parser.add_argument("--decode", action="append", default=[], metavar="URL",
+                        help="a decode or colocated worker's base URL (repeatable; static discovery)")
+    parser.add_argument("--kubernetes", action="store_true", default=None,
+                        help="discover workers from the pods of --service in --namespace")
+    parser.add_argument("--namespace", default=None,
+                        help="namespace to watch (default: the pod's own namespace)")
+    parser.add_argument("--service", default=None, help="the InferenceService name (tandem.dev/service)")
+    parser.add_argument("--worker-port", type=int, default=None,
+                        help=f"workers' HTTP port when the pod names no 'http' port (default {d.worker_port})")
+    parser.add_argument("--model", default=None,
+                        help="served model name clients must send (default: what the workers report)")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' (default: env TANDEM_API_KEY)")
+    parser.add_argument("--max-body-bytes", type=int, default=None,
+                        help=f"largest request body accepted (default {d.max_body_bytes})")
+    parser.add_argument("--max-tokens-limit", type=int, default=None,
+                        help=f"most output tokens one request may ask for (default {d.max_tokens_limit})")
+    parser.add_argument("--default-max-tokens", type=int, default=None,
+                        help=f"output tokens when a request names none (default {d.default_max_tokens})")
+    parser.add_argument("--max-prompt-tokens", type=int, default=None,
+                        help="longest prompt accepted, in tokens (default: the model's context)")
+    parser.add_argument("--short-prompt-threshold", type=int, default=None,
+                        help="prompts estimated below this many tokens skip prefill and go straight "
+                        f"to a decode worker (default {d.short_prompt_threshold})")
+    parser.add_argument("--poll-interval-s", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--connect-timeout-s", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--prefill-timeout-s", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--chunk-timeout-s", type=float, default=None,
+                        help=f"silence allowed between a worker's stream lines (default {d.chunk_timeout_s})")
+    parser.add_argument("--log-format", choices=["text", "json"], default=None)
+    parser.add_argument("--log-level", default=None)
+
+
+def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    """Defaults < --config file < env TANDEM_API_KEY < flags."""
+    config = load_yaml(args.config) if args.config else RouterConfig()
+    values = {f: getattr(args, f) for f in _FLAGS if getattr(args, f, None) is not None}
+    if args.prefill:
+        values["prefill"] = args.prefill
+    if args.decode:
+        values["decode"] = args.decode
+    if args.kubernetes:
+        values["kubernetes"] = True
+    if "api_key" not in values and os.environ.get("TANDEM_API_KEY"):
+        values["api_key"] = os.environ["TANDEM_API_KEY"]
+    config = apply(config, values, "flags")
+    if config.kubernetes:
+        if not config.service:
+            raise SystemExit("tandem router: --kubernetes needs --service (the InferenceService name)")
+        if not config.namespace:
+            ns_file = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+            if not os.path.exists(ns_file):
+                raise SystemExit("tandem router: --kubernetes needs --namespace outside a pod")
+            with open(ns_file) as f:
+                config.namespace = f.read().strip()
+    elif not (config.prefill or config.decode):
+        raise SystemExit("tandem router: give --decode URL (and --prefill URL), or --kubernetes")
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiohttp import web
+    from tandem.worker.router.app import build_app
+    from tandem.worker.router.logs import setup_logging
+
+    config = config_from_args(args)
+    setup_logging(config.log_format, config.log_level)
+    discovery = None
+    if config.kubernetes:
+        from kubernetes import client
+        from kubernetes import config as kconfig
+        from tandem.worker.router.discovery.kubernetes import KubernetesDiscovery
+
+        try:
+            kconfig.load_incluster_config()
+        except kconfig.ConfigException:
+            kconfig.load_kube_config()
+        discovery = KubernetesDiscovery(
+            client.ApiClient(), config.namespace, config.service, on_change=lambda t: None,
+            default_port=config.worker_port,
+        )
+    app = build_app(config, discovery)
+    # handler_cancellation: a client that disconnects cancels its handler, which aborts the
+    # request on the workers at once (instead of at the next write)
+    web.run_app(
+        app, host=config.host, port=config.port, handler_cancellation=True,
+        access_log=None, print=None, shutdown_timeout=5,
+    )
+    return 0

@@ -1,0 +1,86 @@
+"""The router's configuration: defaults, then the YAML file the operator mounts, then flags.
+
+YAML keys may be snake_case or camelCase (the operator renders from a camelCase spec), e.g.
+`maxTokensLimit` or `max_tokens_limit`; nested `limits:` / `routing:` / `timeouts:` sections are
+flattened. Unknown keys are refused, so a typo in a ConfigMap is an error, not a silent default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RouterConfig:
+    host: str = "0.0.0.0"
+    port: int = 8000
+    prefill: list[str] = field(default_factory=list)  # static discovery
+    decode: list[str] = field(default_factory=list)
+    kubernetes: bool = False  # in-cluster discovery
+    namespace: str | None = None
+    service: str | None = None
+    worker_port: int = 8000  # workers' HTTP port when the pod spec names none ("http")
+    model: str | None = None  # served model name; None: as the workers report it
+    api_key: str | None = None
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_tokens_limit: int = 4096
+    default_max_tokens: int = 256
+    max_prompt_tokens: int | None = None
+    short_prompt_threshold: int = 0  # estimated tokens; 0 sends every prompt through prefill
+    policy: str = "least-loaded"
+    poll_interval_s: float = 0.5
+    connect_timeout_s: float = 3.0
+    prefill_timeout_s: float = 120.0
+    chunk_timeout_s: float = 30.0
+    max_prefill_attempts: int = 2
+    max_resumes: int = 2
+    log_format: str = "text"
+    log_level: str = "info"
+
+
+_SECTIONS = {"limits", "routing", "timeouts", "discovery", "server", "router"}
+_ALIASES = {
+    "max_output_tokens": "max_tokens_limit",
+    "max_tokens": "max_tokens_limit",
+    "max_body_size": "max_body_bytes",
+    "routing_policy": "policy",
+    "short_prompt_tokens": "short_prompt_threshold",
+    "served_model_name": "model",
+}
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key).replace("-", "_").lower()
+
+
+def flatten(raw: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        k = _snake(str(key))
+        if k in _SECTIONS and isinstance(value, dict):
+            out.update(flatten(value))
+        else:
+            out[_ALIASES.get(k, k)] = value
+    return out
+
+
+def apply(config: RouterConfig, values: dict[str, Any], source: str) -> RouterConfig:
+    """Overlay `values` on `config`; refuse unknown keys naming `source`."""
+    known = {f.name for f in dataclasses.fields(RouterConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{source}: unknown router settings {unknown}; known: {sorted(known)}")
+    return dataclasses.replace(config, **values)
+
+
+def load_yaml(path: str | Path, config: RouterConfig | None = None) -> RouterConfig:
+    import yaml
+
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a mapping of router settings")
+    return apply(config or RouterConfig(), flatten(raw), str(path))

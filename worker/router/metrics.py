@@ -1,0 +1,71 @@
+"""Prometheus metrics measured at the router, where the client sees latency.
+
+Each router app owns its registry (several can live in one test process). No per-request labels:
+worker series are labelled by worker address and role, a bounded set.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 60, float("inf"))
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.2, 0.5, 1, 2.5, float("inf"))
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            "tandem_time_to_first_token_seconds",
+            "Time from the request's arrival to its first token leaving the router.",
+            registry=r, buckets=_LATENCY_BUCKETS,
+        )
+        self.itl = Histogram(
+            "tandem_inter_token_latency_seconds",
+            "Gap between consecutive token chunks sent to a client.",
+            registry=r, buckets=_ITL_BUCKETS,
+        )
+        self.e2e = Histogram(
+            "tandem_e2e_request_latency_seconds",
+            "Time from a request's arrival to its last byte, for successful requests.",
+            registry=r, buckets=_LATENCY_BUCKETS,
+        )
+        self.in_flight = Gauge(
+            "tandem_requests_in_flight", "Generation requests being served now.", registry=r
+        )
+        self.requests = Counter(
+            "tandem_requests",
+            "Generation requests by outcome: the HTTP status, 499 for a client that went away, "
+            "502 for a stream that broke after it started.",
+            ["status"], registry=r,
+        )
+        self.worker_requests = Counter(
+            "tandem_router_worker_requests",
+            "Calls the router made to a worker (prefill or generate).",
+            ["worker", "role"], registry=r,
+        )
+        self.worker_failures = Counter(
+            "tandem_router_worker_failures",
+            "Calls to a worker that failed (unreachable, 5xx, broken stream).",
+            ["worker", "role"], registry=r,
+        )
+        self.routes = Counter(
+            "tandem_router_routes",
+            "How requests were routed: disaggregated, or straight to decode and why.",
+            ["route"], registry=r,
+        )
+        self.resumes = Counter(
+            "tandem_router_decode_resumes",
+            "Sequences resumed on another decode worker after a failure.",
+            registry=r,
+        )
+        self.aborts = Counter(
+            "tandem_router_aborts",
+            "Abort calls sent to workers for requests that ended early.",
+            registry=r,
+        )
+        self.workers = Gauge(
+            "tandem_router_workers", "Workers known to the router, by role and readiness.",
+            ["role", "ready"], registry=r,
+        )

@@ -1,0 +1,416 @@
+"""The worker's aiohttp application: the internal protocol (tandem.worker.protocol) over the engine.
+
+Model endpoints answer 503 until the model is loaded; errors before a stream starts are OpenAI-format
+4xx/5xx bodies; once streaming, a failure ends the NDJSON stream with an error event. A client that
+goes away aborts its sequence, which frees its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tandem.worker.protocol import (
+    NDJSON,
+    REQUEST_ID_HEADER,
+    EventType,
+    GenerateRequest,
+    KVSource,
+    PrefillResult,
+    Role,
+    StreamEvent,
+    WorkerInfo,
+    openai_error,
+)
+from tandem.worker.server.metrics import WorkerMetrics
+
+log = logging.getLogger("tandem.worker.server")
+
+
+@dataclass
+class WorkerSettings:
+    role: Role
+    advertise_url: str  # base URL peers and the router use to reach this worker
+    engine_id: str  # "<pod or host>-<epoch>"
+    generation: str = ""
+    kv_backend: str = "none"
+    served_name: str | None = None
+    pull_wait_s: float = 10.0  # how long a decode waits for free blocks to receive a pulled KV
+
+
+@dataclass
+class WorkerState:
+    """What the routes read; the engine and transport appear once start-up has loaded them."""
+
+    settings: WorkerSettings
+    engine: Any = None  # AsyncEngine
+    transport: Any = None  # KVTransport
+    ready: bool = False
+    load_error: str | None = None
+    started: float = field(default_factory=time.time)
+    metrics: WorkerMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = WorkerMetrics(lambda: self.engine.engine if self.engine is not None else None)
+
+
+STATE_KEY = web.AppKey("tandem_worker_state", WorkerState)
+
+
+def error_response(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                   code: str | None = None, request_id: str | None = None) -> web.Response:
+    headers = {REQUEST_ID_HEADER: request_id} if request_id else None
+    return web.json_response(openai_error(message, type_, param, code), status=status, headers=headers)
+
+
+def _from_request_error(e: Any, request_id: str | None) -> web.Response:
+    return error_response(e.status, str(e), e.type, e.param, e.code, request_id)
+
+
+async def _read_json(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise web.HTTPBadRequest(
+            text=json.dumps(openai_error(f"the body is not valid JSON: {e}", "invalid_request_error")),
+            content_type="application/json") from e
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(
+            text=json.dumps(openai_error("the body must be a JSON object", "invalid_request_error")),
+            content_type="application/json")
+    return body
+
+
+def _parse_generate(body: dict[str, Any], request: web.Request) -> GenerateRequest:
+    body = dict(body)
+    if not body.get("request_id") and request.headers.get(REQUEST_ID_HEADER):
+        body["request_id"] = request.headers[REQUEST_ID_HEADER]
+    try:
+        return GenerateRequest.from_dict(body)
+    except (TypeError, ValueError) as e:
+        raise web.HTTPBadRequest(
+            text=json.dumps(openai_error(f"malformed request: {e}", "invalid_request_error")),
+            content_type="application/json") from e
+
+
+def _need_engine(state: WorkerState, request_id: str | None = None) -> web.Response | None:
+    if state.engine is None or not state.ready:
+        msg = state.load_error or "the model is still loading"
+        return error_response(503, msg, "service_unavailable", code="not_ready", request_id=request_id)
+    return None
+
+
+def _wrong_role(state: WorkerState, route: str, request_id: str | None) -> web.Response:
+    return error_response(400, f"a {state.settings.role.value} worker does not serve {route}",
+                          param=None, code="wrong_role", request_id=request_id)
+
+
+# ---- plain endpoints --------------------------------------------------------------------------
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    if state.ready:
+        return web.json_response({"status": "ready"})
+    status = "failed" if state.load_error else "loading"
+    return web.json_response({"status": status, "message": state.load_error}, status=503)
+
+
+async def models(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    if (resp := _need_engine(state)) is not None:
+        return resp
+    eng = state.engine.engine
+    return web.json_response({"object": "list", "data": [{
+        "id": eng.served_name, "object": "model", "created": int(state.started), "owned_by": "tandem",
+        "max_model_len": eng.max_model_len,
+    }]})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    body = generate_latest(state.metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def info(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    s = state.settings
+    eng = state.engine.engine if state.engine is not None else None
+    doc = WorkerInfo(
+        role=s.role,
+        model=(eng.served_name if eng else s.served_name) or "",
+        max_model_len=eng.max_model_len if eng else 0,
+        engine_id=s.engine_id,
+        generation=s.generation,
+        kv_backend=s.kv_backend,
+        ready=state.ready,
+        running=eng.num_running if eng else 0,
+        waiting=eng.num_waiting if eng else 0,
+        kv_usage=eng.allocator.num_used / eng.allocator.num_blocks if eng else 0.0,
+        outstanding_prompt_tokens=eng.outstanding_prompt_tokens() if eng else 0,
+    ).to_dict()
+    if eng is not None:
+        doc |= {"kv_blocks_free": eng.allocator.num_free, "kv_blocks_total": eng.allocator.num_blocks,
+                "kv_layout": eng.layout.to_dict(), "leased": len(eng.leases), "url": s.advertise_url}
+    return web.json_response(doc)
+
+
+# ---- generate --------------------------------------------------------------------------------
+
+async def _reserve_blocks(state: WorkerState, num_tokens: int) -> list[int] | None:
+    eng = state.engine.engine
+    deadline = time.monotonic() + state.settings.pull_wait_s
+    while True:
+        blocks = eng.reserve_blocks(num_tokens)
+        if blocks is not None or time.monotonic() >= deadline:
+            return blocks
+        await asyncio.sleep(0.02)
+
+
+async def _pull(state: WorkerState, req: GenerateRequest, seq: Any) -> list[int] | web.Response:
+    """Allocate local blocks and pull the prompt's KV into them; an error response on failure."""
+    from tandem.worker.kv.base import KVTransferError
+
+    rid, src, eng = req.request_id, req.kv_source, state.engine.engine
+    if req.first_token_id is None or not isinstance(req.first_token_id, int) \
+            or not 0 <= req.first_token_id < eng.vocab_size:
+        return error_response(400, "kv_source needs first_token_id (a token id)", param="first_token_id",
+                              request_id=rid)
+    if state.transport is None:
+        return error_response(400, "this worker has no KV transport (--kv-backend none)", param="kv_source",
+                              code="kv_backend_mismatch", request_id=rid)
+    if src.backend != state.transport.name:
+        return error_response(400, f"kv_source.backend is {src.backend!r}, this worker uses "
+                              f"{state.transport.name!r}", param="kv_source", code="kv_backend_mismatch",
+                              request_id=rid)
+    expected = seq.num_tokens
+    if src.num_tokens != expected or len(src.block_ids) != eng.layout.blocks_for(expected):
+        return error_response(400, f"kv_source holds {src.num_tokens} tokens in {len(src.block_ids)} blocks, "
+                              f"but the prompt here is {expected} tokens: prefill and decode workers "
+                              "disagree on the tokenization", param="kv_source", code="kv_mismatch",
+                              request_id=rid)
+    blocks = await _reserve_blocks(state, src.num_tokens)
+    if blocks is None:
+        return error_response(503, "the KV cache is full: no blocks free to receive the prompt's KV",
+                              "service_unavailable", code="kv_cache_full", request_id=rid)
+    t0 = time.monotonic()
+    try:
+        await state.transport.pull(rid, src, blocks)
+    except KVTransferError as e:
+        eng.free_blocks(blocks)
+        log.warning("KV pull failed: %s", e, extra={"request_id": rid, "state": str(e.state)})
+        return error_response(503, f"KV transfer from {src.url} failed ({e.state}): {e}", "service_unavailable",
+                              code="kv_transfer_failed", request_id=rid)
+    except BaseException:
+        eng.free_blocks(blocks)
+        raise
+    state.metrics.kv_pull_seconds.observe(time.monotonic() - t0)
+    return blocks
+
+
+def _line(ev: StreamEvent) -> bytes:
+    return (json.dumps(ev.to_dict()) + "\n").encode()
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    from tandem.worker.engine.errors import RequestError
+
+    state = request.app[STATE_KEY]
+    body = await _read_json(request)
+    req = _parse_generate(body, request)
+    rid = req.request_id
+    if state.settings.role == Role.PREFILL:
+        return _wrong_role(state, "/internal/generate", rid)
+    if (resp := _need_engine(state, rid)) is not None:
+        return resp
+    aeng = state.engine
+    try:
+        seq = aeng.engine.make_sequence(req)
+    except RequestError as e:
+        return _from_request_error(e, rid)
+    kv_blocks = None
+    if req.kv_source is not None:
+        pulled = await _pull(state, req, seq)
+        if isinstance(pulled, web.Response):
+            return pulled
+        kv_blocks = pulled
+    try:
+        outputs = aeng.submit(seq, kv_blocks=kv_blocks, first_token_id=req.first_token_id)
+    except RequestError as e:
+        if kv_blocks is not None:
+            aeng.engine.free_blocks(kv_blocks)
+        return _from_request_error(e, rid)
+    log.info("generate started", extra={"request_id": rid, "prompt_tokens": len(seq.prompt_ids),
+                                         "pulled": kv_blocks is not None})
+    finished = False
+    want_lp = bool(req.sampling.logprobs)
+    try:
+        resp = web.StreamResponse(headers={"Content-Type": NDJSON, REQUEST_ID_HEADER: rid})
+        await resp.prepare(request)
+        await resp.write(_line(StreamEvent(EventType.START, prompt_tokens=len(seq.prompt_ids))))
+        async for out in outputs:
+            if out.error is not None:
+                finished = True
+                await resp.write(_line(StreamEvent(EventType.ERROR, error=out.error)))
+                break
+            if out.token_ids or out.text:
+                lps = out.logprobs if want_lp and len(out.logprobs) == len(out.token_ids) else None
+                await resp.write(_line(StreamEvent(EventType.TOKEN, token_ids=out.token_ids, text=out.text,
+                                                   logprobs=lps)))
+            if out.finished:
+                finished = True
+                usage = {"prompt_tokens": len(seq.prompt_ids), "completion_tokens": len(seq.output_ids),
+                         "total_tokens": seq.num_tokens}
+                await resp.write(_line(StreamEvent(EventType.FINISH, finish_reason=out.finish_reason,
+                                                   usage=usage)))
+                log.info("generate finished", extra={"request_id": rid, "finish_reason": str(out.finish_reason),
+                                                      "completion_tokens": len(seq.output_ids)})
+        await resp.write_eof()
+        return resp
+    except (ConnectionResetError, asyncio.CancelledError):
+        log.info("client went away; aborting", extra={"request_id": rid})
+        raise
+    finally:
+        if not finished:
+            aeng.abort(rid)
+        await outputs.aclose()
+
+
+# ---- prefill and the KV lease ------------------------------------------------------------------
+
+async def prefill(request: web.Request) -> web.Response:
+    from tandem.worker.engine.errors import RequestError
+
+    state = request.app[STATE_KEY]
+    body = await _read_json(request)
+    req = _parse_generate(body, request)
+    rid = req.request_id
+    if state.settings.role == Role.DECODE:
+        return _wrong_role(state, "/internal/prefill", rid)
+    if (resp := _need_engine(state, rid)) is not None:
+        return resp
+    aeng = state.engine
+    try:
+        seq = aeng.engine.make_sequence(req, prefill_only=True)
+        outputs = aeng.submit(seq)
+    except RequestError as e:
+        return _from_request_error(e, rid)
+    done = False
+    try:
+        out = await anext(outputs)
+        done = True
+    finally:
+        if not done:
+            aeng.abort(rid)
+        await outputs.aclose()
+    if out.error is not None:
+        return web.json_response({"error": out.error}, status=500, headers={REQUEST_ID_HEADER: rid})
+    kv = None
+    if out.kv_blocks is not None:
+        t = state.transport
+        kv = KVSource(url=state.settings.advertise_url, engine_id=state.settings.engine_id,
+                      backend=t.name if t is not None else "none", block_ids=out.kv_blocks,
+                      num_tokens=seq.num_computed, extra=t.source_extra() if t is not None else {})
+    result = PrefillResult(
+        request_id=rid, prompt_token_ids=seq.prompt_ids, first_token_id=out.token_ids[0],
+        first_token_text=out.text, first_token_logprob=out.logprobs[0] if out.logprobs else None,
+        finish_reason=out.finish_reason, kv=kv)
+    log.info("prefill done", extra={"request_id": rid, "prompt_tokens": len(seq.prompt_ids),
+                                     "leased_blocks": len(out.kv_blocks or [])})
+    return web.json_response(result.to_dict(), headers={REQUEST_ID_HEADER: rid})
+
+
+async def _request_id_body(request: web.Request) -> str:
+    body = await _read_json(request)
+    rid = body.get("request_id") or request.headers.get(REQUEST_ID_HEADER)
+    if not isinstance(rid, str) or not rid:
+        raise web.HTTPBadRequest(text=json.dumps(openai_error("request_id is required", "invalid_request_error",
+                                                              "request_id")), content_type="application/json")
+    return rid
+
+
+async def abort(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    rid = await _request_id_body(request)
+    found = state.engine.abort(rid) if state.engine is not None else False
+    log.info("abort", extra={"request_id": rid, "found": found})
+    return web.json_response({"request_id": rid, "aborted": found})
+
+
+async def kv_release(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    rid = await _request_id_body(request)
+    found = state.engine.engine.release(rid) if state.engine is not None else False
+    log.info("KV lease released", extra={"request_id": rid, "found": found})
+    return web.json_response({"request_id": rid, "released": found})
+
+
+async def kv_metadata(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    if state.transport is None:
+        return error_response(404, "this worker has no KV transport (--kv-backend none)", "not_found",
+                              code="no_kv_transport")
+    return web.json_response(state.transport.metadata())
+
+
+async def kv_health(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    if state.transport is None:
+        return web.json_response({"backend": "none", "ok": state.ready})
+    return web.json_response(state.transport.health())
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Unknown routes and unexpected failures still answer in OpenAI's error format."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.content_type == "application/json":
+            raise
+        return error_response(e.status, e.reason or "error", "invalid_request_error" if e.status < 500
+                              else "internal_error", request_id=request.headers.get(REQUEST_ID_HEADER))
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception as e:  # noqa: BLE001
+        log.exception("unhandled error in %s", request.path)
+        return error_response(500, f"internal error: {e}", "internal_error",
+                              request_id=request.headers.get(REQUEST_ID_HEADER))
+
+
+def create_app(state: WorkerState) -> web.Application:
+    app = web.Application(middlewares=[_errors], client_max_size=64 * 2**20)
+    app[STATE_KEY] = state
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/internal/info", info)
+    app.router.add_post("/internal/generate", generate)
+    app.router.add_post("/internal/prefill", prefill)
+    app.router.add_post("/internal/abort", abort)
+    app.router.add_post("/internal/kv/release", kv_release)
+    app.router.add_get("/internal/kv/metadata", kv_metadata)
+    app.router.add_get("/internal/kv/health", kv_health)
+    return app
+
+
+def attach_engine(state: WorkerState, engine: Any, transport: Any = None) -> None:
+    """Wire a started AsyncEngine (and transport) into the state and mark the worker ready."""
+    state.engine = engine
+    state.transport = transport
+    engine.engine.on_step = state.metrics.observe_step
+    if transport is not None:
+        transport.on_released = engine.engine.release
+        state.settings.kv_backend = transport.name
+    state.ready = True

@@ -1,0 +1,210 @@
+"""`tandem worker`: run one model worker (prefill, decode or colocated) behind the internal HTTP API.
+
+The HTTP server starts first (so /health answers while a large model loads), then the model and
+the KV transport; /ready turns 200 when both are up. Settings come from flags, a YAML file whose
+keys mirror the flags (`--config`, mounted by the operator), and POD_NAME / POD_IP / TANDEM_GENERATION.
+Imports nothing heavy at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+ROLES = ("prefill", "decode", "colocated")
+BACKENDS = ("nixl", "tcp", "memory", "none")
+
+# flag dest -> default when neither the flag nor the config file sets it
+DEFAULTS: dict[str, Any] = {
+    "role": "colocated", "model": None, "host": "0.0.0.0", "port": 8000, "advertise_url": None,
+    "dtype": "auto", "device": "auto", "num_blocks": None, "kv_memory_fraction": None, "block_size": 16,
+    "max_num_seqs": 64, "max_batched_tokens": 2048, "kv_backend": None, "threads": None,
+    "served_name": None, "max_model_len": None, "log_format": "text", "log_level": "info",
+    "kv_timeout_s": 10.0, "kv_lease_s": 30.0, "kv_extra": None, "generation": None,
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    # Every default is None here so a flag given on the command line wins over --config, and
+    # the config file wins over DEFAULTS.
+    a("--config", help="YAML file whose keys mirror these flags (dashes or underscores)")
+    a("--role", choices=ROLES, default=None, help="prefill, decode or colocated (default)")
+    a("--model", default=None, help="Hugging Face model folder (or a hub id with HF_HOME holding a cache)")
+    a("--host", default=None, help="address to listen on (default 0.0.0.0)")
+    a("--port", type=int, default=None, help="port to listen on (default 8000; 0 picks a free one)")
+    a("--advertise-url", default=None, help="base URL peers use to reach this worker "
+      "(default http://$POD_IP:PORT, else the listen host)")
+    a("--dtype", default=None, choices=("auto", "float32", "float16", "bfloat16"))
+    a("--device", default=None, help="auto (default), cpu, cuda or cuda:N")
+    a("--num-blocks", type=int, default=None, help="KV pool size in blocks (default: from --kv-memory-fraction)")
+    a("--kv-memory-fraction", type=float, default=None, help="fraction of free memory for the KV pool")
+    a("--block-size", type=int, default=None, help="tokens per KV block (default 16)")
+    a("--max-num-seqs", type=int, default=None, help="running sequences at most (default 64)")
+    a("--max-batched-tokens", type=int, default=None, help="tokens per forward pass (default 2048)")
+    a("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    a("--kv-backend", choices=BACKENDS, default=None,
+      help="KV transfer backend (default nixl for prefill/decode, none for colocated)")
+    a("--kv-timeout-s", type=float, default=None, help="a KV pull that takes longer fails (default 10)")
+    a("--kv-lease-s", type=float, default=None, help="prefill: free unpulled KV blocks after this (default 30)")
+    a("--threads", type=int, default=None, help="torch.set_num_threads")
+    a("--served-name", default=None, help="model name in /v1/models (default: the folder's name)")
+    a("--generation", default=None, help="tandem.dev/generation (default $TANDEM_GENERATION)")
+    a("--log-format", choices=("text", "json"), default=None)
+    a("--log-level", default=None, choices=("debug", "info", "warning", "error"))
+
+
+def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Flags over the config file over DEFAULTS; raises ValueError for an unknown config key."""
+    values = dict(DEFAULTS)
+    if getattr(args, "config", None):
+        import yaml
+
+        with open(args.config) as f:
+            doc = yaml.safe_load(f) or {}
+        if not isinstance(doc, dict):
+            raise ValueError(f"{args.config}: expected a mapping of settings")
+        for k, v in doc.items():
+            key = str(k).replace("-", "_")
+            if key not in DEFAULTS:
+                raise ValueError(f"{args.config}: unknown setting {k!r} (known: {', '.join(sorted(DEFAULTS))})")
+            values[key] = v
+    for k in DEFAULTS:
+        v = getattr(args, k, None)
+        if v is not None:
+            values[k] = v
+    if not values["model"]:
+        raise ValueError("--model (or `model:` in --config) is required")
+    if values["role"] not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}")
+    if values["kv_backend"] is None:
+        values["kv_backend"] = "none" if values["role"] == "colocated" else "nixl"
+    if values["generation"] is None:
+        values["generation"] = os.environ.get("TANDEM_GENERATION", "")
+    return values
+
+
+def engine_identity() -> tuple[str, str]:
+    """(engine_id, epoch): a restarted worker gets a new engine_id, so peers drop stale metadata."""
+    import secrets
+    import socket
+    import time
+
+    epoch = f"{int(time.time())}{secrets.token_hex(3)}"
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}-{epoch}", epoch
+
+
+def advertise_url(values: dict[str, Any], port: int) -> str:
+    if values["advertise_url"]:
+        return str(values["advertise_url"]).rstrip("/")
+    host = os.environ.get("POD_IP") or values["host"]
+    if host in ("0.0.0.0", "::", ""):
+        import socket
+
+        try:
+            host = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+async def serve(values: dict[str, Any]) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from aiohttp import web
+    from tandem.worker.protocol import Role
+    from tandem.worker.server.app import WorkerSettings, WorkerState, attach_engine, create_app
+
+    log = logging.getLogger("tandem.worker")
+    engine_id, _ = engine_identity()
+    settings = WorkerSettings(role=Role(values["role"]), advertise_url="", engine_id=engine_id,
+                              generation=values["generation"], kv_backend=values["kv_backend"],
+                              served_name=values["served_name"], pull_wait_s=float(values["kv_timeout_s"]))
+    state = WorkerState(settings)
+    runner = web.AppRunner(create_app(state), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, values["host"], int(values["port"]))
+    await site.start()
+    port = runner.addresses[0][1]
+    settings.advertise_url = advertise_url(values, port)
+    log.info("listening on %s:%d (advertised as %s), role %s, engine_id %s", values["host"], port,
+             settings.advertise_url, settings.role.value, engine_id)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    # torch and transformers load only now, so /health answers while they import.
+    from tandem.worker.engine.async_engine import AsyncEngine
+    from tandem.worker.engine.config import EngineConfig
+    from tandem.worker.engine.engine import Engine
+    from tandem.worker.engine.errors import ModelLoadError
+
+    config = EngineConfig(
+        model=values["model"], dtype=values["dtype"], device=values["device"], block_size=int(values["block_size"]),
+        num_blocks=values["num_blocks"], kv_memory_fraction=values["kv_memory_fraction"],
+        max_num_seqs=int(values["max_num_seqs"]), max_batched_tokens=int(values["max_batched_tokens"]),
+        max_model_len=values["max_model_len"], served_name=values["served_name"], threads=values["threads"],
+    )
+    transport = None
+    aeng = None
+    try:
+        try:
+            engine = await asyncio.to_thread(Engine, config, lease_s=float(values["kv_lease_s"]))
+        except (ModelLoadError, ValueError) as e:
+            state.load_error = str(e)
+            log.error("cannot start the engine: %s", e)
+            return 1
+        if values["kv_backend"] != "none":
+            from tandem.worker.kv.base import KVTransferConfig
+            from tandem.worker.kv.registry import create_transport
+
+            host = settings.advertise_url.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+            kv_config = KVTransferConfig(backend=values["kv_backend"], timeout_s=float(values["kv_timeout_s"]),
+                                         lease_s=float(values["kv_lease_s"]), host=host,
+                                         extra=dict(values["kv_extra"] or {}))
+            try:
+                transport = create_transport(values["kv_backend"], engine.pool, engine.layout, engine_id, kv_config)
+                await transport.start()
+            except Exception as e:  # noqa: BLE001 - report any backend failure the same way
+                state.load_error = f"KV backend {values['kv_backend']!r} failed to start: {e}"
+                log.error("%s", state.load_error)
+                return 1
+        aeng = AsyncEngine(engine)
+        aeng.start()
+        attach_engine(state, aeng, transport)
+        log.info("ready: serving %s (max_model_len %d, %d KV blocks of %d tokens, kv backend %s)",
+                 engine.served_name, engine.max_model_len, engine.layout.num_blocks, engine.layout.block_size,
+                 values["kv_backend"])
+        await stop.wait()
+        log.info("shutting down")
+        return 0
+    finally:
+        state.ready = False
+        await runner.cleanup()
+        if aeng is not None:
+            await aeng.stop()
+        if transport is not None:
+            await transport.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import sys
+
+    from tandem.worker.server.logs import configure_logging
+
+    try:
+        values = resolve_settings(args)
+    except (OSError, ValueError) as e:
+        print(f"tandem worker: {e}", file=sys.stderr)
+        return 2
+    configure_logging(values["log_format"], values["log_level"])
+    logging.getLogger("tandem.worker").info("starting worker", extra={"settings": {
+        k: v for k, v in values.items() if k != "kv_extra"}})
+    return asyncio.run(serve(values))

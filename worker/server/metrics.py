@@ -1,0 +1,65 @@
+"""Prometheus metrics of one worker: gauges read from the engine at scrape time, a step histogram.
+
+Each server gets its own registry, so several workers can live in one process (tests) and no
+metric carries a per-request label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class EngineCollector(Collector):
+    def __init__(self, get_engine: Callable[[], Any]):
+        self.get_engine = get_engine  # returns the Engine, or None while the model loads
+
+    def collect(self) -> Iterator[Any]:
+        eng = self.get_engine()
+        if eng is None:
+            return
+        s = eng.stats
+        yield GaugeMetricFamily("tandem_worker_running_sequences", "Sequences in the running batch", value=eng.num_running)
+        yield GaugeMetricFamily("tandem_worker_waiting_sequences", "Sequences queued", value=eng.num_waiting)
+        yield GaugeMetricFamily("tandem_worker_leased_sequences", "Prefilled sequences whose KV awaits a pull",
+                                value=len(eng.leases))
+        yield GaugeMetricFamily("tandem_worker_kv_blocks_used", "KV pool blocks in use", value=eng.allocator.num_used)
+        yield GaugeMetricFamily("tandem_worker_kv_blocks_total", "KV pool blocks", value=eng.allocator.num_blocks)
+        yield GaugeMetricFamily("tandem_worker_kv_block_size_tokens", "Tokens per KV block", value=eng.layout.block_size)
+        yield CounterMetricFamily("tandem_worker_prompt_tokens", "Prompt tokens admitted", value=s.prompt_tokens_total)
+        yield CounterMetricFamily("tandem_worker_generation_tokens", "Tokens generated", value=s.generation_tokens_total)
+        yield CounterMetricFamily("tandem_worker_preemptions", "Sequences preempted for recompute",
+                                  value=s.preemptions_total)
+        yield CounterMetricFamily("tandem_worker_steps", "Engine forward steps", value=s.steps_total)
+        fin = CounterMetricFamily("tandem_worker_requests_finished", "Finished sequences by reason",
+                                  labels=["finish_reason"])
+        for reason, n in sorted(s.requests_finished.items()):
+            fin.add_metric([reason], n)
+        yield fin
+
+
+class WorkerMetrics:
+    def __init__(self, get_engine: Callable[[], Any]):
+        self.registry = CollectorRegistry()
+        self.registry.register(EngineCollector(get_engine))
+        self.step_seconds = Histogram(
+            "tandem_worker_step_seconds", "Duration of one engine step (forward + sampling)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12),
+            registry=self.registry,
+        )
+        self.step_tokens = Histogram(
+            "tandem_worker_step_tokens", "Tokens processed in one engine step",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192), registry=self.registry,
+        )
+        self.kv_pull_seconds = Histogram(
+            "tandem_worker_kv_pull_seconds", "Time to pull a prompt's KV from a prefill worker",
+            registry=self.registry,
+        )
+
+    def observe_step(self, seconds: float, num_tokens: int) -> None:
+        self.step_seconds.observe(seconds)
+        self.step_tokens.observe(num_tokens)
