@@ -45,3 +45,26 @@ async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
             return parse_prometheus(await resp.text())
     except (aiohttp.ClientError, TimeoutError):
         return {}
+
+
+async def kv_health(session: aiohttp.ClientSession, url: str) -> dict:
+    """/internal/kv/health of a worker ({} where it has none)."""
+    try:
+        async with session.get(f"{url}/internal/kv/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            return await r.json() if r.status == 200 else {}
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return {}
+
+
+def kv_from_health(before: dict, after: dict, direction: str = "pull") -> dict[str, float]:
+    """Per-run KV bytes and transfers from two /internal/kv/health readings.
+
+    Used when /metrics lacks the tandem_kv_transfer_* series. The health endpoint keeps no total
+    transfer time, so the time is estimated from the bytes and the recent bandwidth it reports.
+    """
+    b = (after.get("bytes_total") or {}).get(direction, 0) - (before.get("bytes_total") or {}).get(direction, 0)
+    n = (after.get("transfers_total") or {}).get(direction, 0) - (
+        before.get("transfers_total") or {}).get(direction, 0)
+    bw = after.get("recent_bandwidth_bytes_per_second")
+    return {"bytes": float(b), "count": float(n),
+            "seconds": float(b) / bw if bw else math.nan, "source": "kv-health (time estimated)"}

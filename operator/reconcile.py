@@ -48,6 +48,8 @@ def reconcile(api: client.ApiClient, body: dict, config: OperatorConfig,
     meta = body["metadata"]
     manifests = render(meta, body["spec"], config)
     result = apply.apply_all(api, manifests)
+    # A periodic pass that applies a spec for the first time is not correcting drift.
+    drift = drift and (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
 
     def event(type_: str, reason: str, message: str) -> None:
         apply.post_event(api, body, type_, reason, message)

@@ -36,3 +36,35 @@ def tokens_of(outs: list[Any]) -> list[int]:
 
 def text_of(outs: list[Any]) -> str:
     return "".join(o.text for o in outs)
+
+
+def reference_generate(hf_model: Any, prompt_ids: list[int], max_new_tokens: int, *, pad_token_id: int = 0,
+                       ignore_eos: bool = True) -> list[int]:
+    """transformers' greedy generate for one prompt, alone (no padding): the tests' ground truth."""
+    import torch
+
+    ids = torch.tensor([prompt_ids])
+    kw = {"eos_token_id": None, "min_new_tokens": max_new_tokens} if ignore_eos else {}
+    with torch.no_grad():
+        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                do_sample=False, pad_token_id=pad_token_id, **kw)
+    return out[0, len(prompt_ids):].tolist()
+
+
+async def ndjson_events(resp: Any) -> list[dict[str, Any]]:
+    """All NDJSON lines of an aiohttp response from /internal/generate, parsed."""
+    import json
+
+    events = []
+    async for line in resp.content:
+        if line.strip():
+            events.append(json.loads(line))
+    return events
+
+
+def stream_tokens(events: list[dict[str, Any]]) -> list[int]:
+    return [t for e in events if e["type"] == "token" for t in e.get("token_ids", [])]
+
+
+def stream_text(events: list[dict[str, Any]]) -> str:
+    return "".join(e.get("text", "") for e in events if e["type"] == "token")

@@ -189,11 +189,13 @@ class KVPeerProcess:
 
     def __init__(self, backend: str, layout: KVLayout, engine_id: str, *, port: int = 0,
                  timeout_s: float = 10.0, lease_s: float = 30.0, fill: bool = True,
-                 env: dict[str, str] | None = None, tcp_port: int = 0):
+                 env: dict[str, str] | None = None, tcp_port: int = 0,
+                 extra: dict[str, Any] | None = None):
         self.args = [sys.executable, "-m", "tandem.testing.kv_peer", "--backend", backend,
                      "--layout", json.dumps(layout.to_dict()), "--engine-id", engine_id,
                      "--port", str(port), "--timeout-s", str(timeout_s), "--lease-s", str(lease_s),
-                     "--tcp-port", str(tcp_port)] + ([] if fill else ["--no-fill"])
+                     "--tcp-port", str(tcp_port), "--extra", json.dumps(extra or {})]
+        self.args += [] if fill else ["--no-fill"]
         self.env = os.environ | {"UCX_TLS": "tcp", "OMP_NUM_THREADS": "1"} | (env or {})
         self.proc: subprocess.Popen | None = None
         self.url = ""
@@ -265,11 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=10.0)
     p.add_argument("--lease-s", type=float, default=30.0)
     p.add_argument("--no-fill", action="store_true")
+    p.add_argument("--extra", default="{}", help="KVTransferConfig.extra as JSON")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     layout = KVLayout(**json.loads(a.layout))
     config = KVTransferConfig(backend=a.backend, timeout_s=a.timeout_s, lease_s=a.lease_s,
-                              extra={"tcp_port": a.tcp_port})
+                              extra={"tcp_port": a.tcp_port} | json.loads(a.extra))
 
     async def serve() -> None:
         peer = KVPeer(a.backend, layout, a.engine_id, config, fill=not a.no_fill)

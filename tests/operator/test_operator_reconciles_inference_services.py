@@ -98,10 +98,18 @@ def apply_tis(k8s, ns: str, manifest: dict) -> None:
     k8s.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest))
 
 
-def wait_ready(api, ns: str, name: str, timeout: float = 90) -> dict:
+def wait_ready(api, ns: str, name: str, timeout: float = 90, summary: str | None = None) -> dict:
+    """Until Ready=True for the current spec (observedGeneration caught up), optionally with
+    every role's ready/desired equal to `summary`."""
+
     def ready():
         tis = get_tis(api, ns, name)
-        return tis if condition(tis, "Ready").get("status") == "True" else None
+        st = tis.get("status") or {}
+        ok = (condition(tis, "Ready").get("status") == "True"
+              and st.get("observedGeneration") == tis["metadata"]["generation"])
+        if summary is not None:
+            ok = ok and all(st.get(r, {}).get("summary") == summary for r in ("prefill", "decode"))
+        return tis if ok else None
 
     try:
         return wait_until(ready, timeout=timeout, what=f"{name} Ready=True")
@@ -119,7 +127,7 @@ def test_apply_creates_children_placed_on_their_pools_and_reports_ready(k8s, api
     elapsed = time.monotonic() - t0
     print(f"\nkubectl apply -> all {sum(map(len, expected_children(name).values()))} children created: {elapsed:.2f}s")
 
-    tis = wait_ready(api, namespace, name)
+    tis = wait_ready(api, namespace, name, summary="2/2")
     # the real scheduler placed each role on its pool
     for role, pool in (("prefill", "prefill"), ("decode", "decode"), ("router", "cpu")):
         placed = pods(api, namespace, name, role)
@@ -196,13 +204,22 @@ def test_updates_roll_through_to_the_children(k8s, api, operator, namespace):
                 and d.spec.template.metadata.annotations["tandem.dev/config-hash"] != old_hash)
 
     wait_until(updated, timeout=30, what="decode Deployment and ConfigMap updated")
-    tis = wait_ready(api, namespace, name)
-    assert tis["status"]["observedGeneration"] == tis["metadata"]["generation"] == 2
-    assert tis["status"]["decode"]["summary"] == "2/2"
-    # prefill and decode moved to the new generation together
-    gens = {p.metadata.labels["tandem.dev/generation"] for role in ("prefill", "decode")
-            for p in pods(api, namespace, name, role)}
-    assert gens == {tis["status"]["generation"]}
+    tis = get_tis(api, namespace, name)
+    assert tis["metadata"]["generation"] == 2
+
+    def rolled():
+        t = get_tis(api, namespace, name)
+        gens = {p.metadata.labels["tandem.dev/generation"] for role in ("prefill", "decode")
+                for p in pods(api, namespace, name, role)}
+        decode = pods(api, namespace, name, "decode")
+        return (t["status"].get("decode", {}).get("summary") == "2/2"
+                and t["status"].get("observedGeneration") == 2
+                and gens == {t["status"]["generation"]} and len(decode) == 2
+                and all(p.spec.containers[0].image == "registry.test/other:v2" for p in decode))
+
+    # prefill and decode pods all move to the new generation (the image is part of it)
+    wait_until(rolled, timeout=60, what="upd rolled out to the new generation")
+    assert wait_ready(api, namespace, name)
 
 
 def test_drift_is_corrected(k8s, api, operator, namespace):

@@ -52,8 +52,9 @@ class AsyncEngine:
                     continue
                 nxt = eng.next_lease_expiry()
                 self._wake.wait(1.0 if nxt is None else max(0.0, min(1.0, nxt - time.monotonic())))
-            except Exception:  # noqa: BLE001 - the loop must survive any one bad step
-                log.exception("engine loop error")
+            except Exception as e:  # noqa: BLE001 - the loop must survive any one bad step
+                log.exception("engine loop error; failing the sequences in flight")
+                eng.fail_all(e)
                 time.sleep(0.1)
 
     def _attach(self, seq: Sequence) -> asyncio.Queue[SeqOutput]:

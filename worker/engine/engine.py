@@ -362,6 +362,7 @@ class Engine:
         self.stats.requests_finished[reason.value] = self.stats.requests_finished.get(reason.value, 0) + 1
 
     def _fail(self, chunks, error: Exception) -> None:
+        """A forward pass raised: fail the sequences it carried (the rest keep running)."""
         emits = []
         with self.lock:
             self._in_flight = set()
@@ -369,10 +370,26 @@ class Engine:
             for c in chunks:
                 if not c.seq.finished:
                     self._finish(c.seq, FinishReason.ERROR)
-                    emits.append((c.seq, SeqOutput(c.seq.request_id, finished=True, finish_reason=FinishReason.ERROR,
-                                                   error={"message": f"the engine failed: {error}",
-                                                          "type": "internal_error", "param": None,
-                                                          "code": "engine_error"})))
+                    emits.append((c.seq, self._error_output(c.seq, error)))
+        for seq, out in emits:
+            self._emit(seq, out)
+
+    @staticmethod
+    def _error_output(seq: Sequence, error: Exception) -> SeqOutput:
+        return SeqOutput(seq.request_id, finished=True, finish_reason=FinishReason.ERROR,
+                         error={"message": f"the engine failed: {error}", "type": "internal_error",
+                                "param": None, "code": "engine_error"})
+
+    def fail_all(self, error: Exception) -> None:
+        """End every waiting and running sequence with an error (the step loop itself broke), so
+        no client waits on a sequence the engine can no longer advance."""
+        emits = []
+        with self.lock:
+            self._in_flight = set()
+            self._abort_after_step = set()
+            for seq in list(self.seqs.values()):
+                self._finish(seq, FinishReason.ERROR)
+                emits.append((seq, self._error_output(seq, error)))
         for seq, out in emits:
             self._emit(seq, out)
 

@@ -115,13 +115,9 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def load_model(
-    model: str, *, dtype: str = "auto", device: str = "auto", max_model_len: int | None = None,
-    trust_remote_code: bool = False,
-) -> LoadedModel:
-    """Load weights and tokenizer from a local folder, or a hub id resolved through HF_HOME's cache."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
+def model_source(model: str) -> tuple[str, bool]:
+    """(what to pass to from_pretrained, whether it is a local folder); checks a local folder
+    without importing torch, so a wrong path fails in a second rather than after the imports."""
     path = Path(model).expanduser()
     looks_local = path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1
     if looks_local and not (path / "config.json").is_file():
@@ -129,7 +125,18 @@ def load_model(
             f"no Hugging Face model at {model!r}: expected a folder with config.json, "
             "safetensors weights and tokenizer files (or a hub id like org/name)"
         )
-    src = str(path) if looks_local else model
+    return (str(path) if looks_local else model), looks_local
+
+
+def load_model(
+    model: str, *, dtype: str = "auto", device: str = "auto", max_model_len: int | None = None,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """Load weights and tokenizer from a local folder, or a hub id resolved through HF_HOME's cache."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    src, looks_local = model_source(model)
+    path = Path(src)
     t0 = time.monotonic()
     log.info("loading model config from %s", src)
     try:

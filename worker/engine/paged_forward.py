@@ -94,6 +94,20 @@ class PagedForward:
             key_pos = torch.arange(max_blocks * bs, device=dev)
             dec_mask = (key_pos[None, :] < torch.tensor(lens, device=dev)[:, None])[:, None, None, :]
 
+        # Per prefill chunk: where its queries sit, and (when it continues a sequence) the blocks
+        # to gather and the causal mask offset by what is already cached.
+        chunks = []
+        for i in prefill:
+            it, s, n = items[i], offsets[i], len(items[i].token_ids)
+            if it.start == 0:
+                chunks.append((s, n, 0, None, None))
+                continue
+            total = it.start + n
+            table = torch.tensor(it.block_table[: -(-total // bs)], dtype=torch.long, device=dev)
+            qpos = torch.arange(it.start, total, device=dev)
+            mask = torch.arange(total, device=dev)[None, :] <= qpos[:, None]
+            chunks.append((s, n, total, table, mask))
+
         h = self.embed(input_ids[None])  # [1, T, H]
         cos, sin = self.rotary(h, positions[None])
         cos, sin = cos[0], sin[0]  # [T, D]
@@ -118,24 +132,17 @@ class PagedForward:
                 o = F.scaled_dot_product_attention(
                     qd, kd, vd, attn_mask=dec_mask, scale=self.scaling, enable_gqa=nh != nkv)
                 out[dec_tok] = o[:, :, 0, :]
-            for i in prefill:
-                it, s = items[i], offsets[i]
-                n = len(it.token_ids)
+            for s, n, total, table, mask in chunks:
                 qs = q[s : s + n].transpose(0, 1)[None]
-                if it.start == 0:
+                if table is None:  # the chunk is the whole sequence so far: its own K/V suffice
                     ks, vs = k[s : s + n], v[s : s + n]
-                    mask, causal = None, True
                 else:
-                    total = it.start + n
-                    kv = self.pool[torch.tensor(it.block_table[: -(-total // bs)], device=dev), li]
+                    kv = self.pool[table, li]
                     ks = kv[:, 0].reshape(-1, nkv, d)[:total]
                     vs = kv[:, 1].reshape(-1, nkv, d)[:total]
-                    qpos = torch.arange(it.start, total, device=dev)
-                    mask = torch.arange(total, device=dev)[None, :] <= qpos[:, None]
-                    causal = False
                 o = F.scaled_dot_product_attention(
                     qs, ks.transpose(0, 1)[None], vs.transpose(0, 1)[None], attn_mask=mask,
-                    is_causal=causal, scale=self.scaling, enable_gqa=nh != nkv)
+                    is_causal=table is None, scale=self.scaling, enable_gqa=nh != nkv)
                 out[s : s + n] = o[0].transpose(0, 1)
             h = h + attn.o_proj(out.view(T, nh * d))
             h = h + layer.mlp(layer.post_attention_layernorm(h))

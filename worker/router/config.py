@@ -34,13 +34,16 @@ class RouterConfig:
     policy: str = "least-loaded"
     poll_interval_s: float = 0.5
     connect_timeout_s: float = 3.0
-    prefill_timeout_s: float = 120.0
-    chunk_timeout_s: float = 30.0
+    prefill_timeout_s: float = 60.0
+    chunk_timeout_s: float = 15.0
     max_prefill_attempts: int = 2
     max_resumes: int = 2
     log_format: str = "text"
     log_level: str = "info"
 
+
+# see policy.py: least outstanding prompt tokens for prefill, least running sequences for decode
+POLICIES = {"least-loaded"}
 
 _SECTIONS = {"limits", "routing", "timeouts", "discovery", "server", "router"}
 _ALIASES = {
@@ -74,7 +77,10 @@ def apply(config: RouterConfig, values: dict[str, Any], source: str) -> RouterCo
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"{source}: unknown router settings {unknown}; known: {sorted(known)}")
-    return dataclasses.replace(config, **values)
+    out = dataclasses.replace(config, **values)
+    if out.policy not in POLICIES:
+        raise ValueError(f"{source}: unknown routing policy {out.policy!r}; known: {sorted(POLICIES)}")
+    return out
 
 
 def load_yaml(path: str | Path, config: RouterConfig | None = None) -> RouterConfig:

@@ -14,6 +14,7 @@ layer (app.py) turns those into OpenAI responses. Failures are handled here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -63,8 +64,8 @@ Event = Started | Tokens | Finished
 @dataclass
 class Timeouts:
     connect_s: float = 3.0
-    prefill_s: float = 120.0  # a whole prefill call, queueing included
-    chunk_s: float = 30.0  # silence allowed between two NDJSON lines of a generate stream
+    prefill_s: float = 60.0  # a whole prefill call, queueing included
+    chunk_s: float = 15.0  # silence allowed between two NDJSON lines of a generate stream
     abort_s: float = 2.0
 
 
@@ -82,6 +83,17 @@ class RequestContext:
     def touch(self, url: str) -> None:
         if url not in self.touched:
             self.touched.append(url)
+
+
+@dataclass
+class _Progress:
+    """What one request has produced so far, across prefill, decode and resumes."""
+
+    prompt_ids: list[int] | None = None
+    prompt_tokens: int | None = None
+    generated: list[int] = field(default_factory=list)
+    first_text: str = ""
+    finish_reason: str = "stop"
 
 
 class _WorkerFailed(Exception):
@@ -240,33 +252,69 @@ class Orchestrator:
         ctx.prefill_url = None
         return None
 
+    async def _decode_once(
+        self, url: str, greq: GenerateRequest, req: ParsedRequest, p: _Progress
+    ) -> AsyncIterator[Event]:
+        """One generate call; raises _WorkerFailed if it ends in anything but a finish."""
+        # with a KV handoff the decode worker re-emits the prefill's first token: skip it
+        skip_first = greq.kv_source is not None
+        async with contextlib.aclosing(self._generate(url, greq)) as stream:
+            async for ev in stream:
+                if ev.type is EventType.ERROR:
+                    err = ev.error or {}
+                    if err.get("type") == "invalid_request_error" and not p.generated:
+                        raise RouterError.from_body(400, {"error": err})
+                    raise _WorkerFailed(f"decode on {url}: {err.get('message')}", dead=False)
+                if ev.type is EventType.START:
+                    if p.prompt_tokens is None and ev.prompt_tokens is not None:
+                        p.prompt_tokens = ev.prompt_tokens
+                        check_prompt_tokens(p.prompt_tokens, req, self.limits)
+                        yield Started(p.prompt_tokens)
+                    continue
+                if skip_first and ev.token_ids:
+                    skip_first = False
+                    ev.token_ids = ev.token_ids[1:]
+                    ev.text = ev.text[len(p.first_text):] if ev.text.startswith(p.first_text) else ev.text
+                    if not ev.token_ids:
+                        ev.text = ""
+                if p.prompt_tokens is None:  # a worker that sent no START
+                    p.prompt_tokens = (ev.usage or {}).get("prompt_tokens", 0)
+                    yield Started(p.prompt_tokens)
+                if ev.token_ids or ev.text:
+                    p.generated.extend(ev.token_ids)
+                    yield Tokens(list(ev.token_ids), ev.text)
+                if ev.type is EventType.FINISH:
+                    reason = ev.finish_reason or FinishReason.STOP
+                    if reason in (FinishReason.ABORT, FinishReason.ERROR):
+                        raise _WorkerFailed(f"decode on {url} ended with {reason}", dead=False)
+                    p.finish_reason = reason.value
+                    return
+        raise _WorkerFailed(f"decode stream from {url} ended early", dead=True)
+
     async def run(self, req: ParsedRequest, ctx: RequestContext) -> AsyncIterator[Event]:
         """The events of one request. Raises RouterError for anything the client must see."""
         plan = choose(self.pool.views(), req.prompt_chars(), self.short_prompt_threshold)
         if plan is None:
             raise no_worker("no worker is ready to serve this request; retry shortly.")
         ctx.route = plan.reason
-        prompt_ids = req.prompt_token_ids
-        prompt_tokens: int | None = None
-        generated: list[int] = []
+        p = _Progress(prompt_ids=req.prompt_token_ids)
         kv: KVSource | None = None
-        first_text = ""
 
         if plan.prefill is not None:
             res = await self._run_prefill(req, ctx, plan.prefill.url, plan.prefill.generation)
             if res is None:
                 ctx.route = "prefill failed"
             else:
-                prompt_ids = res.prompt_token_ids
-                prompt_tokens = len(res.prompt_token_ids)
-                check_prompt_tokens(prompt_tokens, req, self.limits)
-                yield Started(prompt_tokens)
-                generated.append(res.first_token_id)
-                first_text = res.first_token_text
+                p.prompt_ids = res.prompt_token_ids
+                p.prompt_tokens = len(res.prompt_token_ids)
+                check_prompt_tokens(p.prompt_tokens, req, self.limits)
+                yield Started(p.prompt_tokens)
+                p.generated.append(res.first_token_id)
+                p.first_text = res.first_token_text
                 yield Tokens([res.first_token_id], res.first_token_text)
                 if res.finish_reason is not None:
                     ctx.done = True
-                    yield Finished(res.finish_reason.value, prompt_tokens, 1)
+                    yield Finished(res.finish_reason.value, p.prompt_tokens, 1)
                     return
                 kv = res.kv
         self.metrics.routes.labels(ctx.route).inc()
@@ -276,59 +324,28 @@ class Orchestrator:
         failures = 0
         while True:
             greq = self._base_request(req, ctx)
-            if prompt_ids is not None:
-                greq.prompt, greq.messages, greq.prompt_token_ids = None, None, prompt_ids
+            if p.prompt_ids is not None:
+                greq.prompt, greq.messages, greq.prompt_token_ids = None, None, p.prompt_ids
             if kv is not None:
-                greq.kv_source, greq.first_token_id = kv, generated[0]
+                greq.kv_source, greq.first_token_id = kv, p.generated[0]
             else:
-                greq.generated_token_ids = list(generated)
+                greq.generated_token_ids = list(p.generated)
             ctx.touch(decode.url)
             ctx.decode_url = assigned = decode.url
             self.pool.assign(assigned)
             try:
-                # with a KV handoff the decode worker re-emits the prefill's first token: skip it
-                skip_first = kv is not None
-                async for ev in self._generate(decode.url, greq):
-                    if skip_first and ev.token_ids and ev.type in (EventType.TOKEN, EventType.FINISH):
-                        skip_first = False
-                        ev.token_ids = ev.token_ids[1:]
-                        ev.text = ev.text[len(first_text):] if ev.text.startswith(first_text) else ev.text
-                        if not ev.token_ids:
-                            ev.text = ""
-                    if ev.type is EventType.START:
-                        if prompt_tokens is None and ev.prompt_tokens is not None:
-                            prompt_tokens = ev.prompt_tokens
-                            check_prompt_tokens(prompt_tokens, req, self.limits)
-                            yield Started(prompt_tokens)
-                    elif ev.type in (EventType.TOKEN, EventType.FINISH):
-                        if ev.token_ids or ev.text:
-                            if prompt_tokens is None:  # a worker that sent no START
-                                prompt_tokens = (ev.usage or {}).get("prompt_tokens", 0)
-                                yield Started(prompt_tokens)
-                            generated.extend(ev.token_ids)
-                            yield Tokens(list(ev.token_ids), ev.text)
-                        if ev.type is EventType.FINISH:
-                            if prompt_tokens is None:
-                                prompt_tokens = (ev.usage or {}).get("prompt_tokens", 0)
-                                yield Started(prompt_tokens)
-                            ctx.done = True
-                            reason = ev.finish_reason or FinishReason.STOP
-                            yield Finished(reason.value, prompt_tokens, len(generated))
-                            return
-                    elif ev.type is EventType.ERROR:
-                        err = ev.error or {}
-                        if err.get("type") == "invalid_request_error" and not generated:
-                            raise RouterError.from_body(400, {"error": err})
-                        raise _WorkerFailed(f"decode on {decode.url}: {err.get('message')}", dead=False)
-                raise _WorkerFailed(f"decode stream from {decode.url} ended early", dead=True)
+                async for ev in self._decode_once(decode.url, greq, req, p):
+                    yield ev
+                ctx.done = True
+                yield Finished(p.finish_reason, p.prompt_tokens or 0, len(p.generated))
+                return
             except _WorkerFailed as exc:
                 self._failed(decode.url, "decode", exc)
                 if exc.dead:
                     self.abort(ctx, [decode.url])
+                    excluded.add(decode.url)
                 else:  # it may get the resume: its copy must be gone first (same request id)
                     await self._abort_one(decode.url, ctx.request_id)
-                if exc.dead:
-                    excluded.add(decode.url)
                 failures += 1
                 if kv is not None and ctx.prefill_url is not None:
                     self.abort(ctx, [ctx.prefill_url])  # free its leased blocks now
@@ -340,7 +357,8 @@ class Orchestrator:
                     ) from exc
                 self.metrics.resumes.inc()
                 log.info(
-                    "request %s: resuming on %s after %d tokens", ctx.request_id, nxt.url, len(generated)
+                    "request %s: resuming on %s after %d tokens",
+                    ctx.request_id, nxt.url, len(p.generated),
                 )
                 decode = nxt
             finally:

@@ -91,6 +91,13 @@ def _parse_generate(body: dict[str, Any], request: web.Request) -> GenerateReque
     body = dict(body)
     if not body.get("request_id") and request.headers.get(REQUEST_ID_HEADER):
         body["request_id"] = request.headers[REQUEST_ID_HEADER]
+    for name, kind in (("request_id", str), ("sampling", dict), ("kv_source", dict)):
+        value = body.get(name)
+        if (name == "request_id" and not value) or (value is not None and not isinstance(value, kind)):
+            what = "a non-empty string" if kind is str else "an object"
+            raise web.HTTPBadRequest(
+                text=json.dumps(openai_error(f"{name} must be {what}", "invalid_request_error", name)),
+                content_type="application/json")
     try:
         return GenerateRequest.from_dict(body)
     except (TypeError, ValueError) as e:

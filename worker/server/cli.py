@@ -21,7 +21,7 @@ DEFAULTS: dict[str, Any] = {
     "dtype": "auto", "device": "auto", "num_blocks": None, "kv_memory_fraction": None, "block_size": 16,
     "max_num_seqs": 64, "max_batched_tokens": 2048, "kv_backend": None, "threads": None,
     "served_name": None, "max_model_len": None, "log_format": "text", "log_level": "info",
-    "kv_timeout_s": 10.0, "kv_lease_s": 30.0, "kv_extra": None, "generation": None,
+    "kv_timeout_s": 10.0, "kv_lease_s": 30.0, "kv_extra": None, "generation": None, "drain_s": 30.0,
 }
 
 
@@ -48,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="KV transfer backend (default nixl for prefill/decode, none for colocated)")
     a("--kv-timeout-s", type=float, default=None, help="a KV pull that takes longer fails (default 10)")
     a("--kv-lease-s", type=float, default=None, help="prefill: free unpulled KV blocks after this (default 30)")
+    a("--drain-s", type=float, default=None, help="on SIGTERM: stop being ready, then wait this long at "
+      "most for running sequences to finish and leased KV to be pulled (default 30)")
     a("--threads", type=int, default=None, help="torch.set_num_threads")
     a("--served-name", default=None, help="model name in /v1/models (default: the folder's name)")
     a("--generation", default=None, help="tandem.dev/generation (default $TANDEM_GENERATION)")
@@ -117,10 +119,17 @@ async def serve(values: dict[str, Any]) -> int:
     import signal
 
     from aiohttp import web
+    from tandem.worker.engine.errors import ModelLoadError
+    from tandem.worker.engine.loader import model_source
     from tandem.worker.protocol import Role
     from tandem.worker.server.app import WorkerSettings, WorkerState, attach_engine, create_app
 
     log = logging.getLogger("tandem.worker")
+    try:
+        model_source(values["model"])
+    except ModelLoadError as e:
+        log.error("cannot start the engine: %s", e)
+        return 1
     engine_id, _ = engine_identity()
     settings = WorkerSettings(role=Role(values["role"]), advertise_url="", engine_id=engine_id,
                               generation=values["generation"], kv_backend=values["kv_backend"],
@@ -142,7 +151,6 @@ async def serve(values: dict[str, Any]) -> int:
     from tandem.worker.engine.async_engine import AsyncEngine
     from tandem.worker.engine.config import EngineConfig
     from tandem.worker.engine.engine import Engine
-    from tandem.worker.engine.errors import ModelLoadError
 
     config = EngineConfig(
         model=values["model"], dtype=values["dtype"], device=values["device"], block_size=int(values["block_size"]),
@@ -181,6 +189,8 @@ async def serve(values: dict[str, Any]) -> int:
                  engine.served_name, engine.max_model_len, engine.layout.num_blocks, engine.layout.block_size,
                  values["kv_backend"])
         await stop.wait()
+        state.ready = False  # /ready turns 503: the router and the Service stop sending work
+        await drain(engine, float(values["drain_s"]), log)
         log.info("shutting down")
         return 0
     finally:
@@ -190,6 +200,21 @@ async def serve(values: dict[str, Any]) -> int:
             await aeng.stop()
         if transport is not None:
             await transport.close()
+
+
+async def drain(engine: Any, within: float, log: Any) -> None:
+    """Let running sequences finish and decode workers pull leased KV before the process exits,
+    so scaling a prefill pool down does not fail the handoffs in flight."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not (engine.seqs or engine.leases):
+            return
+        await asyncio.sleep(0.05)  # the engine thread finishes them; nothing to await on here
+    if engine.seqs or engine.leases:
+        log.warning("drain timed out with %d sequences and %d leases left", len(engine.seqs), len(engine.leases))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -205,6 +230,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"tandem worker: {e}", file=sys.stderr)
         return 2
     configure_logging(values["log_format"], values["log_level"])
+    if values["log_format"] == "json":
+        # Keep stderr one JSON object per line: no tqdm bars from weight loading.
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     logging.getLogger("tandem.worker").info("starting worker", extra={"settings": {
         k: v for k, v in values.items() if k != "kv_extra"}})
     return asyncio.run(serve(values))

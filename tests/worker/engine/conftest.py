@@ -51,13 +51,10 @@ def make_engine(loaded_toy, toy_model_dir: Path) -> Iterator[Callable[..., objec
 @pytest.fixture
 def reference(hf_toy, loaded_toy) -> Callable[..., list[int]]:
     """transformers' greedy generate for one prompt, alone (no padding): the ground truth."""
+    from tandem.testing.engine_helpers import reference_generate
 
     def generate(prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = True) -> list[int]:
-        ids = torch.tensor([prompt_ids])
-        kw = {"eos_token_id": None, "min_new_tokens": max_new_tokens} if ignore_eos else {}
-        with torch.no_grad():
-            out = hf_toy.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                  do_sample=False, pad_token_id=loaded_toy.tokenizer.pad_token_id, **kw)
-        return out[0, len(prompt_ids):].tolist()
+        return reference_generate(hf_toy, prompt_ids, max_new_tokens,
+                                  pad_token_id=loaded_toy.tokenizer.pad_token_id, ignore_eos=ignore_eos)
 
     return generate

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from tandem.testing.engine_helpers import greedy, run_to_completion, submit, tokens_of
 from tandem.worker.engine.errors import ModelLoadError, RequestError
 from tandem.worker.engine.loader import load_model
@@ -105,10 +104,9 @@ def test_mistral_sliding_window_beyond_it_is_refused(tmp_path, toy_model_dir):
 
 def test_qwen2_with_qkv_bias_matches_generate(tmp_path, toy_model_dir):
     """Qwen2 differs from Llama by biases on q/k/v: the engine's forward must include them."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from tandem.worker.engine.config import EngineConfig
     from tandem.worker.engine.engine import Engine
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

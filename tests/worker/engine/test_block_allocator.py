@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from tandem.worker.engine.block_allocator import BlockAllocator, OutOfBlocksError
 
 

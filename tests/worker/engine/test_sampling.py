@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from tandem.testing.engine_helpers import greedy, run_to_completion, submit, tokens_of
 from tandem.worker.engine.sampling import filter_logits, sample
 from tandem.worker.protocol import SamplingParams

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.scheduler import Scheduler
-from tandem.worker.engine.sequence import Sequence, SeqStatus
+from tandem.worker.engine.sequence import SeqStatus, Sequence
 from tandem.worker.protocol import SamplingParams
 
 

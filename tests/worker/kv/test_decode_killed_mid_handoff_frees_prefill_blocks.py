@@ -28,20 +28,24 @@ async def test_prefill_frees_blocks_of_a_dead_decode(backend: str, peer_process:
         decode.start()
         src = prefill.prefill("doomed", 240 * BIG.block_size, seed=1)
         pull = asyncio.create_task(decode.pull("doomed", src))
-        # Kill it once the handoff is under way (tcp: bytes are being sent; nixl: the READ is posted).
-        if backend == "tcp":
-            end = time.monotonic() + 10
-            while "doomed" not in prefill.transport.serving and time.monotonic() < end:
-                await asyncio.sleep(0.002)
-            assert "doomed" in prefill.transport.serving
-        else:  # one-sided: the prefill side cannot see the READ; give the decode time to post it
-            await asyncio.sleep(0.2)
+        # Kill it once the handoff is under way: tcp, bytes are being sent; nixl, the decode side has
+        # added our agent (next it posts the READ, which the prefill side cannot see: one-sided).
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            if backend == "tcp" and "doomed" in prefill.transport.serving:
+                break
+            if backend == "nixl" and (await decode.health())["peers"]:
+                await asyncio.sleep(0.01)
+                break
+            await asyncio.sleep(0.002)
         assert "doomed" in prefill.leases, "the handoff completed before the kill: nothing tested"
         killed_at = time.monotonic()
         decode.kill()
         with pytest.raises(aiohttp.ClientError):  # the HTTP call dies with the process
             await pull
-        while prefill.leases and time.monotonic() - killed_at < LEASE_S + 2:
+        while time.monotonic() - killed_at < LEASE_S + 2:
+            if not prefill.leases:
+                break
             await asyncio.sleep(0.02)
         freed_after = time.monotonic() - killed_at
         assert not prefill.leases and len(prefill.free) == BIG.num_blocks

@@ -1,0 +1,119 @@
+"""Workers killed (SIGKILL) under a live stack: the client gets its full answer or a clean error fast.
+
+One stack of a prefill and two decode workers for the module (a stack costs ~30 s of CPU here);
+each test kills what it needs and does not rely on the others having run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import openai
+import pytest
+from tandem.testing.local_stack import LocalStack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PROMPT = "Continuous batching lets sequences join and leave the running batch at every step."
+MAX_TOKENS = 1200
+
+
+@pytest.fixture(scope="module")
+def stack(toy_model_dir):
+    with LocalStack(toy_model_dir, "disaggregated", ["--kv-backend", "tcp", "--decode", "2"]) as s:
+        yield s
+
+
+@pytest.fixture
+def client(stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def _alive(stack: LocalStack, role: str) -> list[dict]:
+    out = []
+    for w in stack.workers(role):
+        try:
+            with urllib.request.urlopen(w["url"] + "/internal/info", timeout=2) as r:
+                out.append(w | {"info": json.loads(r.read())})
+        except OSError:
+            pass
+    return out
+
+
+def _serving(stack: LocalStack) -> dict:
+    """The decode worker running our (only) sequence."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        running = [w for w in _alive(stack, "decode") if w["info"]["running"]]
+        if running:
+            return running[0]
+        time.sleep(0.02)
+    raise AssertionError("no decode worker is running the request")
+
+
+def _stream(client, model_name):
+    return client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )
+
+
+def test_decode_worker_killed_mid_stream_resumes_on_another(stack, client, model_name):
+    assert len(_alive(stack, "decode")) == 2
+    reference = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                          temperature=0, extra_body={"ignore_eos": True})
+    texts, usage, gaps = [], None, []
+    killed_at = None
+    last = time.monotonic()
+    for i, chunk in enumerate(_stream(client, model_name)):
+        now = time.monotonic()
+        if killed_at is not None and len(gaps) < 3:
+            gaps.append(now - last)
+        last = now
+        if chunk.choices:
+            texts.append(chunk.choices[0].text)
+        if chunk.usage:
+            usage = chunk.usage
+        if i == 20:
+            victim = _serving(stack)
+            stack.kill(victim["name"])
+            killed_at = time.monotonic()
+    assert killed_at is not None
+    assert usage.completion_tokens == MAX_TOKENS  # the full answer, through the other decode worker
+    assert max(gaps) < 5.0, f"the stream stalled {max(gaps):.1f}s after the kill"
+    # greedy: resuming (re-prefill of prompt + tokens so far) continues the same text
+    assert "".join(texts) == reference.choices[0].text
+
+
+def test_prefill_worker_killed_new_requests_fall_back(stack, client, model_name):
+    for w in _alive(stack, "prefill"):
+        stack.kill(w["name"])
+    assert _alive(stack, "decode"), "needs a live decode worker"
+    for _ in range(3):
+        r = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=8,
+                                      extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 8
+    with urllib.request.urlopen(stack.url + "/ready", timeout=5) as r:
+        assert r.status == 200
+
+
+def test_last_decode_worker_killed_mid_stream_ends_with_a_clean_error(stack, client, model_name):
+    alive = _alive(stack, "decode")
+    for w in alive[1:]:  # leave exactly one decode worker
+        stack.kill(w["name"])
+    assert alive, "needs a live decode worker"
+    stream = _stream(client, model_name)
+    killed_at = None
+    with pytest.raises(openai.APIError) as info:
+        for i, _chunk in enumerate(stream):
+            if i == 20:
+                stack.kill(_serving(stack)["name"])
+                killed_at = time.monotonic()
+    assert killed_at is not None and time.monotonic() - killed_at < 5.0
+    assert "decode worker failed" in str(info.value)
+    # the router itself is fine and says it cannot serve
+    with pytest.raises(openai.APIStatusError) as info:
+        client.completions.create(model=model_name, prompt=PROMPT, max_tokens=4)
+    assert info.value.status_code == 503

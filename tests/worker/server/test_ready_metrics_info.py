@@ -1,0 +1,61 @@
+"""/health answers at once, /ready only once the engine is attached; /v1/models, /internal/info and
+/metrics (Prometheus, tandem_ prefix, no per-request labels) describe the worker."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+from tandem.testing.engine_helpers import ndjson_events
+from tandem.worker.protocol import WorkerInfo
+
+
+def _samples(text: str) -> dict[str, float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if not s.labels:
+                out[s.name] = s.value
+    return out
+
+
+async def test_ready_only_after_the_engine_is_attached(start_worker):
+    from tandem.worker.server.app import attach_engine
+
+    w = await start_worker(attach=False)
+    assert (await w.client.get("/health")).status == 200
+    r = await w.client.get("/ready")
+    assert r.status == 503 and (await r.json())["status"] == "loading"
+    r = await w.client.post("/internal/generate", json={"request_id": "early", "prompt": "hi"})
+    assert r.status == 503 and (await r.json())["error"]["code"] == "not_ready"
+    from tandem.worker.engine.async_engine import AsyncEngine
+
+    aeng = AsyncEngine(w.engine)
+    aeng.start()
+    try:
+        attach_engine(w.state, aeng)
+        assert (await w.client.get("/ready")).status == 200
+    finally:
+        await aeng.stop()
+
+
+async def test_info_models_and_metrics(start_worker):
+    w = await start_worker(role="decode", served_name="toy")
+    info = WorkerInfo.from_dict(await (await w.client.get("/internal/info")).json())
+    assert info.role == "decode" and info.model == "toy" and info.ready and info.generation == "g1"
+    assert info.engine_id == w.state.settings.engine_id and info.kv_usage == 0.0
+    models = await (await w.client.get("/v1/models")).json()
+    assert models["data"][0]["id"] == "toy"
+
+    body = {"request_id": "m1", "prompt": "Hello", "sampling": {"max_tokens": 5, "temperature": 0,
+                                                                 "ignore_eos": True}}
+    async with w.client.post("/internal/generate", json=body) as resp:
+        await ndjson_events(resp)
+    text = await (await w.client.get("/metrics")).text()
+    s = _samples(text)
+    assert s["tandem_worker_kv_blocks_total"] == 128
+    assert s["tandem_worker_kv_blocks_used"] == 0
+    assert s["tandem_worker_running_sequences"] == 0
+    assert s["tandem_worker_generation_tokens_total"] == 5
+    assert s["tandem_worker_prompt_tokens_total"] == len(w.engine.tokenizer("Hello")["input_ids"])
+    assert s["tandem_worker_step_seconds_count"] >= 5
+    assert "request_id" not in text and "m1" not in text
+    assert all(name.startswith("tandem_") for name in s)
