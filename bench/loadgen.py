@@ -63,9 +63,12 @@ async def stream_one(
                     rec.error = f"stream error: {json.dumps(obj['error'])[:300]}"
                     break
                 choices = obj.get("choices") or []
-                if choices:
+                # A token is what carries text: the router sends no empty deltas, and the last
+                # chunk (finish_reason, empty text) is no token.
+                text = (choices[0].get("text") or "") if choices else ""
+                if text:
                     rec.chunk_times_s.append(now)
-                    rec.text += choices[0].get("text") or ""
+                    rec.text += text
                 usage = obj.get("usage")
                 if usage:
                     rec.prompt_tokens = usage.get("prompt_tokens")

@@ -92,6 +92,8 @@ def results_markdown(result: dict[str, Any]) -> str:
         + "; ".join(f"{w['name']} {w['num_requests']}x{reps[w['name']]}"
                     + (f" at {w['rate']:.2f} req/s" if w["mode"] == "poisson" else "")
                     for w in result["workloads"]) + ".",
+        "- Left out to stay within the time budget: "
+        + (", ".join(result.get("skipped_for_budget") or []) or "nothing") + ".",
         "",
         "### Latency per arm (median over repetitions)",
         "",
@@ -161,8 +163,10 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[Path]:
 
     runs = result["runs"]
     arms = result["arms"]
-    recs = lambda w, a: [RequestRecord.from_dict(d) for r in runs  # noqa: E731
-                         if r["workload"] == w and r["arm"] == a for d in r["records"]]
+    def recs(w: str, a: str, rep: int | None = None) -> list[RequestRecord]:
+        return [RequestRecord.from_dict(d) for r in runs if r["workload"] == w and r["arm"] == a
+                and (rep is None or r["rep"] == rep) for d in r["records"]]
+
     open_loop = [w["name"] for w in result["workloads"] if w["mode"] == "poisson"]
     paths = []
     for metric, label in (("ttft", "time to first token (s)"), ("itl", "inter-token gap (s)")):
@@ -189,17 +193,17 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[Path]:
     if open_loop:
         # One request's token timeline per arm: the one with the worst stall in the colocated arm.
         w = open_loop[-1]
-        base = [r for r in recs(w, arms[0]) if r.ok and r.gaps]
+        base = [r for r in recs(w, arms[0], rep=0) if r.ok and r.gaps]
         if base:
             pick = max(base, key=lambda r: max(r.gaps))
             fig, ax = plt.subplots(figsize=(7, 4))
             for a in arms:
-                for r in recs(w, a):
+                for r in recs(w, a, rep=0):
                     if r.index == pick.index and r.ok and r.send_s is not None:
                         ax.step([t - r.send_s for t in r.chunk_times_s],
                                 range(1, len(r.chunk_times_s) + 1), where="post", label=a)
                         break
-            ax.set_title(f"{w}: request {pick.index}, tokens as they arrived")
+            ax.set_title(f"{w}, repetition 0: request {pick.index} (the worst stall in {arms[0]})")
             ax.set_xlabel("seconds since sent")
             ax.set_ylabel("tokens received")
             ax.grid(alpha=0.3)

@@ -61,16 +61,42 @@ def model_params(cfg: dict[str, int]) -> int:
     return layers * (2 * h * h + 2 * h * kv + 3 * h * i + 2 * h) + 2 * cfg["vocab_size"] * h + h
 
 
+# Run in a child process (this one, the load generator, never imports torch): zero the output
+# head's rows of the tokens that decode to no complete text (lone UTF-8 bytes, special tokens).
+# A random model picks such tokens often; their text is held back and the router sends no
+# chunk for them, so two gaps would merge into one and look like a stall. With those rows at
+# zero, greedy decoding never picks them (the best of ~350 random logits is always > 0) and
+# every generated token reaches the client as its own chunk.
+RESTRICT_HEAD = """
+import sys
+from pathlib import Path
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
+path = Path(sys.argv[1])
+tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+bad = [i for i in range(tok.get_vocab_size())
+       if (t := tok.decode([i], skip_special_tokens=True)) == "" or "\ufffd" in t]
+for f in sorted(path.glob("*.safetensors")):
+    w = load_file(str(f))
+    if "lm_head.weight" in w:
+        w["lm_head.weight"][bad] = 0.0
+        save_file(w, str(f), metadata={"format": "pt"})
+        print(f"output head restricted: {len(bad)} of {tok.get_vocab_size()} tokens never generated")
+"""
+HEAD_MARKER = ".bench-head-restricted"
+
+
 def ensure_model(cfg: dict[str, int]) -> Path:
     """The benchmark model, built once and cached under ~/.cache/tandem/models/<key>."""
-    key = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
-    path = Path.home() / ".cache" / "tandem" / "models" / f"bench-llama-{key}"
-    if not (path / ".tandem-toy-complete").is_file():
+    key = hashlib.sha256(json.dumps({**cfg, "head": "complete-text"}, sort_keys=True).encode())
+    path = Path.home() / ".cache" / "tandem" / "models" / f"bench-llama-{key.hexdigest()[:12]}"
+    if not (path / HEAD_MARKER).is_file():
         print(f"building the benchmark model at {path} ...", flush=True)
-        # In a child process: this one (the load generator) never imports torch.
         code = ("import json,sys; from tandem.testing.toy_model import make_toy_model; "
                 "make_toy_model(sys.argv[1], **json.loads(sys.argv[2]))")
         subprocess.run([sys.executable, "-c", code, str(path), json.dumps(cfg)], check=True)
+        subprocess.run([sys.executable, "-c", RESTRICT_HEAD, str(path)], check=True)
+        (path / HEAD_MARKER).write_text("lm_head rows of tokens without complete text zeroed\n")
     return path
 
 
@@ -89,6 +115,8 @@ class Bench:
         self.me = psutil.Process()
         self.result: dict[str, Any] = {}
         self.model_name = ""
+        self.calibration: dict[str, Any] = {}
+        self.skipped: list[str] = []
         # The quick smoke run keeps every shape small: it checks the pipeline, not the speed.
         self.prompt_range = (32, 128) if args.quick else INTERFERENCE_PROMPT
         self.output_len = 8 if args.quick else INTERFERENCE_OUTPUT
@@ -177,7 +205,7 @@ class Bench:
                 warm = WorkloadSpec("warmup", "closed", 1, (hi, hi), 4, seed=999)
                 await run_workload(a.url, self.model_name, warm, plan(warm, self.count_tokens))
             colo = next((a for a in self.arms if a.name == "colocated"), self.arms[0])
-            cal = await self.calibrate(colo)
+            cal = self.calibration = await self.calibrate(colo)
             print(f"calibration: {json.dumps(cal)}", flush=True)
             slos = make_slos(cal["isolated_prefill_s"], cal["isolated_step_s"])
             specs = self.workloads(cal)
@@ -194,14 +222,25 @@ class Bench:
         return {a.name: round((sum(p.cpu_seconds() for p in a.procs) - c0[a.name]) / seconds, 3)
                 for a in self.arms}
 
+    def guess_s(self, spec: WorkloadSpec) -> float:
+        """A rough duration of one arm's run, from the calibration, before it has been timed."""
+        cal = self.calibration
+        mean_prompt = sum(spec.prompt_len) / 2
+        service = (cal["isolated_prefill_s"] * mean_prompt / cal["isolated_prefill_tokens"]
+                   + spec.output_len * cal["isolated_step_s"])
+        if spec.mode == "poisson":
+            return spec.num_requests / spec.rate + service
+        return spec.num_requests * service / min(spec.concurrency, 2)
+
     async def run_items(self, specs: list[WorkloadSpec]) -> None:
         est: dict[str, float] = {}
         for i, (spec, rep) in enumerate(schedule(specs, self.args.reps)):
             left = self.args.budget_s - self.elapsed()
-            guess = est.get(spec.name)
-            if left <= 0 or (rep > 0 and (guess is None or guess > left)):
-                print(f"skip {spec.name} rep {rep}: ~{guess or 0:.0f}s needed, {left:.0f}s left",
+            guess = est.get(spec.name) or self.guess_s(spec) * len(self.arms)
+            if guess > left:
+                print(f"skip {spec.name} rep {rep}: ~{guess:.0f}s needed, {left:.0f}s left",
                       flush=True)
+                self.skipped.append(f"{spec.name} rep {rep}")
                 continue
             s = WorkloadSpec(**{**asdict(spec), "seed": spec.seed + 1000 * rep})
             reqs = plan(s, self.count_tokens)
@@ -260,6 +299,8 @@ class Bench:
             "slos": [asdict(s) for s in slos],
             "workloads": [asdict(s) for s in specs],
             "quick": self.args.quick,
+            "budget_s": self.args.budget_s,
+            "skipped_for_budget": self.skipped,
             "runs": runs_out,
             "ratios": ratios(runs_out, [s.name for s in slos]),
         }
@@ -329,6 +370,13 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_outputs(result, Path(args.out), None if args.no_markdown else ROOT / "BENCHMARKS.md")
     for path in paths:
         print(f"wrote {path}")
+    from bench.report import fmt_ratio
+
+    print("headline ratios, disaggregated / colocated (median [range] over repetitions):")
+    for key, d in result["ratios"].items():
+        print(f"  {key:32s} TTFT p50 {fmt_ratio(d['ttft.p50'])}, ITL p50 {fmt_ratio(d['itl.p50'])}, "
+              f"ITL p99 {fmt_ratio(d['itl.p99'])}, ITL max {fmt_ratio(d['itl.max'])}, "
+              f"throughput {fmt_ratio(d['throughput_rps'])}")
     return 0
 
 

@@ -244,10 +244,12 @@ def _worker_env(name: str, role: str, spec: dict, generation: str) -> list[dict[
     if "hub" in spec["model"]:
         env.append({"name": "HF_HOME", "value": f"{HF_CACHE_DIR}/huggingface"})
     # The user's env last: it may tune UCX further; reserved names are refused by the CRD.
-    for item in spec[role].get("env") or []:
-        if item["name"] not in RESERVED_ENV:
-            env.append(dict(item))
-    return env
+    env += [dict(item) for item in spec[role].get("env") or [] if item["name"] not in RESERVED_ENV]
+    # One entry per name (server-side apply refuses duplicates): a later setting wins in place.
+    unique: dict[str, dict[str, Any]] = {}
+    for item in env:
+        unique[item["name"]] = item
+    return list(unique.values())
 
 
 def _model_volume(spec: dict) -> tuple[list[dict], list[dict]]:

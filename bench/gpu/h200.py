@@ -467,6 +467,44 @@ def summarize_arm_run(recs: list[Any], infos: dict[int, dict], slos: list[Any]) 
     return s
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """A table for BENCHMARKS.md: medians over repetitions per (workload, arm), then the ratios."""
+    import statistics
+
+    from bench.report import fmt_ratio, fmt_s, md_table
+
+    rows = []
+    keys = sorted({(r["workload"], r["arm"]) for r in result["runs"]})
+    for w, arm in keys:
+        ss = [r["summary"] for r in result["runs"] if r["workload"] == w and r["arm"] == arm]
+
+        def med(f: Any, ss: list[dict] = ss) -> float:
+            v = [x for x in (f(s) for s in ss) if x is not None and not math.isnan(x)]
+            return statistics.median(v) if v else math.nan
+
+        rows.append([w, arm, f"{med(lambda s: s['throughput_rps']):.2f}",
+                     *(fmt_s(med(lambda s, k=k, q=q: s[k][q]))
+                       for k, q in (("ttft", "p50"), ("ttft", "p99"), ("itl", "p50"), ("itl", "p99"),
+                                    ("itl", "max"), ("tpot", "p50"))),
+                     fmt_s(med(lambda s: s.get("handoff", {}).get("p50", math.nan))),
+                     str(len(ss))])
+    cal = result.get("calibration", {})
+    out = [f"{result['env'].get('gpu', 'no GPU')}, torch {result['env'].get('torch')}; "
+           f"{result['shape']} {result['dtype']}; prompts {result['prompt_len'][0]}-{result['prompt_len'][1]}, "
+           f"{result['output_len']} out; isolated prefill ({cal.get('isolated_prefill_tokens')} tokens) "
+           f"{fmt_s(cal.get('isolated_prefill_s'))}, decode step {fmt_s(cal.get('isolated_step_s'))}, "
+           f"capacity {cal.get('capacity_rps', math.nan):.2f} req/s; wall {result.get('wall_s', 0):.0f} s.", "",
+           md_table(["workload", "arm", "req/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "ITL max",
+                     "TPOT p50", "handoff p50", "reps"], rows), "",
+           md_table(["workload", *(m for m in ("ttft.p50", "ttft.p99", "itl.p50", "itl.p99", "itl.max",
+                                                "tpot.p50", "throughput_rps"))],
+                    [[w, *(fmt_ratio(d.get(m)) for m in ("ttft.p50", "ttft.p99", "itl.p50", "itl.p99",
+                                                         "itl.max", "tpot.p50", "throughput_rps"))]
+                     for w, d in sorted(result.get("ratios_disaggregated_over_colocated", {}).items())]),
+           "", f"Greedy output identical in both arms (requests): {result.get('greedy_same_tokens')}", ""]
+    return "\n".join(out)
+
+
 def env_report() -> dict[str, Any]:
     info: dict[str, Any] = {"python": sys.version.split()[0]}
     try:
@@ -603,6 +641,8 @@ def main(argv: list[str] | None = None) -> int:
 
     path = out / "h200.json"
     path.write_text(json.dumps(json_safe(result), indent=1))
+    (out / "h200.md").write_text(markdown(result))
+    print(markdown(result), flush=True)
     print(json.dumps(json_safe(result["ratios_disaggregated_over_colocated"]), indent=1))
     print(f"wrote {path} ({result['wall_s']:.0f}s)", flush=True)
     return 0

@@ -93,6 +93,8 @@ INVALID = [
      ["spec.prefill.env[0]", "set by the operator"]),
     ("env-value-and-value-from", _with("decode.env", [{"name": "A", "value": "x", "valueFrom": {"fieldRef": {}}}]),
      ["spec.decode.env[0]", "value or valueFrom, not both"]),
+    ("duplicate-env-name", _with("decode.env", [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]),
+     ["spec.decode.env[1]", "Duplicate value"]),
     ("toleration-exists-with-value",
      _with("decode.tolerations", [{"key": "k", "operator": "Exists", "value": "v"}]),
      ["spec.decode.tolerations[0]", "operator Exists must not set value"]),

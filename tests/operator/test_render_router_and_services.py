@@ -101,3 +101,11 @@ def test_pods_meet_restricted_unless_rdma_needs_more(defaulted, meta, examples):
     assert restricted_violations(_by(out, "Deployment", "llama-router")["spec"]["template"]["spec"]) == []
     worker = _by(out, "Deployment", "llama-prefill")["spec"]["template"]["spec"]
     assert any("IPC_LOCK" in v for v in restricted_violations(worker))
+
+
+def test_every_rendered_kind_has_an_apply_path(defaulted, meta, examples):
+    from tandem.operator.apply import PATHS
+
+    for example in examples.values():
+        for m in render(meta, defaulted(example["spec"]), CONFIG):
+            assert (m["apiVersion"], m["kind"]) in PATHS

@@ -182,8 +182,11 @@ def test_generation_changes_with_what_makes_prefill_and_decode_compatible(defaul
 def test_user_env_and_affinity_pass_through(defaulted, meta):
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}]}}}
-    spec = defaulted({"model": {"path": "/m"}, "prefill": {
-        "affinity": affinity, "env": [{"name": "NCCL_DEBUG", "value": "INFO"}]}})
+    spec = defaulted({"model": {"path": "/m"}, "kvTransfer": {"ucx": {"transports": "rc,tcp"}}, "prefill": {
+        "affinity": affinity, "env": [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "UCX_TLS", "value": "tcp"}]}})
     pod = _pod(render(meta, spec, CONFIG), "prefill")["spec"]
     assert pod["affinity"] == affinity
-    assert pod["containers"][0]["env"][-1] == {"name": "NCCL_DEBUG", "value": "INFO"}
+    env = pod["containers"][0]["env"]
+    assert env[-1] == {"name": "NCCL_DEBUG", "value": "INFO"}
+    # the role's own UCX_TLS wins, and the name appears once (server-side apply needs unique names)
+    assert [e for e in env if e["name"] == "UCX_TLS"] == [{"name": "UCX_TLS", "value": "tcp"}]

@@ -416,15 +416,3 @@ class Engine:
         with self.lock:
             seqs = list(self.scheduler.waiting) + self.scheduler.running
             return sum(s.num_pending for s in seqs if s.num_pending > 1)
-
-    def generate(self, requests: list[GenerateRequest]) -> list[list[SeqOutput]]:
-        """Run requests to completion on the calling thread (tests, benchmarks)."""
-        outs: list[list[SeqOutput]] = []
-        for req in requests:
-            seq = self.make_sequence(req)
-            outs.append([])
-            seq.sink = outs[-1].append
-            self.add(seq)
-        while self.has_work():
-            self.step()
-        return outs

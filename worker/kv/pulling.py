@@ -135,10 +135,26 @@ class PullTransport(KVTransport):
         cached = self._peers.get(source.url)
         if cached is not None and cached["engine_id"] == source.engine_id:
             return cached
+        md = await self._fetch(source)
         if cached is not None:
-            log.info("kv peer at %s is now %s (was %s): fetching fresh metadata",
-                     source.url, source.engine_id, cached["engine_id"])
+            if cached["engine_id"] == md["engine_id"]:  # the source is stale, the peer is not
+                raise KVTransferError(
+                    f"the prefill worker at {source.url} is {md['engine_id']}, but the KV was "
+                    f"computed by {source.engine_id} (gone): re-run prefill")
+            # Restarted: forget the predecessor (its transfers fail anyway; it is gone).
+            log.info("kv peer at %s is now %s (was %s): using fresh metadata",
+                     source.url, md["engine_id"], cached["engine_id"])
             await self._drop_peer(source.url)
+        if md["engine_id"] != source.engine_id:
+            raise KVTransferError(
+                f"the prefill worker at {source.url} is now {md['engine_id']}, but the KV was "
+                f"computed by {source.engine_id} (it restarted and its blocks are gone): re-run prefill")
+        await self._add_peer(md)
+        self._peers[source.url] = md
+        return md
+
+    async def _fetch(self, source: KVSource) -> dict[str, Any]:
+        """GET the peer's metadata and check it can serve us at all (backend, layout)."""
         session = await self._http()
         try:
             async with session.get(source.url.rstrip("/") + "/internal/kv/metadata") as resp:
@@ -147,10 +163,6 @@ class PullTransport(KVTransport):
                 md = await resp.json()
         except (aiohttp.ClientError, OSError, ValueError) as e:
             raise KVTransferError(f"cannot fetch KV metadata from {source.url}: {e}") from e
-        if md.get("engine_id") != source.engine_id:
-            raise KVTransferError(
-                f"the prefill worker at {source.url} is now {md.get('engine_id')}, but the KV was "
-                f"computed by {source.engine_id} (it restarted and its blocks are gone): re-run prefill")
         if md.get("backend") != self.name:
             raise KVTransferError(f"peer {source.engine_id} uses KV backend {md.get('backend')!r}, "
                                   f"this worker {self.name!r}: configure both roles alike")
@@ -158,8 +170,6 @@ class PullTransport(KVTransport):
         if not self.layout.compatible_with(remote):
             raise KVTransferError(f"KV layouts differ: peer {remote}, here {self.layout}: "
                                   "prefill and decode must serve the same model and dtype")
-        await self._add_peer(md)
-        self._peers[source.url] = md
         return md
 
     async def _drop_peer(self, url: str) -> None:
@@ -186,37 +196,42 @@ class PullTransport(KVTransport):
 
     async def pull(self, request_id: str, source: KVSource, local_block_ids: list[int]) -> TransferStats:
         t0 = time.monotonic()
+        moving = False  # a failure while bytes move may mean the peer is gone: forget it then
         try:
             async with asyncio.timeout(self.config.timeout_s):
                 md = await self._peer(source)
                 self._check(source, local_block_ids, md)
                 runs = merge_block_pairs(source.block_ids, local_block_ids)
+                moving = True
                 transfers = await self._read(md, request_id, runs) if runs else 0
         except TimeoutError:
             err = KVTransferError(f"KV handoff of {request_id} from {source.url} took longer than "
                                   f"{self.config.timeout_s} s", TransferState.TIMED_OUT)
-            await self._failed(request_id, source, str(err))
+            await self._failed(request_id, source, moving, str(err))
             raise err from None
         except KVTransferError as e:
-            await self._failed(request_id, source, str(e))
+            await self._failed(request_id, source, moving, str(e))
             raise
         except (OSError, aiohttp.ClientError, asyncio.IncompleteReadError, ValueError) as e:
-            await self._failed(request_id, source, f"{type(e).__name__}: {e}")
+            await self._failed(request_id, source, moving, f"{type(e).__name__}: {e}")
             raise KVTransferError(f"KV handoff of {request_id} from {source.url} failed: "
                                   f"{type(e).__name__}: {e}") from e
         except asyncio.CancelledError:
-            await self._failed(request_id, source, "cancelled")
+            await self._failed(request_id, source, False, "cancelled")  # others may share the peer
             raise
         seconds = time.monotonic() - t0
         nbytes = len(local_block_ids) * self.layout.block_bytes
         self.kv_health.success("pull", nbytes, seconds)
         return TransferStats(request_id, nbytes, seconds, len(local_block_ids), transfers)
 
-    async def _failed(self, request_id: str, source: KVSource, error: str) -> None:
-        """Count the failure, forget the peer (its metadata may be stale) and free its blocks if it listens."""
+    async def _failed(self, request_id: str, source: KVSource, moving: bool, error: str) -> None:
+        """Count the failure, forget a peer that failed mid-transfer (so its metadata is fetched
+        afresh next time) and ask it to free the request's blocks if it still listens."""
         self.kv_health.failure("pull", error)
         log.warning("kv pull of %s from %s failed: %s", request_id, source.url, error)
-        await self._drop_peer(source.url)
+        cached = self._peers.get(source.url)
+        if moving and cached is not None and cached["engine_id"] == source.engine_id:
+            await self._drop_peer(source.url)
         if self._closed:
             return
         # The release is best effort and bounded: a dead peer's engine reclaims by lease.

@@ -132,11 +132,11 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
         router += ["--prefill" if c.role == "prefill" else "--decode", c.url]
     if args.short_prompt_threshold is not None:
         router += ["--short-prompt-threshold", str(args.short_prompt_threshold)]
-    if args.api_key:
-        router += ["--api-key", args.api_key]
     router += args.router_arg
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    children.append(Child("router", "router", f"http://{host}:{args.port}", router))
+    # the key goes through the environment, not argv, where `ps` would show it
+    env = {"TANDEM_API_KEY": args.api_key} if args.api_key else {}
+    children.append(Child("router", "router", f"http://{host}:{args.port}", router, env=env))
     return children
 
 
@@ -214,6 +214,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"tandem up: {model} is not a Hugging Face model folder (no config.json)", file=sys.stderr)
             return 2
         children = plan(args, model)
+        workers = len(children) - 1
+        if args.pin_cpus and workers > len(os.sched_getaffinity(0)):
+            print(f"tandem up: {workers} workers on {len(os.sched_getaffinity(0))} cores: "
+                  "some share a core", file=sys.stderr, flush=True)
         sup = Supervisor(children)
         t0 = time.monotonic()
         print(f"tandem up: {args.mode}, model {model}", flush=True)

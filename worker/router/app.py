@@ -20,7 +20,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tandem.worker.protocol import REQUEST_ID_HEADER, Role
 from tandem.worker.router.config import RouterConfig
-from tandem.worker.router.errors import RouterError, bad_request, upstream_failed
+from tandem.worker.router.errors import RouterError, bad_request, no_worker, upstream_failed
 from tandem.worker.router.metrics import RouterMetrics
 from tandem.worker.router.orchestrator import (
     Finished,
@@ -216,7 +216,10 @@ class Router:
                 self._check_auth(request)
                 body = await self._read_body(request)
                 parsed = parse_request(body, endpoint, self.limits)
-                check_model(parsed.model, self.pool.model())
+                served = self.pool.model()
+                if served is None:  # no worker has answered yet: which model is unknown
+                    raise no_worker("no worker is ready yet; retry shortly.")
+                check_model(parsed.model, served)
                 shape = ResponseShape(
                     endpoint, request_id, parsed.model, int(time.time()), parsed.include_usage
                 )

@@ -174,7 +174,8 @@ async def serve(values: dict[str, Any]) -> int:
             host = settings.advertise_url.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
             kv_config = KVTransferConfig(backend=values["kv_backend"], timeout_s=float(values["kv_timeout_s"]),
                                          lease_s=float(values["kv_lease_s"]), host=host,
-                                         extra=dict(values["kv_extra"] or {}))
+                                         extra=dict(values["kv_extra"] or {})
+                                         | {"prometheus_registry": state.metrics.registry})
             try:
                 transport = create_transport(values["kv_backend"], engine.pool, engine.layout, engine_id, kv_config)
                 await transport.start()
@@ -182,6 +183,9 @@ async def serve(values: dict[str, Any]) -> int:
                 state.load_error = f"KV backend {values['kv_backend']!r} failed to start: {e}"
                 log.error("%s", state.load_error)
                 return 1
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            # again: a transfer library may have replaced the handlers while it started
+            loop.add_signal_handler(sig, stop.set)
         aeng = AsyncEngine(engine)
         aeng.start()
         attach_engine(state, aeng, transport)

@@ -47,3 +47,10 @@ def test_max_num_seqs_limits_the_running_batch(make_engine, loaded_toy, referenc
     assert peak == 2
     for i, ids in enumerate(prompt_ids):
         assert tokens_of(outs[i]) == reference(ids, 6)
+
+
+def test_pool_sized_from_a_memory_fraction(make_engine):
+    eng = make_engine(num_blocks=None, kv_memory_fraction=0.001)
+    assert eng.layout.num_blocks >= 1
+    assert tuple(eng.pool.shape) == eng.layout.shape and eng.pool.is_contiguous()
+    assert eng.pool.numel() * eng.pool.element_size() == eng.layout.num_blocks * eng.layout.block_bytes

@@ -44,8 +44,9 @@ async def test_restarted_prefill_is_used_and_stale_sources_fail(backend: str, de
     assert decode_peer.transport.health()["peers"] == {url: "prefill-host-200"}
     # With fresh metadata cached, the old engine_id is refused outright and says why.
     res = await decode_peer.pull("c", stale_2, seed=3)
-    assert not res["ok"] and "restarted" in res["error"], res
-    assert decode_peer.transport.health()["peers"] == {}  # a failure drops the cache
+    assert not res["ok"] and "re-run prefill" in res["error"], res
+    # A stale source does not disturb the live peer (other handoffs from it may be in flight).
+    assert decode_peer.transport.health()["peers"] == {url: "prefill-host-200"}
     assert len(decode_peer.free) == SMALL_LAYOUT.num_blocks
     res = await decode_peer.pull("e", await new.prefill("e", 3000, seed=5), seed=5)
     assert res["ok"] and res["identical"], res

@@ -38,9 +38,11 @@ def test_plan_disaggregated_pins_workers_and_points_the_router_at_them(tmp_path)
 
 
 def test_plan_colocated_has_no_prefill_and_no_kv_backend(tmp_path):
-    children = up.plan(_args(mode="colocated", decode=1), tmp_path)
+    children = up.plan(_args(mode="colocated", decode=1, api_key="sekret"), tmp_path)
     assert [c.role for c in children] == ["colocated", "router"]
     assert "--kv-backend" not in children[0].argv and "--prefill" not in children[1].argv
+    # the API key reaches the router through its environment, never its (world-readable) argv
+    assert children[1].env["TANDEM_API_KEY"] == "sekret" and "sekret" not in " ".join(children[1].argv)
 
 
 def _gone(pids: list[int], timeout_s: float = 15.0) -> list[int]:

@@ -10,7 +10,7 @@ import asyncio
 import time
 
 import pytest
-from tandem.worker.router.discovery.kubernetes import KubernetesDiscovery, pod_target
+from tandem.worker.router.discovery.kubernetes import KubernetesDiscovery
 from tandem.worker.router.pool import Target
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -82,22 +82,41 @@ async def test_discovery_follows_pods(k8s, namespace):
             disc.stop()
 
 
-def test_pod_target_readiness_rules():
-    pod = _pod("x", "decode")
-    pod["status"] = {"phase": "Running", "podIP": "10.0.0.7",
-                     "conditions": [{"type": "Ready", "status": "True"}]}
-    assert pod_target(pod, 80) == Target("http://10.0.0.7:8123", pod_target(pod, 80).role, "g1", True)
-    pod["status"]["conditions"][0]["status"] = "False"
-    assert pod_target(pod, 80).ready is False
-    pod["status"]["conditions"][0]["status"] = "True"
-    pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    assert pod_target(pod, 80).ready is False
-    del pod["status"]["podIP"]
-    assert pod_target(pod, 80) is None
-    router_pod = _pod("r", "router")
-    router_pod["status"] = {"podIP": "10.0.0.8"}
-    assert pod_target(router_pod, 80) is None
-    ipv6 = _pod("y", "prefill")
-    ipv6["spec"]["containers"][0]["ports"] = []
-    ipv6["status"] = {"phase": "Running", "podIP": "fd00::1", "conditions": [{"type": "Ready", "status": "True"}]}
-    assert pod_target(ipv6, 8000).url == "http://[fd00::1]:8000"
+async def test_router_app_tracks_discovered_pods(k8s, namespace):
+    """The whole router with Kubernetes discovery: its pool follows the pods (unreachable fake IPs
+    count as known but not ready, so /ready stays 503)."""
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+    from kubernetes import client
+    from tandem.worker.router.app import build_app
+    from tandem.worker.router.config import RouterConfig
+
+    config = RouterConfig(kubernetes=True, namespace=namespace, service="svc", poll_interval_s=0.5,
+                          connect_timeout_s=0.5)
+    with k8s.api_client() as api:
+        core = client.CoreV1Api(api)
+        disc = KubernetesDiscovery(api, namespace, "svc", lambda t: None, watch_timeout_s=5)
+        server = TestServer(build_app(config, disc), host="127.0.0.1")
+        await server.start_server()
+        base = f"http://127.0.0.1:{server.port}"
+
+        async def decode_total(session: aiohttp.ClientSession) -> int:
+            async with session.get(base + "/ready") as r:
+                assert r.status == 503
+                return (await r.json())["workers"]["decode"]["total"]
+
+        async def until_total(session, want: int) -> None:
+            deadline = time.monotonic() + 60
+            while await decode_total(session) != want:
+                assert time.monotonic() < deadline, f"router never saw {want} decode workers"
+                await asyncio.sleep(0.2)
+
+        try:
+            async with aiohttp.ClientSession() as session:
+                assert await decode_total(session) == 0
+                core.create_namespaced_pod(namespace, _pod("decode-x", "decode"))
+                await until_total(session, 1)
+                core.delete_namespaced_pod("decode-x", namespace, grace_period_seconds=0)
+                await until_total(session, 0)
+        finally:
+            await server.close()

@@ -134,3 +134,17 @@ async def test_health_ready_metrics_and_unknown_routes(router):
     assert 'tandem_requests_total{status="401"} 1.0' in text
     assert "tandem_requests_in_flight 0.0" in text
     assert 'tandem_router_workers{ready="false",role="decode"} 1.0' in text
+
+
+async def test_without_a_configured_model_no_worker_means_503_not_404():
+    config = RouterConfig(decode=[f"http://127.0.0.1:{_closed_port()}"], poll_interval_s=60)
+    server = TestServer(build_app(config), host="127.0.0.1")
+    await server.start_server()
+    try:
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", max_retries=0)
+        assert (await client.models.list()).data == []
+        with pytest.raises(openai.APIStatusError) as info:
+            await client.completions.create(model="anything", prompt="hi")
+        assert info.value.status_code == 503
+    finally:
+        await server.close()

@@ -74,7 +74,8 @@ async def start_worker(server_loaded_toy, toy_model_dir):
             from tandem.worker.kv.registry import create_transport
 
             transport = create_transport(kv_backend, eng.pool, eng.layout, engine_id,
-                                         KVTransferConfig(backend=kv_backend, timeout_s=5.0, lease_s=lease_s))
+                                         KVTransferConfig(backend=kv_backend, timeout_s=5.0, lease_s=lease_s,
+                                                          extra={"prometheus_registry": state.metrics.registry}))
             await transport.start()
         w = Worker(client, state, eng)
         started.append((w, aeng, transport))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,13 +41,28 @@ def _get(url: str) -> int:
         return 0
 
 
+def _hub_cache(toy_model_dir: Path, hf_home: Path, repo: str) -> None:
+    """Lay the toy model out as the Hugging Face hub cache would after a download of `repo`."""
+    root = hf_home / "hub" / ("models--" + repo.replace("/", "--"))
+    snap = root / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    for f in toy_model_dir.iterdir():
+        if f.is_file() and not f.name.startswith("."):
+            shutil.copy(f, snap / f.name)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text("0" * 40)
+
+
 def test_worker_process_serves_and_stops(toy_model_dir: Path, tmp_path: Path):
+    """Also loads the model by hub id from HF_HOME's cache, as a pod without the folder would."""
     port = _free_port()
+    _hub_cache(toy_model_dir, tmp_path / "hf", "tandem-test/toy-llama")
     cfg = tmp_path / "worker.yaml"
-    cfg.write_text(f"model: {toy_model_dir}\nrole: colocated\nnum-blocks: 64\nblock_size: 8\n"
-                   f"threads: 1\nmax_num_seqs: 4\nmax_batched_tokens: 64\nserved_name: toy-from-config\n")
+    cfg.write_text("model: tandem-test/toy-llama\nrole: colocated\nnum-blocks: 64\nblock_size: 8\n"
+                   "threads: 1\nmax_num_seqs: 4\nmax_batched_tokens: 64\nserved_name: toy-from-config\n")
     log = (tmp_path / "worker.log").open("w+")
-    env = dict(os.environ, POD_NAME="pod-a", TANDEM_GENERATION="gen-7")
+    env = dict(os.environ, POD_NAME="pod-a", TANDEM_GENERATION="gen-7", HF_HOME=str(tmp_path / "hf"),
+               HF_HUB_OFFLINE="1")
     proc = subprocess.Popen(
         [*_tandem(), "worker", "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port),
          "--log-format", "json"], stdout=log, stderr=subprocess.STDOUT, env=env)
