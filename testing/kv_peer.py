@@ -84,12 +84,15 @@ class KVPeer:
         assert not (set(blocks) & self.free), "double free"
         self.free.update(blocks)
 
-    def release(self, request_id: str) -> None:
-        """on_released: a peer finished (or abandoned) pulling this request's blocks."""
+    def release(self, request_id: str) -> bool:
+        """on_released: a peer finished (or abandoned) pulling this request's blocks; False if the
+        lease was already gone (expired), as the engine answers."""
         lease = self.leases.pop(request_id, None)
-        if lease is not None:
-            self.free_blocks(lease[0])
-            self.released.append(request_id)
+        if lease is None:
+            return False
+        self.free_blocks(lease[0])
+        self.released.append(request_id)
+        return True
 
     async def _reap(self) -> None:
         while True:

@@ -29,6 +29,7 @@ class AsyncEngine:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.engine.on_blocks_freed = self._wake.set
         self._thread = threading.Thread(target=self._run, name="tandem-engine", daemon=True)
         self._thread.start()
 
@@ -47,9 +48,10 @@ class AsyncEngine:
             try:
                 self._wake.clear()
                 eng.expire_leases()
-                if eng.has_work():
-                    eng.step()
+                if eng.has_work() and eng.step():
                     continue
+                # Idle, or every waiting sequence needs blocks that leases hold: sleep until
+                # something changes (a request, an abort, freed blocks) or the next lease expires.
                 nxt = eng.next_lease_expiry()
                 self._wake.wait(1.0 if nxt is None else max(0.0, min(1.0, nxt - time.monotonic())))
             except Exception as e:  # noqa: BLE001 - the loop must survive any one bad step

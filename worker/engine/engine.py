@@ -108,6 +108,9 @@ class Engine:
         self.lease_s = lease_s
         self.stats = EngineStats()
         self.on_step: Callable[[float, int], None] = lambda seconds, num_tokens: None
+        # Called when blocks come back from outside the step (a lease released, a pull given up),
+        # so a step loop waiting for free blocks wakes up.
+        self.on_blocks_freed: Callable[[], None] = lambda: None
         self._in_flight: set[str] = set()
         self._abort_after_step: set[str] = set()
 
@@ -209,6 +212,7 @@ class Engine:
 
     def free_blocks(self, block_ids: list[int]) -> None:
         self.allocator.free(block_ids)
+        self.on_blocks_freed()
 
     def add_prefilled(self, seq: Sequence, block_ids: list[int], first_token_id: int) -> None:
         """Join the running batch with the prompt's KV already in block_ids (pulled from a prefill
@@ -254,7 +258,8 @@ class Engine:
             self.allocator.free(lease.seq.block_table)
             lease.seq.block_table = []
             lease.seq.status = SeqStatus.FINISHED
-            return True
+        self.on_blocks_freed()
+        return True
 
     def expire_leases(self, now: float | None = None) -> list[str]:
         now = time.monotonic() if now is None else now
@@ -317,10 +322,10 @@ class Engine:
                                                  finish_reason=FinishReason.ABORT)))
             self._abort_after_step = set()
             self.stats.steps_total += 1
+        n = sum(c.num_tokens for c in chunks)
+        self.on_step(time.perf_counter() - t0, n)  # before the outputs: a reader sees its own step
         for seq, out in emits:
             self._emit(seq, out)
-        n = sum(c.num_tokens for c in chunks)
-        self.on_step(time.perf_counter() - t0, n)
         return n
 
     def _append_token(self, seq: Sequence, tok: int, lp: float | None) -> SeqOutput:
@@ -355,11 +360,11 @@ class Engine:
         self.leases[seq.request_id] = Lease(seq, time.monotonic() + self.lease_s)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
-        self.scheduler.remove(seq)
-        self.seqs.pop(seq.request_id, None)
+        self.stats.requests_finished[reason.value] = self.stats.requests_finished.get(reason.value, 0) + 1
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
-        self.stats.requests_finished[reason.value] = self.stats.requests_finished.get(reason.value, 0) + 1
+        self.seqs.pop(seq.request_id, None)
+        self.scheduler.remove(seq)
 
     def _fail(self, chunks, error: Exception) -> None:
         """A forward pass raised: fail the sequences it carried (the rest keep running)."""

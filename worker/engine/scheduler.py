@@ -1,7 +1,7 @@
 """Continuous batching: which sequences run in the next forward pass, and how many tokens each.
 
-Every step the running sequences go first (one token each when decoding, the next chunk when a
-long prompt is being prefilled), then waiting ones are admitted while the token budget, the
+Every step the running sequences go first (decoding ones, one token each, then the next chunk of
+each long prompt being prefilled), then waiting ones are admitted while the token budget, the
 sequence limit and the free blocks allow. When blocks run out the newest running sequence is
 preempted: its blocks are freed and it is recomputed later, so its output does not change.
 """
@@ -86,7 +86,9 @@ class Scheduler:
     def schedule(self) -> list[ScheduledChunk]:
         budget = self.max_batched_tokens
         chunks: list[ScheduledChunk] = []
-        queue = list(self.running)  # oldest first; preemption victims come off the end
+        # Decoding sequences first (one token each, so a long prompt's chunk never delays them),
+        # then prompts being prefilled; each group oldest first. Preemption victims come off the end.
+        queue = [s for s in self.running if s.num_pending == 1] + [s for s in self.running if s.num_pending > 1]
         while queue and budget > 0:
             seq = queue.pop(0)
             n = min(seq.num_pending, budget)

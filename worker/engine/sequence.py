@@ -31,7 +31,7 @@ class SeqOutput:
     kv_blocks: list[int] | None = None  # prefill role: the leased blocks holding the prompt's KV
 
 
-@dataclass
+@dataclass(eq=False)  # identity: queues find and remove *this* sequence
 class Sequence:
     request_id: str
     prompt_ids: list[int]

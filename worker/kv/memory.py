@@ -63,5 +63,6 @@ class MemoryTransport(PullTransport):
         for s, d, c in runs:
             self.pool[d:d + c].copy_(peer.pool[s:s + c])
         peer.kv_health.success("serve", sum(c for _, _, c in runs) * self.layout.block_bytes)
-        peer.on_released(request_id)
+        if peer.on_released(request_id) is False:
+            raise KVTransferError("the lease on these blocks expired before the pull finished")
         return len(runs)

@@ -10,14 +10,23 @@ READ carrying a notification {"request_id", "engine_id", "bytes"}. UCX delivers
 the notification to the prefill agent after the data; the prefill side's poll
 loop turns it into on_released(request_id).
 
+Known limit: the completion signal is one-way, so unlike tcp (whose release
+exchange fails the pull when the prefill side's lease had expired) a READ that
+outlives the prefill worker's lease cannot be told its blocks were reclaimed.
+Pulls are bounded by timeout_s (10 s) and start as soon as the decode worker
+receives the request, so keep lease_s (30 s) well above timeout_s.
+
 Progress: the agent runs without NIXL's progress thread by default
 (config.extra["nixl_progress_thread"]=False), because on this build that thread
 busy-polls a whole core, which on a CPU worker is the model's. Progress then
 happens when we poll: the decode side polls check_xfer_state while a READ is in
 flight, and the prefill side polls get_new_notifs (which also lets UCX answer
 the READ over TCP, where it is not truly one-sided) on a short interval
-(config.extra["nixl_poll_s"], 1 ms) that backs off to nixl_idle_poll_s (5 ms)
-after a second without traffic.
+(config.extra["nixl_poll_s"], 1 ms) while a pull is expected (source_extra() is
+called once per prefill result handed out) or within a second of traffic, and
+every nixl_idle_poll_s (5 ms) otherwise: measured here, a 128 MiB READ takes
+~2x longer when the target polls every 5 ms instead of every 1 ms, and 0.1 ms
+gains nothing over 1 ms.
 """
 
 from __future__ import annotations
@@ -72,6 +81,8 @@ class NixlTransport(PullTransport):
         self._poll_s = float(config.extra.get("nixl_poll_s", 0.001))
         self._idle_poll_s = float(config.extra.get("nixl_idle_poll_s", 0.005))
         self._last_traffic = 0.0
+        self._expected = 0  # prefill results handed out whose pull has not been notified yet
+        self._wake = asyncio.Event()
         self._remote_names: dict[str, str] = {}  # engine_id -> NIXL agent name
 
     def _transport_info(self) -> dict[str, Any]:
@@ -113,6 +124,13 @@ class NixlTransport(PullTransport):
 
     # --- prefill side: completion notifications -----------------------------------------------
 
+    def source_extra(self) -> dict[str, Any]:
+        """Called once per prefill result handed out: a READ is coming, so poll fast until it is done."""
+        self._expected += 1
+        self._last_traffic = time.monotonic()
+        self._wake.set()
+        return {}
+
     async def _poll_notifs(self) -> None:
         while True:
             try:
@@ -124,9 +142,14 @@ class NixlTransport(PullTransport):
             for msgs in notifs.values():
                 for raw in msgs:
                     self._on_notif(raw)
+                    self._expected = max(0, self._expected - 1)
                     self._last_traffic = now
-            busy = now - self._last_traffic < 1.0
-            await asyncio.sleep(self._poll_s if busy else self._idle_poll_s)
+            if self._expected and now - self._last_traffic > self.config.lease_s:
+                self._expected = 0  # those leases expired: nobody is coming for them
+            busy = self._expected > 0 or now - self._last_traffic < 1.0
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._poll_s if busy else self._idle_poll_s)
 
     def _on_notif(self, raw: bytes) -> None:
         try:

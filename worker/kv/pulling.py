@@ -85,6 +85,7 @@ class PullTransport(KVTransport):
                                         config.extra.get("prometheus_registry"),
                                         self._transport_info())
         self._peers: dict[str, dict[str, Any]] = {}  # url -> metadata of the engine last seen there
+        self._peer_locks: dict[str, asyncio.Lock] = {}
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
@@ -132,6 +133,15 @@ class PullTransport(KVTransport):
 
     async def _peer(self, source: KVSource) -> dict[str, Any]:
         """The metadata of the engine that holds source's blocks: cached, or fetched if it restarted."""
+        cached = self._peers.get(source.url)
+        if cached is not None and cached["engine_id"] == source.engine_id:
+            return cached
+        # One discovery per URL at a time: concurrent pulls from a restarted peer must not
+        # forget the successor another pull has just added.
+        async with self._peer_locks.setdefault(source.url, asyncio.Lock()):
+            return await self._discover(source)
+
+    async def _discover(self, source: KVSource) -> dict[str, Any]:
         cached = self._peers.get(source.url)
         if cached is not None and cached["engine_id"] == source.engine_id:
             return cached

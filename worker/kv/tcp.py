@@ -7,7 +7,9 @@ side keeps a small pool of connections per peer. One pull on a connection:
     prefill -> decode   frame {"ok": true, "bytes": N} then N raw bytes, the runs in order
                         (or {"ok": false, "error"} when the blocks cannot be served)
     decode -> prefill   frame {"op": "release", "request_id"}
-    prefill -> decode   frame {"ok": true}   after on_released(request_id) ran
+    prefill -> decode   frame {"ok": true}   after on_released(request_id) ran; {"ok": false} when
+                        on_released returned False (the lease had expired: the blocks may have
+                        been reused mid-send, so the decode side fails instead of using them)
 
 A frame is a 4-byte big-endian length and JSON. The bytes go from a memoryview
 of the sender's pool storage straight into a memoryview of the receiver's pool
@@ -143,9 +145,12 @@ class TcpTransport(PullTransport):
                 except ConnectionError:
                     return  # an idle connection closed by its owner
                 if msg.get("op") == "release":
-                    self.on_released(msg["request_id"])
+                    # False from the engine: the lease had expired, so the blocks may have been
+                    # reused while we sent them; the puller must not trust those bytes.
+                    held = self.on_released(msg["request_id"]) is not False
                     current = None
-                    await _send_frame(loop, conn, {"ok": True})
+                    await _send_frame(loop, conn, {"ok": held, "error": None if held else (
+                        "the lease on these blocks expired before the pull finished")})
                     continue
                 if msg.get("op") != "read":
                     raise ConnectionError(f"unknown op {msg.get('op')!r}")
@@ -217,9 +222,10 @@ class TcpTransport(PullTransport):
             for _, d, c in runs:
                 await _recv_exact(loop, sock, self._mem[d * bb:(d + c) * bb])
             await _send_frame(loop, sock, {"op": "release", "request_id": request_id})
-            if not (await _recv_frame(loop, sock)).get("ok"):
-                raise KVTransferError(f"peer {md['engine_id']} did not acknowledge the release")
-            ok = True
+            ack = await _recv_frame(loop, sock)
+            ok = True  # the exchange is complete: the connection can be reused either way
+            if not ack.get("ok"):
+                raise KVTransferError(f"peer {md['engine_id']}: {ack.get('error')}: re-run prefill")
         finally:
             # A connection is reused only after a clean exchange; otherwise bytes may still be in flight.
             if ok and not self._closed and md["engine_id"] in self._idle:

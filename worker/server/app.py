@@ -306,6 +306,10 @@ async def prefill(request: web.Request) -> web.Response:
         return _wrong_role(state, "/internal/prefill", rid)
     if (resp := _need_engine(state, rid)) is not None:
         return resp
+    if state.transport is None:
+        # Nobody could pull the blocks: leasing them would only hold memory until the lease ends.
+        return error_response(400, "this worker has no KV transport (--kv-backend none), so it cannot "
+                              "act as a prefill peer", param=None, code="kv_backend_mismatch", request_id=rid)
     aeng = state.engine
     try:
         seq = aeng.engine.make_sequence(req, prefill_only=True)
@@ -325,9 +329,8 @@ async def prefill(request: web.Request) -> web.Response:
     kv = None
     if out.kv_blocks is not None:
         t = state.transport
-        kv = KVSource(url=state.settings.advertise_url, engine_id=state.settings.engine_id,
-                      backend=t.name if t is not None else "none", block_ids=out.kv_blocks,
-                      num_tokens=seq.num_computed, extra=t.source_extra() if t is not None else {})
+        kv = KVSource(url=state.settings.advertise_url, engine_id=state.settings.engine_id, backend=t.name,
+                      block_ids=out.kv_blocks, num_tokens=seq.num_computed, extra=t.source_extra())
     result = PrefillResult(
         request_id=rid, prompt_token_ids=seq.prompt_ids, first_token_id=out.token_ids[0],
         first_token_text=out.text, first_token_logprob=out.logprobs[0] if out.logprobs else None,

@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from tandem.testing.engine_helpers import greedy, run_to_completion, submit, tokens_of
 from tandem.worker.engine.errors import ModelLoadError, RequestError
 from tandem.worker.engine.loader import load_model
@@ -100,30 +99,3 @@ def test_mistral_sliding_window_beyond_it_is_refused(tmp_path, toy_model_dir):
     with pytest.raises(ModelLoadError, match="sliding-window"):
         load_model(path, max_model_len=128)
     assert load_model(path).max_model_len == 64  # served within the window, where it is exact
-
-
-def test_qwen2_with_qkv_bias_matches_generate(tmp_path, toy_model_dir):
-    """Qwen2 differs from Llama by biases on q/k/v: the engine's forward must include them."""
-    from tandem.worker.engine.config import EngineConfig
-    from tandem.worker.engine.engine import Engine
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      initializer_range=0.15, tie_word_embeddings=False)
-    model = Qwen2ForCausalLM(cfg)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                proj.bias.normal_(0, 0.5)
-    path = _save_with_toy_tokenizer(model.eval(), toy_model_dir, tmp_path / "qwen2")
-    eng = Engine(EngineConfig(model=path, num_blocks=32, block_size=8, max_batched_tokens=64, max_num_seqs=4))
-    ids = eng.tokenizer("The quick brown fox")["input_ids"]
-    outs = submit(eng, "q", ids, greedy(12))
-    run_to_completion(eng)
-    with torch.no_grad():
-        ref = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=None,
-                             min_new_tokens=12)[0, len(ids):].tolist()
-    assert tokens_of(outs) == ref
-    assert eng.allocator.num_used == 0

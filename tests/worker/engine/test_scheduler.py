@@ -58,3 +58,19 @@ def test_preempts_newest_when_blocks_run_out():
     s.remove(old)
     s.remove(new)
     assert alloc.num_used == 0
+
+
+def test_decodes_are_scheduled_before_an_older_prompts_chunk():
+    """A decode worker prefilling a long prompt locally must not stall the sequences whose KV it
+    pulled: they decode first, the prompt's chunk gets the rest of the budget."""
+    alloc = BlockAllocator(100)
+    s = Scheduler(alloc, block_size=4, max_num_seqs=8, max_batched_tokens=8)
+    old = _seq("old", 40)
+    s.add(old)
+    _advance(s.schedule())
+    assert old.num_computed == 8
+    pulled = _seq("pulled", 5)  # KV for 5 prompt tokens pulled into 2 blocks, first token known
+    pulled.output_ids, pulled.num_computed, pulled.block_table = [9], 5, alloc.allocate(2)
+    s.add_running(pulled)
+    chunks = s.schedule()
+    assert [(c.seq.request_id, c.start, c.num_tokens) for c in chunks] == [("pulled", 5, 1), ("old", 8, 7)]

@@ -50,3 +50,23 @@ async def test_restarted_prefill_is_used_and_stale_sources_fail(backend: str, de
     assert len(decode_peer.free) == SMALL_LAYOUT.num_blocks
     res = await decode_peer.pull("e", await new.prefill("e", 3000, seed=5), seed=5)
     assert res["ok"] and res["identical"], res
+
+
+async def test_concurrent_pulls_from_a_restarted_peer_all_succeed(backend: str, decode_peer: KVPeer,
+                                                                   peer_process: list) -> None:
+    """Discovery of the successor happens once; no pull forgets the agent another one just added."""
+    import asyncio
+
+    http_port = _free_port()
+    old = KVPeerProcess(backend, SMALL_LAYOUT, "prefill-host-300", port=http_port)
+    peer_process.append(old)
+    url = old.start()
+    assert (await decode_peer.pull("a", await old.prefill("a", 20, seed=1), seed=1))["ok"]
+    old.kill()
+    new = KVPeerProcess(backend, SMALL_LAYOUT, "prefill-host-400", port=http_port)
+    peer_process.append(new)
+    new.start()
+    sources = [await new.prefill(f"n{i}", 100 * (i + 1), seed=i) for i in range(6)]
+    results = await asyncio.gather(*(decode_peer.pull(f"n{i}", s, seed=i) for i, s in enumerate(sources)))
+    assert all(r["ok"] and r["identical"] for r in results), results
+    assert decode_peer.transport.health()["peers"] == {url: "prefill-host-400"}

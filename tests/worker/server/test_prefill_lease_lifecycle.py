@@ -21,7 +21,7 @@ async def _prefill(w, rid, max_tokens=8) -> PrefillResult:
 
 
 async def test_prefill_result_and_release(start_worker, server_hf_toy, server_loaded_toy):
-    w = await start_worker(role="prefill")
+    w = await start_worker(role="prefill", kv_backend="memory")
     res = await _prefill(w, "p1")
     ids = server_loaded_toy.tokenizer(PROMPT)["input_ids"]
     assert res.prompt_token_ids == ids
@@ -40,7 +40,7 @@ async def test_prefill_result_and_release(start_worker, server_hf_toy, server_lo
 
 
 async def test_abort_frees_a_lease(start_worker):
-    w = await start_worker(role="prefill")
+    w = await start_worker(role="prefill", kv_backend="memory")
     res = await _prefill(w, "p2")
     assert w.engine.allocator.num_used == len(res.kv.block_ids)
     resp = await w.client.post("/internal/abort", json={"request_id": "p2"})
@@ -49,14 +49,45 @@ async def test_abort_frees_a_lease(start_worker):
 
 
 async def test_lease_expires(start_worker):
-    w = await start_worker(role="prefill", lease_s=0.3)
+    w = await start_worker(role="prefill", kv_backend="memory", lease_s=0.3)
     res = await _prefill(w, "p3")
     assert w.engine.allocator.num_used == len(res.kv.block_ids)
     await w.wait_idle(within=10)  # the engine thread reclaims it once the lease runs out
 
 
 async def test_first_token_that_finishes_leases_nothing(start_worker):
-    w = await start_worker(role="colocated")
+    w = await start_worker(role="colocated", kv_backend="memory")
     res = await _prefill(w, "p4", max_tokens=1)
     assert res.finish_reason == "length" and res.kv is None
+    assert w.engine.allocator.num_used == 0
+
+
+async def test_prefill_waits_for_leased_blocks_then_proceeds(start_worker, server_loaded_toy):
+    """When leases hold the whole pool a new prompt waits (not fails); a release lets it run."""
+    import asyncio
+
+    per_prompt = -(-len(server_loaded_toy.tokenizer(PROMPT)["input_ids"]) // 8)
+    w = await start_worker(role="prefill", kv_backend="memory", num_blocks=2 * per_prompt, max_model_len=8 * per_prompt)
+    first = await _prefill(w, "full")
+    await _prefill(w, "full2")
+    assert w.engine.allocator.num_free == 0
+    waiting = asyncio.create_task(_prefill(w, "queued"))
+    for _ in range(500):  # until the request has reached the engine's queue
+        if w.engine.num_waiting:
+            break
+        await asyncio.sleep(0.02)
+    for _ in range(10):  # and stays there: no blocks free
+        await asyncio.sleep(0.02)
+    assert not waiting.done() and w.engine.num_waiting == 1
+    await w.client.post("/internal/kv/release", json={"request_id": "full"})
+    third = await asyncio.wait_for(waiting, 30)
+    assert third.kv is not None and third.first_token_id == first.first_token_id
+    for rid in ("full2", "queued"):
+        await w.client.post("/internal/kv/release", json={"request_id": rid})
+
+
+async def test_worker_without_transport_refuses_to_prefill_for_peers(start_worker):
+    w = await start_worker(role="colocated")
+    resp = await w.client.post("/internal/prefill", json=_body("nt"))
+    assert resp.status == 400 and (await resp.json())["error"]["code"] == "kv_backend_mismatch"
     assert w.engine.allocator.num_used == 0

@@ -12,7 +12,7 @@ BODY = {"request_id": "d1", "prompt": "Hello, world!", "sampling": {"max_tokens"
 
 
 async def test_drain_waits_for_the_lease(start_worker):
-    w = await start_worker(role="prefill")
+    w = await start_worker(role="prefill", kv_backend="memory")
     resp = await w.client.post("/internal/prefill", json=BODY)
     assert resp.status == 200 and (await resp.json())["kv"] is not None
     task = asyncio.create_task(drain(w.engine, 60.0, logging.getLogger("test")))
@@ -24,7 +24,7 @@ async def test_drain_waits_for_the_lease(start_worker):
 
 
 async def test_drain_gives_up_after_its_bound(start_worker):
-    w = await start_worker(role="prefill")
+    w = await start_worker(role="prefill", kv_backend="memory")
     resp = await w.client.post("/internal/prefill", json=dict(BODY, request_id="d2"))
     assert resp.status == 200
     await asyncio.wait_for(drain(w.engine, 0.2, logging.getLogger("test")), 10)
