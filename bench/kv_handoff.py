@@ -11,7 +11,8 @@ socket, sendall of a memoryview in another process, recv_into here): what the ma
 Also measured: idle CPU of a prefill process with and without NIXL's progress thread, and the
 handoff's share of time to first token, with prefill compute timed on the same model through
 transformers (one thread); finally whether the handoff overlaps with prefill compute at all on
-this machine (the question behind layer-wise sending).
+this machine (the question behind layer-wise sending), and TTFT through real `tandem worker`
+prefill + decode processes, with the pull's own seconds from the decode worker's metrics.
 Not a test: it prints JSON and writes it to --out.
 """
 
@@ -181,6 +182,63 @@ async def overlap_probe(torch, model, layout, n: int) -> dict:
             "best_case_overlap_saving_s": pull_alone + compute_alone - both}
 
 
+def _pull_seconds_sum(url: str) -> float:
+    """tandem_kv_transfer_seconds_sum of the decode worker's pulls, from its /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "tandem_kv_transfer_seconds_sum" and s.labels.get("direction") == "pull":
+                return s.value
+    return 0.0
+
+
+async def engine_ttft(model_path: Path, backend: str, prompts: list[int]) -> dict:
+    """Through real `tandem worker` processes: prefill time, then decode's wait for its first token
+    (pull + scheduling), and the pull's own seconds from the decode worker's metrics."""
+    import aiohttp
+    from tandem.testing.worker_process import WorkerProcess
+
+    flags = ("--kv-backend", backend, "--num-blocks", "640", "--block-size", "16", "--drain-s", "1")
+    workers = [WorkerProcess(model_path, "prefill", *flags), WorkerProcess(model_path, "decode", *flags)]
+    out: dict = {}
+    try:
+        for w in workers:
+            await asyncio.to_thread(w.start)
+        p, d = workers
+        greedy = {"max_tokens": 2, "temperature": 0, "ignore_eos": True}
+        async with aiohttp.ClientSession() as s:
+            for i, n in enumerate([16, *prompts]):
+                ids = [0] + [(7 * j) % 30000 + 3 for j in range(n - 1)]
+                rid = f"{backend}-{n}-{i}"
+                t0 = time.perf_counter()
+                async with s.post(f"{p.url}/internal/prefill", json={
+                        "request_id": rid, "prompt_token_ids": ids, "sampling": greedy}) as r:
+                    res = await r.json()
+                t1 = time.perf_counter()
+                before = await asyncio.to_thread(_pull_seconds_sum, d.url)
+                body = {"request_id": rid, "prompt_token_ids": ids, "sampling": greedy,
+                        "kv_source": res["kv"], "first_token_id": res["first_token_id"]}
+                async with s.post(f"{d.url}/internal/generate", json=body) as r:
+                    async for line in r.content:
+                        if json.loads(line)["type"] == "token":
+                            break
+                t2 = time.perf_counter()
+                pull = await asyncio.to_thread(_pull_seconds_sum, d.url) - before
+                if i == 0:
+                    continue  # warm-up: connection and metadata set-up
+                out[str(n)] = {"prefill_s": t1 - t0, "decode_first_token_s": t2 - t1, "pull_s": pull,
+                               "ttft_s": t2 - t0, "pull_share_of_ttft": pull / (t2 - t0)}
+    finally:
+        for w in workers:
+            w.stop()
+    return out
+
+
 async def main_async(a: argparse.Namespace) -> dict:
     import torch
     from tandem.testing.kv_peer import BENCH_LAYOUT
@@ -231,6 +289,10 @@ async def main_async(a: argparse.Namespace) -> dict:
             ttft[str(n)] = row
         result["handoff_share_of_ttft"] = ttft
         result["overlap_probe"] = await overlap_probe(torch, model, layout, 512)
+        del model
+        if not a.skip_engine:
+            small = [n for n in PROMPTS if n <= a.max_prefill_tokens]
+            result["engine_ttft"] = {b: await engine_ttft(path, b, small) for b in ("nixl", "tcp")}
     summary = {str(n): {
         "nixl_GBps": round(result["nixl"][str(n)]["bandwidth_GBps"], 3),
         "tcp_GBps": round(result["tcp"][str(n)]["bandwidth_GBps"], 3),
@@ -253,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--max-prefill-tokens", type=int, default=2048,
                    help="skip timing prefill compute above this prompt length (slow on CPU)")
+    p.add_argument("--skip-engine", action="store_true",
+                   help="skip the end-to-end TTFT through real prefill and decode worker processes")
     a = p.parse_args(argv)
     t0 = time.time()
     result = asyncio.run(main_async(a))

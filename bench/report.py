@@ -77,13 +77,15 @@ def results_markdown(result: dict[str, Any]) -> str:
         + (" — **quick smoke run, not a measurement**" if result.get("quick") else "") + ".",
         "",
         f"- Host: {result['host']['cpus']} CPUs, {result['host']['platform']}, Python "
-        f"{result['host']['python']}; load average at the end {', '.join(f'{x:.1f}' for x in result['host']['loadavg_at_end'])}.",
+        f"{result['host']['python']}; load average (1/5/15 min) at the start "
+        f"{', '.join(f'{x:.1f}' for x in result['host'].get('loadavg_at_start', []))}, at the end "
+        f"{', '.join(f'{x:.1f}' for x in result['host']['loadavg_at_end'])}.",
         f"- Model: random-init Llama, {m['params'] / 1e6:.1f}M parameters, {m['num_layers']} layers, "
         f"hidden {m['hidden_size']}, {m['num_heads']} heads / {m['num_kv_heads']} KV heads, {m['dtype']}; "
         f"KV {m['kv_bytes_per_token'] / 1024:.0f} KiB per token.",
         f"- Calibration on the colocated arm: isolated prefill of {cal['isolated_prefill_tokens']} tokens "
         f"**{fmt_s(cal['isolated_prefill_s'])}** (P), isolated decode step **{fmt_s(cal['isolated_step_s'])}** (D), "
-        f"capacity **{cal['capacity_rps']:.2f} req/s** (closed loop, 4 in flight, prompts 256-1024, 64 out).",
+        f"capacity **{cal['capacity_rps']:.2f} req/s** ({cal.get('capacity_workload', '')}).",
         f"- SLOs for goodput: {'; '.join(slo_names)} (TTFT at most a multiple of P and every "
         "inter-token gap at most a multiple of D).",
         "- Idle CPU of each arm before the runs (cores): "
@@ -112,7 +114,7 @@ def results_markdown(result: dict[str, Any]) -> str:
                          fmt_num(g("errors"), 0), fmt_num(g("text_mismatches"), 0)])
     out += [md_table(header, rows), "", "### Throughput, goodput, handoff and CPU (median over repetitions)", ""]
     header = ["workload", "arm", "req/s", "tok/s", *(f"goodput {n}" for n in slo_names),
-              "KV MiB/req", "handoff", "handoff/TTFT", "router CPU", "loadgen CPU"]
+              "KV MiB/req", "handoff", "handoff/TTFT", "router CPU", "loadgen CPU", "other CPU"]
     rows = []
     for w in workloads:
         for a in arms:
@@ -124,10 +126,12 @@ def results_markdown(result: dict[str, Any]) -> str:
                            for n in slo_names),
                          fmt_num(g("kv_bytes_per_request") / 2**20, 1), fmt_s(g("handoff_s_per_request")),
                          fmt_pct(g("handoff_share_of_ttft")), fmt_pct(g("router_cpu_cores")),
-                         fmt_pct(g("loadgen_cpu_cores"))])
+                         fmt_pct(g("loadgen_cpu_cores")), fmt_pct(g("other_cpu_cores"))])
     out += [md_table(header, rows), "",
             "Goodput is requests/s meeting the SLO (in brackets: the share of requests that did). "
-            "CPU is in percent of one core over the run.", "",
+            "CPU is in percent of one core over the run; \"other CPU\" is what the machine was "
+            "busy with outside this benchmark's processes (other users of the shared cores): "
+            "where it is large, the figures of that run are disturbed.", "",
             "### Ratios disaggregated / colocated (median [range] over repetitions; < 1 is lower)", ""]
     keys = ["ttft.p50", "ttft.p99", "itl.p50", "itl.p99", "itl.max", "tpot.p50", "throughput_rps",
             *(f"goodput.{n}.goodput_rps" for n in slo_names)]

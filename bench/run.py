@@ -117,6 +117,7 @@ class Bench:
         self.model_name = ""
         self.calibration: dict[str, Any] = {}
         self.skipped: list[str] = []
+        self.loadavg_at_start = os.getloadavg()
         # The quick smoke run keeps every shape small: it checks the pipeline, not the speed.
         self.prompt_range = (32, 128) if args.quick else INTERFERENCE_PROMPT
         self.output_len = 8 if args.quick else INTERFERENCE_OUTPUT
@@ -131,9 +132,11 @@ class Bench:
             h0 = {p.name: await kv_health(s, p.url) for p in arm.workers if p.role == "decode"}
             cpu0 = {p.name: p.cpu_seconds() for p in arm.procs}
             me0 = sum(self.me.cpu_times()[:2])
+            sys0 = busy_cpu_seconds()
             records = await run_workload(arm.url, self.model_name, spec, reqs,
                                          timeout_s=self.args.request_timeout_s)
             me1 = sum(self.me.cpu_times()[:2])
+            sys1 = busy_cpu_seconds()
             cpu1 = {p.name: p.cpu_seconds() for p in arm.procs}
             after = {p.name: await scrape(s, p.url) for p in arm.workers}
             h1 = {p.name: await kv_health(s, p.url) for p in arm.workers if p.role == "decode"}
@@ -143,7 +146,9 @@ class Bench:
             kv = kv_from_health(h0.get(name, {}), h1[name])
         return {"workload": spec.name, "rep": rep, "arm": arm.name,
                 "records": records, "cpu_s": {k: cpu1[k] - cpu0[k] for k in cpu0},
-                "loadgen_cpu_s": me1 - me0, "kv": kv}
+                "loadgen_cpu_s": me1 - me0, "kv": kv,
+                # CPU the whole machine was busy with, to tell how much was not this benchmark.
+                "machine_busy_cpu_s": sys1 - sys0}
 
     async def calibrate(self, colo: Arm) -> dict[str, Any]:
         """Isolated prefill and decode-step times, and the colocated arm's capacity."""
@@ -166,6 +171,8 @@ class Bench:
             raise RuntimeError(f"calibration failed on {colo.name}: {recs[0].error}")
         dur = max(r.end_s for r in ok) - min(r.send_s for r in ok)
         out["capacity_rps"] = len(ok) / dur
+        out["capacity_workload"] = (f"closed loop, {cap.concurrency} in flight, {cap.num_requests} "
+                                    f"requests, prompts {lo}-{hi}, {cap.output_len} out")
         out["calibration_wall_s"] = time.monotonic() - t
         return out
 
@@ -280,6 +287,8 @@ class Bench:
             sm["router_cpu_ms_per_request"] = 1000 * run["cpu_s"].get("router", 0.0) / n
             sm["worker_cpu_cores"] = {k: v / dur for k, v in run["cpu_s"].items() if k != "router"}
             sm["text_mismatches"] = len(run["text_mismatches"])
+            ours = sum(run["cpu_s"].values()) + run["loadgen_cpu_s"]
+            sm["other_cpu_cores"] = max(0.0, run["machine_busy_cpu_s"] - ours) / dur
             runs_out.append({k: v for k, v in run.items() if k != "records"}
                             | {"summary": sm, "records": [r.to_dict() for r in recs]})
         return {
@@ -287,7 +296,7 @@ class Bench:
             "wall_s": self.elapsed(),
             "host": {"cpus": os.cpu_count(), "platform": platform.platform(),
                      "python": platform.python_version(),
-                     "loadavg_at_end": os.getloadavg()},
+                     "loadavg_at_start": self.loadavg_at_start, "loadavg_at_end": os.getloadavg()},
             "model": {"dir": str(self.model_dir), "params": model_params(MODEL), **MODEL,
                       "dtype": "float32",
                       "kv_bytes_per_token": 2 * MODEL["num_layers"] * MODEL["num_kv_heads"]
@@ -304,6 +313,12 @@ class Bench:
             "runs": runs_out,
             "ratios": ratios(runs_out, [s.name for s in slos]),
         }
+
+
+def busy_cpu_seconds() -> float:
+    """Non-idle CPU seconds of the whole machine so far (every core)."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
 def schedule(specs: list[WorkloadSpec], reps: int) -> list[tuple[WorkloadSpec, int]]:

@@ -7,6 +7,7 @@ Deploy exactly one replica (Deployment strategy Recreate): kopf runs standalone,
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 from tandem.operator.config import DEFAULT_RESYNC_SECONDS, OperatorConfig, split_image
@@ -67,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("tandem operator: give --namespace NS (repeatable) or --all-namespaces")
     log_format = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
     kopf.configure(verbose=args.verbose, log_format=log_format[args.log_format])
+    if not args.verbose:
+        # Every pod and Deployment event runs child_changed; one "succeeded" line each is noise.
+        logging.getLogger("kopf.objects").addFilter(
+            lambda record: not record.getMessage().startswith("Handler 'child_changed'")
+        )
     memo = kopf.Memo(
         config=operator_config(args),
         namespaces=None if args.all_namespaces else namespaces,

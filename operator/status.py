@@ -7,8 +7,8 @@ Conditions (type, status, CamelCase reason, message, lastTransitionTime, observe
   KVTransferReady                         Unknown (reason NotProbed): the operator does not probe
                                           the workers' /internal/kv/health; the workers report
                                           transfer health on their own endpoints and metrics
-  Ready                                   True when the three roles are; otherwise the first
-                                          failing role's reason
+  Ready                                   True when the three roles are; otherwise the most
+                                          actionable failing reason (Unschedulable first)
 lastTransitionTime changes only when a condition's status changes.
 """
 
@@ -89,6 +89,20 @@ def role_condition(role: str, obs: RoleObservation, desired: int) -> dict[str, s
     return condition(type_, "False", "PodsNotReady", f"0/{desired} {role} pods ready (starting or loading the model)")
 
 
+# Ready's reason when several roles fail: the first of these that applies; others in between.
+URGENCY = ("Unschedulable", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",
+           "CreateContainerConfigError", "CrashLoopBackOff")
+LEAST_URGENT = ("DeploymentMissing", "PodsNotReady", "ScaledToZero")
+
+
+def _urgency(reason: str) -> int:
+    if reason in URGENCY:
+        return URGENCY.index(reason)
+    if reason in LEAST_URGENT:
+        return 100 + LEAST_URGENT.index(reason)
+    return 50
+
+
 def desired_replicas(spec: dict) -> dict[str, int]:
     return {role: int(spec[role]["replicas"]) for role in ROLES}
 
@@ -103,12 +117,9 @@ def compute_conditions(spec: dict, obs: Observation) -> list[dict[str, str]]:
         failing = [c for c in roles if c["status"] != "True"]
         if not failing:
             ready = condition("Ready", "True", "AllComponentsReady", "prefill, decode and router are ready")
-        elif len(failing) == 1:
-            c = failing[0]
-            ready = condition("Ready", "False", c["reason"], c["message"])
         else:
-            reasons = {c["reason"] for c in failing}
-            reason = reasons.pop() if len(reasons) == 1 else "ComponentsNotReady"
+            # The reason a person can act on wins (a pod that cannot be placed over one starting).
+            reason = min((c["reason"] for c in failing), key=_urgency)
             ready = condition("Ready", "False", reason, "; ".join(c["message"] for c in failing))
     kv = condition(
         "KVTransferReady",

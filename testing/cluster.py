@@ -139,6 +139,8 @@ def wait_until(
             result = predicate()
             if result:
                 return result
+        except ClusterError:
+            raise  # a component died: waiting longer cannot help
         except Exception as exc:  # noqa: BLE001 - any failure means "not yet"
             last_error = exc
         if time.monotonic() >= deadline:
@@ -355,6 +357,9 @@ class Cluster:
                 f"--etcd-servers={etcd_url}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                # Loopback may not be an endpoint of the `kubernetes` Service; nothing
+                # in-cluster dials the API here, so that Service gets no endpoints.
+                "--endpoint-reconciler-type=none",
                 f"--secure-port={api_port}",
                 f"--cert-dir={cert_dir}",  # self-signed serving cert + CA, written there
                 f"--token-auth-file={wd / 'tokens.csv'}",
@@ -393,7 +398,7 @@ class Cluster:
                 "--bind-address=127.0.0.1",
                 f"--secure-port={kcm_port}",
                 f"--cert-dir={wd / 'pki' / 'kcm'}",
-                "--controllers=*",
+                "--controllers=*,-garbage-collector-controller",
                 "--v=0",
             ],
         )
@@ -462,7 +467,8 @@ class Cluster:
             return
         for proc in reversed(self._procs):
             _signal_group(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        # Short grace: the store is thrown away, so a clean shutdown buys nothing.
+        deadline = time.monotonic() + 3
         for proc in reversed(self._procs):
             if proc.popen is not None:
                 try:

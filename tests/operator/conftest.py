@@ -98,12 +98,13 @@ class OperatorProcess:
 
 @pytest.fixture(scope="module")
 def start_operator(k8s, crd_installed, tmp_path_factory):
-    """Starts operators (all namespaces, resync every 2 s, JSON logs); stops them all at the end."""
+    """Starts operators (all namespaces, resync every 2 s, JSON logs; as the admin unless given a
+    kubeconfig); stops them all at the end."""
     from tandem.testing.cluster import free_port, wait_until
 
     started: list[OperatorProcess] = []
 
-    def start(*extra: str) -> OperatorProcess:
+    def start(*extra: str, kubeconfig: Path | None = None) -> OperatorProcess:
         port = free_port()
         liveness = f"http://127.0.0.1:{port}/healthz"
         log_path = tmp_path_factory.mktemp("operator") / "operator.log"
@@ -112,7 +113,7 @@ def start_operator(k8s, crd_installed, tmp_path_factory):
             "--resync-seconds", "2", "--log-format", "json", "--liveness", liveness,
             "--worker-image", "registry.test/tandem-worker:test", *extra,
         ]
-        env = dict(os.environ, KUBECONFIG=str(k8s.kubeconfig))
+        env = dict(os.environ, KUBECONFIG=str(kubeconfig or k8s.kubeconfig))
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         op = OperatorProcess(proc, log_path, liveness)

@@ -57,7 +57,17 @@ def test_missing_deployment_and_scaled_to_zero():
     st = compute_status(_spec(router=0), obs, None, T0, 1, EP, "g")
     assert _cond(st, "DecodeReady")["reason"] == "DeploymentMissing"
     assert _cond(st, "RouterReady")["reason"] == "ScaledToZero"
-    assert _cond(st, "Ready")["reason"] == "ComponentsNotReady"
+    assert _cond(st, "Ready")["reason"] == "DeploymentMissing"
+    assert "decode" in _cond(st, "Ready")["message"] and "router" in _cond(st, "Ready")["message"]
+
+
+def test_ready_reason_is_the_most_actionable_one():
+    obs = _ready_obs()
+    obs.roles["router"] = RoleObservation(exists=True, replicas=1, ready=0)  # starting
+    obs.roles["prefill"] = RoleObservation(exists=True, replicas=1, ready=0, pods=[_unschedulable_pod("no GPU")])
+    st = compute_status(_spec(), obs, None, T0, 1, EP, "g")
+    assert _cond(st, "Ready")["reason"] == "Unschedulable"
+    assert _cond(st, "RouterReady")["reason"] == "PodsNotReady"
 
 
 def test_image_pull_failure_is_the_reason():

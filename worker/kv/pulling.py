@@ -86,6 +86,7 @@ class PullTransport(KVTransport):
                                         self._transport_info())
         self._peers: dict[str, dict[str, Any]] = {}  # url -> metadata of the engine last seen there
         self._peer_locks: dict[str, asyncio.Lock] = {}
+        self._background: set[asyncio.Task] = set()
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
@@ -125,6 +126,9 @@ class PullTransport(KVTransport):
 
     async def _close_shared(self) -> None:
         self._closed = True
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         for md in list(self._peers.values()):
             await self._forget_peer(md)
         self._peers.clear()
@@ -245,7 +249,9 @@ class PullTransport(KVTransport):
         if self._closed:
             return
         # The release is best effort and bounded: a dead peer's engine reclaims by lease.
-        asyncio.get_running_loop().create_task(self._post_release(request_id, source))
+        task = asyncio.get_running_loop().create_task(self._post_release(request_id, source))
+        self._background.add(task)  # held until done, so it is not garbage-collected mid-flight
+        task.add_done_callback(self._background.discard)
 
     async def _post_release(self, request_id: str, source: KVSource) -> None:
         try:
