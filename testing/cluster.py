@@ -398,7 +398,7 @@ class Cluster:
                 "--bind-address=127.0.0.1",
                 f"--secure-port={kcm_port}",
                 f"--cert-dir={wd / 'pki' / 'kcm'}",
-                "--controllers=*,-garbage-collector-controller",
+                "--controllers=*",
                 "--v=0",
             ],
         )

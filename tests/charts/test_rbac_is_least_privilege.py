@@ -12,12 +12,13 @@ from tandem.testing.chart import find, render
 EXPECTED = {
     ("tandem.dev", "inferenceservices"): {"get", "list", "watch", "patch"},
     ("tandem.dev", "inferenceservices/status"): {"patch"},
-    ("apps", "deployments"): {"get", "list", "watch", "patch"},
-    ("", "services"): {"get", "list", "patch"},
-    ("", "configmaps"): {"get", "patch"},
-    ("", "serviceaccounts"): {"get", "patch"},
-    ("rbac.authorization.k8s.io", "roles"): {"get", "patch"},
-    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "patch"},
+    # server-side apply: PATCH, plus `create` when the PATCH creates the object
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
+    ("", "services"): {"get", "list", "create", "patch"},
+    ("", "configmaps"): {"get", "create", "patch"},
+    ("", "serviceaccounts"): {"get", "create", "patch"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
     ("", "pods"): {"get", "list", "watch"},
     ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
     ("", "events"): {"create"},
@@ -79,7 +80,7 @@ def test_nothing_beyond_the_operators_calls(helm_bin: Path) -> None:
             assert "delete" not in verbs and "deletecollection" not in verbs
             assert not {"escalate", "bind", "impersonate"} & verbs
             if resource == "pods":
-                assert verbs == {"get", "list", "watch"}
+                assert verbs == {"get", "list", "watch"}  # the operator never makes pods
 
 
 def test_rbac_can_be_left_to_the_user(helm_bin: Path) -> None:

@@ -28,7 +28,7 @@ def documented_rules() -> list[dict]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) != 4 or not cells[0].startswith("`"):
             continue
-        group = cells[0].strip("`").split()[0]
+        group = re.findall(r"`([^`]*)`", cells[0])[0]
         group = "" if group == '""' else group
         resources = re.findall(r"`([^`]+)`", cells[1])
         verbs = [v.strip() for v in cells[2].split(",")]
@@ -41,6 +41,8 @@ def test_the_table_parses_into_rules():
     groups = {r["apiGroups"][0] for r in rules}
     assert {"tandem.dev", "apps", "", "rbac.authorization.k8s.io"} <= groups
     assert not any("delete" in r["verbs"] or "*" in r["verbs"] for r in rules)
+    core = {res for r in rules if r["apiGroups"] == [""] for res in r["resources"]}
+    assert {"pods", "services", "configmaps", "serviceaccounts", "events"} <= core
 
 
 def test_operator_reconciles_with_only_the_documented_rules(k8s, start_operator, namespace, tmp_path):

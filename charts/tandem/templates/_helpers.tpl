@@ -98,20 +98,21 @@ InferenceService through owner references and the garbage collector.
 - apiGroups: ["tandem.dev"]
   resources: ["inferenceservices/status"]
   verbs: ["patch"]
-# Children, written with server-side apply (PATCH, which also creates) after a GET.
-# Deployments and pods are also watched (status refresh) and listed (observation).
+# Children, written with server-side apply after a GET. An apply is a PATCH, and the API
+# server also checks `create` when that PATCH creates the object. Deployments are also
+# watched (status refresh) and listed (observation), Services listed.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "patch"]
+  verbs: ["get", "list", "create", "patch"]
 - apiGroups: [""]
   resources: ["configmaps", "serviceaccounts"]
-  verbs: ["get", "patch"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "patch"]
+  verbs: ["get", "create", "patch"]
 # Pods are only read: readiness and scheduling failures become status conditions. The
 # router's Role grants pods and EndpointSlices get/list/watch, and Kubernetes lets the
 # operator write (and bind) a Role only with every permission it grants (no `escalate`
