@@ -220,6 +220,7 @@ main() {
       kube-apiserver | kube-controller-manager | kube-scheduler | kubectl) kube+=("$b") ;;
     esac
   done
+  # Each result is moved into place as soon as it is built, so a failure later keeps it.
   for b in "${todo[@]}"; do
     case $b in
       etcd) build_etcd ;;
@@ -228,10 +229,14 @@ main() {
         " -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" ;;
       helm) build_module_cmd helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
         " -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" ;;
+      *) continue ;;
     esac
+    mv -f "$STAGE/$b" "$BIN_DIR/$b"
   done
-  ((${#kube[@]} == 0)) || build_kubernetes "${kube[@]}"
-  for b in "${todo[@]}"; do mv -f "$STAGE/$b" "$BIN_DIR/$b"; done
+  if ((${#kube[@]} > 0)); then
+    build_kubernetes "${kube[@]}"
+    for b in "${kube[@]}"; do mv -f "$STAGE/$b" "$BIN_DIR/$b"; done
+  fi
   [[ -z ${KUBEBUILDER_ASSETS:-} ]] || make_merged "$(result_dir)"
   log "built ${todo[*]} into $BIN_DIR"
 }

@@ -661,7 +661,7 @@ def cluster_down(state_dir: Path) -> int:
         procs = [p for p in json.loads(pids.read_text()) if _pid_runs(p["pid"], p["exe"])]
         for p in reversed(procs):
             _signal_group(p["pid"], signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 3
         while time.monotonic() < deadline and any(_pid_runs(p["pid"], p["exe"]) for p in procs):
             time.sleep(0.1)
         for p in procs:

@@ -7,10 +7,12 @@ of the chart's ServiceAccount from the TokenRequest API, so a permission missing
 chart's RBAC fails the test: either a step never completes or the operator's log shows a
 403, which is checked at the end.
 
-The CRD may already exist (other tests in the session apply crds/ directly; it is the same
-file). Helm installs a chart's crds/ only when absent and never upgrades or deletes them, so
-the test records whether helm created it, checks that the registered CRD is this chart's
-either way, and leaves it in place at the end, as `helm uninstall` does.
+The CRD may already exist: other tests in the session apply crds/ directly (the same file),
+and Helm installs a chart's crds/ only when absent. When no InferenceService exists anywhere
+the test deletes that CRD first, so that `helm install` must register it; otherwise (a
+leftover object from elsewhere) it leaves it and checks that the registered CRD is the
+chart's. Either way the CRD is there afterwards, as `helm uninstall` leaves it, so tests
+that expect it find it.
 """
 
 from __future__ import annotations
@@ -151,6 +153,9 @@ def test_helm_install_then_apply_an_example_serves_it_and_uninstall_cleans_up(
     ops = namespace  # the operator's namespace: Restricted, enforced by the API server
     k8s.kubectl("label", "namespace", ops, f"{PSA}=restricted", "--overwrite")
     crd_existed = k8s.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
+    if crd_existed and not kubectl_json(k8s, "get", "tis", "-A")["items"]:
+        k8s.kubectl("delete", "crd", CRD_NAME, "--timeout=60s")
+        crd_existed = False
     installed = False
     pv = None
     operator_log = tmp_path / "operator.log"
@@ -164,6 +169,10 @@ def test_helm_install_then_apply_an_example_serves_it_and_uninstall_cleans_up(
 
         crd = kubectl_json(k8s, "get", "crd", CRD_NAME)
         assert condition(crd, "Established").get("status") == "True"
+        if not crd_existed:  # absent before, so registered by this `helm install`
+            shown = kubectl_json(k8s, "get", "crd", CRD_NAME, "--show-managed-fields")
+            managers = {m["manager"] for m in shown["metadata"]["managedFields"]}
+            assert "helm" in managers, managers
         source = yaml.safe_load((CHART_DIR / "crds" / f"{CRD_NAME}.yaml").read_text())
         assert crd["spec"]["names"]["shortNames"] == source["spec"]["names"]["shortNames"]
         assert [v["name"] for v in crd["spec"]["versions"]] == [
