@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import time
 
 from kubernetes import client
 from tandem.operator import apply
@@ -46,8 +47,13 @@ def reconcile(api: client.ApiClient, body: dict, config: OperatorConfig,
               drift: bool = False) -> apply.ApplyResult:
     """Applies every child and writes status; `drift` marks a periodic pass (event wording)."""
     meta = body["metadata"]
+    t0 = time.monotonic()
     manifests = render(meta, body["spec"], config)
     result = apply.apply_all(api, manifests)
+    if result.created or result.updated or result.error:
+        log.info("applied %s/%s in %.2fs: %d created, %d updated%s", meta["namespace"], meta["name"],
+                 time.monotonic() - t0, len(result.created), len(result.updated),
+                 f"; failed: {result.error}" if result.error else "")
     # A periodic pass that applies a spec for the first time is not correcting drift.
     drift = drift and (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
 

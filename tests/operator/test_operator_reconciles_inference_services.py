@@ -203,7 +203,7 @@ def test_updates_roll_through_to_the_children(k8s, api, operator, namespace):
                 and yaml.safe_load(cm.data["decode.yaml"])["max_num_seqs"] == 7
                 and d.spec.template.metadata.annotations["tandem.dev/config-hash"] != old_hash)
 
-    wait_until(updated, timeout=30, what="decode Deployment and ConfigMap updated")
+    wait_until(updated, timeout=60, what="decode Deployment and ConfigMap updated")
     tis = get_tis(api, namespace, name)
     assert tis["metadata"]["generation"] == 2
 
@@ -218,7 +218,7 @@ def test_updates_roll_through_to_the_children(k8s, api, operator, namespace):
                 and all(p.spec.containers[0].image == "registry.test/other:v2" for p in decode))
 
     # prefill and decode pods all move to the new generation (the image is part of it)
-    wait_until(rolled, timeout=60, what="upd rolled out to the new generation")
+    wait_until(rolled, timeout=90, what="upd rolled out to the new generation")
     assert wait_ready(api, namespace, name)
 
 
@@ -239,11 +239,35 @@ def test_drift_is_corrected(k8s, api, operator, namespace):
         client.CoreV1Api(api).read_namespaced_config_map(f"{name}-config", namespace)
         return d.metadata.uid != uid and decode.spec.replicas == 1
 
-    wait_until(restored, timeout=30, what="deleted Deployment and ConfigMap back, replicas restored")
+    wait_until(restored, timeout=60, what="deleted Deployment and ConfigMap back, replicas restored")
     wait_ready(api, namespace, name)
     events = client.CoreV1Api(api).list_namespaced_event(
         namespace, field_selector=f"involvedObject.name={name}").items
     assert any(e.reason == "DriftCorrected" for e in events), [(e.reason, e.message) for e in events]
+
+
+def test_a_child_the_api_server_refuses_is_a_condition_not_a_crash(k8s, api, operator, namespace):
+    """The CRD passes affinity through as is; the Deployment's own validation refuses this one."""
+    name = "bad-affinity"
+    spec = gpu_spec()
+    spec["decode"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": []}}}
+    apply_tis(k8s, namespace, body(name, spec))
+
+    def apply_failed():
+        c = condition(get_tis(api, namespace, name), "Ready")
+        return c if c.get("reason") == "ApplyFailed" else None
+
+    c = wait_until(apply_failed, timeout=60, what="Ready=False ApplyFailed")
+    assert c["status"] == "False"
+    assert f"Deployment/{name}-decode" in c["message"] and "nodeSelectorTerms" in c["message"]
+    events = client.CoreV1Api(api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name}").items
+    assert any(e.reason == "ApplyFailed" and e.type == "Warning" for e in events)
+    assert operator.proc.poll() is None, "the operator keeps running"
+
+    apply_tis(k8s, namespace, body(name, gpu_spec()))  # fixed by the user
+    wait_ready(api, namespace, name)
 
 
 def test_operator_restart_creates_no_duplicates_and_deletion_cascades(k8s, api, operator, start_operator, namespace):

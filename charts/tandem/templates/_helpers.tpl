@@ -126,7 +126,7 @@ InferenceService through owner references and the garbage collector.
 # Events on the InferenceService for what the operator did (kopf posts core/v1 Events).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["get"]
+  verbs: ["create"]
 {{- end }}
 
 {{/* What kopf needs at cluster scope whatever it serves: it lists and watches CRDs to
