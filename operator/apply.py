@@ -190,14 +190,18 @@ def list_services(api: client.ApiClient, namespaces: list[str] | None) -> list[d
     return items
 
 
-def write_status(api: client.ApiClient, namespace: str, name: str, status: dict) -> None:
-    """Merge-patches the status subresource (a JSON merge patch replaces the conditions list)."""
+def write_status(
+    api: client.ApiClient, namespace: str, name: str, status: dict, old: dict | None = None
+) -> None:
+    """Merge-patches the status subresource to `status` (lists are replaced whole; keys of `old`
+    that `status` lacks are removed, e.g. the endpoint once the router Service is gone)."""
+    patch: dict = {key: None for key in (old or {}) if key not in status} | status
     try:
         request(
             api,
             "PATCH",
             _cr_path(namespace, name) + "/status",
-            body={"status": status},
+            body={"status": patch},
             content_type="application/merge-patch+json",
         )
     except ApiException as e:

@@ -72,7 +72,7 @@ def reconcile(api: client.ApiClient, body: dict, config: OperatorConfig,
     generation = None if result.error else meta.get("generation")
     status = _status(api, body, config, generation, result.error)
     if not same_status(body.get("status"), status):
-        apply.write_status(api, meta["namespace"], meta["name"], status)
+        apply.write_status(api, meta["namespace"], meta["name"], status, body.get("status"))
     return result
 
 
@@ -86,4 +86,4 @@ def refresh_status(api: client.ApiClient, namespace: str, name: str, config: Ope
     apply_error = ready["message"] if ready.get("reason") == "ApplyFailed" else None
     status = _status(api, body, config, None, apply_error)
     if not same_status(old, status):
-        apply.write_status(api, namespace, name, status)
+        apply.write_status(api, namespace, name, status, old)

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tandem.testing.chart import CHART_DIR, REPO_ROOT
+from tandem.testing.chart import CHART_DIR, REPO_ROOT, find, render
 from tandem.testing.cluster import POOL_LABEL, free_port, wait_until
 from tandem.testing.pod_security import restricted_violations
 
@@ -41,8 +41,9 @@ RELEASE = "tandem-e2e"
 CRD_NAME = "inferenceservices.tandem.dev"
 EXAMPLE = REPO_ROOT / "examples" / "gpu-roce.yaml"
 PSA = "pod-security.kubernetes.io/enforce"
-# A 403 anywhere in the operator's log means the chart's RBAC is missing something.
-FORBIDDEN_MARKERS = ("Forbidden", "forbidden", "403", "Not enough permissions")
+# A refusal (HTTP 403, "... is forbidden: User ... cannot ...") or kopf's "Not enough
+# permissions" warning anywhere in the operator's log: the chart's RBAC is missing something.
+FORBIDDEN_MARKERS = ("Forbidden", "forbidden", "Not enough permissions")
 
 
 def kubectl_json(k8s, *args: str) -> Any:
@@ -147,11 +148,16 @@ def model_volume(k8s, namespace: str, claim: str) -> str:
     return pv
 
 
+@pytest.mark.parametrize("watch", ["all-namespaces", "one-namespace"])
 def test_helm_install_then_apply_an_example_serves_it_and_uninstall_cleans_up(
-    k8s, namespace: str, tmp_path: Path
+    k8s, namespace: str, tmp_path: Path, watch: str
 ) -> None:
+    """watch=all-namespaces: the default install (ClusterRole). one-namespace:
+    `watchNamespaces` set to the model's namespace (a Role there, kopf's namespace discovery
+    cluster-wide)."""
     ops = namespace  # the operator's namespace: Restricted, enforced by the API server
     k8s.kubectl("label", "namespace", ops, f"{PSA}=restricted", "--overwrite")
+    namespaces = contextlib.ExitStack()
     crd_existed = k8s.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
     if crd_existed and not kubectl_json(k8s, "get", "tis", "-A")["items"]:
         k8s.kubectl("delete", "crd", CRD_NAME, "--timeout=60s")
@@ -160,8 +166,11 @@ def test_helm_install_then_apply_an_example_serves_it_and_uninstall_cleans_up(
     pv = None
     operator_log = tmp_path / "operator.log"
     try:
+        # The model's namespace, privileged: the example's RDMA workers add IPC_LOCK.
+        llm = namespaces.enter_context(scratch_namespace(k8s, f"{ops}-llm", "privileged"))
         # -- 1. helm install: the CRD and the RBAC objects are registered ------------------
-        install = k8s.helm("install", RELEASE, str(CHART_DIR), "--namespace", ops,
+        values = ["--set-json", f'watchNamespaces=["{llm}"]'] if watch == "one-namespace" else []
+        install = k8s.helm("install", RELEASE, str(CHART_DIR), "--namespace", ops, *values,
                            "--wait", "--timeout", "180s")
         installed = True
         assert "STATUS: deployed" in install.stdout
@@ -185,8 +194,11 @@ def test_helm_install_then_apply_an_example_serves_it_and_uninstall_cleans_up(
         objects = [(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace"))
                    for o in manifest if o]
         kinds = sorted(k for k, _, _ in objects)
-        assert kinds == sorted(["ServiceAccount", "Service", "Deployment", "ClusterRole",
-                                "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding"])
+        rbac = (["ClusterRole", "ClusterRoleBinding"] * 2 if watch == "all-namespaces"
+                else ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"])
+        assert kinds == sorted(["ServiceAccount", "Service", "Deployment", *rbac])
+        if watch == "one-namespace":
+            assert {ns for kind, _, ns in objects if kind.startswith("Role")} == {llm}
         for kind, name, ns in objects:
             args = ["-n", ns] if ns else []
             k8s.kubectl(*args, "get", kind.lower(), name)  # each exists on the API server
@@ -212,7 +224,9 @@ def test_helm_install_then_apply_an_example_serves_it_and_uninstall_cleans_up(
 
         # Least privilege, seen from the ServiceAccount: it reads pods, never Secrets, and
         # deletes nothing (children go with their owner through the garbage collector).
-        assert as_operator("auth", "can-i", "list", "pods", "-A").stdout.strip() == "yes"
+        everywhere = "yes" if watch == "all-namespaces" else "no"
+        assert as_operator("auth", "can-i", "list", "pods", "-A").stdout.strip() == everywhere
+        assert as_operator("auth", "can-i", "list", "pods", "-n", llm).stdout.strip() == "yes"
         assert as_operator("auth", "can-i", "get", "secrets", "-A").stdout.strip() == "no"
         assert as_operator("auth", "can-i", "delete", "deployments", "-A").stdout.strip() == "no"
         assert as_operator("auth", "can-i", "create", "pods", "-A").stdout.strip() == "no"
@@ -246,117 +260,134 @@ def test_helm_install_then_apply_an_example_serves_it_and_uninstall_cleans_up(
             assert done.returncode == 0 and "HTTP 200" in done.stdout, done.stdout + done.stderr
 
             # -- 3. kubectl apply of the GPU/RoCE example ---------------------------------
-            with scratch_namespace(k8s, f"{ops}-llm", "privileged") as llm:
-                example = yaml.safe_load(EXAMPLE.read_text())
-                name = example["metadata"]["name"]
-                example["metadata"]["namespace"] = llm  # the file says `serving`
-                spec = example["spec"]
-                pv = model_volume(k8s, llm, spec["model"]["pvc"]["claimName"])
-                secret = spec["router"].get("apiKeySecretRef")
-                if secret:
-                    k8s.kubectl("-n", llm, "create", "secret", "generic", secret["name"],
-                                f"--from-literal={secret['key']}=test-key")
-                applied = time.monotonic()
-                k8s.kubectl("apply", "-f", "-", input=yaml.safe_dump(example))
+            example = yaml.safe_load(EXAMPLE.read_text())
+            name = example["metadata"]["name"]
+            example["metadata"]["namespace"] = llm  # the file says `serving`
+            spec = example["spec"]
+            pv = model_volume(k8s, llm, spec["model"]["pvc"]["claimName"])
+            secret = spec["router"].get("apiKeySecretRef")
+            if secret:
+                k8s.kubectl("-n", llm, "create", "secret", "generic", secret["name"],
+                            f"--from-literal={secret['key']}=test-key")
+            applied = time.monotonic()
+            k8s.kubectl("apply", "-f", "-", input=yaml.safe_dump(example))
 
-                tis: dict = {}
-                deadline = time.monotonic() + 240
-                while time.monotonic() < deadline:
-                    tis = kubectl_json(k8s, "-n", llm, "get", "tis", name)
-                    ready = condition(tis, "Ready")
-                    if ready.get("status") == "True":
-                        break
-                    # A refusal of the chart's RBAC never heals: fail at once, saying which.
-                    assert "forbidden" not in ready.get("message", ""), ready["message"]
-                    assert proc.poll() is None, operator_log.read_text()[-4000:]
-                    time.sleep(1)
-                else:
-                    pods = k8s.kubectl("-n", llm, "get", "pods", "-o", "wide").stdout
-                    pytest.fail(f"not Ready: {json.dumps(tis.get('status'), indent=1)}\n{pods}\n"
-                                f"operator log:\n{operator_log.read_text()[-4000:]}")
-                ready_after = time.monotonic() - applied
-                endpoint = tis["status"]["endpoint"]
-                port = spec["router"]["service"]["port"]
-                assert endpoint == f"http://{name}-router.{llm}.svc.cluster.local:{port}"
-                for cond in ("PrefillReady", "DecodeReady", "RouterReady"):
-                    assert condition(tis, cond)["status"] == "True", cond
+            tis: dict = {}
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                tis = kubectl_json(k8s, "-n", llm, "get", "tis", name)
+                ready = condition(tis, "Ready")
+                if ready.get("status") == "True":
+                    break
+                # A refusal of the chart's RBAC never heals: fail at once, saying which.
+                assert "forbidden" not in ready.get("message", ""), ready["message"]
+                assert proc.poll() is None, operator_log.read_text()[-4000:]
+                time.sleep(1)
+            else:
+                pods = k8s.kubectl("-n", llm, "get", "pods", "-o", "wide").stdout
+                pytest.fail(f"not Ready: {json.dumps(tis.get('status'), indent=1)}\n{pods}\n"
+                            f"operator log:\n{operator_log.read_text()[-4000:]}")
+            ready_after = time.monotonic() - applied
+            endpoint = tis["status"]["endpoint"]
+            port = spec["router"]["service"]["port"]
+            assert endpoint == f"http://{name}-router.{llm}.svc.cluster.local:{port}"
+            for cond in ("PrefillReady", "DecodeReady", "RouterReady"):
+                assert condition(tis, cond)["status"] == "True", cond
 
-                # The real scheduler put each role on its pool (GPU nodes are tainted).
-                nodes = {n["metadata"]["name"]: n["metadata"]["labels"].get(POOL_LABEL)
-                         for n in kubectl_json(k8s, "get", "nodes")["items"]}
-                pods = kubectl_json(k8s, "-n", llm, "get", "pods",
-                                    "-l", f"tandem.dev/service={name}")["items"]
-                by_role: dict[str, list[str]] = {}
-                for pod in pods:
-                    assert pod["status"]["phase"] == "Running", pod["metadata"]["name"]
-                    role = pod["metadata"]["labels"]["tandem.dev/role"]
-                    by_role.setdefault(role, []).append(nodes[pod["spec"]["nodeName"]])
-                assert sorted(by_role["prefill"]) == ["prefill"] * spec["prefill"]["replicas"]
-                assert sorted(by_role["decode"]) == ["decode"] * spec["decode"]["replicas"]
-                assert len(by_role["router"]) == spec["router"]["replicas"]
+            # The real scheduler put each role on its pool (GPU nodes are tainted).
+            nodes = {n["metadata"]["name"]: n["metadata"]["labels"].get(POOL_LABEL)
+                     for n in kubectl_json(k8s, "get", "nodes")["items"]}
+            pods = kubectl_json(k8s, "-n", llm, "get", "pods",
+                                "-l", f"tandem.dev/service={name}")["items"]
+            by_role: dict[str, list[str]] = {}
+            for pod in pods:
+                assert pod["status"]["phase"] == "Running", pod["metadata"]["name"]
+                role = pod["metadata"]["labels"]["tandem.dev/role"]
+                by_role.setdefault(role, []).append(nodes[pod["spec"]["nodeName"]])
+            assert sorted(by_role["prefill"]) == ["prefill"] * spec["prefill"]["replicas"]
+            assert sorted(by_role["decode"]) == ["decode"] * spec["decode"]["replicas"]
+            assert len(by_role["router"]) == spec["router"]["replicas"]
 
-                table = k8s.kubectl("-n", llm, "get", "tis").stdout
-                row = next(line for line in table.splitlines() if line.startswith(name))
-                assert "True" in row and endpoint in row, table
-                described = k8s.kubectl("-n", llm, "describe", "tis", name).stdout
-                for text in ("Conditions:", "PrefillReady", "DecodeReady", "RouterReady",
-                             "Events:", "Created"):
-                    assert text in described, f"{text!r} not in:\n{described}"
+            # The chart's optional PodMonitor (rendered, not installed: no Prometheus Operator
+            # here) selects exactly these pods, on a container port they have.
+            monitor = find(render(k8s.bin_dir / "helm", release=RELEASE, namespace=ops,
+                                  **{"monitoring.podMonitor.enabled": True}), "PodMonitor")[0]
+            keys = [e["key"] for e in monitor["spec"]["selector"]["matchExpressions"]]
+            selected = kubectl_json(k8s, "-n", llm, "get", "pods", "-l", ",".join(keys))["items"]
+            assert sorted(p["metadata"]["name"] for p in selected) == sorted(
+                p["metadata"]["name"] for p in pods)
+            port_name = monitor["spec"]["podMetricsEndpoints"][0]["port"]
+            for pod in pods:
+                ports = [p.get("name") for c in pod["spec"]["containers"] for p in c.get("ports", [])]
+                assert port_name in ports, (pod["metadata"]["name"], ports)
 
-                # Pod Security, judged by the API server: the router passes Restricted; the
-                # RDMA workers (IPC_LOCK) pass only at privileged, as docs/install.md says.
-                deployments = {
-                    d["metadata"]["labels"]["tandem.dev/role"]: d["spec"]["template"]
-                    for d in kubectl_json(k8s, "-n", llm, "get", "deployments",
-                                          "-l", f"tandem.dev/service={name}")["items"]
-                }
-                router_template = dict(deployments["router"])
-                router_template["spec"] = dict(router_template["spec"],
-                                               serviceAccountName="default")
-                admitted = dry_run_pod(k8s, ops, router_template, "router-dry-run")
-                assert admitted.returncode == 0, admitted.stderr
-                decode_template = dict(deployments["decode"])
-                decode_template["spec"] = dict(decode_template["spec"],
-                                               serviceAccountName="default")
-                with scratch_namespace(k8s, f"{ops}-base", "baseline") as baseline:
-                    refused = dry_run_pod(k8s, baseline, decode_template, "decode-dry-run")
-                assert refused.returncode != 0
-                assert "violates PodSecurity" in refused.stderr and "IPC_LOCK" in refused.stderr
+            table = k8s.kubectl("-n", llm, "get", "tis").stdout
+            row = next(line for line in table.splitlines() if line.startswith(name))
+            assert "True" in row and endpoint in row, table
+            described = k8s.kubectl("-n", llm, "describe", "tis", name).stdout
+            for text in ("Conditions:", "PrefillReady", "DecodeReady", "RouterReady",
+                         "Events:", "Created"):
+                assert text in described, f"{text!r} not in:\n{described}"
 
-                # -- 4. helm uninstall: the chart's objects go, the InferenceService stays --
-                # The operator's Deployment is the first thing uninstall removes; here the
-                # operator is this process, stopped the same way (SIGTERM).
-                os.killpg(proc.pid, signal.SIGTERM)
-                assert proc.wait(timeout=30) == 0, operator_log.read_text()[-3000:]
-                k8s.helm("uninstall", RELEASE, "-n", ops, "--wait", "--timeout", "120s")
-                installed = False
-                for kind, obj_name, ns in objects:
-                    args_ns = ["-n", ns] if ns else []
-                    gone = k8s.kubectl(*args_ns, "get", kind.lower(), obj_name, check=False)
-                    assert gone.returncode != 0 and "NotFound" in gone.stderr, (kind, obj_name)
-                # The ServiceAccount's token died with it.
-                wait_until(
-                    lambda: "Unauthorized" in as_operator("get", "tis", "-A").stderr,
-                    timeout=30, what="the ServiceAccount's token to be refused",
-                )
-                # Helm neither upgrades nor deletes CRDs from crds/: the CRD, the CR and its
-                # workloads keep running, unmanaged.
-                k8s.kubectl("get", "crd", CRD_NAME)
-                k8s.kubectl("-n", llm, "get", "tis", name)
-                left = kubectl_json(k8s, "-n", llm, "get", "deployments",
-                                    "-l", f"tandem.dev/service={name}")["items"]
-                assert sorted(d["metadata"]["name"] for d in left) == sorted(
-                    f"{name}-{r}" for r in ("prefill", "decode", "router"))
-                # No finalizer: deleting the CR without an operator works, and the garbage
-                # collector removes its children through their owner references.
-                k8s.kubectl("-n", llm, "delete", "tis", name, "--timeout=60s")
-                wait_until(
-                    lambda: not kubectl_json(k8s, "-n", llm, "get", "deployments,services,"
-                                             "configmaps,serviceaccounts,roles,rolebindings",
-                                             "-l", f"tandem.dev/service={name}")["items"],
-                    timeout=90, what="the garbage collector to remove the children",
-                )
+            # Pod Security, judged by the API server: the router passes Restricted; the
+            # RDMA workers (IPC_LOCK) pass only at privileged, as docs/install.md says.
+            deployments = {
+                d["metadata"]["labels"]["tandem.dev/role"]: d["spec"]["template"]
+                for d in kubectl_json(k8s, "-n", llm, "get", "deployments",
+                                      "-l", f"tandem.dev/service={name}")["items"]
+            }
+            router_template = dict(deployments["router"])
+            router_template["spec"] = dict(router_template["spec"],
+                                           serviceAccountName="default")
+            admitted = dry_run_pod(k8s, ops, router_template, "router-dry-run")
+            assert admitted.returncode == 0, admitted.stderr
+            decode_template = dict(deployments["decode"])
+            decode_template["spec"] = dict(decode_template["spec"],
+                                           serviceAccountName="default")
+            with scratch_namespace(k8s, f"{ops}-base", "baseline") as baseline:
+                refused = dry_run_pod(k8s, baseline, decode_template, "decode-dry-run")
+            assert refused.returncode != 0
+            assert "violates PodSecurity" in refused.stderr and "IPC_LOCK" in refused.stderr
+
+            # -- 4. helm uninstall: the chart's objects go, the InferenceService stays --
+            # The operator's Deployment is the first thing uninstall removes; here the
+            # operator is this process, stopped the same way (SIGTERM).
+            os.killpg(proc.pid, signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, operator_log.read_text()[-3000:]
+            k8s.helm("uninstall", RELEASE, "-n", ops, "--wait", "--timeout", "120s")
+            installed = False
+            for kind, obj_name, ns in objects:
+                args_ns = ["-n", ns] if ns else []
+                gone = k8s.kubectl(*args_ns, "get", kind.lower(), obj_name, check=False)
+                assert gone.returncode != 0 and "NotFound" in gone.stderr, (kind, obj_name)
+            # The ServiceAccount's token died with it.
+            wait_until(
+                lambda: "Unauthorized" in as_operator("get", "tis", "-A").stderr,
+                timeout=30, what="the ServiceAccount's token to be refused",
+            )
+            # Helm neither upgrades nor deletes CRDs from crds/: the CRD, the CR and its
+            # workloads keep running, unmanaged.
+            k8s.kubectl("get", "crd", CRD_NAME)
+            k8s.kubectl("-n", llm, "get", "tis", name)
+            left = kubectl_json(k8s, "-n", llm, "get", "deployments",
+                                "-l", f"tandem.dev/service={name}")["items"]
+            assert sorted(d["metadata"]["name"] for d in left) == sorted(
+                f"{name}-{r}" for r in ("prefill", "decode", "router"))
+            running = [p for p in kubectl_json(k8s, "-n", llm, "get", "pods",
+                                               "-l", f"tandem.dev/service={name}")["items"]
+                       if p["status"]["phase"] == "Running"]
+            assert len(running) == len(pods)
+            # No finalizer: deleting the CR without an operator works, and the garbage
+            # collector removes its children through their owner references.
+            k8s.kubectl("-n", llm, "delete", "tis", name, "--timeout=60s")
+            wait_until(
+                lambda: not kubectl_json(k8s, "-n", llm, "get", "deployments,services,"
+                                         "configmaps,serviceaccounts,roles,rolebindings",
+                                         "-l", f"tandem.dev/service={name}")["items"],
+                timeout=90, what="the garbage collector to remove the children",
+            )
     finally:
+        namespaces.close()
         if installed:
             k8s.helm("uninstall", RELEASE, "-n", ops, "--wait", "--timeout", "120s", check=False)
         if pv:

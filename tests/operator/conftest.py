@@ -98,8 +98,8 @@ class OperatorProcess:
 
 @pytest.fixture(scope="module")
 def start_operator(k8s, crd_installed, tmp_path_factory):
-    """Starts operators (all namespaces, resync every 2 s, JSON logs; as the admin unless given a
-    kubeconfig); stops them all at the end."""
+    """Starts operators (all namespaces unless extra args name one, resync every 2 s, JSON logs;
+    as the admin unless given a kubeconfig); stops them all at the end."""
     from tandem.testing.cluster import free_port, wait_until
 
     started: list[OperatorProcess] = []
@@ -108,8 +108,9 @@ def start_operator(k8s, crd_installed, tmp_path_factory):
         port = free_port()
         liveness = f"http://127.0.0.1:{port}/healthz"
         log_path = tmp_path_factory.mktemp("operator") / "operator.log"
+        scope = [] if "--namespace" in extra else ["--all-namespaces"]
         argv = [
-            str(Path(sys.executable).parent / "tandem"), "operator", "--all-namespaces",
+            str(Path(sys.executable).parent / "tandem"), "operator", *scope,
             "--resync-seconds", "2", "--log-format", "json", "--liveness", liveness,
             "--worker-image", "registry.test/tandem-worker:test", *extra,
         ]

@@ -232,14 +232,16 @@ def test_drift_is_corrected(k8s, api, operator, namespace):
     apps.delete_namespaced_deployment(f"{name}-prefill", namespace)
     k8s.kubectl("scale", "-n", namespace, f"deployment/{name}-decode", "--replicas=3")
     client.CoreV1Api(api).delete_namespaced_config_map(f"{name}-config", namespace)
+    client.CoreV1Api(api).delete_namespaced_service(f"{name}-router", namespace)
 
     def restored():
         d = apps.read_namespaced_deployment(f"{name}-prefill", namespace)
         decode = apps.read_namespaced_deployment(f"{name}-decode", namespace)
         client.CoreV1Api(api).read_namespaced_config_map(f"{name}-config", namespace)
+        client.CoreV1Api(api).read_namespaced_service(f"{name}-router", namespace)
         return d.metadata.uid != uid and decode.spec.replicas == 1
 
-    wait_until(restored, timeout=60, what="deleted Deployment and ConfigMap back, replicas restored")
+    wait_until(restored, timeout=60, what="deleted Deployment, ConfigMap and Service back, replicas restored")
     wait_ready(api, namespace, name)
     events = client.CoreV1Api(api).list_namespaced_event(
         namespace, field_selector=f"involvedObject.name={name}").items
