@@ -43,6 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=float(os.environ.get("TANDEM_RESYNC_SECONDS") or DEFAULT_RESYNC_SECONDS),
         help="period of the drift-correcting re-apply of every InferenceService",
     )
+    parser.add_argument(
+        "--no-kv-probe", dest="kv_probe", action="store_false", default=None,
+        help="do not probe the workers' /internal/kv/health (KVTransferReady stays Unknown/NotProbed;"
+        " $TANDEM_KV_PROBE=0)",
+    )
+    parser.add_argument(
+        "--kv-probe-timeout-seconds", type=float, default=None, metavar="S",
+        help="time limit of one worker's KV health probe ($TANDEM_KV_PROBE_TIMEOUT_SECONDS, default 3)",
+    )
 
 
 def operator_config(args: argparse.Namespace) -> OperatorConfig:
@@ -54,6 +63,8 @@ def operator_config(args: argparse.Namespace) -> OperatorConfig:
         image_tag=tag or base.image_tag,
         pull_policy=args.image_pull_policy or base.pull_policy,
         resync_seconds=args.resync_seconds,
+        kv_probe=base.kv_probe if args.kv_probe is None else args.kv_probe,
+        kv_probe_timeout_s=args.kv_probe_timeout_seconds or base.kv_probe_timeout_s,
     )
 
 

@@ -36,6 +36,13 @@ DEFAULT_IMAGE_REPOSITORY = "ghcr.io/tandem-dev/tandem-worker"
 DEFAULT_IMAGE_TAG = "0.1.0"
 DEFAULT_PULL_POLICY = "IfNotPresent"
 DEFAULT_RESYNC_SECONDS = 30.0
+DEFAULT_KV_PROBE_TIMEOUT_SECONDS = 3.0
+
+
+def _env_flag(value: str | None, default: bool) -> bool:
+    if value is None or value == "":
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -46,10 +53,13 @@ class OperatorConfig:
     image_tag: str = DEFAULT_IMAGE_TAG
     pull_policy: str = DEFAULT_PULL_POLICY
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
+    kv_probe: bool = True  # GET each ready worker's /internal/kv/health for KVTransferReady
+    kv_probe_timeout_s: float = DEFAULT_KV_PROBE_TIMEOUT_SECONDS
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
-        """TANDEM_WORKER_IMAGE (repo[:tag]), TANDEM_IMAGE_PULL_POLICY, TANDEM_RESYNC_SECONDS."""
+        """TANDEM_WORKER_IMAGE (repo[:tag]), TANDEM_IMAGE_PULL_POLICY, TANDEM_RESYNC_SECONDS,
+        TANDEM_KV_PROBE (0 turns probing off), TANDEM_KV_PROBE_TIMEOUT_SECONDS."""
         env = dict(os.environ if env is None else env)
         repo, tag = split_image(env.get("TANDEM_WORKER_IMAGE", ""))
         return cls(
@@ -57,6 +67,10 @@ class OperatorConfig:
             image_tag=tag or DEFAULT_IMAGE_TAG,
             pull_policy=env.get("TANDEM_IMAGE_PULL_POLICY") or DEFAULT_PULL_POLICY,
             resync_seconds=float(env.get("TANDEM_RESYNC_SECONDS") or DEFAULT_RESYNC_SECONDS),
+            kv_probe=_env_flag(env.get("TANDEM_KV_PROBE"), True),
+            kv_probe_timeout_s=float(
+                env.get("TANDEM_KV_PROBE_TIMEOUT_SECONDS") or DEFAULT_KV_PROBE_TIMEOUT_SECONDS
+            ),
         )
 
 

@@ -4,6 +4,9 @@
 - every --resync-seconds, every InferenceService            -> reconcile (drift correction)
 - a child Deployment or pod changed                          -> refresh the owner's status
 
+Before each of these writes status, probe_kv asks the ready workers for their KV transfer
+health (tandem.operator.probe; concurrent, short timeout) for KVTransferReady.
+
 No kopf finalizer is ever added: there is no on.delete handler and no kopf timer or daemon
 (kopf adds a finalizer for those, which would block deletion while the operator is down).
 The periodic resync is one operator-wide task instead. Children go away with the CR through
@@ -19,7 +22,7 @@ from typing import Any
 import kopf
 from kubernetes import client
 from kubernetes import config as kube_config
-from tandem.operator import apply
+from tandem.operator import apply, probe
 from tandem.operator.config import (
     GROUP,
     LABEL_MANAGED_BY,
@@ -29,6 +32,7 @@ from tandem.operator.config import (
     VERSION,
 )
 from tandem.operator.reconcile import reconcile, refresh_status
+from tandem.operator.status import KVProbe
 
 log = logging.getLogger(__name__)
 CHILD_LABELS = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_SERVICE: kopf.PRESENT}
@@ -63,9 +67,10 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
-def reconcile_service(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def reconcile_service(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Render and apply the children, then write status; retry only what retrying can fix."""
-    result = reconcile(memo.api, dict(body), memo.config)
+    kv = await probe_kv(memo, body["metadata"]["namespace"], body["metadata"]["name"])
+    result = await asyncio.to_thread(reconcile, memo.api, dict(body), memo.config, False, kv)
     if result.error and result.retryable:
         raise kopf.TemporaryError(result.error, delay=10)
     if result.error:
@@ -105,7 +110,8 @@ class Refresher:
         await asyncio.sleep(self.delay)
         self.pending.discard(key)
         try:
-            await asyncio.to_thread(refresh_status, self.memo.api, key[0], key[1], self.memo.config)
+            kv = await probe_kv(self.memo, *key)
+            await asyncio.to_thread(refresh_status, self.memo.api, key[0], key[1], self.memo.config, kv)
         except Exception:
             log.exception("refreshing the status of %s/%s failed; the resync will retry", *key)
 
@@ -119,10 +125,26 @@ async def resync_forever(memo: kopf.Memo) -> None:
         except Exception:
             log.exception("listing InferenceServices failed; retrying at the next resync")
             continue
-        for body in items:
-            if body["metadata"].get("deletionTimestamp"):
-                continue
+        items = [b for b in items if not b["metadata"].get("deletionTimestamp")]
+        # Every service's workers at once: a slow probe delays no one by more than its timeout.
+        probes = await asyncio.gather(
+            *(probe_kv(memo, b["metadata"]["namespace"], b["metadata"]["name"]) for b in items),
+            return_exceptions=True,
+        )
+        for body, kv in zip(items, probes, strict=True):
+            if isinstance(kv, BaseException):
+                log.error("probing the KV health of %s/%s failed: %s", body["metadata"]["namespace"],
+                          body["metadata"]["name"], kv)
+                kv = None
             try:
-                await asyncio.to_thread(reconcile, memo.api, body, memo.config, True)
+                await asyncio.to_thread(reconcile, memo.api, body, memo.config, True, kv)
             except Exception:
                 log.exception("resync of %s/%s failed", body["metadata"]["namespace"], body["metadata"]["name"])
+
+
+async def probe_kv(memo: kopf.Memo, namespace: str, name: str) -> list[KVProbe] | None:
+    """The ready workers' /internal/kv/health answers; None when probing is turned off."""
+    if not memo.config.kv_probe:
+        return None
+    obs = await asyncio.to_thread(apply.observe, memo.api, namespace, name)
+    return await probe.probe_all(probe.targets(obs), memo.config.kv_probe_timeout_s)

@@ -4,11 +4,14 @@ Conditions (type, status, CamelCase reason, message, lastTransitionTime, observe
   PrefillReady, DecodeReady, RouterReady  from each Deployment and its pods; a pod the scheduler
                                           cannot place surfaces as reason Unschedulable with the
                                           scheduler's own message
-  KVTransferReady                         Unknown (reason NotProbed): the operator does not probe
-                                          the workers' /internal/kv/health; the workers report
-                                          transfer health on their own endpoints and metrics
+  KVTransferReady                         from probing every ready prefill/decode pod's
+                                          /internal/kv/health (kv_condition): True Healthy; False
+                                          TransferFailing / RDMAFallback; Unknown Unreachable /
+                                          NoWorkers / NotProbed (probing turned off)
   Ready                                   True when the three roles are; otherwise the most
-                                          actionable failing reason (Unschedulable first)
+                                          actionable failing reason (Unschedulable first).
+                                          KVTransferReady does not feed it: Ready is about serving
+                                          capacity (a fallen-back path still serves, slowly)
 lastTransitionTime changes only when a condition's status changes.
 """
 
@@ -32,10 +35,21 @@ class RoleObservation:
 
 
 @dataclass
+class KVProbe:
+    """One worker pod's answer to GET /internal/kv/health (health None when it did not answer)."""
+
+    pod: str
+    role: str
+    health: dict[str, Any] | None = None
+    error: str | None = None  # why the probe got no answer
+
+
+@dataclass
 class Observation:
     roles: dict[str, RoleObservation] = field(default_factory=dict)
     router_service: bool = False
     apply_error: str | None = None  # why the last apply failed, if it did
+    kv_probes: list[KVProbe] | None = None  # None: the operator does not probe (--no-kv-probe)
 
 
 def condition(type_: str, status: str, reason: str, message: str) -> dict[str, str]:
@@ -121,13 +135,63 @@ def compute_conditions(spec: dict, obs: Observation) -> list[dict[str, str]]:
             # The reason a person can act on wins (a pod that cannot be placed over one starting).
             reason = min((c["reason"] for c in failing), key=_urgency)
             ready = condition("Ready", "False", reason, "; ".join(c["message"] for c in failing))
-    kv = condition(
-        "KVTransferReady",
-        "Unknown",
-        "NotProbed",
-        "the operator does not probe KV transfer; see the workers' /internal/kv/health",
-    )
-    return [ready, *roles, kv]
+    return [ready, *roles, kv_condition(spec, obs.kv_probes)]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def kv_condition(spec: dict, probes: list[KVProbe] | None) -> dict[str, str]:
+    """KVTransferReady from the workers' own health reports; the worst finding wins.
+
+    Order: TransferFailing (requests fail now), RDMAFallback (slow, silently), Unreachable,
+    NoWorkers, Healthy. Each message names the pods so `kubectl describe` points at them.
+    """
+    type_ = "KVTransferReady"
+    if probes is None:
+        return condition(type_, "Unknown", "NotProbed",
+                         "the operator does not probe KV transfer (--no-kv-probe); "
+                         "see the workers' /internal/kv/health")
+    if not probes:
+        return condition(type_, "Unknown", "NoWorkers", "no prefill or decode pod is ready to probe")
+    # A worker still loading its model (or run with --kv-backend none) answers without a transport.
+    answered = [p for p in probes if p.health is not None and "healthy" in p.health]
+    failing = [p for p in answered if p.health.get("healthy") is False]
+    if failing:
+        parts = []
+        for p in failing:
+            h = p.health
+            failures = sum((h.get("failures_total") or {}).values())
+            parts.append(f"pod {p.pod} ({p.role}): {_plural(failures, 'failed transfer')}, "
+                         f"last error: {h.get('last_error') or 'unknown'}")
+        return condition(type_, "False", "TransferFailing",
+                         "KV handoffs are failing: " + "; ".join(parts))
+    if (spec.get("kvTransfer") or {}).get("rdma"):
+        fallen = [p for p in answered if (p.health.get("transport") or {}).get("rdma") is False]
+        if fallen:
+            parts = []
+            for p in fallen:
+                t = p.health.get("transport") or {}
+                why = t.get("reason") or t.get("detected_by") or "no reason given"
+                parts.append(f"pod {p.pod} ({p.role}) uses {t.get('network') or 'tcp'}: {why}")
+            return condition(type_, "False", "RDMAFallback",
+                             "kvTransfer.rdma is set but KV moves without RDMA: " + "; ".join(parts))
+    unreachable = [p for p in probes if p not in answered]
+    if unreachable:
+        parts = [f"pod {p.pod} ({p.role}): "
+                 + (p.error or "answered without a KV transport (still loading, or --kv-backend none)")
+                 for p in unreachable]
+        return condition(type_, "Unknown", "Unreachable",
+                         "cannot read /internal/kv/health of " + "; ".join(parts))
+    paths: dict[str, int] = {}
+    for p in answered:
+        t = p.health.get("transport") or {}
+        path = f"{p.health.get('backend', 'unknown')} over {t.get('network') or 'unknown'}"
+        paths[path] = paths.get(path, 0) + 1
+    summary = "; ".join(f"{_plural(n, 'worker')} report{'s' if n == 1 else ''} {path}"
+                        for path, n in sorted(paths.items()))
+    return condition(type_, "True", "Healthy", summary)
 
 
 def stamp(

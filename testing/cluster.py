@@ -69,6 +69,9 @@ BASE_RESOURCES = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-stor
 
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 SERVICE_CIDR = "10.96.0.0/16"
+# KWOK gives pods IPs from here (first one 127.50.0.2) and nodes this InternalIP.
+POD_CIDR = "127.50.0.1/16"
+NODE_IP = "127.49.0.1"
 
 T = TypeVar("T")
 
@@ -423,8 +426,10 @@ class Cluster:
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
                 "--node-lease-duration-seconds=40",
-                "--cidr=10.244.0.1/16",
-                "--node-ip=10.0.0.1",
+                # Loopback pod and node IPs: a test may bind a real process to a pod's IP
+                # and reach it there, and nothing ever dials outside 127.0.0.0/8.
+                f"--cidr={POD_CIDR}",
+                f"--node-ip={NODE_IP}",
             ],
         )
 

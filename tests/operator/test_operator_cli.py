@@ -29,9 +29,21 @@ def test_flags_override_environment(monkeypatch):
 
 
 def test_defaults_without_environment(monkeypatch):
-    for var in ("TANDEM_WORKER_IMAGE", "TANDEM_IMAGE_PULL_POLICY", "TANDEM_RESYNC_SECONDS"):
+    for var in ("TANDEM_WORKER_IMAGE", "TANDEM_IMAGE_PULL_POLICY", "TANDEM_RESYNC_SECONDS",
+                "TANDEM_KV_PROBE", "TANDEM_KV_PROBE_TIMEOUT_SECONDS"):
         monkeypatch.delenv(var, raising=False)
     assert operator_config(_parse(["-n", "a", "-n", "b"])) == OperatorConfig()
+
+
+def test_kv_probe_is_on_by_default_and_can_be_turned_off(monkeypatch):
+    monkeypatch.delenv("TANDEM_KV_PROBE", raising=False)
+    monkeypatch.delenv("TANDEM_KV_PROBE_TIMEOUT_SECONDS", raising=False)
+    cfg = operator_config(_parse(["-A"]))
+    assert (cfg.kv_probe, cfg.kv_probe_timeout_s) == (True, 3.0)
+    cfg = operator_config(_parse(["-A", "--no-kv-probe", "--kv-probe-timeout-seconds", "0.5"]))
+    assert (cfg.kv_probe, cfg.kv_probe_timeout_s) == (False, 0.5)
+    monkeypatch.setenv("TANDEM_KV_PROBE", "0")
+    assert operator_config(_parse(["-A"])).kv_probe is False
 
 
 def test_namespace_and_all_namespaces_exclude_each_other():

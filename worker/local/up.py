@@ -33,6 +33,7 @@ DEFAULT_TOY = {
     "max_position_embeddings": 2048,
     "seed": 0,
 }
+TOY_SERVED_NAME = "toy-llama"
 TOY_VERSION = 1  # bump when make_toy_model's output for the same arguments changes
 
 
@@ -210,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
     sup: Supervisor | None = None
     try:
         model = Path(args.model) if args.model else toy_model_dir()
+        if not args.model and not args.served_name:
+            args.served_name = TOY_SERVED_NAME  # friendlier than the cache folder's name
         if not (model / "config.json").is_file():
             print(f"tandem up: {model} is not a Hugging Face model folder (no config.json)", file=sys.stderr)
             return 2

@@ -1,0 +1,172 @@
+"""KVTransferReady on the real control plane, with real workers standing in for the pods.
+
+The scheduler places the InferenceService's pods on KWOK nodes, KWOK gives them loopback IPs, and
+a real `tandem worker` runs at each pod's IP and rendered port. The operator (a subprocess) probes
+them for KVTransferReady; a real `tandem router --kubernetes` finds them through the API server and
+serves a streaming chat request that hands KV from prefill to decode over TCP.
+"""
+
+from __future__ import annotations
+
+import re
+
+import openai
+import pytest
+from kubernetes import client
+from tandem.testing.cluster import POOL_LABEL, free_port, wait_until
+from tandem.testing.pod_workers import ProcessGroup
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
+
+GVP = ("tandem.dev", "v1alpha1", "inferenceservices")
+
+
+def _role(pool: str, gpus: int = 0) -> dict:
+    role = {"replicas": 1, "gpus": gpus, "cpu": "100m", "memory": "1Gi", "nodeSelector": {POOL_LABEL: pool}}
+    if gpus:
+        role["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    return role
+
+
+def cpu_tcp_spec(model: str) -> dict:
+    """examples/cpu.yaml, scaled down, with the toy model: KV over TCP."""
+    return {
+        "model": {"path": model, "dtype": "float32", "maxModelLen": 512},
+        "prefill": _role("cpu"), "decode": _role("cpu"),
+        "kvTransfer": {"backend": "tcp"},
+        "router": {"cpu": "50m", "memory": "128Mi"},
+    }
+
+
+def gpu_roce_spec(model: str) -> dict:
+    """examples/gpu-roce.yaml reduced to one worker per role: nixl with kvTransfer.rdma set."""
+    return {
+        "model": {"path": model, "dtype": "float32", "maxModelLen": 512},
+        "prefill": _role("prefill", gpus=1), "decode": _role("decode", gpus=1),
+        "kvTransfer": {"backend": "nixl", "rdma": {"resourceName": "rdma/rdma_shared_device_a", "count": 1}},
+        "router": {"cpu": "50m", "memory": "128Mi"},
+    }
+
+
+@pytest.fixture(scope="module")
+def api(k8s):
+    with k8s.api_client() as api:
+        yield api
+
+
+@pytest.fixture(scope="module")
+def operator(start_operator):
+    return start_operator("--resync-seconds", "1", "--kv-probe-timeout-seconds", "2")
+
+
+@pytest.fixture
+def procs():
+    group = ProcessGroup()
+    try:
+        yield group
+    finally:
+        group.stop()
+
+
+def apply_service(api, namespace: str, name: str, spec: dict) -> None:
+    body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": name}, "spec": spec}
+    client.CustomObjectsApi(api).create_namespaced_custom_object(*GVP[:2], namespace, GVP[2], body)
+
+
+def worker_pods(api, namespace: str, name: str) -> dict[str, dict]:
+    """role -> the one Ready worker pod with an IP (waits until both roles have one)."""
+    def found():
+        pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"tandem.dev/service={name}")
+        out = {}
+        for pod in api.sanitize_for_serialization(pods.items):
+            role = pod["metadata"]["labels"].get("tandem.dev/role")
+            ready = any(c["type"] == "Ready" and c["status"] == "True"
+                        for c in pod["status"].get("conditions") or [])
+            if role in ("prefill", "decode") and ready and pod["status"].get("podIP"):
+                out[role] = pod
+        return out if len(out) == 2 else None
+
+    return wait_until(found, timeout=60, what=f"{name}'s prefill and decode pods Ready with an IP")
+
+
+def kv_condition(api, namespace: str, name: str) -> dict:
+    tis = client.CustomObjectsApi(api).get_namespaced_custom_object(*GVP[:2], namespace, GVP[2], name)
+    conditions = (tis.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "KVTransferReady"), {})
+
+
+def wait_kv(api, namespace: str, name: str, status: str, reason: str, timeout: float = 30) -> dict:
+    last: dict = {}
+
+    def check():
+        nonlocal last
+        last = kv_condition(api, namespace, name)
+        return last if (last.get("status"), last.get("reason")) == (status, reason) else None
+
+    try:
+        return wait_until(check, timeout=timeout, what=f"KVTransferReady {status}/{reason}")
+    except TimeoutError:
+        raise AssertionError(f"KVTransferReady never became {status}/{reason}; last: {last}") from None
+
+
+def test_tcp_workers_are_healthy_serve_through_the_router_and_a_dead_one_is_unreachable(
+    k8s, api, operator, namespace, procs, toy_model_dir
+):
+    name = "tiny"
+    apply_service(api, namespace, name, cpu_tcp_spec(str(toy_model_dir)))
+    pods = worker_pods(api, namespace, name)
+    assert all(p["status"]["podIP"].startswith("127.50.") for p in pods.values())
+    workers = {role: procs.worker_for_pod(pod, toy_model_dir) for role, pod in pods.items()}
+    procs.wait_ready(list(workers.values()))
+
+    c = wait_kv(api, namespace, name, "True", "Healthy")
+    assert c["message"] == "2 workers report tcp over tcp"
+
+    router = procs.router(namespace, name, free_port(), k8s.kubeconfig)
+    procs.wait_ready([router])
+    oai = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    model = oai.models.list().data[0].id
+    stream = oai.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say hello to the cluster."}],
+        max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True},
+    )
+    finish, usage, text = None, None, ""
+    for chunk in stream:
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+        usage = chunk.usage or usage
+    assert finish in ("stop", "length") and usage is not None and usage.completion_tokens > 0, (text, usage)
+    metrics = workers["decode"].get_text("/metrics")
+    pulled = [float(v) for v in re.findall(r'^tandem_kv_transfer_bytes_total\{[^}]*\} (\S+)$', metrics, re.M)]
+    assert sum(pulled) > 0, metrics
+
+    workers["decode"].kill()
+    c = wait_kv(api, namespace, name, "Unknown", "Unreachable", timeout=10)
+    assert pods["decode"]["metadata"]["name"] in c["message"]
+    assert pods["prefill"]["metadata"]["name"] not in c["message"]
+
+
+def test_rdma_spec_served_over_tcp_is_an_rdma_fallback_with_a_warning(
+    api, operator, namespace, procs, toy_model_dir
+):
+    name = "roce"
+    apply_service(api, namespace, name, gpu_roce_spec(str(toy_model_dir)))
+    pods = worker_pods(api, namespace, name)
+    # The workers cannot reach RDMA (no device here): they move KV over TCP.
+    workers = [procs.worker_for_pod(pod, toy_model_dir, kv_backend="tcp") for pod in pods.values()]
+    procs.wait_ready(workers)
+
+    c = wait_kv(api, namespace, name, "False", "RDMAFallback")
+    for pod in pods.values():
+        assert pod["metadata"]["name"] in c["message"]
+    assert "never uses RDMA" in c["message"]
+
+    def warning():
+        events = client.CoreV1Api(api).list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={name}").items
+        return [e for e in events if e.reason == "RDMAFallback" and e.type == "Warning"]
+
+    events = wait_until(warning, timeout=10, what="a Warning event RDMAFallback")
+    assert len(events) == 1 and (events[0].count or 1) == 1, "one event per transition, not per resync"
