@@ -114,7 +114,7 @@ def results_markdown(result: dict[str, Any]) -> str:
                          fmt_num(g("errors"), 0), fmt_num(g("text_mismatches"), 0)])
     out += [md_table(header, rows), "", "### Throughput, goodput, handoff and CPU (median over repetitions)", ""]
     header = ["workload", "arm", "req/s", "tok/s", *(f"goodput {n}" for n in slo_names),
-              "KV MiB/req", "handoff", "handoff/TTFT", "router CPU", "loadgen CPU", "other CPU"]
+              "KV MiB/req", "handoff", "handoff/TTFT", "router CPU", "loadgen CPU", "idle arms CPU", "other CPU"]
     rows = []
     for w in workloads:
         for a in arms:
@@ -126,12 +126,14 @@ def results_markdown(result: dict[str, Any]) -> str:
                            for n in slo_names),
                          fmt_num(g("kv_bytes_per_request") / 2**20, 1), fmt_s(g("handoff_s_per_request")),
                          fmt_pct(g("handoff_share_of_ttft")), fmt_pct(g("router_cpu_cores")),
-                         fmt_pct(g("loadgen_cpu_cores")), fmt_pct(g("other_cpu_cores"))])
+                         fmt_pct(g("loadgen_cpu_cores")), fmt_pct(g("idle_arms_cpu_cores")),
+                         fmt_pct(g("other_cpu_cores"))])
     out += [md_table(header, rows), "",
             "Goodput is requests/s meeting the SLO (in brackets: the share of requests that did). "
-            "CPU is in percent of one core over the run; \"other CPU\" is what the machine was "
-            "busy with outside this benchmark's processes (other users of the shared cores): "
-            "where it is large, the figures of that run are disturbed.", "",
+            "CPU is in percent of one core over the run; \"idle arms CPU\" is what the arms not "
+            "under test burned meanwhile (they stay up, idle, on the same pinned cores); \"other "
+            "CPU\" is what the machine was busy with outside this benchmark's processes (other "
+            "users of the shared cores): where either is large, that run is disturbed.", "",
             "### Ratios disaggregated / colocated (median [range] over repetitions; < 1 is lower)", ""]
     keys = ["ttft.p50", "ttft.p99", "itl.p50", "itl.p99", "itl.max", "tpot.p50", "throughput_rps",
             *(f"goodput.{n}.goodput_rps" for n in slo_names)]

@@ -122,6 +122,9 @@ class Bench:
         self.prompt_range = (32, 128) if args.quick else INTERFERENCE_PROMPT
         self.output_len = 8 if args.quick else INTERFERENCE_OUTPUT
 
+    def other_arms_cpu(self, arm: Arm) -> float:
+        return sum(p.cpu_seconds() for a in self.arms if a is not arm for p in a.procs)
+
     def elapsed(self) -> float:
         return time.monotonic() - self.t_start
 
@@ -133,10 +136,12 @@ class Bench:
             cpu0 = {p.name: p.cpu_seconds() for p in arm.procs}
             me0 = sum(self.me.cpu_times()[:2])
             sys0 = busy_cpu_seconds()
+            idle0 = self.other_arms_cpu(arm)
             records = await run_workload(arm.url, self.model_name, spec, reqs,
                                          timeout_s=self.args.request_timeout_s)
             me1 = sum(self.me.cpu_times()[:2])
             sys1 = busy_cpu_seconds()
+            idle1 = self.other_arms_cpu(arm)
             cpu1 = {p.name: p.cpu_seconds() for p in arm.procs}
             after = {p.name: await scrape(s, p.url) for p in arm.workers}
             h1 = {p.name: await kv_health(s, p.url) for p in arm.workers if p.role == "decode"}
@@ -148,7 +153,9 @@ class Bench:
                 "records": records, "cpu_s": {k: cpu1[k] - cpu0[k] for k in cpu0},
                 "loadgen_cpu_s": me1 - me0, "kv": kv,
                 # CPU the whole machine was busy with, to tell how much was not this benchmark.
-                "machine_busy_cpu_s": sys1 - sys0}
+                "machine_busy_cpu_s": sys1 - sys0,
+                # The arms not under test, idle: an idle arm that polls steals from this one.
+                "idle_arms_cpu_s": idle1 - idle0}
 
     async def calibrate(self, colo: Arm) -> dict[str, Any]:
         """Isolated prefill and decode-step times, and the colocated arm's capacity."""
@@ -287,8 +294,9 @@ class Bench:
             sm["router_cpu_ms_per_request"] = 1000 * run["cpu_s"].get("router", 0.0) / n
             sm["worker_cpu_cores"] = {k: v / dur for k, v in run["cpu_s"].items() if k != "router"}
             sm["text_mismatches"] = len(run["text_mismatches"])
-            ours = sum(run["cpu_s"].values()) + run["loadgen_cpu_s"]
+            ours = sum(run["cpu_s"].values()) + run["loadgen_cpu_s"] + run["idle_arms_cpu_s"]
             sm["other_cpu_cores"] = max(0.0, run["machine_busy_cpu_s"] - ours) / dur
+            sm["idle_arms_cpu_cores"] = run["idle_arms_cpu_s"] / dur
             runs_out.append({k: v for k, v in run.items() if k != "records"}
                             | {"summary": sm, "records": [r.to_dict() for r in recs]})
         return {
