@@ -330,12 +330,15 @@ def busy_cpu_seconds() -> float:
 
 
 def schedule(specs: list[WorkloadSpec], reps: int) -> list[tuple[WorkloadSpec, int]]:
-    """(workload, repetition) in run order: two repetitions of the open-loop interference
-    workloads first (they carry the claim), then the rest, then further repetitions."""
+    """(workload, repetition) in run order: one repetition of every workload first (the
+    open-loop interference workloads, which carry the claim, leading), then a second of the
+    interference workloads, then the remaining repetitions. Coverage first: on a slow machine
+    the budget runs out before the later repetitions, never before a workload was measured."""
     inter = [s for s in specs if s.mode == "poisson"]
     rest = [s for s in specs if s.mode != "poisson"]
-    order = [(s, r) for r in range(min(2, reps)) for s in inter]
-    order += [(s, r) for r in range(min(2, reps)) for s in rest]
+    order = [(s, 0) for s in inter + rest] if reps >= 1 else []
+    order += [(s, 1) for s in inter] if reps >= 2 else []
+    order += [(s, 1) for s in rest] if reps >= 2 else []
     order += [(s, r) for r in range(2, reps) for s in specs]
     return order
 
