@@ -34,6 +34,7 @@ import yaml
 from tandem.testing.chart import CHART_DIR, REPO_ROOT, find, render
 from tandem.testing.cluster import POOL_LABEL, free_port, wait_until
 from tandem.testing.pod_security import restricted_violations
+from tandem.testing.rbac import rbac_denials
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -41,9 +42,6 @@ RELEASE = "tandem-e2e"
 CRD_NAME = "inferenceservices.tandem.dev"
 EXAMPLE = REPO_ROOT / "examples" / "gpu-roce.yaml"
 PSA = "pod-security.kubernetes.io/enforce"
-# A refusal (HTTP 403, "... is forbidden: User ... cannot ...") or kopf's "Not enough
-# permissions" warning anywhere in the operator's log: the chart's RBAC is missing something.
-FORBIDDEN_MARKERS = ("Forbidden", "forbidden", "Not enough permissions")
 
 
 def kubectl_json(k8s, *args: str) -> Any:
@@ -394,7 +392,8 @@ def test_helm_install_then_apply_an_example_serves_it_and_uninstall_cleans_up(
             k8s.kubectl("delete", "pv", pv, "--wait=false", check=False)
 
     log = operator_log.read_text(errors="replace")
-    denied_lines = [line for line in log.splitlines()
-                    if any(m in line for m in FORBIDDEN_MARKERS)]
+    # An authorization refusal or kopf's "Not enough permissions" anywhere in the operator's
+    # log: the chart's RBAC is missing something (tandem.testing.rbac says what counts).
+    denied_lines = rbac_denials(log)
     assert not denied_lines, "the operator hit missing permissions:\n" + "\n".join(denied_lines)
     print(f"CRD existed before install: {crd_existed}; Ready {ready_after:.1f}s after apply")
