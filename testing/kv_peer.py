@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 import torch
 from aiohttp import web
+from tandem.testing.worker_process import ChildProcess
 from tandem.worker.kv.base import KVTransferConfig, KVTransferError, KVTransport
 from tandem.worker.kv.layout import KVLayout
 from tandem.worker.kv.registry import create_transport
@@ -187,24 +188,23 @@ class KVPeer:
         await self.transport.close()
 
 
-class KVPeerProcess:
+class KVPeerProcess(ChildProcess):
     """A KVPeer in its own process (`python -m tandem.testing.kv_peer`), so tests can kill it."""
 
     def __init__(self, backend: str, layout: KVLayout, engine_id: str, *, port: int = 0,
                  timeout_s: float = 10.0, lease_s: float = 30.0, fill: bool = True,
                  env: dict[str, str] | None = None, tcp_port: int = 0,
                  extra: dict[str, Any] | None = None):
-        self.args = [sys.executable, "-m", "tandem.testing.kv_peer", "--backend", backend,
-                     "--layout", json.dumps(layout.to_dict()), "--engine-id", engine_id,
-                     "--port", str(port), "--timeout-s", str(timeout_s), "--lease-s", str(lease_s),
-                     "--tcp-port", str(tcp_port), "--extra", json.dumps(extra or {})]
-        self.args += [] if fill else ["--no-fill"]
-        self.env = os.environ | {"UCX_TLS": "tcp", "OMP_NUM_THREADS": "1"} | (env or {})
-        self.proc: subprocess.Popen | None = None
-        self.url = ""
+        argv = [sys.executable, "-m", "tandem.testing.kv_peer", "--backend", backend,
+                "--layout", json.dumps(layout.to_dict()), "--engine-id", engine_id,
+                "--port", str(port), "--timeout-s", str(timeout_s), "--lease-s", str(lease_s),
+                "--tcp-port", str(tcp_port), "--extra", json.dumps(extra or {})]
+        argv += [] if fill else ["--no-fill"]
+        super().__init__("kv-peer", argv, os.environ | {"UCX_TLS": "tcp", "OMP_NUM_THREADS": "1"} | (env or {}))
 
     def start(self, ready_timeout_s: float = 60.0) -> str:
-        self.proc = subprocess.Popen(self.args, env=self.env, stdout=subprocess.PIPE, text=True)
+        # Not launch(): the peer announces its URL on stdout ("READY <url>").
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE, text=True)
         deadline = time.monotonic() + ready_timeout_s
         assert self.proc.stdout is not None
         while time.monotonic() < deadline:
@@ -242,22 +242,8 @@ class KVPeerProcess:
     async def health(self) -> dict[str, Any]:
         return await self._call("GET", "/internal/kv/health")
 
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+    def stop(self, timeout_s: float = 10.0) -> None:
+        super().stop(timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:
