@@ -36,9 +36,9 @@ FROM base AS source
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY cli/ cli/
+COPY contracts/ contracts/
 COPY operator/ operator/
 COPY worker/ worker/
-COPY testing/ testing/
 
 # ---------------------------------------------------------------------------------------------
 # operator-build: the operator extra only; torch is never installed here.

@@ -11,6 +11,7 @@ from setuptools import setup
 
 ROOTS = {
     "tandem.cli": "cli",
+    "tandem.contracts": "contracts",  # what crosses a process boundary; imports nothing heavy
     "tandem.operator": "operator",
     "tandem.worker": "worker",
     "tandem.testing": "testing",  # control-plane harness and toy model, shared by tests and bench
@@ -18,7 +19,7 @@ ROOTS = {
 
 
 def _packages() -> tuple[list[str], dict[str, str]]:
-    """Every folder under the three roots that holds Python files becomes a package."""
+    """Every folder under the roots that holds Python files becomes a package."""
     here = Path(__file__).parent
     packages, package_dir = [], {}
     for name, folder in ROOTS.items():

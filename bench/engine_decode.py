@@ -4,7 +4,7 @@ batch 1 against the memory-bandwidth bound, on one CPU thread (or the GPU when a
     .venv/bin/python -m bench.engine_decode [--out bench/out/engine_decode.json]
 
 Model: a random ~40M-parameter Llama (8 layers, hidden 512, 8 heads / 4 KV heads, fp32) built by
-tandem.testing.toy_model. Throughput = output tokens / wall time of the whole request (prefill
+tandem.worker.local.toy_model. Throughput = output tokens / wall time of the whole request (prefill
 included), the same measure for both. Step time = time per decode step once prompts are in.
 The bound: one decode step must read every weight once, so it takes at least model bytes /
 DRAM bandwidth, measured here by copying a large tensor (bandwidth counts read + write bytes).
@@ -75,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-    from tandem.testing.toy_model import make_toy_model
     from tandem.worker.engine.config import EngineConfig
     from tandem.worker.engine.engine import Engine
     from tandem.worker.engine.loader import load_model
+    from tandem.worker.local.toy_model import make_toy_model
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(args.threads)

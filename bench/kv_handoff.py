@@ -242,7 +242,7 @@ async def engine_ttft(model_path: Path, backend: str, prompts: list[int]) -> dic
 async def main_async(a: argparse.Namespace) -> dict:
     import torch
     from tandem.testing.kv_peer import BENCH_LAYOUT
-    from tandem.testing.toy_model import make_toy_model
+    from tandem.worker.local.toy_model import make_toy_model
 
     torch.set_num_threads(1)
     layout = BENCH_LAYOUT

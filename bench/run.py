@@ -92,7 +92,7 @@ def ensure_model(cfg: dict[str, int]) -> Path:
     path = Path.home() / ".cache" / "tandem" / "models" / f"bench-llama-{key.hexdigest()[:12]}"
     if not (path / HEAD_MARKER).is_file():
         print(f"building the benchmark model at {path} ...", flush=True)
-        code = ("import json,sys; from tandem.testing.toy_model import make_toy_model; "
+        code = ("import json,sys; from tandem.worker.local.toy_model import make_toy_model; "
                 "make_toy_model(sys.argv[1], **json.loads(sys.argv[2]))")
         subprocess.run([sys.executable, "-c", code, str(path), json.dumps(cfg)], check=True)
         subprocess.run([sys.executable, "-c", RESTRICT_HEAD, str(path)], check=True)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from tandem.operator.config import FIELD_MANAGER, GROUP, LABEL_ROLE, LABEL_SERVICE, PLURAL, VERSION
+from tandem.contracts.names import GROUP, LABEL_ROLE, LABEL_SERVICE, PLURAL, VERSION
+from tandem.operator.config import FIELD_MANAGER
 from tandem.operator.status import Observation, RoleObservation
 
 log = logging.getLogger(__name__)

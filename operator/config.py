@@ -8,29 +8,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-GROUP = "tandem.dev"
-VERSION = "v1alpha1"
-PLURAL = "inferenceservices"
-KIND = "InferenceService"
-API_VERSION = f"{GROUP}/{VERSION}"
-
 # One field manager for every server-side apply the operator makes.
 FIELD_MANAGER = "tandem-operator"
-
-# Labels every child carries; tandem.dev/service + tandem.dev/role select a role's pods.
-LABEL_NAME = "app.kubernetes.io/name"
-LABEL_INSTANCE = "app.kubernetes.io/instance"
-LABEL_COMPONENT = "app.kubernetes.io/component"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_SERVICE = "tandem.dev/service"
-LABEL_ROLE = "tandem.dev/role"
-LABEL_GENERATION = "tandem.dev/generation"
-ANNOTATION_CONFIG_HASH = "tandem.dev/config-hash"
-MANAGED_BY = "tandem-operator"
-
-# Ports inside the pods (the router Service's port comes from the spec).
-WORKER_PORT = 8000
-ROUTER_PORT = 8000
 
 DEFAULT_IMAGE_REPOSITORY = "ghcr.io/tandem-dev/tandem-worker"
 DEFAULT_IMAGE_TAG = "0.1.0"

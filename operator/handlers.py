@@ -22,8 +22,7 @@ from typing import Any
 import kopf
 from kubernetes import client
 from kubernetes import config as kube_config
-from tandem.operator import apply, probe
-from tandem.operator.config import (
+from tandem.contracts.names import (
     GROUP,
     LABEL_MANAGED_BY,
     LABEL_SERVICE,
@@ -31,6 +30,7 @@ from tandem.operator.config import (
     PLURAL,
     VERSION,
 )
+from tandem.operator import apply, probe
 from tandem.operator.reconcile import reconcile, refresh_status
 from tandem.operator.status import KVProbe
 

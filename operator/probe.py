@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
-from tandem.operator.config import WORKER_PORT
+from tandem.contracts.kv_health import KVHealth
+from tandem.contracts.names import pod_ready, pod_url
 from tandem.operator.status import KVProbe, Observation
 
 HEALTH_PATH = "/internal/kv/health"
@@ -29,36 +29,15 @@ class Target:
     url: str
 
 
-def _pod_ready(pod: dict[str, Any]) -> bool:
-    status = pod.get("status") or {}
-    conditions = status.get("conditions") or []
-    return (
-        not pod["metadata"].get("deletionTimestamp")
-        and bool(status.get("podIP"))
-        and any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-    )
-
-
-def _worker_port(pod: dict[str, Any]) -> int:
-    """The container port named http (what render gives workers), else the default worker port."""
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        for port in container.get("ports") or []:
-            if port.get("name") == "http":
-                return int(port["containerPort"])
-    return WORKER_PORT
-
-
 def targets(obs: Observation) -> list[Target]:
     """Every ready prefill and decode pod; pods still starting are not asked (their Ready says it)."""
     out = []
     for role in WORKER_ROLES:
         ro = obs.roles.get(role)
         for pod in ro.pods if ro else []:
-            if _pod_ready(pod):
-                ip = pod["status"]["podIP"]
-                host = f"[{ip}]" if ":" in ip else ip
-                url = f"http://{host}:{_worker_port(pod)}{HEALTH_PATH}"
-                out.append(Target(pod["metadata"]["name"], role, url))
+            url = pod_url(pod)
+            if pod_ready(pod) and url is not None:
+                out.append(Target(pod["metadata"]["name"], role, url + HEALTH_PATH))
     return sorted(out, key=lambda t: (t.role, t.pod))
 
 
@@ -72,9 +51,10 @@ async def _probe(session: aiohttp.ClientSession, target: Target) -> KVProbe:
         return KVProbe(target.pod, target.role, error=f"no answer from {target.url} in time")
     except (aiohttp.ClientError, OSError, ValueError) as e:
         return KVProbe(target.pod, target.role, error=f"{target.url}: {e or type(e).__name__}")
-    if not isinstance(health, dict):
-        return KVProbe(target.pod, target.role, error=f"{target.url} answered no JSON object")
-    return KVProbe(target.pod, target.role, health=health)
+    try:
+        return KVProbe(target.pod, target.role, health=KVHealth.from_dict(health))
+    except (TypeError, ValueError, AttributeError):
+        return KVProbe(target.pod, target.role, error=f"{target.url} answered no KV health document")
 
 
 async def probe_all(found: list[Target], timeout_s: float) -> list[KVProbe]:

@@ -18,7 +18,7 @@ import json
 from typing import Any
 
 import yaml
-from tandem.operator.config import (
+from tandem.contracts.names import (
     ANNOTATION_CONFIG_HASH,
     API_VERSION,
     KIND,
@@ -32,8 +32,8 @@ from tandem.operator.config import (
     MANAGED_BY,
     ROUTER_PORT,
     WORKER_PORT,
-    OperatorConfig,
 )
+from tandem.operator.config import OperatorConfig
 
 WORKER_ROLES = ("prefill", "decode")
 CONFIG_DIR = "/etc/tandem"

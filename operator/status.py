@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.contracts.kv_health import KVHealth
+
 ROLES = ("prefill", "decode", "router")
 CONDITION_FOR = {"prefill": "PrefillReady", "decode": "DecodeReady", "router": "RouterReady"}
 
@@ -40,7 +42,7 @@ class KVProbe:
 
     pod: str
     role: str
-    health: dict[str, Any] | None = None
+    health: KVHealth | None = None
     error: str | None = None  # why the probe got no answer
 
 
@@ -156,25 +158,21 @@ def kv_condition(spec: dict, probes: list[KVProbe] | None) -> dict[str, str]:
     if not probes:
         return condition(type_, "Unknown", "NoWorkers", "no prefill or decode pod is ready to probe")
     # A worker still loading its model (or run with --kv-backend none) answers without a transport.
-    answered = [p for p in probes if p.health is not None and "healthy" in p.health]
-    failing = [p for p in answered if p.health.get("healthy") is False]
+    answered = [p for p in probes if p.health is not None and p.health.healthy is not None]
+    failing = [p for p in answered if p.health.healthy is False]
     if failing:
-        parts = []
-        for p in failing:
-            h = p.health
-            failures = sum((h.get("failures_total") or {}).values())
-            parts.append(f"pod {p.pod} ({p.role}): {_plural(failures, 'failed transfer')}, "
-                         f"last error: {h.get('last_error') or 'unknown'}")
+        parts = [f"pod {p.pod} ({p.role}): {_plural(p.health.failures, 'failed transfer')}, "
+                 f"last error: {p.health.last_error or 'unknown'}" for p in failing]
         return condition(type_, "False", "TransferFailing",
                          "KV handoffs are failing: " + "; ".join(parts))
     if (spec.get("kvTransfer") or {}).get("rdma"):
-        fallen = [p for p in answered if (p.health.get("transport") or {}).get("rdma") is False]
+        fallen = [p for p in answered if p.health.transport is not None and not p.health.transport.rdma]
         if fallen:
             parts = []
             for p in fallen:
-                t = p.health.get("transport") or {}
-                why = t.get("reason") or t.get("detected_by") or "no reason given"
-                parts.append(f"pod {p.pod} ({p.role}) uses {t.get('network') or 'tcp'}: {why}")
+                t = p.health.transport
+                why = t.reason or t.detected_by or "no reason given"
+                parts.append(f"pod {p.pod} ({p.role}) uses {t.network or 'tcp'}: {why}")
             return condition(type_, "False", "RDMAFallback",
                              "kvTransfer.rdma is set but KV moves without RDMA: " + "; ".join(parts))
     unreachable = [p for p in probes if p not in answered]
@@ -186,8 +184,8 @@ def kv_condition(spec: dict, probes: list[KVProbe] | None) -> dict[str, str]:
                          "cannot read /internal/kv/health of " + "; ".join(parts))
     paths: dict[str, int] = {}
     for p in answered:
-        t = p.health.get("transport") or {}
-        path = f"{p.health.get('backend', 'unknown')} over {t.get('network') or 'unknown'}"
+        network = p.health.transport.network if p.health.transport else "unknown"
+        path = f"{p.health.backend} over {network}"
         paths[path] = paths.get(path, 0) + 1
     summary = "; ".join(f"{_plural(n, 'worker')} report{'s' if n == 1 else ''} {path}"
                         for path, n in sorted(paths.items()))

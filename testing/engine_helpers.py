@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.worker.protocol import GenerateRequest, SamplingParams
+from tandem.contracts.protocol import GenerateRequest, SamplingParams
 
 
 def greedy(max_tokens: int, **kw: Any) -> SamplingParams:

@@ -26,11 +26,11 @@ from typing import Any
 import aiohttp
 import torch
 from aiohttp import web
+from tandem.contracts.kv_layout import KVLayout
+from tandem.contracts.protocol import KVSource
 from tandem.testing.worker_process import ChildProcess
 from tandem.worker.kv.base import KVTransferConfig, KVTransferError, KVTransport
-from tandem.worker.kv.layout import KVLayout
 from tandem.worker.kv.registry import create_transport
-from tandem.worker.protocol import KVSource
 
 # Small blocks (8 KiB) for correctness tests: thousands of tokens stay cheap.
 SMALL_LAYOUT = KVLayout(num_blocks=1024, num_layers=2, block_size=16, num_kv_heads=2, head_dim=16,
@@ -149,7 +149,7 @@ class KVPeer:
         return web.json_response(self.transport.metadata())
 
     async def _h_health(self, _: web.Request) -> web.Response:
-        return web.json_response(self.transport.health())
+        return web.json_response(self.transport.health().to_dict())
 
     async def _h_blocks(self, _: web.Request) -> web.Response:
         return web.json_response({"free": len(self.free), "total": self.layout.num_blocks,

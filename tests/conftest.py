@@ -12,7 +12,7 @@ import pytest
 @pytest.fixture(scope="session")
 def toy_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight Llama model + tokenizer in Hugging Face format, built once per session."""
-    from tandem.testing.toy_model import make_toy_model
+    from tandem.worker.local.toy_model import make_toy_model
 
     return make_toy_model(tmp_path_factory.getbasetemp() / "toy-llama")
 

@@ -204,6 +204,8 @@ def test_dockerignore_keeps_only_what_the_build_copies() -> None:
     assert copied == included
     for path in copied:
         assert (REPO / path).exists(), f"COPY {path}: not in the repository"
+    # The images ship the product only: no test harness, no tests.
+    assert not copied & {"testing", "tests", "bench"}
 
 
 def test_operator_image_default_command_is_accepted_by_tandem_operator(dockerfile) -> None:

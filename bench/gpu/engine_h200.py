@@ -2,7 +2,7 @@
 
 Two parts, one JSON (OUTDIR/engine_h200.json):
 
-  parity   the toy Llama (tandem.testing.toy_model) in float32 on CUDA (TF32 off): Tandem's
+  parity   the toy Llama (tandem.worker.local.toy_model) in float32 on CUDA (TF32 off): Tandem's
            paged engine, several prompts batched, against transformers' greedy generate, token
            for token. The CPU suite checks the same on the CPU; this checks the CUDA path.
   decode   a random-initialised Llama-3.1-8B shape in bf16, built on the device (no download):
@@ -66,10 +66,10 @@ def tandem_greedy(engine, prompts: list[list[int]], new_tokens: int, tag: str):
 
 
 def parity(torch, out: dict) -> None:
-    from tandem.testing.toy_model import make_toy_model
     from tandem.worker.engine.config import EngineConfig
     from tandem.worker.engine.engine import Engine
     from tandem.worker.engine.loader import load_model
+    from tandem.worker.local.toy_model import make_toy_model
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -93,10 +93,10 @@ def parity(torch, out: dict) -> None:
 
 
 def decode_8b(torch, out: dict) -> None:
-    from tandem.testing.toy_model import make_toy_model
     from tandem.worker.engine.config import EngineConfig
     from tandem.worker.engine.engine import Engine
     from tandem.worker.engine.loader import LoadedModel
+    from tandem.worker.local.toy_model import make_toy_model
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,

@@ -6,6 +6,7 @@ import asyncio
 import socket
 
 from aiohttp import web
+from tandem.contracts.kv_health import KVHealth, TransportInfo
 from tandem.operator.probe import HEALTH_PATH, Target, probe_all, targets
 from tandem.operator.status import (
     KVProbe,
@@ -19,9 +20,10 @@ TCP = {"kvTransfer": {"backend": "tcp"}}
 RDMA = {"kvTransfer": {"backend": "nixl", "rdma": {"resourceName": "rdma/rdma_shared_device_a", "count": 1}}}
 
 
-def _health(backend="tcp", healthy=True, rdma=False, network="tcp", **extra):
-    transport = {"rdma": rdma, "network": network, "reason": "no RDMA device in /sys/class/infiniband"}
-    return {"backend": backend, "healthy": healthy, "transport": transport, **extra}
+def _health(backend="tcp", healthy=True, rdma=False, network="tcp", **extra) -> KVHealth:
+    transport = TransportInfo(rdma=rdma, network=network, detected_by="test",
+                              reason="no RDMA device in /sys/class/infiniband")
+    return KVHealth(backend=backend, healthy=healthy, transport=transport, **extra)
 
 
 def test_not_probed_when_probing_is_off():
@@ -68,7 +70,7 @@ def test_unreachable_names_the_pod():
     assert (c["status"], c["reason"]) == ("Unknown", "Unreachable")
     assert "svc-decode-b" in c["message"] and "refused" in c["message"]
     # a worker still loading its model answers, but has no transport to judge yet
-    loading = [KVProbe("svc-decode-b", "decode", {"backend": "none", "ok": False})]
+    loading = [KVProbe("svc-decode-b", "decode", KVHealth(backend="none"))]
     c = kv_condition(TCP, loading)
     assert (c["reason"], "svc-decode-b" in c["message"]) == ("Unreachable", True)
 
@@ -105,11 +107,11 @@ def test_targets_are_the_ready_worker_pods():
 
 async def test_probe_all_reports_answers_and_failures_concurrently():
     async def health(_):
-        return web.json_response(_health())
+        return web.json_response(_health().to_dict())
 
     async def slow(_):
         await asyncio.sleep(5)
-        return web.json_response(_health())
+        return web.json_response(_health().to_dict())
 
     app = web.Application()
     app.router.add_get(HEALTH_PATH, health)
@@ -134,6 +136,6 @@ async def test_probe_all_reports_answers_and_failures_concurrently():
     finally:
         await runner.cleanup()
     by_pod = {p.pod: p for p in got}
-    assert by_pod["ok"].health["healthy"] is True and by_pod["ok"].error is None
+    assert by_pod["ok"].health.healthy is True and by_pod["ok"].error is None
     assert by_pod["slow"].health is None and "in time" in by_pod["slow"].error
     assert by_pod["gone"].health is None and str(closed) in by_pod["gone"].error

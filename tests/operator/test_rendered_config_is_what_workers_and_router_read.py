@@ -10,7 +10,7 @@ import argparse
 from tandem.operator.render import config_files
 
 
-def _worker_settings(tmp_path, text: str) -> dict:
+def _worker_settings(tmp_path, text: str):
     from tandem.worker.server.cli import add_arguments, resolve_settings
 
     path = tmp_path / "worker.yaml"
@@ -25,12 +25,12 @@ def test_worker_reads_each_role_file(tmp_path, defaulted, examples):
     files = config_files("llama-8b", "serving", spec)
     for role in ("prefill", "decode"):
         s = _worker_settings(tmp_path, files[f"{role}.yaml"])
-        assert s["role"] == role and s["model"] == "/models"
-        assert s["served_name"] == "meta-llama/Llama-3.1-8B-Instruct"
-        assert s["dtype"] == "bfloat16" and s["max_model_len"] == 8192
-        assert s["kv_backend"] == "nixl" and s["block_size"] == 16
-        assert s["max_num_seqs"] == spec[role]["engine"]["maxNumSeqs"]
-        assert s["kv_memory_fraction"] == spec[role]["engine"]["kvMemoryFraction"]
+        assert s.role == role and s.model == "/models"
+        assert s.served_name == "meta-llama/Llama-3.1-8B-Instruct"
+        assert s.dtype == "bfloat16" and s.max_model_len == 8192
+        assert s.kv_backend == "nixl" and s.block_size == 16
+        assert s.max_num_seqs == spec[role]["engine"]["maxNumSeqs"]
+        assert s.kv_memory_fraction == spec[role]["engine"]["kvMemoryFraction"]
 
 
 def test_router_reads_its_file(tmp_path, defaulted, examples):

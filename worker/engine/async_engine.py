@@ -39,9 +39,6 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30)
 
-    def wake(self) -> None:
-        self._wake.set()
-
     def _run(self) -> None:
         eng = self.engine
         while not self._stopping:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from tandem.contracts.protocol import FinishReason, GenerateRequest, SamplingParams
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.config import EngineConfig
 from tandem.worker.engine.detokenizer import IncrementalDetokenizer
@@ -25,7 +26,6 @@ from tandem.worker.engine.paged_forward import BatchItem, PagedForward, kv_layou
 from tandem.worker.engine.sampling import sample
 from tandem.worker.engine.scheduler import Scheduler
 from tandem.worker.engine.sequence import SeqOutput, SeqStatus, Sequence
-from tandem.worker.protocol import FinishReason, GenerateRequest, SamplingParams
 
 log = logging.getLogger("tandem.worker.engine")
 
@@ -222,7 +222,7 @@ class Engine:
             seq.block_table = list(block_ids)
             seq.num_computed = len(seq.prompt_ids) + len(seq.output_ids)
             self.stats.prompt_tokens_total += len(seq.prompt_ids)
-            out = self._append_token(seq, first_token_id, None)
+            out = self._append_token(seq, first_token_id)
             if seq.finished:
                 self.allocator.free(seq.block_table)
                 seq.block_table = []
@@ -294,7 +294,7 @@ class Engine:
         try:
             logits = self.runner.forward(items)
             sampled = [c for c in chunks if c.sample]
-            tokens, logprobs = sample(
+            tokens = sample(
                 logits, [c.seq.params for c in sampled], [c.seq.seed for c in sampled],
                 [len(c.seq.output_ids) for c in sampled])
         except Exception as e:  # noqa: BLE001 - fail the batch, keep serving
@@ -304,16 +304,16 @@ class Engine:
         emits: list[tuple[Sequence, SeqOutput]] = []
         with self.lock:
             self._in_flight = set()
-            it = iter(zip(tokens, logprobs, strict=True))
+            it = iter(tokens)
             for c in chunks:
                 seq = c.seq
                 seq.num_computed += c.num_tokens
                 if not c.sample:
                     continue
-                tok, lp = next(it)
+                tok = next(it)
                 if seq.finished:
                     continue
-                emits.append((seq, self._append_token(seq, tok, lp)))
+                emits.append((seq, self._append_token(seq, tok)))
             for rid in self._abort_after_step:
                 seq = self.seqs.get(rid)
                 if seq is not None:
@@ -328,7 +328,7 @@ class Engine:
             self._emit(seq, out)
         return n
 
-    def _append_token(self, seq: Sequence, tok: int, lp: float | None) -> SeqOutput:
+    def _append_token(self, seq: Sequence, tok: int) -> SeqOutput:
         """Add a sampled token, apply the stop rules, finish or lease the sequence; under the lock."""
         seq.output_ids.append(tok)
         self.stats.generation_tokens_total += 1
@@ -342,7 +342,7 @@ class Engine:
             reason = FinishReason.STOP
         if reason is None and (len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= seq.max_total_len):
             reason = FinishReason.LENGTH
-        out = SeqOutput(seq.request_id, token_ids=[tok], logprobs=[lp] if lp is not None else [])
+        out = SeqOutput(seq.request_id, token_ids=[tok])
         if reason is not None:
             self._finish(seq, reason)
             out.text, out.finished, out.finish_reason = seq.detok.take(final=True), True, reason

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class RequestError(ValueError):
     """A request the engine refuses; the server turns it into a 4xx/5xx OpenAI-format error."""
@@ -22,9 +20,6 @@ class RequestError(ValueError):
         self.type = type_
         self.param = param
         self.code = code
-
-    def to_error(self) -> dict[str, Any]:
-        return {"message": str(self), "type": self.type, "param": self.param, "code": self.code}
 
 
 class ModelLoadError(RuntimeError):

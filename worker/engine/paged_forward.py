@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from tandem.worker.kv.layout import KVLayout
+from tandem.contracts.kv_layout import KVLayout
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 

@@ -7,7 +7,7 @@ the same tokens whether its first token came from a prefill worker, after a pree
 from __future__ import annotations
 
 import torch
-from tandem.worker.protocol import SamplingParams
+from tandem.contracts.protocol import SamplingParams
 
 _MASK64 = (1 << 63) - 1
 
@@ -32,16 +32,13 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], indices: list[int]
-) -> tuple[list[int], list[float]]:
-    """Next token and its logprob (under the model's unmodified distribution) for each row."""
-    logits = logits.float()
-    logprobs = torch.log_softmax(logits, dim=-1)
+) -> list[int]:
+    """The next token for each row: argmax for greedy rows, a seeded draw for the others."""
     chosen = torch.argmax(logits, dim=-1)
     for i, p in enumerate(params):
         if p.temperature <= 0.0:
             continue
-        row = filter_logits(logits[i] / p.temperature, p.top_k, p.top_p)
+        row = filter_logits(logits[i].float() / p.temperature, p.top_k, p.top_p)
         gen = torch.Generator(device=logits.device).manual_seed(step_seed(seeds[i], indices[i]))
         chosen[i] = torch.multinomial(torch.softmax(row, dim=-1), 1, generator=gen)[0]
-    token_lp = logprobs.gather(1, chosen[:, None])[:, 0]
-    return chosen.tolist(), token_lp.tolist()
+    return chosen.tolist()

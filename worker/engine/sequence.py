@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.worker.protocol import FinishReason, SamplingParams
+from tandem.contracts.protocol import FinishReason, SamplingParams
 
 
 class SeqStatus(enum.StrEnum):
@@ -24,7 +24,6 @@ class SeqOutput:
     request_id: str
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    logprobs: list[float] = field(default_factory=list)
     finished: bool = False
     finish_reason: FinishReason | None = None
     error: dict[str, Any] | None = None

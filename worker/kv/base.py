@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tandem.worker.kv.layout import KVLayout
-from tandem.worker.protocol import KVSource
+from tandem.contracts.kv_health import KVHealth
+from tandem.contracts.kv_layout import KVLayout
+from tandem.contracts.protocol import KVSource
 
 if TYPE_CHECKING:  # torch is only needed by the workers that hold a pool
     import torch
@@ -91,5 +92,5 @@ class KVTransport(abc.ABC):
         signal the prefill side. Raises KVTransferError within config.timeout_s on failure."""
 
     @abc.abstractmethod
-    def health(self) -> dict[str, Any]:
+    def health(self) -> KVHealth:
         """Served at /internal/kv/health: last success, failures, bandwidth, transport in use."""

@@ -17,9 +17,9 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from tandem.contracts.kv_health import KVHealth, TransportInfo
 
 # UCX transport names that move bytes over RDMA hardware (verbs, mlx5 accelerated, EFA).
 RDMA_TLS = {"rc", "rc_v", "rc_x", "rc_verbs", "rc_mlx5", "dc", "dc_x", "dc_mlx5", "ud", "ud_v",
@@ -68,7 +68,7 @@ def metrics_for(registry: CollectorRegistry | None = None) -> _Metrics:
 
 
 def detect_ucx_transport(env: dict[str, str] | None = None,
-                         sysfs: Path = Path("/sys/class/infiniband")) -> dict[str, Any]:
+                         sysfs: Path = Path("/sys/class/infiniband")) -> TransportInfo:
     """Which network transport UCX will pick, from the UCX settings in effect and the RDMA devices present.
 
     UCX uses RDMA only when its UCX_TLS allows an RDMA transport (unset or "all"
@@ -101,15 +101,15 @@ def detect_ucx_transport(env: dict[str, str] | None = None,
         reason = "no RDMA device in /sys/class/infiniband (or none matching UCX_NET_DEVICES): UCX uses TCP"
     else:
         reason = f"UCX_TLS={tls_raw} excludes every RDMA transport: UCX uses TCP"
-    return {
-        "rdma": rdma,
-        "network": "rdma" if rdma else "tcp",
-        "ucx_tls": tls_raw or None,
-        "ucx_net_devices": net_devices or None,
-        "rdma_devices": devices,
-        "detected_by": "UCX_TLS/UCX_NET_DEVICES in the environment + RDMA devices in /sys/class/infiniband",
-        "reason": reason,
-    }
+    return TransportInfo(
+        rdma=rdma,
+        network="rdma" if rdma else "tcp",
+        ucx_tls=tls_raw or None,
+        ucx_net_devices=net_devices or None,
+        rdma_devices=devices,
+        detected_by="UCX_TLS/UCX_NET_DEVICES in the environment + RDMA devices in /sys/class/infiniband",
+        reason=reason,
+    )
 
 
 class TransferHealth:
@@ -118,13 +118,13 @@ class TransferHealth:
     RECENT = 32  # transfers averaged for the effective bandwidth
 
     def __init__(self, backend: str, engine_id: str, registry: CollectorRegistry | None = None,
-                 transport: dict[str, Any] | None = None):
+                 transport: TransportInfo | None = None):
         self.backend = backend
         self.engine_id = engine_id
         self.metrics = metrics_for(registry)
-        self.transport = transport or {"rdma": False, "network": backend,
-                                       "detected_by": f"the {backend} backend never uses RDMA"}
-        self.metrics.rdma.labels(backend).set(1 if self.transport.get("rdma") else 0)
+        self.transport = transport or TransportInfo(
+            rdma=False, network=backend, detected_by=f"the {backend} backend never uses RDMA")
+        self.metrics.rdma.labels(backend).set(1 if self.transport.rdma else 0)
         self.started_at = time.time()
         self.last_success: float | None = None
         self.last_failure: float | None = None
@@ -159,23 +159,24 @@ class TransferHealth:
         total_s = sum(s for _, s in self._recent)
         return sum(b for b, _ in self._recent) / total_s if total_s > 0 else None
 
-    def as_dict(self, **extra: Any) -> dict[str, Any]:
+    def report(self, peers: dict[str, str] | None = None, serving: int | None = None) -> KVHealth:
         now = time.time()
         # Healthy unless the latest event is a failure: one success after failures recovers it.
         healthy = self.last_failure is None or (self.last_success or 0) > self.last_failure
-        return {
-            "backend": self.backend,
-            "engine_id": self.engine_id,
-            "healthy": healthy,
-            "last_success_unix": self.last_success,
-            "seconds_since_last_success": None if self.last_success is None else now - self.last_success,
-            "last_failure_unix": self.last_failure,
-            "last_error": self.last_error,
-            "transfers_total": dict(self.successes),
-            "failures_total": dict(self.failures),
-            "bytes_total": dict(self.bytes),
-            "recent_bandwidth_bytes_per_second": self.bandwidth(),
-            "recent_transfers": len(self._recent),
-            "transport": self.transport,
-            **extra,
-        }
+        return KVHealth(
+            backend=self.backend,
+            engine_id=self.engine_id,
+            healthy=healthy,
+            last_success_unix=self.last_success,
+            seconds_since_last_success=None if self.last_success is None else now - self.last_success,
+            last_failure_unix=self.last_failure,
+            last_error=self.last_error,
+            transfers_total=dict(self.successes),
+            failures_total=dict(self.failures),
+            bytes_total=dict(self.bytes),
+            recent_bandwidth_bytes_per_second=self.bandwidth(),
+            recent_transfers=len(self._recent),
+            transport=self.transport,
+            peers=dict(peers or {}),
+            serving=serving,
+        )

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tandem.contracts.kv_layout import KVLayout
+from tandem.contracts.protocol import KVSource
 from tandem.worker.kv.base import KVTransferError
-from tandem.worker.kv.layout import KVLayout
 from tandem.worker.kv.pulling import PullTransport
-from tandem.worker.protocol import KVSource
 
 ENGINES: dict[str, MemoryTransport] = {}
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -41,9 +42,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from tandem.contracts.kv_health import TransportInfo
+from tandem.contracts.kv_layout import KVLayout
 from tandem.worker.kv.base import KVTransferConfig, KVTransferError
 from tandem.worker.kv.health import detect_ucx_transport
-from tandem.worker.kv.layout import KVLayout
 from tandem.worker.kv.pulling import PullTransport
 
 try:  # the upstream wheel is `nixl`; the CPU-only CUDA 12 build installs as `nixl_cu12`
@@ -85,8 +87,8 @@ class NixlTransport(PullTransport):
         self._wake = asyncio.Event()
         self._remote_names: dict[str, str] = {}  # engine_id -> NIXL agent name
 
-    def _transport_info(self) -> dict[str, Any]:
-        return detect_ucx_transport() | {"nixl_backend": "UCX"}
+    def _transport_info(self) -> TransportInfo:
+        return dataclasses.replace(detect_ucx_transport(), nixl_backend="UCX")
 
     async def start(self) -> None:
         def make() -> tuple[Any, Any]:

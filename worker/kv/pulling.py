@@ -34,6 +34,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+from tandem.contracts.kv_health import KVHealth, TransportInfo
+from tandem.contracts.kv_layout import KVLayout
+from tandem.contracts.protocol import REQUEST_ID_HEADER, KVSource
 from tandem.worker.kv.base import (
     KVTransferConfig,
     KVTransferError,
@@ -42,8 +45,6 @@ from tandem.worker.kv.base import (
     TransferStats,
 )
 from tandem.worker.kv.health import TransferHealth
-from tandem.worker.kv.layout import KVLayout
-from tandem.worker.protocol import REQUEST_ID_HEADER, KVSource
 
 if TYPE_CHECKING:
     import torch
@@ -92,10 +93,10 @@ class PullTransport(KVTransport):
 
     # --- backend hooks ------------------------------------------------------------------------
 
-    def _transport_info(self) -> dict[str, Any]:
+    def _transport_info(self) -> TransportInfo:
         """What carries the bytes (RDMA or TCP) and how that was found out, for health()."""
-        return {"rdma": False, "network": self.name,
-                "detected_by": f"the {self.name} backend never uses RDMA"}
+        return TransportInfo(rdma=False, network=self.name,
+                             detected_by=f"the {self.name} backend never uses RDMA")
 
     @abc.abstractmethod
     async def _add_peer(self, md: dict[str, Any]) -> None:
@@ -116,8 +117,8 @@ class PullTransport(KVTransport):
     def _base_metadata(self) -> dict[str, Any]:
         return {"backend": self.name, "engine_id": self.engine_id, "layout": self.layout.to_dict()}
 
-    def health(self) -> dict[str, Any]:
-        return self.kv_health.as_dict(peers={u: m["engine_id"] for u, m in self._peers.items()})
+    def health(self) -> KVHealth:
+        return self.kv_health.report(peers={u: m["engine_id"] for u, m in self._peers.items()})
 
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from tandem.contracts.kv_layout import KVLayout
 from tandem.worker.kv.base import KVTransferConfig, KVTransport
-from tandem.worker.kv.layout import KVLayout
 
 if TYPE_CHECKING:
     import torch

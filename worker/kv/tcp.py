@@ -31,8 +31,9 @@ import struct
 import time
 from typing import TYPE_CHECKING, Any
 
+from tandem.contracts.kv_health import KVHealth
+from tandem.contracts.kv_layout import KVLayout
 from tandem.worker.kv.base import KVTransferConfig, KVTransferError
-from tandem.worker.kv.layout import KVLayout
 from tandem.worker.kv.pulling import PullTransport, pool_bytes
 
 if TYPE_CHECKING:
@@ -116,8 +117,9 @@ class TcpTransport(PullTransport):
     def metadata(self) -> dict[str, Any]:
         return self._base_metadata() | {"tcp_host": self.config.host, "tcp_port": self.port}
 
-    def health(self) -> dict[str, Any]:
-        return super().health() | {"serving": len(self.serving)}
+    def health(self) -> KVHealth:
+        return self.kv_health.report(peers={u: m["engine_id"] for u, m in self._peers.items()},
+                                     serving=len(self.serving))
 
     def source_extra(self) -> dict[str, Any]:
         return {"tcp_host": self.config.host, "tcp_port": self.port}

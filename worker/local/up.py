@@ -87,7 +87,7 @@ def toy_model_dir() -> Path:
     """The default model, built once and cached by its parameters."""
     key = "llama-" + "-".join(f"{k[:3]}{v}" for k, v in DEFAULT_TOY.items()) + f"-v{TOY_VERSION}"
     path = Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem")) / "models" / key
-    from tandem.testing.toy_model import make_toy_model
+    from tandem.worker.local.toy_model import make_toy_model
 
     if not path.exists():
         print(f"building the toy model once into {path} ...", flush=True)

@@ -18,7 +18,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from tandem.worker.protocol import REQUEST_ID_HEADER, Role
+from tandem.contracts.names import Role
+from tandem.contracts.protocol import REQUEST_ID_HEADER
 from tandem.worker.router.config import RouterConfig
 from tandem.worker.router.errors import RouterError, bad_request, no_worker, upstream_failed
 from tandem.worker.router.metrics import RouterMetrics

@@ -88,11 +88,11 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
 
 def run(args: argparse.Namespace) -> int:
     from aiohttp import web
+    from tandem.contracts.logs import configure_logging
     from tandem.worker.router.app import build_app
-    from tandem.worker.router.logs import setup_logging
 
     config = config_from_args(args)
-    setup_logging(config.log_format, config.log_level)
+    configure_logging(config.log_format, config.log_level)
     discovery = None
     if config.kubernetes:
         from kubernetes import client

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.worker.protocol import openai_error
+from tandem.contracts.protocol import openai_error
 
 
 class RouterError(Exception):

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aiohttp
-from tandem.worker.protocol import (
+from tandem.contracts.protocol import (
     NDJSON,
     REQUEST_ID_HEADER,
     EventType,

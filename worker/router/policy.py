@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from tandem.worker.protocol import Role
+from tandem.contracts.names import Role
 
 CHARS_PER_TOKEN = 4
 

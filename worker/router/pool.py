@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
-from tandem.worker.protocol import Role, WorkerInfo
+from tandem.contracts.names import Role
+from tandem.contracts.protocol import WorkerInfo
 from tandem.worker.router.policy import WorkerView
 
 log = logging.getLogger("tandem.router.pool")

@@ -92,7 +92,3 @@ class ResponseShape:
             "usage": usage_dict(prompt_tokens, completion_tokens),
         }
 
-
-def error_event(body: dict[str, Any]) -> bytes:
-    """An error inside a stream that already started: the `openai` client raises APIError on it."""
-    return frame(body)

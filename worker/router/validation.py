@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.worker.protocol import SamplingParams
+from tandem.contracts.protocol import SamplingParams
 from tandem.worker.router.errors import RouterError, bad_request
 
 

@@ -1,1 +1,1 @@
-"""The worker's HTTP server (aiohttp): the internal protocol of tandem.worker.protocol over the engine."""
+"""The worker's HTTP server (aiohttp): the internal protocol of tandem.contracts.protocol over the engine."""

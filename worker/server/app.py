@@ -1,4 +1,4 @@
-"""The worker's aiohttp application: the internal protocol (tandem.worker.protocol) over the engine.
+"""The worker's aiohttp application: the internal protocol (tandem.contracts.protocol) over the engine.
 
 Model endpoints answer 503 until the model is loaded; errors before a stream starts are OpenAI-format
 4xx/5xx bodies; once streaming, a failure ends the NDJSON stream with an error event. A client that
@@ -12,23 +12,28 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from tandem.worker.protocol import (
+from tandem.contracts.kv_health import KVHealth
+from tandem.contracts.names import KVBackend, Role
+from tandem.contracts.protocol import (
     NDJSON,
     REQUEST_ID_HEADER,
     EventType,
     GenerateRequest,
     KVSource,
     PrefillResult,
-    Role,
     StreamEvent,
     WorkerInfo,
     openai_error,
 )
 from tandem.worker.server.metrics import WorkerMetrics
+
+if TYPE_CHECKING:  # torch stays out of the import: the server starts before the model loads
+    from tandem.worker.engine.async_engine import AsyncEngine
+    from tandem.worker.kv.base import KVTransport
 
 log = logging.getLogger("tandem.worker.server")
 
@@ -49,8 +54,8 @@ class WorkerState:
     """What the routes read; the engine and transport appear once start-up has loaded them."""
 
     settings: WorkerSettings
-    engine: Any = None  # AsyncEngine
-    transport: Any = None  # KVTransport
+    engine: AsyncEngine | None = None
+    transport: KVTransport | None = None
     ready: bool = False
     load_error: str | None = None
     started: float = field(default_factory=time.time)
@@ -260,7 +265,6 @@ async def generate(request: web.Request) -> web.StreamResponse:
     log.info("generate started", extra={"request_id": rid, "prompt_tokens": len(seq.prompt_ids),
                                          "pulled": kv_blocks is not None})
     finished = False
-    want_lp = bool(req.sampling.logprobs)
     try:
         resp = web.StreamResponse(headers={"Content-Type": NDJSON, REQUEST_ID_HEADER: rid})
         await resp.prepare(request)
@@ -271,9 +275,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
                 await resp.write(_line(StreamEvent(EventType.ERROR, error=out.error)))
                 break
             if out.token_ids or out.text:
-                lps = out.logprobs if want_lp and len(out.logprobs) == len(out.token_ids) else None
-                await resp.write(_line(StreamEvent(EventType.TOKEN, token_ids=out.token_ids, text=out.text,
-                                                   logprobs=lps)))
+                await resp.write(_line(StreamEvent(EventType.TOKEN, token_ids=out.token_ids, text=out.text)))
             if out.finished:
                 finished = True
                 usage = {"prompt_tokens": len(seq.prompt_ids), "completion_tokens": len(seq.output_ids),
@@ -333,7 +335,7 @@ async def prefill(request: web.Request) -> web.Response:
                       block_ids=out.kv_blocks, num_tokens=seq.num_computed, extra=t.source_extra())
     result = PrefillResult(
         request_id=rid, prompt_token_ids=seq.prompt_ids, first_token_id=out.token_ids[0],
-        first_token_text=out.text, first_token_logprob=out.logprobs[0] if out.logprobs else None,
+        first_token_text=out.text,
         finish_reason=out.finish_reason, kv=kv)
     log.info("prefill done", extra={"request_id": rid, "prompt_tokens": len(seq.prompt_ids),
                                      "leased_blocks": len(out.kv_blocks or [])})
@@ -376,8 +378,8 @@ async def kv_metadata(request: web.Request) -> web.Response:
 async def kv_health(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     if state.transport is None:
-        return web.json_response({"backend": "none", "ok": state.ready})
-    return web.json_response(state.transport.health())
+        return web.json_response(KVHealth(backend=KVBackend.NONE).to_dict())
+    return web.json_response(state.transport.health().to_dict())
 
 
 @web.middleware
@@ -415,7 +417,7 @@ def create_app(state: WorkerState) -> web.Application:
     return app
 
 
-def attach_engine(state: WorkerState, engine: Any, transport: Any = None) -> None:
+def attach_engine(state: WorkerState, engine: AsyncEngine, transport: KVTransport | None = None) -> None:
     """Wire a started AsyncEngine (and transport) into the state and mark the worker ready."""
     state.engine = engine
     state.transport = transport

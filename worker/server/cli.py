@@ -9,26 +9,21 @@ Imports nothing heavy at module level.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from typing import Any
 
-ROLES = ("prefill", "decode", "colocated")
-BACKENDS = ("nixl", "tcp", "memory", "none")
+from tandem.contracts.names import KVBackend, Role
+from tandem.worker.server.config import WorkerConfig
 
-# flag dest -> default when neither the flag nor the config file sets it
-DEFAULTS: dict[str, Any] = {
-    "role": "colocated", "model": None, "host": "0.0.0.0", "port": 8000, "advertise_url": None,
-    "dtype": "auto", "device": "auto", "num_blocks": None, "kv_memory_fraction": None, "block_size": 16,
-    "max_num_seqs": 64, "max_batched_tokens": 2048, "kv_backend": None, "threads": None,
-    "served_name": None, "max_model_len": None, "log_format": "text", "log_level": "info",
-    "kv_timeout_s": 10.0, "kv_lease_s": 30.0, "kv_extra": None, "generation": None, "drain_s": 30.0,
-}
+ROLES = tuple(r.value for r in Role)
+BACKENDS = tuple(b.value for b in KVBackend)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     # Every default is None here so a flag given on the command line wins over --config, and
-    # the config file wins over DEFAULTS.
+    # the config file wins over WorkerConfig's defaults.
     a("--config", help="YAML file whose keys mirror these flags (dashes or underscores)")
     a("--role", choices=ROLES, default=None, help="prefill, decode or colocated (default)")
     a("--model", default=None, help="Hugging Face model folder (or a hub id with HF_HOME holding a cache)")
@@ -57,9 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--log-level", default=None, choices=("debug", "info", "warning", "error"))
 
 
-def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """Flags over the config file over DEFAULTS; raises ValueError for an unknown config key."""
-    values = dict(DEFAULTS)
+def resolve_settings(args: argparse.Namespace) -> WorkerConfig:
+    """Flags over the config file over WorkerConfig's defaults; ValueError for a bad or unknown key."""
+    values: dict[str, Any] = {}
     if getattr(args, "config", None):
         import yaml
 
@@ -67,24 +62,13 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
             doc = yaml.safe_load(f) or {}
         if not isinstance(doc, dict):
             raise ValueError(f"{args.config}: expected a mapping of settings")
-        for k, v in doc.items():
-            key = str(k).replace("-", "_")
-            if key not in DEFAULTS:
-                raise ValueError(f"{args.config}: unknown setting {k!r} (known: {', '.join(sorted(DEFAULTS))})")
-            values[key] = v
-    for k in DEFAULTS:
-        v = getattr(args, k, None)
-        if v is not None:
-            values[k] = v
-    if not values["model"]:
-        raise ValueError("--model (or `model:` in --config) is required")
-    if values["role"] not in ROLES:
-        raise ValueError(f"role must be one of {ROLES}")
-    if values["kv_backend"] is None:
-        values["kv_backend"] = "none" if values["role"] == "colocated" else "nixl"
-    if values["generation"] is None:
-        values["generation"] = os.environ.get("TANDEM_GENERATION", "")
-    return values
+        values = {str(k).replace("-", "_"): v for k, v in doc.items()}
+    source = args.config or "flags"
+    known = {f.name for f in dataclasses.fields(WorkerConfig)}
+    flags = {k: v for k, v in vars(args).items() if k in known and v is not None}
+    if flags:
+        source = f"{source} and flags" if values else "flags"
+    return WorkerConfig.from_values(values | flags, source)
 
 
 def engine_identity() -> tuple[str, str]:
@@ -97,10 +81,10 @@ def engine_identity() -> tuple[str, str]:
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}-{epoch}", epoch
 
 
-def advertise_url(values: dict[str, Any], port: int) -> str:
-    if values["advertise_url"]:
-        return str(values["advertise_url"]).rstrip("/")
-    host = os.environ.get("POD_IP") or values["host"]
+def advertise_url(cfg: WorkerConfig, port: int) -> str:
+    if cfg.advertise_url:
+        return cfg.advertise_url.rstrip("/")
+    host = os.environ.get("POD_IP") or cfg.host
     if host in ("0.0.0.0", "::", ""):
         import socket
 
@@ -113,7 +97,7 @@ def advertise_url(values: dict[str, Any], port: int) -> str:
     return f"http://{host}:{port}"
 
 
-async def serve(values: dict[str, Any]) -> int:
+async def serve(cfg: WorkerConfig) -> int:
     import asyncio
     import logging
     import signal
@@ -121,27 +105,26 @@ async def serve(values: dict[str, Any]) -> int:
     from aiohttp import web
     from tandem.worker.engine.errors import ModelLoadError
     from tandem.worker.engine.loader import model_source
-    from tandem.worker.protocol import Role
     from tandem.worker.server.app import WorkerSettings, WorkerState, attach_engine, create_app
 
     log = logging.getLogger("tandem.worker")
     try:
-        model_source(values["model"])
+        model_source(cfg.model)
     except ModelLoadError as e:
         log.error("cannot start the engine: %s", e)
         return 1
     engine_id, _ = engine_identity()
-    settings = WorkerSettings(role=Role(values["role"]), advertise_url="", engine_id=engine_id,
-                              generation=values["generation"], kv_backend=values["kv_backend"],
-                              served_name=values["served_name"], pull_wait_s=float(values["kv_timeout_s"]))
+    settings = WorkerSettings(role=cfg.role, advertise_url="", engine_id=engine_id, generation=cfg.generation or "",
+                              kv_backend=str(cfg.kv_backend), served_name=cfg.served_name,
+                              pull_wait_s=cfg.kv_timeout_s)
     state = WorkerState(settings)
     runner = web.AppRunner(create_app(state), handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, values["host"], int(values["port"]))
+    site = web.TCPSite(runner, cfg.host, cfg.port)
     await site.start()
     port = runner.addresses[0][1]
-    settings.advertise_url = advertise_url(values, port)
-    log.info("listening on %s:%d (advertised as %s), role %s, engine_id %s", values["host"], port,
+    settings.advertise_url = advertise_url(cfg, port)
+    log.info("listening on %s:%d (advertised as %s), role %s, engine_id %s", cfg.host, port,
              settings.advertise_url, settings.role.value, engine_id)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -149,38 +132,27 @@ async def serve(values: dict[str, Any]) -> int:
         loop.add_signal_handler(sig, stop.set)
     # torch and transformers load only now, so /health answers while they import.
     from tandem.worker.engine.async_engine import AsyncEngine
-    from tandem.worker.engine.config import EngineConfig
     from tandem.worker.engine.engine import Engine
 
-    config = EngineConfig(
-        model=values["model"], dtype=values["dtype"], device=values["device"], block_size=int(values["block_size"]),
-        num_blocks=values["num_blocks"], kv_memory_fraction=values["kv_memory_fraction"],
-        max_num_seqs=int(values["max_num_seqs"]), max_batched_tokens=int(values["max_batched_tokens"]),
-        max_model_len=values["max_model_len"], served_name=values["served_name"], threads=values["threads"],
-    )
     transport = None
     aeng = None
     try:
         try:
-            engine = await asyncio.to_thread(Engine, config, lease_s=float(values["kv_lease_s"]))
+            engine = await asyncio.to_thread(Engine, cfg.engine_config(), lease_s=cfg.kv_lease_s)
         except (ModelLoadError, ValueError) as e:
             state.load_error = str(e)
             log.error("cannot start the engine: %s", e)
             return 1
-        if values["kv_backend"] != "none":
-            from tandem.worker.kv.base import KVTransferConfig
+        if cfg.kv_backend is not KVBackend.NONE:
             from tandem.worker.kv.registry import create_transport
 
             host = settings.advertise_url.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-            kv_config = KVTransferConfig(backend=values["kv_backend"], timeout_s=float(values["kv_timeout_s"]),
-                                         lease_s=float(values["kv_lease_s"]), host=host,
-                                         extra=dict(values["kv_extra"] or {})
-                                         | {"prometheus_registry": state.metrics.registry})
+            kv_config = cfg.kv_transfer_config(host, {"prometheus_registry": state.metrics.registry})
             try:
-                transport = create_transport(values["kv_backend"], engine.pool, engine.layout, engine_id, kv_config)
+                transport = create_transport(str(cfg.kv_backend), engine.pool, engine.layout, engine_id, kv_config)
                 await transport.start()
             except Exception as e:  # noqa: BLE001 - report any backend failure the same way
-                state.load_error = f"KV backend {values['kv_backend']!r} failed to start: {e}"
+                state.load_error = f"KV backend {cfg.kv_backend.value!r} failed to start: {e}"
                 log.error("%s", state.load_error)
                 return 1
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -191,10 +163,10 @@ async def serve(values: dict[str, Any]) -> int:
         attach_engine(state, aeng, transport)
         log.info("ready: serving %s (max_model_len %d, %d KV blocks of %d tokens, kv backend %s)",
                  engine.served_name, engine.max_model_len, engine.layout.num_blocks, engine.layout.block_size,
-                 values["kv_backend"])
+                 cfg.kv_backend.value)
         await stop.wait()
         state.ready = False  # /ready turns 503: the router and the Service stop sending work
-        await drain(engine, float(values["drain_s"]), log)
+        await drain(engine, cfg.drain_s, log)
         log.info("shutting down")
         return 0
     finally:
@@ -226,17 +198,16 @@ def run(args: argparse.Namespace) -> int:
     import logging
     import sys
 
-    from tandem.worker.server.logs import configure_logging
+    from tandem.contracts.logs import configure_logging
 
     try:
-        values = resolve_settings(args)
+        cfg = resolve_settings(args)
     except (OSError, ValueError) as e:
         print(f"tandem worker: {e}", file=sys.stderr)
         return 2
-    configure_logging(values["log_format"], values["log_level"])
-    if values["log_format"] == "json":
+    configure_logging(cfg.log_format, cfg.log_level)
+    if cfg.log_format == "json":
         # Keep stderr one JSON object per line: no tqdm bars from weight loading.
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    logging.getLogger("tandem.worker").info("starting worker", extra={"settings": {
-        k: v for k, v in values.items() if k != "kv_extra"}})
-    return asyncio.run(serve(values))
+    logging.getLogger("tandem.worker").info("starting worker", extra={"settings": cfg.public()})
+    return asyncio.run(serve(cfg))

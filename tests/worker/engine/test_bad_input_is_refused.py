@@ -7,10 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tandem.contracts.protocol import GenerateRequest, SamplingParams
 from tandem.testing.engine_helpers import greedy, run_to_completion, submit, tokens_of
 from tandem.worker.engine.errors import ModelLoadError, RequestError
 from tandem.worker.engine.loader import load_model
-from tandem.worker.protocol import GenerateRequest, SamplingParams
 
 
 def _still_serves(eng, loaded_toy, reference):

@@ -3,8 +3,8 @@ whose sequences have different prompt lengths and join the running batch at diff
 
 from __future__ import annotations
 
+from tandem.contracts.protocol import FinishReason
 from tandem.testing.engine_helpers import greedy, run_to_completion, submit, text_of, tokens_of
-from tandem.worker.protocol import FinishReason
 
 PROMPTS = [
     "Hello, world!",

@@ -3,10 +3,10 @@ sequence limit, first-come-first-served admission and preemption of the newest s
 
 from __future__ import annotations
 
+from tandem.contracts.protocol import SamplingParams
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.scheduler import Scheduler
 from tandem.worker.engine.sequence import SeqStatus, Sequence
-from tandem.worker.protocol import SamplingParams
 
 
 def _seq(rid: str, n: int) -> Sequence:

@@ -3,9 +3,9 @@ length; and text deltas that never split a UTF-8 character."""
 
 from __future__ import annotations
 
+from tandem.contracts.protocol import FinishReason
 from tandem.testing.engine_helpers import greedy, run_to_completion, submit, text_of, tokens_of
 from tandem.worker.engine.detokenizer import IncrementalDetokenizer
-from tandem.worker.protocol import FinishReason
 
 PROMPT = "The quick brown fox jumps over"
 

@@ -56,7 +56,7 @@ async def test_prefill_killed_mid_handoff_raises_within_bound(backend: str, peer
         assert elapsed < TIMEOUT_S + 1.0, f"failure surfaced after {elapsed:.1f} s"
         assert len(decode.free) == BIG.num_blocks, "the decode side leaked destination blocks"
         h = decode.transport.health()
-        assert h["failures_total"]["pull"] == 1 and not h["healthy"] and h["last_error"]
+        assert h.failures_total["pull"] == 1 and not h.healthy and h.last_error
 
         # The decode worker is fine: a new prefill worker serves it.
         fresh = KVPeerProcess(backend, BIG, "prefill-k-2")
@@ -64,7 +64,7 @@ async def test_prefill_killed_mid_handoff_raises_within_bound(backend: str, peer
         fresh.start()
         res = await decode.pull("next", await fresh.prefill("next", 100, seed=3), seed=3)
         assert res["ok"] and res["identical"], res
-        assert decode.transport.health()["healthy"]
+        assert decode.transport.health().healthy
     finally:
         await decode.close()
 

@@ -52,7 +52,7 @@ async def test_prefill_frees_blocks_of_a_dead_decode(backend: str, peer_process:
         # tcp sees the broken connection at once; nixl's one-sided READ leaves it to the lease.
         assert freed_after < (0.5 if backend == "tcp" else LEASE_S + 1.0), freed_after
         if backend == "tcp":
-            assert prefill.transport.health()["failures_total"]["serve"] == 1
+            assert prefill.transport.health().failures_total["serve"] == 1
 
         # The prefill worker serves the next decode worker normally.
         nxt = KVPeerProcess(backend, BIG, "decode-d-2")

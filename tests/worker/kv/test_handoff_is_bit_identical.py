@@ -56,4 +56,4 @@ async def test_concurrent_handoffs_do_not_mix_blocks(backend: str, decode_peer: 
         assert res["ok"] and res["identical"], (n, res)
     assert (await _all_back(prefill))["free"] == SMALL_LAYOUT.num_blocks
     assert len(decode_peer.free) == SMALL_LAYOUT.num_blocks
-    assert decode_peer.transport.health()["transfers_total"]["pull"] == len(sizes)
+    assert decode_peer.transport.health().transfers_total["pull"] == len(sizes)

@@ -44,7 +44,7 @@ async def test_unknown_engine_fails_and_is_counted(pair) -> None:
     src = dataclasses.replace(p.prefill("r3", 40, seed=1), engine_id="mem-prefill-0")
     with pytest.raises(KVTransferError, match="no engine"):
         await d.transport.pull("r3", src, [0, 1, 2])
-    assert d.transport.health()["failures_total"] == {"pull": 1}
+    assert d.transport.health().failures_total == {"pull": 1}
 
 
 async def test_bad_block_lists_are_refused(pair) -> None:

@@ -41,12 +41,12 @@ async def test_restarted_prefill_is_used_and_stale_sources_fail(backend: str, de
     src = await new.prefill("d", 50, seed=4)
     res = await decode_peer.pull("d", src, seed=4)
     assert res["ok"] and res["identical"], res
-    assert decode_peer.transport.health()["peers"] == {url: "prefill-host-200"}
+    assert decode_peer.transport.health().peers == {url: "prefill-host-200"}
     # With fresh metadata cached, the old engine_id is refused outright and says why.
     res = await decode_peer.pull("c", stale_2, seed=3)
     assert not res["ok"] and "re-run prefill" in res["error"], res
     # A stale source does not disturb the live peer (other handoffs from it may be in flight).
-    assert decode_peer.transport.health()["peers"] == {url: "prefill-host-200"}
+    assert decode_peer.transport.health().peers == {url: "prefill-host-200"}
     assert len(decode_peer.free) == SMALL_LAYOUT.num_blocks
     res = await decode_peer.pull("e", await new.prefill("e", 3000, seed=5), seed=5)
     assert res["ok"] and res["identical"], res
@@ -69,4 +69,4 @@ async def test_concurrent_pulls_from_a_restarted_peer_all_succeed(backend: str, 
     sources = [await new.prefill(f"n{i}", 100 * (i + 1), seed=i) for i in range(6)]
     results = await asyncio.gather(*(decode_peer.pull(f"n{i}", s, seed=i) for i, s in enumerate(sources)))
     assert all(r["ok"] and r["identical"] for r in results), results
-    assert decode_peer.transport.health()["peers"] == {url: "prefill-host-400"}
+    assert decode_peer.transport.health().peers == {url: "prefill-host-400"}

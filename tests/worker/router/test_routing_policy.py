@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tandem.worker.protocol import Role
+from tandem.contracts.names import Role
 from tandem.worker.router.policy import (
     WorkerView,
     choose,

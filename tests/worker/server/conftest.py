@@ -47,10 +47,10 @@ class Worker:
 @pytest.fixture
 async def start_worker(server_loaded_toy, toy_model_dir):
     from aiohttp.test_utils import TestClient, TestServer
+    from tandem.contracts.names import Role
     from tandem.worker.engine.async_engine import AsyncEngine
     from tandem.worker.engine.config import EngineConfig
     from tandem.worker.engine.engine import Engine
-    from tandem.worker.protocol import Role
     from tandem.worker.server.app import WorkerSettings, WorkerState, attach_engine, create_app
 
     started: list[tuple[Worker, AsyncEngine, object]] = []

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
+from tandem.contracts.protocol import WorkerInfo
 from tandem.testing.engine_helpers import ndjson_events
-from tandem.worker.protocol import WorkerInfo
 
 
 def _samples(text: str) -> dict[str, float]:

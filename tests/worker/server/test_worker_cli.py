@@ -93,7 +93,7 @@ def test_worker_process_serves_and_stops(toy_model_dir: Path, tmp_path: Path):
             proc.kill()
             proc.wait()
     lines = [json.loads(x) for x in Path(log.name).read_text().splitlines() if x.startswith("{")]
-    assert any(x.get("request_id") == "cli-1" and x["msg"] == "generate finished" for x in lines)
+    assert any(x.get("request_id") == "cli-1" and x["message"] == "generate finished" for x in lines)
 
 
 def test_unknown_config_key_exits_2(tmp_path: Path):

@@ -15,44 +15,29 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from tandem.worker.protocol import Role
+from tandem.contracts.names import (
+    LABEL_GENERATION,
+    LABEL_ROLE,
+    LABEL_SERVICE,
+    Role,
+    pod_ready,
+    pod_url,
+)
 from tandem.worker.router.pool import Target
 
 log = logging.getLogger("tandem.router.discovery")
 
-SERVICE_LABEL = "tandem.dev/service"
-ROLE_LABEL = "tandem.dev/role"
-GENERATION_LABEL = "tandem.dev/generation"
-
-
-def pod_target(pod: dict[str, Any], default_port: int, port_name: str = "http") -> Target | None:
+def pod_target(pod: dict[str, Any], default_port: int) -> Target | None:
     """The worker a pod (as a JSON dict) stands for, or None if it is not a worker pod."""
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
+    labels = (pod.get("metadata") or {}).get("labels") or {}
     try:
-        role = Role(labels.get(ROLE_LABEL, ""))
+        role = Role(labels.get(LABEL_ROLE, ""))
     except ValueError:
         return None  # e.g. the router's own pods
-    status = pod.get("status") or {}
-    ip = status.get("podIP")
-    if not ip:
+    url = pod_url(pod, default_port)
+    if url is None:
         return None
-    port = default_port
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        for p in c.get("ports") or []:
-            if p.get("name") == port_name and p.get("containerPort"):
-                port = int(p["containerPort"])
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-    )
-    ready = ready and not meta.get("deletionTimestamp") and status.get("phase") == "Running"
-    host = f"[{ip}]" if ":" in ip else ip
-    return Target(
-        url=f"http://{host}:{port}",
-        role=role,
-        generation=labels.get(GENERATION_LABEL, ""),
-        ready=bool(ready),
-    )
+    return Target(url=url, role=role, generation=labels.get(LABEL_GENERATION, ""), ready=pod_ready(pod))
 
 
 def snapshot_targets(pods: dict[str, dict[str, Any]], default_port: int) -> list[Target]:
@@ -86,7 +71,6 @@ class KubernetesDiscovery:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.synced = threading.Event()  # set after the first full list
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop = loop or asyncio.get_running_loop()
@@ -109,7 +93,7 @@ class KubernetesDiscovery:
         from kubernetes.client.rest import ApiException
 
         core = client.CoreV1Api(self.api_client)
-        selector = f"{SERVICE_LABEL}={self.service}"
+        selector = f"{LABEL_SERVICE}={self.service}"
         sanitize = self.api_client.sanitize_for_serialization
         while not self._stop.is_set():
             try:
@@ -117,7 +101,6 @@ class KubernetesDiscovery:
                 pods = {p.metadata.name: sanitize(p) for p in listed.items}
                 rv = listed.metadata.resource_version
                 self._publish(pods)
-                self.synced.set()
                 while not self._stop.is_set():
                     w = watch.Watch()
                     for ev in w.stream(

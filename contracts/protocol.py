@@ -34,14 +34,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.contracts.names import Role
+
 REQUEST_ID_HEADER = "X-Request-Id"
 NDJSON = "application/x-ndjson"
-
-
-class Role(enum.StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-    COLOCATED = "colocated"
 
 
 class FinishReason(enum.StrEnum):
@@ -68,7 +64,6 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
-    logprobs: bool = False  # return the chosen token's logprob with every token
 
 
 @dataclass
@@ -120,7 +115,6 @@ class PrefillResult:
     prompt_token_ids: list[int]
     first_token_id: int
     first_token_text: str
-    first_token_logprob: float | None
     # Set when the first token already ends the request (EOS, stop, max_tokens=1):
     # then there is nothing to hand off and the prefill worker has freed the blocks.
     finish_reason: FinishReason | None
@@ -146,7 +140,6 @@ class StreamEvent:
     type: EventType
     token_ids: list[int] = field(default_factory=list)
     text: str = ""  # detokenized delta for token_ids (may lag a token on partial UTF-8)
-    logprobs: list[float] | None = None
     prompt_tokens: int | None = None  # on START
     finish_reason: FinishReason | None = None  # on FINISH
     usage: dict[str, int] | None = None  # on FINISH: prompt_tokens, completion_tokens

@@ -47,13 +47,3 @@ class KVLayout:
     def to_dict(self) -> dict:
         return asdict(self)
 
-
-def merge_block_runs(block_ids: list[int]) -> list[tuple[int, int]]:
-    """[(first_block, count), ...] for runs of consecutive block ids, in order."""
-    runs: list[tuple[int, int]] = []
-    for b in block_ids:
-        if runs and runs[-1][0] + runs[-1][1] == b:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((b, 1))
-    return runs

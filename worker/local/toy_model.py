@@ -1,4 +1,5 @@
-"""A tiny random-weight Llama model saved in Hugging Face format, for tests and benchmarks.
+"""A tiny random-weight Llama model saved in Hugging Face format: what `tandem up` serves by
+default, and what the tests and benchmarks load.
 
 No model can be downloaded here, so the tests build their own: a `LlamaForCausalLM` with fixed
 seeded weights (scaled so greedy decoding is neither one repeated token nor a string of near-ties)

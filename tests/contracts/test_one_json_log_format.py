@@ -1,11 +1,11 @@
-"""`--log-format json`: one JSON object per line, carrying the request id and other fields."""
+"""`--log-format json` (router and workers alike): one JSON object per line, carrying the request id and other fields."""
 
 from __future__ import annotations
 
 import json
 import logging
 
-from tandem.worker.router.logs import JsonFormatter, TextFormatter
+from tandem.contracts.logs import JsonFormatter, TextFormatter
 
 
 def _record(**extra) -> logging.LogRecord:

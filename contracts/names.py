@@ -1,0 +1,77 @@
+"""Names the operator, the router and the workers must agree on: the API group, labels,
+annotations, worker roles, KV backends and ports; and how a pod is judged ready."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+GROUP = "tandem.dev"
+VERSION = "v1alpha1"
+PLURAL = "inferenceservices"
+KIND = "InferenceService"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Labels every child carries; tandem.dev/service + tandem.dev/role select a role's pods.
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_SERVICE = "tandem.dev/service"
+LABEL_ROLE = "tandem.dev/role"
+LABEL_GENERATION = "tandem.dev/generation"
+ANNOTATION_CONFIG_HASH = "tandem.dev/config-hash"
+MANAGED_BY = "tandem-operator"
+
+# Ports inside the pods (the router Service's port comes from the spec).
+WORKER_PORT = 8000
+ROUTER_PORT = 8000
+WORKER_PORT_NAME = "http"
+
+
+class Role(enum.StrEnum):
+    """A worker's job. The router is a component, not a worker role."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    COLOCATED = "colocated"
+
+
+class KVBackend(enum.StrEnum):
+    """How KV blocks move between workers (tandem.worker.kv.registry maps each to its module)."""
+
+    NIXL = "nixl"
+    TCP = "tcp"
+    MEMORY = "memory"  # one process: engine tests only
+    NONE = "none"  # a colocated worker that hands nothing off
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """A pod (as a JSON dict) may get traffic: Ready, Running, with an IP and not being deleted."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    conditions = status.get("conditions") or []
+    return (
+        not meta.get("deletionTimestamp")
+        and bool(status.get("podIP"))
+        and status.get("phase", "Running") == "Running"
+        and any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    )
+
+
+def pod_port(pod: dict[str, Any], default: int = WORKER_PORT, name: str = WORKER_PORT_NAME) -> int:
+    """The container port called `name` (what the operator gives workers), else `default`."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == name and port.get("containerPort"):
+                return int(port["containerPort"])
+    return default
+
+
+def pod_url(pod: dict[str, Any], default_port: int = WORKER_PORT) -> str | None:
+    """http://<pod IP>:<http port>, or None while the pod has no IP."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{pod_port(pod, default_port)}"

@@ -1,0 +1,14 @@
+"""Why the router sent a request where it did: one word each, safe as a Prometheus label value."""
+
+from __future__ import annotations
+
+import enum
+
+
+class RouteReason(enum.StrEnum):
+    DISAGGREGATED = "disaggregated"  # prefill worker, then a KV handoff to a decode worker
+    NO_PREFILL_WORKER = "no_prefill_worker"  # none ready: the decode worker prefills itself
+    SHORT_PROMPT = "short_prompt"  # below the threshold: cheaper to prefill on decode
+    NO_MATCHING_GENERATION = "no_matching_generation"  # no prefill/decode pair of one generation
+    PREFILL_FAILED = "prefill_failed"  # every prefill attempt failed: decode-side prefill
+    PREFILL_SATURATED = "prefill_saturated"  # the prefill pool is busy, a decode worker has room

@@ -1,0 +1,127 @@
+"""The worker's settings, typed: defaults, then the YAML file the operator mounts (`--config`), then
+flags. Every value is checked against its field's type here, so a bad ConfigMap stops the worker
+at start-up with a message naming the key, never deep inside the engine. Imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tandem.contracts.names import KVBackend, Role
+
+if TYPE_CHECKING:
+    from tandem.worker.engine.config import EngineConfig
+    from tandem.worker.kv.base import KVTransferConfig
+
+
+_ENUMS = (Role, KVBackend)
+
+
+@dataclass
+class WorkerConfig:
+    role: Role = Role.COLOCATED
+    model: str = ""  # a Hugging Face folder, or a hub id with HF_HOME holding a cache
+    host: str = "0.0.0.0"
+    port: int = 8000
+    advertise_url: str | None = None  # default http://$POD_IP:PORT, else the listen host
+    dtype: str = "auto"
+    device: str = "auto"
+    num_blocks: int | None = None
+    kv_memory_fraction: float | None = None
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_batched_tokens: int = 2048
+    kv_backend: KVBackend | None = None  # None: nixl for prefill/decode, none for colocated
+    threads: int | None = None
+    served_name: str | None = None
+    max_model_len: int | None = None
+    log_format: str = "text"
+    log_level: str = "info"
+    kv_timeout_s: float = 10.0
+    kv_lease_s: float = 30.0
+    kv_extra: dict[str, Any] = field(default_factory=dict)  # backend options (UCX settings, ports)
+    generation: str | None = None  # default $TANDEM_GENERATION
+    drain_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.kv_backend is None:
+            self.kv_backend = KVBackend.NONE if self.role is Role.COLOCATED else KVBackend.NIXL
+        if self.generation is None:
+            self.generation = os.environ.get("TANDEM_GENERATION", "")
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any], source: str) -> WorkerConfig:
+        """Build from loose values (YAML, flags); ValueError names the key and what it must be."""
+        hints = typing.get_type_hints(cls)
+        known = {f.name for f in dataclasses.fields(cls)}
+        out: dict[str, Any] = {}
+        for raw_key, value in values.items():
+            key = str(raw_key).replace("-", "_")
+            if key not in known:
+                raise ValueError(f"{source}: unknown setting {raw_key!r} (known: {', '.join(sorted(known))})")
+            out[key] = _coerce(key, value, hints[key], source)
+        if not out.get("model"):
+            raise ValueError("--model (or `model:` in --config) is required")
+        return cls(**out)
+
+    def engine_config(self) -> EngineConfig:
+        from tandem.worker.engine.config import EngineConfig
+
+        return EngineConfig(
+            model=self.model, dtype=self.dtype, device=self.device, block_size=self.block_size,
+            num_blocks=self.num_blocks, kv_memory_fraction=self.kv_memory_fraction,
+            max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens,
+            max_model_len=self.max_model_len, served_name=self.served_name, threads=self.threads,
+        )
+
+    def kv_transfer_config(self, host: str, extra: dict[str, Any] | None = None) -> KVTransferConfig:
+        from tandem.worker.kv.base import KVTransferConfig
+
+        return KVTransferConfig(backend=str(self.kv_backend), timeout_s=self.kv_timeout_s,
+                                lease_s=self.kv_lease_s, host=host, extra=dict(self.kv_extra) | (extra or {}))
+
+    def public(self) -> dict[str, Any]:
+        """What the start-up log line shows (backend options may hold addresses; left out)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "kv_extra"}
+
+
+def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
+    """`value` as the field's type (an enum from its string, an int as a float), or ValueError."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise ValueError(f"{source}: {key} must be set")
+    for t in options:
+        if t is type(None):
+            continue
+        if isinstance(t, type) and issubclass(t, _ENUMS):
+            try:
+                return t(value)
+            except ValueError:
+                continue
+        origin = typing.get_origin(t) or t
+        if origin is bool and isinstance(value, bool):
+            return value
+        if origin is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if origin is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if origin in (str, dict) and isinstance(value, origin):
+            return value
+    names = " or ".join(_type_name(t) for t in options)
+    raise ValueError(f"{source}: {key} must be {names}, got {value!r}")
+
+
+def _type_name(t: Any) -> str:
+    if t is type(None):
+        return "null"
+    if isinstance(t, type) and issubclass(t, _ENUMS):
+        return "one of " + ", ".join(m.value for m in t)
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        typing.get_origin(t) or t, "a mapping")
