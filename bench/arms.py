@@ -16,7 +16,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,14 +24,9 @@ from pathlib import Path
 
 import aiohttp
 import psutil
+from tandem.worker.local.processes import free_port
 
 ARMS = ("colocated", "disagg-nixl", "disagg-tcp")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tandem_exe() -> list[str]:

@@ -17,6 +17,9 @@ ETCD_VERSION=v3.7.3        # go.etcd.io/etcd/server/v3 (k8s 1.37 builds against 
 KWOK_VERSION=v0.8.0        # sigs.k8s.io/kwok
 HELM_VERSION=v3.22.0       # helm.sh/helm/v3
 GO_PARALLEL=${TANDEM_GO_PARALLEL:-2}  # go build -p: 2 shared cores, kube-apiserver links are big
+# Bump when the build recipe changes (flags, version variables): the cache key includes it, so
+# binaries built by an older recipe are never reused. r2: version ldflags as the upstream Makefiles.
+RECIPE=r2
 
 # kwok-stages.yaml: KWOK's own default node/pod Stages (the kwok binary has none built
 # in; kwokctl normally passes them), copied from the kwok module so that fake nodes
@@ -34,7 +37,7 @@ CACHE_ROOT=${TANDEM_CACHE:-$HOME/.cache/tandem}
 OS=$(uname -s | tr '[:upper:]' '[:lower:]')
 ARCH=$(uname -m)
 case $ARCH in x86_64) ARCH=amd64 ;; aarch64) ARCH=arm64 ;; esac
-KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_${OS}-${ARCH}"
+KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_${OS}-${ARCH}_${RECIPE}"
 KEY_DIR="$CACHE_ROOT/k8s/$KEY"
 BIN_DIR="$KEY_DIR/bin"
 
@@ -136,9 +139,11 @@ build_kubernetes() {
   for b in "${want[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
   local major=1 kminor=${minor%%.*}
   ver_flags=""
+  # As kubernetes' hack/lib/version.sh does. The module proxy serves no git metadata, so the
+  # commit is left empty (unknown) rather than the "$Format:%H$" placeholder compiled in.
   for p in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
     ver_flags+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=$major -X $p.gitMinor=$kminor"
-    ver_flags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+    ver_flags+=" -X $p.gitCommit= -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
   log "building ${want[*]} from k8s.io/kubernetes@$K8S_VERSION"
   (cd "$src" && go build -mod=mod -p "$GO_PARALLEL" -trimpath -ldflags="-s -w$ver_flags" \
@@ -181,6 +186,22 @@ build_module_cmd() {
   log "building $name from $module@$version"
   (cd "$src" && go build -mod=mod -p "$GO_PARALLEL" -trimpath -ldflags="-s -w$extra_ldflags" \
     -o "$STAGE/$name" "$pkg")
+}
+
+# helm's Makefile: its version, and the Kubernetes version `helm template` and `helm lint` assume
+# without a cluster (from the client-go helm builds against; unset, helm assumes v1.20).
+helm_ldflags() {
+  local mod kver major minor p flags
+  mod=$(gomod_of "helm.sh/helm/v3@$HELM_VERSION")
+  kver=$(sed -n 's#^[[:space:]]*k8s.io/client-go v0\.\([0-9]*\)\..*#\1#p' "$mod" | head -1)
+  [[ -n $kver ]] || { log "no k8s.io/client-go version in $mod"; exit 1; }
+  major=1 minor=$kver
+  flags=" -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  flags+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+  for p in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    flags+=" -X $p.k8sVersionMajor=$major -X $p.k8sVersionMinor=$minor"
+  done
+  echo "$flags"
 }
 
 main() {
@@ -228,7 +249,7 @@ main() {
       kwok) build_module_cmd kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok \
         " -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" ;;
       helm) build_module_cmd helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
-        " -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" ;;
+        "$(helm_ldflags)" ;;
       *) continue ;;
     esac
     mv -f "$STAGE/$b" "$BIN_DIR/$b"

@@ -10,10 +10,6 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHART_DIR = REPO_ROOT / "charts" / "tandem"
-# `helm template` renders for this Kubernetes version (with no cluster to ask). A helm built
-# from source without version ldflags would otherwise assume v1.20, below the chart's
-# kubeVersion. The version the test control plane runs (hack/k8s-bins.sh K8S_VERSION).
-KUBE_VERSION = "v1.37.2"
 
 
 def run_helm(
@@ -48,8 +44,7 @@ def render(
 ) -> list[dict[str, Any]]:
     """The objects `helm template` renders (hooks included, CRDs not); values by dotted key."""
     proc = run_helm(
-        helm, "template", release, str(CHART_DIR), "--namespace", namespace,
-        "--kube-version", KUBE_VERSION, *set_json_args(values),
+        helm, "template", release, str(CHART_DIR), "--namespace", namespace, *set_json_args(values),
     )
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 

@@ -21,7 +21,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
+from tandem.worker.local.processes import free_port
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -150,13 +150,6 @@ def wait_until(
             detail = f" (last error: {last_error!r})" if last_error else ""
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
         time.sleep(interval)
-
-
-def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _missing(bin_dir: Path, names: Sequence[str]) -> list[str]:

@@ -28,9 +28,9 @@ import torch
 from aiohttp import web
 from tandem.contracts.kv_layout import KVLayout
 from tandem.contracts.protocol import KVSource
-from tandem.testing.worker_process import ChildProcess
 from tandem.worker.kv.base import KVTransferConfig, KVTransferError, KVTransport
 from tandem.worker.kv.registry import create_transport
+from tandem.worker.local.processes import ManagedProcess
 
 # Small blocks (8 KiB) for correctness tests: thousands of tokens stay cheap.
 SMALL_LAYOUT = KVLayout(num_blocks=1024, num_layers=2, block_size=16, num_kv_heads=2, head_dim=16,
@@ -188,7 +188,7 @@ class KVPeer:
         await self.transport.close()
 
 
-class KVPeerProcess(ChildProcess):
+class KVPeerProcess(ManagedProcess):
     """A KVPeer in its own process (`python -m tandem.testing.kv_peer`), so tests can kill it."""
 
     def __init__(self, backend: str, layout: KVLayout, engine_id: str, *, port: int = 0,
@@ -203,7 +203,7 @@ class KVPeerProcess(ChildProcess):
         super().__init__("kv-peer", argv, os.environ | {"UCX_TLS": "tcp", "OMP_NUM_THREADS": "1"} | (env or {}))
 
     def start(self, ready_timeout_s: float = 60.0) -> str:
-        # Not launch(): the peer announces its URL on stdout ("READY <url>").
+        # Not ManagedProcess.start(): the peer announces its URL on stdout ("READY <url>").
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE, text=True)
         deadline = time.monotonic() + ready_timeout_s
         assert self.proc.stdout is not None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,20 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+from tandem.worker.local.processes import ManagedProcess, free_port
 
 
 @dataclass
@@ -64,20 +50,17 @@ class LocalStack:
             sys.executable, "-m", "tandem.cli.main", "up", "--model", str(self.model),
             "--mode", self.mode, "--port", str(self.port), "--state-file", str(state), *self.args,
         ]
-        with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent, env=os.environ | {"PYTHONUNBUFFERED": "1"},
-            )
+        self.up = ManagedProcess("tandem-up", argv, os.environ | {"PYTHONUNBUFFERED": "1"},
+                                 log_path=self.log_path).start()
+        self.proc = self.up.proc
         deadline = time.monotonic() + self.startup_timeout_s
-        while not state.exists():
+        while not state.exists():  # `tandem up` writes it atomically once everything is ready
             if self.proc.poll() is not None:
                 raise RuntimeError(f"tandem up exited with {self.proc.returncode}:\n{self.log()[-5000:]}")
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"tandem up not ready after {self.startup_timeout_s}s:\n{self.log()[-5000:]}")
             time.sleep(0.25)
-        time.sleep(0.05)  # the file is written in one call; let it land
         self.processes = json.loads(state.read_text())
         return self
 
@@ -92,13 +75,7 @@ class LocalStack:
         """SIGTERM `tandem up` (it stops its children), then make sure nothing is left."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self.up.stop(timeout_s)
         for p in self.processes:  # belt and braces: no orphan survives a broken stop
             try:
                 os.killpg(p["pid"], signal.SIGKILL)

@@ -9,32 +9,20 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from tandem.testing.worker_process import ChildProcess
+from tandem.contracts.names import pod_port
+from tandem.worker.local.processes import ManagedProcess, Supervisor
 
 TANDEM = str(Path(sys.executable).parent / "tandem")
 
 
-def pod_port(pod: dict[str, Any], default: int = 8000) -> int:
-    """The container port named http, as the rendered worker pods declare it."""
-    for container in pod["spec"]["containers"]:
-        for port in container.get("ports") or []:
-            if port.get("name") == "http":
-                return int(port["containerPort"])
-    return default
-
-
-class ProcessGroup:
+class ProcessGroup(Supervisor):
     """Workers for pods and a router, started together and stopped together (even on failure)."""
 
-    def __init__(self) -> None:
-        self.procs: list[ChildProcess] = []
-
     def worker_for_pod(self, pod: dict[str, Any], model: Path, kv_backend: str = "tcp",
-                       env: dict[str, str] | None = None) -> ChildProcess:
+                       env: dict[str, str] | None = None) -> ManagedProcess:
         """`tandem worker` as the pod would run it: its role, IP, port, name and generation."""
         meta, ip = pod["metadata"], pod["status"]["podIP"]
         role, port = meta["labels"]["tandem.dev/role"], pod_port(pod)
@@ -45,28 +33,11 @@ class ProcessGroup:
             "TANDEM_GENERATION": meta["labels"].get("tandem.dev/generation", ""),
             "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "UCX_TLS": "tcp",
         } | (env or {})
-        proc = ChildProcess(meta["name"], argv, full_env, url=f"http://{ip}:{port}")
-        proc.launch()
-        self.procs.append(proc)
-        return proc
+        return self.start(ManagedProcess(meta["name"], argv, full_env, url=f"http://{ip}:{port}", role=role))
 
-    def router(self, namespace: str, service: str, port: int, kubeconfig: Path) -> ChildProcess:
+    def router(self, namespace: str, service: str, port: int, kubeconfig: Path) -> ManagedProcess:
         """`tandem router --kubernetes` on loopback, finding the workers through the API server."""
         argv = [TANDEM, "router", "--kubernetes", "--namespace", namespace, "--service", service,
                 "--host", "127.0.0.1", "--port", str(port)]
         env = os.environ | {"KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
-        proc = ChildProcess("router", argv, env, url=f"http://127.0.0.1:{port}")
-        proc.launch()
-        self.procs.append(proc)
-        return proc
-
-    def wait_ready(self, procs: list[ChildProcess], path: str = "/ready", timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        for p in procs:
-            p.wait_ready(path, max(0.0, deadline - time.monotonic()))
-
-    def stop(self) -> None:
-        for p in self.procs:  # all at once, then wait for each
-            p.terminate()
-        for p in self.procs:
-            p.stop(10)
+        return self.start(ManagedProcess("router", argv, env, url=f"http://127.0.0.1:{port}", role="router"))

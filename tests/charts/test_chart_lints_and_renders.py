@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tandem.testing.chart import CHART_DIR, KUBE_VERSION, find, render, run_helm, set_json_args
+from tandem.testing.chart import CHART_DIR, find, render, run_helm, set_json_args
 
 ALL_ON = {
     "monitoring.podMonitor.enabled": True,
@@ -81,7 +81,7 @@ def test_grafana_dashboard_can_go_to_grafanas_namespace(helm_bin: Path) -> None:
 )
 def test_values_schema_refuses_bad_values(helm_bin: Path, key: str, value: str, message: str) -> None:
     proc = run_helm(
-        helm_bin, "template", "rel", str(CHART_DIR), "--kube-version", KUBE_VERSION,
+        helm_bin, "template", "rel", str(CHART_DIR),
         "--set-json", f"{key}={value}", check=False,
     )
     assert proc.returncode != 0, f"{key}={value} was accepted:\n{proc.stdout[:500]}"
@@ -91,7 +91,7 @@ def test_values_schema_refuses_bad_values(helm_bin: Path, key: str, value: str, 
 
 def test_service_account_can_be_brought_by_the_user(helm_bin: Path) -> None:
     proc = run_helm(
-        helm_bin, "template", "rel", str(CHART_DIR), "--kube-version", KUBE_VERSION,
+        helm_bin, "template", "rel", str(CHART_DIR),
         "--set", "serviceAccount.create=false", check=False,
     )
     assert proc.returncode != 0

@@ -10,16 +10,14 @@ others), which is what the fault tests rely on.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from tandem.worker.local.processes import ManagedProcess, Supervisor, free_port
 
 # what `tandem up` builds when no --model is given: a bit bigger than the tests' model, still
 # quick on a CPU
@@ -65,24 +63,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="extra argument passed to the router (repeatable)")
 
 
-@dataclass
-class Child:
-    name: str
-    role: str
-    url: str
-    argv: list[str]
-    cpu: int | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen | None = None
-    ready_after: float | None = None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def toy_model_dir() -> Path:
     """The default model, built once and cached by its parameters."""
     key = "llama-" + "-".join(f"{k[:3]}{v}" for k, v in DEFAULT_TOY.items()) + f"-v{TOY_VERSION}"
@@ -94,22 +74,11 @@ def toy_model_dir() -> Path:
     return Path(make_toy_model(path, **DEFAULT_TOY))
 
 
-def _child_setup(cpu: int | None) -> None:
-    """Runs in the child before exec: die with the parent, and optionally pin to one core."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-    if cpu is not None:
-        os.sched_setaffinity(0, {cpu})
-
-
-def plan(args: argparse.Namespace, model: Path) -> list[Child]:
+def plan(args: argparse.Namespace, model: Path) -> list[ManagedProcess]:
     """The processes to start: pure, so the command lines are testable."""
     exe = [sys.executable, "-m", "tandem.cli.main"]
     cpus = sorted(os.sched_getaffinity(0)) if args.pin_cpus else []
-    children: list[Child] = []
+    children: list[ManagedProcess] = []
     roles = (
         [("colocated", args.decode)]
         if args.mode == "colocated"
@@ -126,8 +95,9 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
                 *args.worker_arg,
             ]
             cpu = cpus[len(children) % len(cpus)] if cpus else None
-            env = {"OMP_NUM_THREADS": str(args.threads)}
-            children.append(Child(f"{role}-{i}", role, f"http://127.0.0.1:{port}", argv, cpu, env))
+            env = os.environ | {"OMP_NUM_THREADS": str(args.threads)}
+            children.append(ManagedProcess(f"{role}-{i}", argv, env, f"http://127.0.0.1:{port}", cpu=cpu,
+                                           capture=False, role=role))
     router = [*exe, "router", "--host", args.host, "--port", str(args.port)]
     for c in children:
         router += ["--prefill" if c.role == "prefill" else "--decode", c.url]
@@ -136,62 +106,10 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
     router += args.router_arg
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     # the key goes through the environment, not argv, where `ps` would show it
-    env = {"TANDEM_API_KEY": args.api_key} if args.api_key else {}
-    children.append(Child("router", "router", f"http://{host}:{args.port}", router, env=env))
+    env = os.environ | ({"TANDEM_API_KEY": args.api_key} if args.api_key else {})
+    children.append(ManagedProcess("router", router, env, f"http://{host}:{args.port}", capture=False,
+                                   role="router"))
     return children
-
-
-def _ready(url: str) -> bool:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url + "/ready", timeout=1) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
-class Supervisor:
-    """Starts children in their own process groups and stops them all, whatever happens."""
-
-    def __init__(self, children: list[Child]) -> None:
-        self.children = children
-        self.stopping = False
-
-    def start(self, child: Child) -> None:
-        env = os.environ | child.env
-        child.proc = subprocess.Popen(
-            child.argv, env=env, start_new_session=True, preexec_fn=lambda: _child_setup(child.cpu)
-        )
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        self.stopping = True
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        live = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
-        for c in reversed(live):  # the router first, so it stops taking requests
-            try:
-                os.killpg(c.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace_s
-        for c in live:
-            try:
-                c.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for c in self.children:
-            if c.proc is None:
-                continue
-            try:  # the whole group: anything a child started goes too
-                os.killpg(c.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            c.proc.wait()
-
-    def dead(self) -> list[Child]:
-        return [c for c in self.children if c.proc is not None and c.proc.poll() is not None]
 
 
 def _raise_on_signal(signum: int, frame: object) -> None:
@@ -227,18 +145,18 @@ def run(args: argparse.Namespace) -> int:
         for c in children:
             sup.start(c)
             pin = f", cpu {c.cpu}" if c.cpu is not None else ""
-            print(f"  started {c.name:<12} {c.url}  pid {c.proc.pid}{pin}", flush=True)
+            print(f"  started {c.name:<12} {c.url}  pid {c.pid}{pin}", flush=True)
         pending = list(children)
         last_note = 0.0
         while pending:
             dead = sup.dead()
             if dead:
                 for c in dead:
-                    print(f"tandem up: {c.name} exited with code {c.proc.returncode} while starting",
+                    print(f"tandem up: {c.name} exited with code {c.returncode} while starting",
                           file=sys.stderr, flush=True)
                 return 1
             for c in list(pending):
-                if _ready(c.url):
+                if c.status("/ready", timeout_s=1.0) == 200:
                     c.ready_after = time.monotonic() - t0
                     pending.remove(c)
                     print(f"  ready   {c.name:<12} after {c.ready_after:.1f}s", flush=True)
@@ -253,8 +171,10 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.25)
         router = children[-1]
         if args.state_file:
-            state = [{"name": c.name, "role": c.role, "url": c.url, "pid": c.proc.pid} for c in children]
-            Path(args.state_file).write_text(json.dumps(state, indent=2))
+            state = [{"name": c.name, "role": c.role, "url": c.url, "pid": c.pid} for c in children]
+            tmp = Path(args.state_file + ".tmp")
+            tmp.write_text(json.dumps(state, indent=2))
+            tmp.replace(args.state_file)  # atomic: a reader sees the whole file or none
         auth = f" -H 'Authorization: Bearer {args.api_key}'" if args.api_key else ""
         model_name = args.served_name or model.name
         print(
@@ -272,10 +192,10 @@ def run(args: argparse.Namespace) -> int:
                     continue
                 reported.add(c.name)
                 if c is router:
-                    print(f"tandem up: the router exited with code {c.proc.returncode}; stopping",
+                    print(f"tandem up: the router exited with code {c.returncode}; stopping",
                           file=sys.stderr, flush=True)
                     return 1
-                print(f"tandem up: {c.name} exited with code {c.proc.returncode}; "
+                print(f"tandem up: {c.name} exited with code {c.returncode}; "
                       "the router serves through the others", file=sys.stderr, flush=True)
             if len(reported) == len(children) - 1:
                 print("tandem up: every worker has exited; stopping", file=sys.stderr, flush=True)
@@ -286,5 +206,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         if sup is not None:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             sup.stop()
             print("tandem up: stopped", flush=True)

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from tandem.testing.kv_peer import SMALL_LAYOUT, KVPeer, KVPeerProcess
+from tandem.worker.local.processes import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_restarted_prefill_is_used_and_stale_sources_fail(backend: str, decode_peer: KVPeer,
                                                                  peer_process: list) -> None:
-    http_port, tcp_port = _free_port(), _free_port()
+    http_port, tcp_port = free_port(), free_port()
     old = KVPeerProcess(backend, SMALL_LAYOUT, "prefill-host-100", port=http_port, tcp_port=tcp_port)
     peer_process.append(old)
     url = old.start()
@@ -57,7 +50,7 @@ async def test_concurrent_pulls_from_a_restarted_peer_all_succeed(backend: str, 
     """Discovery of the successor happens once; no pull forgets the agent another one just added."""
     import asyncio
 
-    http_port = _free_port()
+    http_port = free_port()
     old = KVPeerProcess(backend, SMALL_LAYOUT, "prefill-host-300", port=http_port)
     peer_process.append(old)
     url = old.start()

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,14 +16,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from tandem.worker.local.processes import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tandem() -> list[str]:
@@ -55,7 +49,7 @@ def _hub_cache(toy_model_dir: Path, hf_home: Path, repo: str) -> None:
 
 def test_worker_process_serves_and_stops(toy_model_dir: Path, tmp_path: Path):
     """Also loads the model by hub id from HF_HOME's cache, as a pod without the folder would."""
-    port = _free_port()
+    port = free_port()
     _hub_cache(toy_model_dir, tmp_path / "hf", "tandem-test/toy-llama")
     cfg = tmp_path / "worker.yaml"
     cfg.write_text("model: tandem-test/toy-llama\nrole: colocated\nnum-blocks: 64\nblock_size: 8\n"
