@@ -2,7 +2,10 @@
 
 from tandem.operator.spec.fields import SpecError, to_json
 from tandem.operator.spec.inference_service import (
+    COMPONENTS,
     RESERVED_ENV,
+    ROUTER,
+    WORKER_ROLES,
     Engine,
     EnvVar,
     Image,
@@ -15,7 +18,10 @@ from tandem.operator.spec.inference_service import (
 )
 
 __all__ = [
+    "COMPONENTS",
     "RESERVED_ENV",
+    "ROUTER",
+    "WORKER_ROLES",
     "Engine",
     "EnvVar",
     "Image",

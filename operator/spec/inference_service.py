@@ -17,6 +17,11 @@ from tandem.operator.spec.fields import FreeForm, Quantity, Rule, api_field, par
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Variables the operator sets in every worker itself; the CRD refuses them in a role's env.
 RESERVED_ENV = ("POD_IP", "POD_NAME", "TANDEM_GENERATION")
+# The worker roles an InferenceService runs (plain strings: they become labels and file names),
+# and its components: each a Deployment with a readiness condition and replicas in status.
+WORKER_ROLES: tuple[str, ...] = (Role.PREFILL.value, Role.DECODE.value)
+ROUTER = "router"
+COMPONENTS: tuple[str, ...] = (*WORKER_ROLES, ROUTER)
 # Spec types are values: immutable, and built by keyword (parse does it from JSON).
 api_type = dataclass(frozen=True, kw_only=True)
 
@@ -328,3 +333,8 @@ class InferenceServiceSpec:
     def role(self, role: Role | str) -> WorkerRole:
         """spec.prefill or spec.decode by role name."""
         return {Role.PREFILL: self.prefill, Role.DECODE: self.decode}[Role(role)]
+
+    def replicas(self) -> dict[str, int]:
+        """Desired pods per component: what the Deployments get and status reports."""
+        return {Role.PREFILL.value: self.prefill.replicas, Role.DECODE.value: self.decode.replicas,
+                ROUTER: self.router.replicas}

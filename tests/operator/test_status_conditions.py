@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tandem.operator.spec import InferenceServiceSpec
 from tandem.operator.status import Observation, RoleObservation, compute_status
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
@@ -9,7 +10,10 @@ EP = "http://x-router.ns.svc.cluster.local:8000"
 
 
 def _spec(prefill=1, decode=1, router=1):
-    return {"prefill": {"replicas": prefill}, "decode": {"replicas": decode}, "router": {"replicas": router}}
+    return InferenceServiceSpec.from_dict({
+        "model": {"path": "/m"},
+        "prefill": {"replicas": prefill}, "decode": {"replicas": decode}, "router": {"replicas": router},
+    })
 
 
 def _ready_obs():
