@@ -55,6 +55,8 @@ def test_rdma_fallback_names_the_pod_and_the_workers_reason():
     assert "no RDMA device in /sys/class/infiniband" in c["message"]
     # without kvTransfer.rdma, TCP is what was asked for
     assert kv_condition(TCP, probes[1:])["reason"] == "Healthy"
+    # without a spec the operator can read, nobody asked for RDMA either
+    assert kv_condition(None, probes[1:])["reason"] == "Healthy"
 
 
 def test_transfer_failing_wins_and_names_the_pod():
