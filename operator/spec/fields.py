@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -114,9 +115,15 @@ def fill(text: str, context: dict[str, str]) -> str:
     return text
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A class's resolved annotations (resolving them is the slow part of parsing)."""
+    return typing.get_type_hints(cls)
+
+
 def declared_fields(cls: type, overrides: dict[str, dict[str, Any]]) -> list[tuple[str, Any, Decl]]:
     """(attribute, type, declaration) per field of a spec dataclass, overrides applied."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     out = []
     for f in dataclasses.fields(cls):
         decl = f.metadata.get(_KEY)

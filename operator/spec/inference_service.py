@@ -33,7 +33,7 @@ class PVCSource:
     claim_name: str = api_field("claimName", max_length=253, pattern=DNS_SUBDOMAIN)
     sub_path: str | None = api_field("subPath", max_length=1024)
 
-    RULES: ClassVar = (Rule(
+    RULES: ClassVar[tuple[Rule, ...]] = (Rule(
         "!has(self.subPath) || (!self.subPath.startsWith('/') && !self.subPath.contains('..'))",
         "model.pvc.subPath must be a relative path inside the volume (no leading '/' and no '..')"),)
 
@@ -61,7 +61,7 @@ class Model:
         "servedName", max_length=128, pattern="^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
         description="Model name in the OpenAI API (default: the InferenceService name).")
 
-    RULES: ClassVar = (Rule(
+    RULES: ClassVar[tuple[Rule, ...]] = (Rule(
         "[has(self.path), has(self.hostPath), has(self.pvc), has(self.hub)].filter(x, x).size() == 1",
         "model: set exactly one of model.path, model.hostPath, model.pvc or model.hub"),)
 
@@ -76,7 +76,7 @@ class Toleration:
     effect: str | None = api_field("effect", enum=["NoSchedule", "PreferNoSchedule", "NoExecute"])
     toleration_seconds: int | None = api_field("tolerationSeconds", format="int64")
 
-    RULES: ClassVar = (
+    RULES: ClassVar[tuple[Rule, ...]] = (
         Rule("!(self.operator == 'Exists' && has(self.value))",
              "tolerations: a toleration with operator Exists must not set value"),
         Rule("self.operator == 'Exists' || has(self.key)",
@@ -92,7 +92,7 @@ class EnvVar:
     value: str | None = api_field("value", max_length=4096)
     value_from: FreeForm | None = api_field("valueFrom")
 
-    RULES: ClassVar = (
+    RULES: ClassVar[tuple[Rule, ...]] = (
         Rule("!(has(self.value) && has(self.valueFrom))", "env: set value or valueFrom, not both"),
         Rule("!(self.name in [" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "])",
              f"env: {', '.join(RESERVED_ENV[:-1])} and {RESERVED_ENV[-1]} are set by the operator "
@@ -116,7 +116,7 @@ class Engine:
         "kvMemoryFraction", minimum=0, exclusive_minimum=True, maximum=1,
         description="Fraction of free accelerator memory for the KV cache (instead of kvBlocks).")
 
-    RULES: ClassVar = (Rule("!(has(self.kvBlocks) && has(self.kvMemoryFraction))",
+    RULES: ClassVar[tuple[Rule, ...]] = (Rule("!(has(self.kvBlocks) && has(self.kvMemoryFraction))",
                             "{role}.engine: set kvBlocks or kvMemoryFraction, not both"),)
 
 
@@ -185,7 +185,7 @@ class RDMA:
     count: int = api_field(
         "count", minimum=0, maximum=64, default=1, description="Units of resourceName per pod.")
 
-    RULES: ClassVar = (Rule(
+    RULES: ClassVar[tuple[Rule, ...]] = (Rule(
         "self.count > 0",
         "kvTransfer.rdma.count must be greater than 0 when kvTransfer.rdma.resourceName is set "
         "(remove kvTransfer.rdma to run without RDMA)"),)
@@ -210,7 +210,7 @@ class KVTransfer:
         "ipcLock", default=False,
         description="Add the IPC_LOCK capability (pinning memory for RDMA registration).")
 
-    RULES: ClassVar = (
+    RULES: ClassVar[tuple[Rule, ...]] = (
         Rule("!(has(self.hostNetwork) && self.hostNetwork) || has(self.rdma)",
              "kvTransfer.hostNetwork is only allowed together with kvTransfer.rdma"),
         Rule("!has(self.backend) || self.backend == 'nixl' || !has(self.rdma)",
@@ -306,7 +306,7 @@ class InferenceServiceSpec:
         "image", description="The Tandem image for workers and router; unset fields come from the "
         "operator's configuration.")
 
-    RULES: ClassVar = (
+    RULES: ClassVar[tuple[Rule, ...]] = (
         Rule("!has(self.router.limits.maxPromptTokens) || self.router.limits.maxPromptTokens < "
              "self.model.maxModelLen",
              "router.limits.maxPromptTokens must be below model.maxModelLen (room for at least one "
