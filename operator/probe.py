@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import aiohttp
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.names import pod_ready, pod_url
+from tandem.operator.spec import WORKER_ROLES
 from tandem.operator.status import KVProbe, Observation
 
 HEALTH_PATH = "/internal/kv/health"
-WORKER_ROLES = ("prefill", "decode")
 
 
 @dataclass(frozen=True)

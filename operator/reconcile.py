@@ -2,10 +2,13 @@
 
 Level-triggered: every caller (create/update/resume handlers, the periodic resync, child
 events) ends up here or in refresh_status, and running it twice changes nothing the second time.
+The spec is parsed once per pass into the typed InferenceServiceSpec; one the operator cannot
+use (a CRD older than the operator lets more through) applies nothing and says why in Ready.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import threading
@@ -15,6 +18,7 @@ from kubernetes import client
 from tandem.operator import apply
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render import endpoint, generation_hash, render
+from tandem.operator.spec import InferenceServiceSpec, SpecError
 from tandem.operator.status import KVProbe, compute_status, same_status
 
 log = logging.getLogger(__name__)
@@ -54,19 +58,28 @@ def _kv_event(api: client.ApiClient, body: dict, new_status: dict) -> None:
         apply.post_event(api, body, "Warning", new["reason"], new["message"])
 
 
-def _status(api: client.ApiClient, body: dict, config: OperatorConfig, generation: int | None,
-            apply_error: str | None, kv_probes: list[KVProbe] | None) -> dict:
-    meta, spec = body["metadata"], body["spec"]
-    obs = apply.observe(api, meta["namespace"], meta["name"])
-    obs.apply_error = apply_error
-    obs.kv_probes = kv_probes
+def parse_spec(body: dict) -> tuple[InferenceServiceSpec | None, str | None]:
+    """(the typed spec, None), or (None, why the operator cannot use it)."""
+    try:
+        return InferenceServiceSpec.from_dict(body.get("spec")), None
+    except SpecError as e:
+        return None, str(e)
+
+
+def _status(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None,
+            config: OperatorConfig, generation: int | None, **findings: object) -> dict:
+    """Observes the children and computes status; `findings` are Observation fields
+    (apply_error, spec_error, kv_probes) that the caller knows and the API server does not."""
+    meta = body["metadata"]
+    obs = dataclasses.replace(apply.observe(api, meta["namespace"], meta["name"]), **findings)
     old = body.get("status") or {}
     if generation is None:
         generation = old.get("observedGeneration")
-    return compute_status(
-        spec, obs, old, now(), generation,
-        endpoint(meta["name"], meta["namespace"], spec), generation_hash(spec, config),
-    )
+    if spec is None:  # what runs came from an earlier spec: keep what status said of it
+        url, label = old.get("endpoint"), old.get("generation")
+    else:
+        url, label = endpoint(meta["name"], meta["namespace"], spec), generation_hash(spec, config)
+    return compute_status(spec, obs, old, now(), generation, url, label)
 
 
 def reconcile(api: client.ApiClient, body: dict, config: OperatorConfig,
@@ -74,9 +87,32 @@ def reconcile(api: client.ApiClient, body: dict, config: OperatorConfig,
     """Applies every child and writes status; `drift` marks a periodic pass (event wording);
     `kv_probes` are the workers' KV health answers (None: not probed)."""
     meta = body["metadata"]
+    spec, spec_error = parse_spec(body)
+    if spec is None:
+        result = apply.ApplyResult(error=spec_error)
+    else:
+        result = _apply(api, body, spec, config, drift)
+    if result.error and _ready(body).get("message") != result.error:
+        # Once per distinct failure, not per resync.
+        reason = "InvalidSpec" if spec is None else "ApplyFailed"
+        apply.post_event(api, body, "Warning", reason, result.error)
+    # observedGeneration advances only once the spec it describes is applied.
+    generation = None if result.error else meta.get("generation")
+    apply_error = None if spec is None else result.error
+    status = _status(api, body, spec, config, generation,
+                     apply_error=apply_error, spec_error=spec_error, kv_probes=kv_probes)
+    _kv_event(api, body, status)
+    if not same_status(body.get("status"), status):
+        apply.write_status(api, meta["namespace"], meta["name"], status, body.get("status"))
+    return result
+
+
+def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config: OperatorConfig,
+           drift: bool) -> apply.ApplyResult:
+    """Renders and applies every child; posts Created/Updated/DriftCorrected events."""
+    meta = body["metadata"]
     t0 = time.monotonic()
-    manifests = render(meta, body["spec"], config)
-    result = apply.apply_all(api, manifests)
+    result = apply.apply_all(api, render(meta, spec, config))
     if result.created or result.updated or result.error:
         log.info("applied %s/%s in %.2fs: %d created, %d updated%s", meta["namespace"], meta["name"],
                  time.monotonic() - t0, len(result.created), len(result.updated),
@@ -93,14 +129,6 @@ def reconcile(api: client.ApiClient, body: dict, config: OperatorConfig,
     if result.updated:
         reason = "DriftCorrected" if drift else "Updated"
         event("Normal", reason, "updated " + ", ".join(result.updated))
-    if result.error and _ready(body).get("message") != result.error:
-        event("Warning", "ApplyFailed", result.error)  # once per distinct failure, not per resync
-    # observedGeneration advances only once the spec it describes is applied.
-    generation = None if result.error else meta.get("generation")
-    status = _status(api, body, config, generation, result.error, kv_probes)
-    _kv_event(api, body, status)
-    if not same_status(body.get("status"), status):
-        apply.write_status(api, meta["namespace"], meta["name"], status, body.get("status"))
     return result
 
 
@@ -113,7 +141,9 @@ def refresh_status(api: client.ApiClient, namespace: str, name: str, config: Ope
     old = body.get("status") or {}
     ready = _ready(body)
     apply_error = ready["message"] if ready.get("reason") == "ApplyFailed" else None
-    status = _status(api, body, config, None, apply_error, kv_probes)
+    spec, spec_error = parse_spec(body)
+    status = _status(api, body, spec, config, None,
+                     apply_error=apply_error, spec_error=spec_error, kv_probes=kv_probes)
     _kv_event(api, body, status)
     if not same_status(old, status):
         apply.write_status(api, namespace, name, status, old)

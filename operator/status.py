@@ -9,7 +9,9 @@ Conditions (type, status, CamelCase reason, message, lastTransitionTime, observe
                                           TransferFailing / RDMAFallback; Unknown Unreachable /
                                           NoWorkers / NotProbed (probing turned off)
   Ready                                   True when the three roles are; otherwise the most
-                                          actionable failing reason (Unschedulable first).
+                                          actionable failing reason (Unschedulable first);
+                                          InvalidSpec when the operator cannot read the spec
+                                          (the roles then report against what is running)
                                           KVTransferReady does not feed it: Ready is about serving
                                           capacity (a fallen-back path still serves, slowly)
 lastTransitionTime changes only when a condition's status changes.
@@ -21,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.contracts.kv_health import KVHealth
+from tandem.contracts.names import Role
+from tandem.operator.spec import COMPONENTS, ROUTER, InferenceServiceSpec
 
-ROLES = ("prefill", "decode", "router")
-CONDITION_FOR = {"prefill": "PrefillReady", "decode": "DecodeReady", "router": "RouterReady"}
+CONDITION_FOR = {Role.PREFILL.value: "PrefillReady", Role.DECODE.value: "DecodeReady", ROUTER: "RouterReady"}
 
 
 @dataclass
@@ -51,6 +54,7 @@ class Observation:
     roles: dict[str, RoleObservation] = field(default_factory=dict)
     router_service: bool = False
     apply_error: str | None = None  # why the last apply failed, if it did
+    spec_error: str | None = None  # why the operator cannot use the spec (tandem.operator.spec.SpecError)
     kv_probes: list[KVProbe] | None = None  # None: the operator does not probe (--no-kv-probe)
 
 
@@ -119,15 +123,20 @@ def _urgency(reason: str) -> int:
     return 50
 
 
-def desired_replicas(spec: dict) -> dict[str, int]:
-    return {role: int(spec[role]["replicas"]) for role in ROLES}
+def desired_replicas(spec: InferenceServiceSpec | None, obs: Observation) -> dict[str, int]:
+    """Pods per component: as the spec asks, or as the Deployments say when the spec is unreadable."""
+    if spec is not None:
+        return spec.replicas()
+    return {c: obs.roles[c].replicas if c in obs.roles else 0 for c in COMPONENTS}
 
 
-def compute_conditions(spec: dict, obs: Observation) -> list[dict[str, str]]:
+def compute_conditions(spec: InferenceServiceSpec | None, obs: Observation) -> list[dict[str, str]]:
     """All conditions, without timestamps: Ready first, then per role, then KVTransferReady."""
-    desired = desired_replicas(spec)
-    roles = [role_condition(r, obs.roles.get(r, RoleObservation()), desired[r]) for r in ROLES]
-    if obs.apply_error:
+    desired = desired_replicas(spec, obs)
+    roles = [role_condition(r, obs.roles.get(r, RoleObservation()), desired[r]) for r in COMPONENTS]
+    if obs.spec_error:
+        ready = condition("Ready", "False", "InvalidSpec", obs.spec_error)
+    elif obs.apply_error:
         ready = condition("Ready", "False", "ApplyFailed", obs.apply_error)
     else:
         failing = [c for c in roles if c["status"] != "True"]
@@ -144,11 +153,12 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def kv_condition(spec: dict, probes: list[KVProbe] | None) -> dict[str, str]:
+def kv_condition(spec: InferenceServiceSpec | None, probes: list[KVProbe] | None) -> dict[str, str]:
     """KVTransferReady from the workers' own health reports; the worst finding wins.
 
     Order: TransferFailing (requests fail now), RDMAFallback (slow, silently), Unreachable,
     NoWorkers, Healthy. Each message names the pods so `kubectl describe` points at them.
+    RDMAFallback needs the spec (kvTransfer.rdma); without a readable one it is not judged.
     """
     type_ = "KVTransferReady"
     if probes is None:
@@ -165,7 +175,7 @@ def kv_condition(spec: dict, probes: list[KVProbe] | None) -> dict[str, str]:
                  f"last error: {p.health.last_error or 'unknown'}" for p in failing]
         return condition(type_, "False", "TransferFailing",
                          "KV handoffs are failing: " + "; ".join(parts))
-    if (spec.get("kvTransfer") or {}).get("rdma"):
+    if spec is not None and spec.kv_transfer.rdma is not None:
         fallen = [p for p in answered if p.health.transport is not None and not p.health.transport.rdma]
         if fallen:
             parts = []
@@ -212,31 +222,36 @@ def stamp(
 
 
 def compute_status(
-    spec: dict,
+    spec: InferenceServiceSpec | None,
     obs: Observation,
     old_status: dict | None,
     now: str,
     observed_generation: int | None,
-    endpoint: str,
-    generation_label: str,
+    endpoint: str | None,
+    generation_label: str | None,
 ) -> dict[str, Any]:
-    """The whole status object to write; equal to old_status when nothing changed."""
+    """The whole status object to write; equal to old_status when nothing changed.
+
+    spec is None when the operator cannot read it (obs.spec_error says why); endpoint and
+    generation_label None leave those fields out.
+    """
     old_status = old_status or {}
-    desired = desired_replicas(spec)
+    desired = desired_replicas(spec, obs)
     conditions = stamp(compute_conditions(spec, obs), old_status.get("conditions"), now, observed_generation)
     status: dict[str, Any] = {"conditions": conditions}
     if observed_generation is not None:
         status["observedGeneration"] = observed_generation
-    for role in ROLES:
+    for role in COMPONENTS:
         ro = obs.roles.get(role, RoleObservation())
         status[role] = {
             "replicas": desired[role],
             "readyReplicas": ro.ready,
             "summary": f"{ro.ready}/{desired[role]}",
         }
-    if obs.router_service:
+    if obs.router_service and endpoint is not None:
         status["endpoint"] = endpoint
-    status["generation"] = generation_label
+    if generation_label is not None:
+        status["generation"] = generation_label
     return status
 
 

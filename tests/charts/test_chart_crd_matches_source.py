@@ -1,5 +1,6 @@
-"""The chart's CRD is a byte-for-byte copy of crds/ (the one source of truth): Helm only
-installs CRDs from the chart's own crds/ folder, so hack/sync-crd.sh keeps a copy there."""
+"""The chart's CRD is byte for byte the one in crds/: Helm only installs CRDs from the chart's own
+crds/ folder. Both are written by `python -m tandem.operator.crd` from the typed spec
+(tests/operator/test_crd_is_generated_from_the_typed_spec.py); hack/sync-crd.sh copies too."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ COPY = CHART_DIR / "crds" / "inferenceservices.tandem.dev.yaml"
 
 def test_chart_crd_equals_the_source_crd() -> None:
     assert SOURCE.is_file(), f"{SOURCE} is missing"
-    assert COPY.is_file(), f"{COPY} is missing: run hack/sync-crd.sh"
+    assert COPY.is_file(), f"{COPY} is missing: run `python -m tandem.operator.crd`"
     assert COPY.read_bytes() == SOURCE.read_bytes(), (
         f"{COPY.relative_to(REPO_ROOT)} differs from {SOURCE.relative_to(REPO_ROOT)}: "
-        "run hack/sync-crd.sh"
+        "run `python -m tandem.operator.crd`"
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tandem.operator.spec import InferenceServiceSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "inferenceservices.tandem.dev.yaml"
@@ -50,6 +51,12 @@ def spec_schema(crd: dict) -> dict:
 def defaulted(spec_schema: dict) -> Callable[[dict], dict]:
     """spec -> the spec as stored by the API server after CRD defaulting."""
     return lambda spec: _apply_defaults(spec_schema, copy.deepcopy(spec))
+
+
+@pytest.fixture
+def typed(defaulted: Callable[[dict], dict]) -> Callable[[dict], InferenceServiceSpec]:
+    """spec -> the typed spec the operator parses from what the API server stored."""
+    return lambda spec: InferenceServiceSpec.from_dict(defaulted(spec))
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from tandem.operator.spec import InferenceServiceSpec
 
 pytestmark = pytest.mark.cluster
 
@@ -156,13 +157,17 @@ def test_examples_are_accepted(api, namespace, examples):
         body["metadata"].pop("namespace", None)
         created = _create(api, namespace, body, dry_run=True)
         assert created["metadata"]["name"] == example["metadata"]["name"], name
+        # what the API server stores, the operator reads back unchanged
+        assert InferenceServiceSpec.from_dict(created["spec"]).to_dict() == created["spec"], name
 
 
 def test_server_defaults_match_what_the_renderer_tests_assume(api, namespace, defaulted):
-    """The unit tests default specs from the CRD file; the API server must agree."""
+    """The unit tests default specs from the CRD file, and the operator's parser fills the same
+    defaults from its declarations; the API server must agree with both."""
     for spec in (BASE, {"model": {"hub": "org/m"}}, {"model": {"path": "/m"}, "kvTransfer": {"rdma": RDMA}}):
         created = _create(api, namespace, _body("defaults", spec), dry_run=True)
         assert created["spec"] == defaulted(spec)
+        assert InferenceServiceSpec.from_dict(copy.deepcopy(spec)).to_dict() == created["spec"]
     minimal = _create(api, namespace, _body("minimal", {"model": {"path": "/m"}}), dry_run=True)["spec"]
     assert minimal["prefill"]["replicas"] == 1 and minimal["decode"]["gpus"] == 1
     assert minimal["kvTransfer"]["backend"] == "nixl" and minimal["router"]["service"]["port"] == 8000

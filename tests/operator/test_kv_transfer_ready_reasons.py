@@ -8,6 +8,7 @@ import socket
 from aiohttp import web
 from tandem.contracts.kv_health import KVHealth, TransportInfo
 from tandem.operator.probe import HEALTH_PATH, Target, probe_all, targets
+from tandem.operator.spec import InferenceServiceSpec
 from tandem.operator.status import (
     KVProbe,
     Observation,
@@ -16,8 +17,9 @@ from tandem.operator.status import (
     kv_condition,
 )
 
-TCP = {"kvTransfer": {"backend": "tcp"}}
-RDMA = {"kvTransfer": {"backend": "nixl", "rdma": {"resourceName": "rdma/rdma_shared_device_a", "count": 1}}}
+TCP = InferenceServiceSpec.from_dict({"model": {"path": "/m"}, "kvTransfer": {"backend": "tcp"}})
+RDMA = InferenceServiceSpec.from_dict({"model": {"path": "/m"}, "kvTransfer": {
+    "backend": "nixl", "rdma": {"resourceName": "rdma/rdma_shared_device_a", "count": 1}}})
 
 
 def _health(backend="tcp", healthy=True, rdma=False, network="tcp", **extra) -> KVHealth:
@@ -53,6 +55,8 @@ def test_rdma_fallback_names_the_pod_and_the_workers_reason():
     assert "no RDMA device in /sys/class/infiniband" in c["message"]
     # without kvTransfer.rdma, TCP is what was asked for
     assert kv_condition(TCP, probes[1:])["reason"] == "Healthy"
+    # without a spec the operator can read, nobody asked for RDMA either
+    assert kv_condition(None, probes[1:])["reason"] == "Healthy"
 
 
 def test_transfer_failing_wins_and_names_the_pod():
@@ -79,8 +83,7 @@ def test_kv_transfer_ready_does_not_change_ready():
     obs = Observation(roles={r: RoleObservation(exists=True, replicas=1, ready=1)
                              for r in ("prefill", "decode", "router")}, router_service=True,
                       kv_probes=[KVProbe("p", "prefill", _health(healthy=False))])
-    spec = {r: {"replicas": 1} for r in ("prefill", "decode", "router")} | TCP
-    st = compute_status(spec, obs, None, "2026-01-01T00:00:00Z", 1, "http://x", "g")
+    st = compute_status(TCP, obs, None, "2026-01-01T00:00:00Z", 1, "http://x", "g")
     by_type = {c["type"]: c for c in st["conditions"]}
     assert by_type["KVTransferReady"]["reason"] == "TransferFailing"
     assert by_type["Ready"]["status"] == "True"

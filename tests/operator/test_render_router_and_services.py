@@ -13,8 +13,8 @@ def _by(manifests: list[dict], kind: str, name: str) -> dict:
     return next(m for m in manifests if m["kind"] == kind and m["metadata"]["name"] == name)
 
 
-def test_children_are_the_documented_set(defaulted, meta):
-    out = render(meta, defaulted({"model": {"path": "/m"}}), CONFIG)
+def test_children_are_the_documented_set(typed, meta):
+    out = render(meta, typed({"model": {"path": "/m"}}), CONFIG)
     assert sorted((m["kind"], m["metadata"]["name"]) for m in out) == sorted([
         ("ConfigMap", "llama-config"),
         ("ServiceAccount", "llama-router"), ("Role", "llama-router"), ("RoleBinding", "llama-router"),
@@ -26,8 +26,8 @@ def test_children_are_the_documented_set(defaulted, meta):
     assert kinds.index("ConfigMap") < kinds.index("Deployment")
 
 
-def test_router_pod_meets_restricted_pod_security(defaulted, meta):
-    out = render(meta, defaulted({"model": {"path": "/m"}}), CONFIG)
+def test_router_pod_meets_restricted_pod_security(typed, meta):
+    out = render(meta, typed({"model": {"path": "/m"}}), CONFIG)
     pod = _by(out, "Deployment", "llama-router")["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -41,8 +41,8 @@ def test_router_pod_meets_restricted_pod_security(defaulted, meta):
     assert "nvidia.com/gpu" not in (c["resources"].get("limits") or {})
 
 
-def test_router_role_grants_only_pod_and_endpointslice_reads(defaulted, meta):
-    out = render(meta, defaulted({"model": {"path": "/m"}}), CONFIG)
+def test_router_role_grants_only_pod_and_endpointslice_reads(typed, meta):
+    out = render(meta, typed({"model": {"path": "/m"}}), CONFIG)
     role = _by(out, "Role", "llama-router")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
@@ -52,8 +52,8 @@ def test_router_role_grants_only_pod_and_endpointslice_reads(defaulted, meta):
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llama-router", "namespace": "serving"}]
 
 
-def test_services_and_endpoint(defaulted, meta):
-    spec = defaulted({"model": {"path": "/m"}, "router": {"service": {"type": "NodePort", "port": 9000}}})
+def test_services_and_endpoint(typed, meta):
+    spec = typed({"model": {"path": "/m"}, "router": {"service": {"type": "NodePort", "port": 9000}}})
     out = render(meta, spec, CONFIG)
     router = _by(out, "Service", "llama-router")["spec"]
     assert router["type"] == "NodePort"
@@ -66,8 +66,8 @@ def test_services_and_endpoint(defaulted, meta):
     assert endpoint("llama", "serving", spec) == "http://llama-router.serving.svc.cluster.local:9000"
 
 
-def test_router_config_and_api_key(examples, defaulted, meta):
-    spec = defaulted(examples["gpu-roce"]["spec"])
+def test_router_config_and_api_key(examples, typed, meta):
+    spec = typed(examples["gpu-roce"]["spec"])
     out = render(meta, spec, CONFIG)
     cfg = yaml.safe_load(_by(out, "ConfigMap", "llama-config")["data"]["router.yaml"])
     assert cfg["kubernetes"] is True and cfg["namespace"] == "serving" and cfg["service"] == "llama"
@@ -78,34 +78,37 @@ def test_router_config_and_api_key(examples, defaulted, meta):
     key = next(e for e in c["env"] if e["name"] == "TANDEM_API_KEY")
     assert key["valueFrom"] == {"secretKeyRef": {"name": "llama-8b-api-key", "key": "api-key"}}
     # limits default to the model's context when unset
-    cfg2 = yaml.safe_load(_by(render(meta, defaulted({"model": {"path": "/m"}}), CONFIG), "ConfigMap",
+    cfg2 = yaml.safe_load(_by(render(meta, typed({"model": {"path": "/m"}}), CONFIG), "ConfigMap",
                               "llama-config")["data"]["router.yaml"])
     assert cfg2["max_prompt_tokens"] == 4095 and cfg2["max_body_bytes"] == 1048576
 
 
-def test_render_is_pure_and_deterministic(defaulted, meta, examples):
-    spec = defaulted(examples["gpu-roce"]["spec"])
-    snapshot = yaml.safe_dump(spec)
+def test_render_is_pure_and_deterministic(typed, meta, examples):
+    affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": [{"key": "a", "operator": "Exists"}]}}]}}
+    raw = examples["gpu-roce"]["spec"] | {"decode": examples["gpu-roce"]["spec"]["decode"] | {"affinity": affinity}}
+    spec = typed(raw)
+    snapshot = spec.to_dict()
     assert render(meta, spec, CONFIG) == render(meta, spec, CONFIG)
-    assert yaml.safe_dump(spec) == snapshot, "render must not modify its input"
+    assert spec.to_dict() == snapshot, "render must not modify its input"
 
 
-def test_pods_meet_restricted_unless_rdma_needs_more(defaulted, meta, examples):
+def test_pods_meet_restricted_unless_rdma_needs_more(typed, meta, examples):
     from tandem.testing.pod_security import restricted_violations
 
-    out = render(meta, defaulted(examples["cpu"]["spec"]), CONFIG)
+    out = render(meta, typed(examples["cpu"]["spec"]), CONFIG)
     for role in ("prefill", "decode", "router"):
         pod = _by(out, "Deployment", f"llama-{role}")["spec"]["template"]["spec"]
         assert restricted_violations(pod) == [], role
-    out = render(meta, defaulted(examples["gpu-roce"]["spec"]), CONFIG)
+    out = render(meta, typed(examples["gpu-roce"]["spec"]), CONFIG)
     assert restricted_violations(_by(out, "Deployment", "llama-router")["spec"]["template"]["spec"]) == []
     worker = _by(out, "Deployment", "llama-prefill")["spec"]["template"]["spec"]
     assert any("IPC_LOCK" in v for v in restricted_violations(worker))
 
 
-def test_every_rendered_kind_has_an_apply_path(defaulted, meta, examples):
+def test_every_rendered_kind_has_an_apply_path(typed, meta, examples):
     from tandem.operator.apply import PATHS
 
     for example in examples.values():
-        for m in render(meta, defaulted(example["spec"]), CONFIG):
+        for m in render(meta, typed(example["spec"]), CONFIG):
             assert (m["apiVersion"], m["kind"]) in PATHS

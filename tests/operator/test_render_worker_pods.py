@@ -21,8 +21,8 @@ def _env(container: dict) -> dict:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
-def test_roce_example_pods_request_gpu_and_rdma_and_lock_memory(examples, defaulted, meta):
-    spec = defaulted(examples["gpu-roce"]["spec"])
+def test_roce_example_pods_request_gpu_and_rdma_and_lock_memory(examples, typed, meta):
+    spec = typed(examples["gpu-roce"]["spec"])
     out = render(meta, spec, CONFIG)
     for role, pool in (("prefill", "prefill"), ("decode", "decode")):
         pod = _pod(out, role)["spec"]
@@ -49,8 +49,8 @@ def test_roce_example_pods_request_gpu_and_rdma_and_lock_memory(examples, defaul
         assert vol["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
 
 
-def test_ib_hostnetwork_example_uses_host_network_with_cluster_dns(examples, defaulted, meta):
-    spec = defaulted(examples["gpu-ib-hostnetwork"]["spec"])
+def test_ib_hostnetwork_example_uses_host_network_with_cluster_dns(examples, typed, meta):
+    spec = typed(examples["gpu-ib-hostnetwork"]["spec"])
     out = render(meta, spec, CONFIG)
     for role in ("prefill", "decode"):
         pod = _pod(out, role)["spec"]
@@ -64,8 +64,8 @@ def test_ib_hostnetwork_example_uses_host_network_with_cluster_dns(examples, def
     assert _pod(out, "prefill")["spec"]["terminationGracePeriodSeconds"] == 300
 
 
-def test_cpu_example_asks_for_no_gpu_rdma_or_capability(examples, defaulted, meta):
-    spec = defaulted(examples["cpu"]["spec"])
+def test_cpu_example_asks_for_no_gpu_rdma_or_capability(examples, typed, meta):
+    spec = typed(examples["cpu"]["spec"])
     out = render(meta, spec, CONFIG)
     for role in ("prefill", "decode"):
         pod = _pod(out, role)["spec"]
@@ -80,8 +80,8 @@ def test_cpu_example_asks_for_no_gpu_rdma_or_capability(examples, defaulted, met
         assert not any(v["name"] == "model" for v in pod["volumes"]), "an in-image path needs no volume"
 
 
-def test_worker_pod_probes_shm_grace_and_spread(defaulted, meta):
-    spec = defaulted({"model": {"hub": "org/model"}})
+def test_worker_pod_probes_shm_grace_and_spread(typed, meta):
+    spec = typed({"model": {"hub": "org/model"}})
     out = render(meta, spec, CONFIG)
     for role, grace in (("prefill", 120), ("decode", 60)):
         pod = _pod(out, role)["spec"]
@@ -104,8 +104,8 @@ def test_worker_pod_probes_shm_grace_and_spread(defaulted, meta):
         assert _env(c)["HF_HOME"] == "/cache/huggingface"
 
 
-def test_labels_owner_reference_and_config_hash(defaulted, meta):
-    spec = defaulted({"model": {"path": "/m"}})
+def test_labels_owner_reference_and_config_hash(typed, meta):
+    spec = typed({"model": {"path": "/m"}})
     out = render(meta, spec, CONFIG)
     for m in out:
         assert m["metadata"]["namespace"] == "serving"
@@ -127,8 +127,8 @@ def test_labels_owner_reference_and_config_hash(defaulted, meta):
     assert len(gens) == 1, "prefill and decode of one spec share a generation"
 
 
-def test_engine_settings_land_in_the_role_config_file(defaulted, meta):
-    spec = defaulted({
+def test_engine_settings_land_in_the_role_config_file(typed, meta):
+    spec = typed({
         "model": {"path": "/m", "dtype": "bfloat16", "maxModelLen": 8192, "servedName": "m"},
         "prefill": {"engine": {"maxBatchedTokens": 16384, "kvBlocks": 4096}},
         "decode": {"engine": {"maxNumSeqs": 128, "kvMemoryFraction": 0.5}},
@@ -151,11 +151,11 @@ def test_engine_settings_land_in_the_role_config_file(defaulted, meta):
     assert cfg == {"name": "llama-config", "items": [{"key": "decode.yaml", "path": "config.yaml"}]}
 
 
-def test_changing_engine_settings_rolls_only_that_role(defaulted, meta):
+def test_changing_engine_settings_rolls_only_that_role(typed, meta):
     base = {"model": {"path": "/m"}}
     changed = {"model": {"path": "/m"}, "decode": {"engine": {"maxNumSeqs": 7}}}
-    a = render(meta, defaulted(base), CONFIG)
-    b = render(meta, defaulted(changed), CONFIG)
+    a = render(meta, typed(base), CONFIG)
+    b = render(meta, typed(changed), CONFIG)
 
     def h(out, role):
         return _pod(out, role)["metadata"]["annotations"]["tandem.dev/config-hash"]
@@ -164,9 +164,9 @@ def test_changing_engine_settings_rolls_only_that_role(defaulted, meta):
     assert h(a, "prefill") == h(b, "prefill")
 
 
-def test_generation_changes_with_what_makes_prefill_and_decode_compatible(defaulted, meta):
+def test_generation_changes_with_what_makes_prefill_and_decode_compatible(typed, meta):
     def gen(spec, config=CONFIG):
-        return _pod(render(meta, defaulted(spec), config), "prefill")["metadata"]["labels"]["tandem.dev/generation"]
+        return _pod(render(meta, typed(spec), config), "prefill")["metadata"]["labels"]["tandem.dev/generation"]
 
     base = gen({"model": {"path": "/m"}})
     assert gen({"model": {"path": "/m"}, "prefill": {"replicas": 5}}) == base
@@ -179,10 +179,10 @@ def test_generation_changes_with_what_makes_prefill_and_decode_compatible(defaul
     assert gen({"model": {"path": "/m"}, "image": {"tag": "9.9"}}) != base
 
 
-def test_user_env_and_affinity_pass_through(defaulted, meta):
+def test_user_env_and_affinity_pass_through(typed, meta):
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}]}}}
-    spec = defaulted({"model": {"path": "/m"}, "kvTransfer": {"ucx": {"transports": "rc,tcp"}}, "prefill": {
+    spec = typed({"model": {"path": "/m"}, "kvTransfer": {"ucx": {"transports": "rc,tcp"}}, "prefill": {
         "affinity": affinity, "env": [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "UCX_TLS", "value": "tcp"}]}})
     pod = _pod(render(meta, spec, CONFIG), "prefill")["spec"]
     assert pod["affinity"] == affinity

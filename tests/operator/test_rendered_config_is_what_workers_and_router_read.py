@@ -20,8 +20,8 @@ def _worker_settings(tmp_path, text: str):
     return resolve_settings(parser.parse_args(["--config", str(path)]))
 
 
-def test_worker_reads_each_role_file(tmp_path, defaulted, examples):
-    spec = defaulted(examples["gpu-roce"]["spec"])
+def test_worker_reads_each_role_file(tmp_path, typed, examples):
+    spec = typed(examples["gpu-roce"]["spec"])
     files = config_files("llama-8b", "serving", spec)
     for role in ("prefill", "decode"):
         s = _worker_settings(tmp_path, files[f"{role}.yaml"])
@@ -29,14 +29,14 @@ def test_worker_reads_each_role_file(tmp_path, defaulted, examples):
         assert s.served_name == "meta-llama/Llama-3.1-8B-Instruct"
         assert s.dtype == "bfloat16" and s.max_model_len == 8192
         assert s.kv_backend == "nixl" and s.block_size == 16
-        assert s.max_num_seqs == spec[role]["engine"]["maxNumSeqs"]
-        assert s.kv_memory_fraction == spec[role]["engine"]["kvMemoryFraction"]
+        assert s.max_num_seqs == spec.role(role).engine.max_num_seqs
+        assert s.kv_memory_fraction == spec.role(role).engine.kv_memory_fraction
 
 
-def test_router_reads_its_file(tmp_path, defaulted, examples):
+def test_router_reads_its_file(tmp_path, typed, examples):
     from tandem.worker.router.config import load_yaml
 
-    spec = defaulted(examples["gpu-roce"]["spec"])
+    spec = typed(examples["gpu-roce"]["spec"])
     path = tmp_path / "router.yaml"
     path.write_text(config_files("llama-8b", "serving", spec)["router.yaml"])
     cfg = load_yaml(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tandem.operator.spec import InferenceServiceSpec
 from tandem.operator.status import Observation, RoleObservation, compute_status
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
@@ -9,7 +10,10 @@ EP = "http://x-router.ns.svc.cluster.local:8000"
 
 
 def _spec(prefill=1, decode=1, router=1):
-    return {"prefill": {"replicas": prefill}, "decode": {"replicas": decode}, "router": {"replicas": router}}
+    return InferenceServiceSpec.from_dict({
+        "model": {"path": "/m"},
+        "prefill": {"replicas": prefill}, "decode": {"replicas": decode}, "router": {"replicas": router},
+    })
 
 
 def _ready_obs():
@@ -111,3 +115,20 @@ def test_no_endpoint_without_the_router_service():
     obs = _ready_obs()
     obs.router_service = False
     assert "endpoint" not in compute_status(_spec(), obs, None, T0, 1, EP, "g")
+
+
+def test_an_unreadable_spec_is_ready_false_invalid_spec_judged_against_what_runs():
+    """The CRD in the cluster may be older than the operator: the spec it let through is
+    reported, not crashed on; the roles are judged against the Deployments as they run."""
+    obs = _ready_obs()
+    obs.roles["decode"] = RoleObservation(exists=True, replicas=3, ready=1)
+    obs.spec_error = "spec.prefill.replicas: must be at most 1000, got 5000"
+    old = compute_status(_spec(), _ready_obs(), None, T0, 1, EP, "g")
+    st = compute_status(None, obs, old, T1, 1, None, None)
+    ready = _cond(st, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert ready["message"] == obs.spec_error and ready["lastTransitionTime"] == T1
+    assert _cond(st, "DecodeReady")["message"] == "1/3 decode pods ready"
+    assert st["decode"] == {"replicas": 3, "readyReplicas": 1, "summary": "1/3"}
+    assert "endpoint" not in st and "generation" not in st
+    assert _cond(st, "KVTransferReady")["reason"] == "NotProbed"

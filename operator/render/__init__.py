@@ -1,0 +1,56 @@
+"""InferenceService -> the manifests of its children. Pure: no I/O, no clock, no randomness.
+
+`render` takes the typed spec (tandem.operator.spec, parsed from what the API server stored and
+defaulted) and returns every child, all in the CR's namespace, in apply order:
+
+  ConfigMap   <name>-config           engine config per role + router config   config_files.py
+  ServiceAccount/Role/RoleBinding <name>-router: list/watch pods, EndpointSlices router.py
+  Service     <name>-prefill/-decode  headless, for discovery                 worker.py
+  Service     <name>-router           the endpoint                            router.py
+  Deployment  <name>-prefill/-decode  the workers (GPU, RDMA, probes, spread)  worker.py
+  Deployment  <name>-router           the OpenAI-compatible router            router.py
+
+A new kind of child is one builder here plus its (apiVersion, kind) in apply.PATHS.
+"""
+
+from __future__ import annotations
+
+from tandem.operator.config import OperatorConfig
+from tandem.operator.render.config_files import (
+    config_files,
+    configmap,
+    router_config,
+    worker_config,
+)
+from tandem.operator.render.identity import generation_hash, image_ref, short_hash
+from tandem.operator.render.objects import Manifest, names
+from tandem.operator.render.router import endpoint, router_deployment, router_rbac, router_service
+from tandem.operator.render.worker import worker_deployment, worker_service
+from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
+
+__all__ = [
+    "Manifest",
+    "config_files",
+    "endpoint",
+    "generation_hash",
+    "image_ref",
+    "names",
+    "render",
+    "router_config",
+    "worker_config",
+]
+
+
+def render(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig) -> list[Manifest]:
+    """Every child of one InferenceService, in apply order (config and RBAC before pods)."""
+    files = config_files(meta["name"], meta["namespace"], spec)
+    # Each pod template carries the hash of its own file: a change rolls that component only.
+    hashes = {key: short_hash(text, 16) for key, text in files.items()}
+    return [
+        configmap(meta, files),
+        *router_rbac(meta),
+        *(worker_service(meta, role) for role in WORKER_ROLES),
+        router_service(meta, spec),
+        *(worker_deployment(meta, spec, role, config, hashes[f"{role}.yaml"]) for role in WORKER_ROLES),
+        router_deployment(meta, spec, config, hashes[f"{ROUTER}.yaml"]),
+    ]

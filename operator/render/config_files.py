@@ -1,0 +1,98 @@
+"""The ConfigMap: one file per component, keys as `tandem worker` / `tandem router` read them. Pure.
+
+Each pod mounts only its own file as config.yaml, and its pod template carries that file's hash,
+so changing decode's engine settings rolls decode only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+from tandem.contracts.names import ROUTER_PORT, WORKER_PORT
+from tandem.operator.render.objects import Manifest, metadata, names
+from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
+
+MODEL_DIR = "/models"  # where a hostPath or PVC model is mounted
+
+
+def model_arg(spec: InferenceServiceSpec) -> str:
+    """What the worker's --model gets: a path inside the container or a hub id."""
+    model = spec.model
+    if model.path is not None:
+        return model.path
+    if model.hub is not None:
+        return model.hub
+    return MODEL_DIR  # hostPath and pvc are mounted here
+
+
+def worker_config(name: str, role: str, spec: InferenceServiceSpec) -> dict[str, Any]:
+    """The worker's --config file: YAML keys mirror `tandem worker` flags (underscores)."""
+    model, engine, kv = spec.model, spec.role(role).engine, spec.kv_transfer
+    cfg: dict[str, Any] = {
+        "role": role,
+        "model": model_arg(spec),
+        "served_name": model.served_name or name,
+        "dtype": model.dtype,
+        "max_model_len": model.max_model_len,
+        "host": "0.0.0.0",
+        "port": WORKER_PORT,
+        "kv_backend": kv.backend,
+        "block_size": kv.block_size,
+        "max_num_seqs": engine.max_num_seqs,
+        "max_batched_tokens": engine.max_batched_tokens,
+        "log_format": "json",
+    }
+    if engine.kv_blocks is not None:
+        cfg["num_blocks"] = engine.kv_blocks
+    if engine.kv_memory_fraction is not None:
+        cfg["kv_memory_fraction"] = engine.kv_memory_fraction
+    return cfg
+
+
+def router_config(name: str, namespace: str, spec: InferenceServiceSpec | Mapping) -> dict[str, Any]:
+    """The router's --config file (keys of tandem.worker.router.config.RouterConfig).
+
+    The API key is not here: it reaches the router as $TANDEM_API_KEY from the Secret. A spec
+    given as JSON is parsed first (the router's own tests pass one).
+    """
+    if not isinstance(spec, InferenceServiceSpec):
+        spec = InferenceServiceSpec.from_dict(spec)
+    router, model = spec.router, spec.model
+    limits = router.limits
+    no_limit = model.max_model_len - 1
+    return {
+        "host": "0.0.0.0",
+        "port": ROUTER_PORT,
+        "kubernetes": True,
+        "namespace": namespace,
+        "service": name,
+        "worker_port": WORKER_PORT,
+        "model": model.served_name or name,
+        "policy": router.policy,
+        "short_prompt_threshold": router.short_prompt_tokens,
+        "max_prompt_tokens": no_limit if limits.max_prompt_tokens is None else limits.max_prompt_tokens,
+        "max_tokens_limit": no_limit if limits.max_output_tokens is None else limits.max_output_tokens,
+        "max_body_bytes": limits.max_body_bytes,
+        "log_format": "json",
+    }
+
+
+def _dump(cfg: dict) -> str:
+    return yaml.safe_dump(cfg, sort_keys=True)
+
+
+def config_files(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, str]:
+    """ConfigMap data: `<component>.yaml` per component."""
+    files = {f"{role}.yaml": _dump(worker_config(name, role, spec)) for role in WORKER_ROLES}
+    return files | {f"{ROUTER}.yaml": _dump(router_config(name, namespace, spec))}
+
+
+def configmap(meta: dict, files: dict[str, str]) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(meta, names(meta["name"])["config"], "config"),
+        "data": files,
+    }

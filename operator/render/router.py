@@ -1,0 +1,123 @@
+"""The router: its Deployment (Restricted pod security), its Service (the endpoint) and the
+ServiceAccount/Role/RoleBinding it lists worker pods with. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.contracts.names import LABEL_ROLE, ROUTER_PORT
+from tandem.operator.config import OperatorConfig
+from tandem.operator.render.identity import image_ref
+from tandem.operator.render.objects import (
+    CONFIG_DIR,
+    Manifest,
+    common_labels,
+    config_mount,
+    config_volume,
+    deployment,
+    metadata,
+    names,
+    pod_identity_env,
+    resources,
+    service,
+)
+from tandem.operator.spec import ROUTER, InferenceServiceSpec, Router
+
+
+def endpoint(name: str, namespace: str, spec: InferenceServiceSpec) -> str:
+    """The in-cluster URL of the router Service."""
+    return f"http://{names(name)[ROUTER]}.{namespace}.svc.cluster.local:{spec.router.service.port}"
+
+
+def router_deployment(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig,
+                      config_hash: str) -> Manifest:
+    """No GPU, Restricted pod security, reads pods through its own Role."""
+    name = meta["name"]
+    pod = {
+        "serviceAccountName": names(name)[ROUTER],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [router_container(spec, config)],
+        "volumes": [config_volume(name, f"{ROUTER}.yaml"), {"name": "tmp", "emptyDir": {}}],
+    }
+    pod_labels = common_labels(name, ROUTER) | {LABEL_ROLE: ROUTER}
+    return deployment(meta, ROUTER, spec.router.replicas, pod_labels, config_hash, pod)
+
+
+def router_container(spec: InferenceServiceSpec, config: OperatorConfig) -> dict[str, Any]:
+    router = spec.router
+    image, pull_policy = image_ref(spec, config)
+    amounts = {key: value for key, value in (("cpu", router.cpu), ("memory", router.memory))
+               if value is not None}
+    return {
+        "name": "router",
+        "image": image,
+        "imagePullPolicy": pull_policy,
+        "command": ["tandem", "router", "--config", f"{CONFIG_DIR}/config.yaml"],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "env": router_env(router),
+        "resources": resources(amounts),
+        "volumeMounts": [config_mount(), {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
+    }
+
+
+def router_env(router: Router) -> list[dict[str, Any]]:
+    """The pod's identity, and the API key from its Secret when one is named."""
+    env = pod_identity_env()
+    secret = router.api_key_secret_ref
+    if secret is not None:
+        env.append({
+            "name": "TANDEM_API_KEY",
+            "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}},
+        })
+    return env
+
+
+def router_service(meta: dict, spec: InferenceServiceSpec) -> Manifest:
+    """The InferenceService's endpoint."""
+    svc = spec.router.service
+    return service(meta, ROUTER, svc.port, type=svc.type)
+
+
+def router_rbac(meta: dict) -> list[Manifest]:
+    """ServiceAccount + Role + RoleBinding: the router discovers workers by listing pods."""
+    account = names(meta["name"])[ROUTER]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": metadata(meta, account, ROUTER),
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": metadata(meta, account, ROUTER),
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                {
+                    "apiGroups": ["discovery.k8s.io"],
+                    "resources": ["endpointslices"],
+                    "verbs": ["get", "list", "watch"],
+                },
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": metadata(meta, account, ROUTER),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": meta["namespace"]}],
+        },
+    ]

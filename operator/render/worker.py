@@ -1,0 +1,203 @@
+"""The prefill and decode workers: a production GPU pod, its Deployment and headless Service. Pure.
+
+The pod spec is built from pieces, one per concern: the container (image, command, env,
+resources, probes, security), the volumes (config, /dev/shm, model weights) and placement
+(node pool, spread, host network).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.contracts.names import LABEL_GENERATION, LABEL_ROLE, WORKER_PORT, KVBackend
+from tandem.operator.config import OperatorConfig
+from tandem.operator.render.config_files import MODEL_DIR
+from tandem.operator.render.identity import generation_hash, image_ref
+from tandem.operator.render.objects import (
+    CONFIG_DIR,
+    Manifest,
+    common_labels,
+    config_mount,
+    config_volume,
+    deployment,
+    pod_identity_env,
+    resources,
+    selector_labels,
+    service,
+)
+from tandem.operator.spec import (
+    RESERVED_ENV,
+    InferenceServiceSpec,
+    KVTransfer,
+    Model,
+    WorkerRole,
+    to_json,
+)
+
+HF_CACHE_DIR = "/cache"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def worker_deployment(meta: dict, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
+                      config_hash: str) -> Manifest:
+    """The prefill or decode Deployment: never below the desired capacity during a rollout."""
+    generation = generation_hash(spec, config)
+    pod_labels = common_labels(meta["name"], role) | {LABEL_ROLE: role, LABEL_GENERATION: generation}
+    # New pods come up before old ones go: a rollout needs room for one more pod in the pool.
+    rollout = {
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "progressDeadlineSeconds": 3600,
+    }
+    pod = worker_pod_spec(meta["name"], spec, role, config, generation)
+    return deployment(meta, role, spec.role(role).replicas, pod_labels, config_hash, pod, rollout)
+
+
+def worker_service(meta: dict, role: str) -> Manifest:
+    """Headless Service per worker role: DNS records for discovery, no load balancing."""
+    return service(meta, role, WORKER_PORT, clusterIP="None")
+
+
+def worker_pod_spec(name: str, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
+                    generation: str) -> dict[str, Any]:
+    role_spec = spec.role(role)
+    model_volumes, model_mounts = model_volume(spec.model)
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,  # workers never talk to the API server
+        "terminationGracePeriodSeconds": role_spec.termination_grace_period_seconds,
+        "containers": [worker_container(name, spec, role, config, generation, model_mounts)],
+        "volumes": [
+            config_volume(name, f"{role}.yaml"),
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": role_spec.shm_size}},
+            *model_volumes,
+        ],
+        # Spread a role's replicas across nodes; soft, so a small pool still fills.
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": selector_labels(name, role)},
+                "matchLabelKeys": ["pod-template-hash"],
+            }
+        ],
+    }
+    return pod | placement(role_spec, spec.kv_transfer)
+
+
+def worker_container(name: str, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
+                     generation: str, model_mounts: list[dict]) -> dict[str, Any]:
+    image, pull_policy = image_ref(spec, config)
+    return {
+        "name": "worker",
+        "image": image,
+        "imagePullPolicy": pull_policy,
+        "command": ["tandem", "worker", "--role", role, "--config", f"{CONFIG_DIR}/config.yaml"],
+        "ports": [{"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"}],
+        "env": worker_env(name, spec, role, generation),
+        "resources": worker_resources(spec.role(role), spec.kv_transfer),
+        "volumeMounts": [config_mount(), {"name": "dshm", "mountPath": "/dev/shm"}, *model_mounts],
+        "securityContext": security_context(spec.kv_transfer),
+        **probes(),
+    }
+
+
+def security_context(kv: KVTransfer) -> dict[str, Any]:
+    """Restricted, unless RDMA needs IPC_LOCK."""
+    security: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if kv.ipc_lock:
+        # Pinning memory for RDMA registration. A capability only takes effect for uid 0
+        # (Kubernetes sets no ambient capabilities), so this pod runs as root: it needs a
+        # namespace at the privileged Pod Security level anyway.
+        security["capabilities"]["add"] = ["IPC_LOCK"]
+        security["runAsUser"] = 0
+        security["runAsNonRoot"] = False
+    else:
+        security["runAsNonRoot"] = True  # the image's user (uid 10001): Restricted level
+    return security
+
+
+def worker_resources(role_spec: WorkerRole, kv: KVTransfer) -> dict[str, dict[str, str]]:
+    amounts = {key: value for key, value in (("cpu", role_spec.cpu), ("memory", role_spec.memory))
+               if value is not None}
+    if role_spec.gpus > 0:
+        amounts[GPU_RESOURCE] = str(role_spec.gpus)
+    if kv.rdma is not None:
+        amounts[kv.rdma.resource_name] = str(kv.rdma.count)
+    return resources(amounts)
+
+
+def worker_env(name: str, spec: InferenceServiceSpec, role: str, generation: str) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        *pod_identity_env(),
+        # The KV transfer side channel advertises the pod IP.
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "TANDEM_GENERATION", "value": generation},
+        {"name": "TANDEM_SERVICE", "value": name},
+    ]
+    ucx = spec.kv_transfer.ucx
+    if spec.kv_transfer.backend == KVBackend.NIXL and ucx is not None:
+        if ucx.transports:
+            env.append({"name": "UCX_TLS", "value": ucx.transports})
+        if ucx.net_devices:
+            env.append({"name": "UCX_NET_DEVICES", "value": ucx.net_devices})
+        env += [{"name": key, "value": ucx.env[key]} for key in sorted(ucx.env or {})]
+    if spec.model.hub is not None:
+        env.append({"name": "HF_HOME", "value": f"{HF_CACHE_DIR}/huggingface"})
+    # The user's env last: it may tune UCX further; reserved names are refused by the CRD.
+    env += [to_json(item) for item in spec.role(role).env or () if item.name not in RESERVED_ENV]
+    # One entry per name (server-side apply refuses duplicates): a later setting wins in place.
+    unique: dict[str, dict[str, Any]] = {}
+    for item in env:
+        unique[item["name"]] = item
+    return list(unique.values())
+
+
+def model_volume(model: Model) -> tuple[list[dict], list[dict]]:
+    """(volumes, mounts) for the weights: read-only; an in-image path or a hub id needs none."""
+    if model.pvc is not None:
+        volume = {
+            "name": "model",
+            "persistentVolumeClaim": {"claimName": model.pvc.claim_name, "readOnly": True},
+        }
+        mount: dict[str, Any] = {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
+        if model.pvc.sub_path:
+            mount["subPath"] = model.pvc.sub_path
+        return [volume], [mount]
+    if model.host_path is not None:
+        volume = {"name": "model", "hostPath": {"path": model.host_path, "type": "Directory"}}
+        return [volume], [{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}]
+    if model.hub is not None:
+        return [{"name": "hf-cache", "emptyDir": {}}], [{"name": "hf-cache", "mountPath": HF_CACHE_DIR}]
+    return [], []
+
+
+def probes() -> dict[str, Any]:
+    """Model loading is budgeted by the startupProbe (one hour); then liveness/readiness take over."""
+
+    def get(path: str) -> dict:
+        return {"httpGet": {"path": path, "port": "http"}}
+
+    return {
+        "startupProbe": get("/ready") | {"periodSeconds": 30, "failureThreshold": 120, "timeoutSeconds": 5},
+        "livenessProbe": get("/health") | {"periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 5},
+        "readinessProbe": get("/ready") | {"periodSeconds": 5, "failureThreshold": 2, "timeoutSeconds": 5},
+    }
+
+
+def placement(role_spec: WorkerRole, kv: KVTransfer) -> dict[str, Any]:
+    """The pod's node pool (selector, tolerations, affinity) and host networking for RDMA."""
+    out: dict[str, Any] = {}
+    if role_spec.node_selector:
+        out["nodeSelector"] = dict(role_spec.node_selector)
+    if role_spec.tolerations:
+        out["tolerations"] = [to_json(t) for t in role_spec.tolerations]
+    if role_spec.affinity:
+        out["affinity"] = role_spec.affinity
+    if kv.host_network:
+        out["hostNetwork"] = True
+        out["dnsPolicy"] = "ClusterFirstWithHostNet"
+    return out

@@ -1,0 +1,36 @@
+"""The InferenceService API, typed: one declaration per field gives the parser and the CRD schema."""
+
+from tandem.operator.spec.fields import SpecError, to_json
+from tandem.operator.spec.inference_service import (
+    COMPONENTS,
+    RESERVED_ENV,
+    ROUTER,
+    WORKER_ROLES,
+    Engine,
+    EnvVar,
+    Image,
+    InferenceServiceSpec,
+    KVTransfer,
+    Model,
+    Router,
+    Toleration,
+    WorkerRole,
+)
+
+__all__ = [
+    "COMPONENTS",
+    "RESERVED_ENV",
+    "ROUTER",
+    "WORKER_ROLES",
+    "Engine",
+    "EnvVar",
+    "Image",
+    "InferenceServiceSpec",
+    "KVTransfer",
+    "Model",
+    "Router",
+    "SpecError",
+    "Toleration",
+    "WorkerRole",
+    "to_json",
+]

@@ -1,0 +1,340 @@
+"""The InferenceService spec (tandem.dev/v1alpha1), declared once: typed, defaulted, validated.
+
+Each field's line is its whole API: the JSON name, OpenAPI type (from the annotation), bounds,
+enum, pattern, default and description. `InferenceServiceSpec.from_dict` parses what the API
+server stored; `python -m tandem.operator.crd` writes the CRD's schema from these same lines.
+Prefill and decode are one type, WorkerRole; what differs per role is said where it is used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from tandem.contracts.names import Role
+from tandem.operator.spec.fields import FreeForm, Quantity, Rule, api_field, parse, to_json
+
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# Variables the operator sets in every worker itself; the CRD refuses them in a role's env.
+RESERVED_ENV = ("POD_IP", "POD_NAME", "TANDEM_GENERATION")
+# The worker roles an InferenceService runs (plain strings: they become labels and file names),
+# and its components: each a Deployment with a readiness condition and replicas in status.
+WORKER_ROLES: tuple[str, ...] = (Role.PREFILL.value, Role.DECODE.value)
+ROUTER = "router"
+COMPONENTS: tuple[str, ...] = (*WORKER_ROLES, ROUTER)
+# Spec types are values: immutable, and built by keyword (parse does it from JSON).
+api_type = dataclass(frozen=True, kw_only=True)
+
+
+@api_type
+class PVCSource:
+    """A PersistentVolumeClaim holding the weights, mounted read-only."""
+
+    claim_name: str = api_field("claimName", max_length=253, pattern=DNS_SUBDOMAIN)
+    sub_path: str | None = api_field("subPath", max_length=1024)
+
+    RULES: ClassVar[tuple[Rule, ...]] = (Rule(
+        "!has(self.subPath) || (!self.subPath.startsWith('/') && !self.subPath.contains('..'))",
+        "model.pvc.subPath must be a relative path inside the volume (no leading '/' and no '..')"),)
+
+
+@api_type
+class Model:
+    """Where the weights are (exactly one source: the CEL rule below) and how to load them."""
+
+    path: str | None = api_field(
+        "path", max_length=1024, pattern="^/", description="A directory inside the worker image.")
+    host_path: str | None = api_field(
+        "hostPath", max_length=1024, pattern="^/", description="A directory on the node, mounted read-only.")
+    pvc: PVCSource | None = api_field(
+        "pvc", description="A PersistentVolumeClaim in the same namespace, mounted read-only.")
+    hub: str | None = api_field(
+        "hub", max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$",
+        description="A Hugging Face hub model id (org/name); needs internet access from the nodes.")
+    dtype: str = api_field(
+        "dtype", enum=["auto", "float32", "float16", "bfloat16"], default="auto",
+        description="Weight and activation dtype.")
+    max_model_len: int = api_field(
+        "maxModelLen", minimum=16, maximum=1048576, default=4096,
+        description="Longest sequence (prompt + output) in tokens.")
+    served_name: str | None = api_field(
+        "servedName", max_length=128, pattern="^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
+        description="Model name in the OpenAI API (default: the InferenceService name).")
+
+    RULES: ClassVar[tuple[Rule, ...]] = (Rule(
+        "[has(self.path), has(self.hostPath), has(self.pvc), has(self.hub)].filter(x, x).size() == 1",
+        "model: set exactly one of model.path, model.hostPath, model.pvc or model.hub"),)
+
+
+@api_type
+class Toleration:
+    """A core/v1 Toleration for the pool's taints."""
+
+    key: str | None = api_field("key", max_length=253)
+    operator: str = api_field("operator", enum=["Exists", "Equal"], default="Equal")
+    value: str | None = api_field("value", max_length=63)
+    effect: str | None = api_field("effect", enum=["NoSchedule", "PreferNoSchedule", "NoExecute"])
+    toleration_seconds: int | None = api_field("tolerationSeconds", format="int64")
+
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule("!(self.operator == 'Exists' && has(self.value))",
+             "tolerations: a toleration with operator Exists must not set value"),
+        Rule("self.operator == 'Exists' || has(self.key)",
+             "tolerations: a toleration with operator Equal needs a key"),
+    )
+
+
+@api_type
+class EnvVar:
+    """One extra environment variable of a worker container (core/v1 EnvVar)."""
+
+    name: str = api_field("name", max_length=128, pattern="^[A-Za-z_][A-Za-z0-9_.]*$")
+    value: str | None = api_field("value", max_length=4096)
+    value_from: FreeForm | None = api_field("valueFrom")
+
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule("!(has(self.value) && has(self.valueFrom))", "env: set value or valueFrom, not both"),
+        Rule("!(self.name in [" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "])",
+             f"env: {', '.join(RESERVED_ENV[:-1])} and {RESERVED_ENV[-1]} are set by the operator "
+             "and cannot be overridden"),
+    )
+
+
+@api_type
+class Engine:
+    """The engine limits of one role's workers (they land in that role's config file)."""
+
+    max_batched_tokens: int = api_field(
+        "maxBatchedTokens", minimum=1, maximum=1048576, default=8192,
+        description="Tokens processed in one forward step.")
+    max_num_seqs: int = api_field(
+        "maxNumSeqs", minimum=1, maximum=4096, default=64, description="Sequences in the running batch.")
+    kv_blocks: int | None = api_field(
+        "kvBlocks", minimum=1, maximum=16777216,
+        description="KV cache size in blocks (instead of kvMemoryFraction).")
+    kv_memory_fraction: float | None = api_field(
+        "kvMemoryFraction", minimum=0, exclusive_minimum=True, maximum=1,
+        description="Fraction of free accelerator memory for the KV cache (instead of kvBlocks).")
+
+    RULES: ClassVar[tuple[Rule, ...]] = (Rule("!(has(self.kvBlocks) && has(self.kvMemoryFraction))",
+                            "{role}.engine: set kvBlocks or kvMemoryFraction, not both"),)
+
+
+@api_type
+class WorkerRole:
+    """Prefill or decode: one pool of worker pods (`{role}` in a text becomes the role's name)."""
+
+    replicas: int = api_field(
+        "replicas", minimum=0, maximum=1000, default=1, description="Number of {role} worker pods.")
+    gpus: int = api_field(
+        "gpus", minimum=0, maximum=16, default=1, description="nvidia.com/gpu per pod (0 runs on CPU).")
+    cpu: Quantity | None = api_field("cpu", description="CPU request and limit per pod, e.g. 4 or 3500m.")
+    memory: Quantity | None = api_field("memory", description="Memory request and limit per pod, e.g. 64Gi.")
+    shm_size: Quantity = api_field(
+        "shmSize", default="1Gi", description="Size limit of the memory-backed /dev/shm.")
+    node_selector: dict[str, str] | None = api_field(
+        "nodeSelector", max_properties=32, values={"maxLength": 63},
+        description="Node labels the pods must match (the node pool).")
+    tolerations: tuple[Toleration, ...] | None = api_field(
+        "tolerations", max_items=32,
+        description="Tolerations for the pool's taints (GPU nodes usually carry nvidia.com/gpu:NoSchedule).")
+    affinity: FreeForm | None = api_field(
+        "affinity", description="A core/v1 Affinity, passed to the pods as is.")
+    env: tuple[EnvVar, ...] | None = api_field(
+        "env", max_items=64,
+        extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description="Extra environment variables for the worker container (they win over the operator's "
+        "UCX settings).")
+    engine: Engine = api_field("engine", default={}, description="Engine limits of this role's workers.")
+    termination_grace_period_seconds: int = api_field(
+        "terminationGracePeriodSeconds", minimum=0, maximum=86400, default=60,
+        description="Time a stopping worker gets to finish its requests.")
+
+
+def _role(role: Role, description: str, **overrides: dict[str, Any]) -> Any:
+    """spec.prefill / spec.decode: a WorkerRole named `role`, with that role's own defaults."""
+    return api_field(role.value, default={}, description=description, context={"role": role.value},
+                     overrides=overrides)
+
+
+@api_type
+class UCX:
+    """UCX settings of the nixl backend: they become the workers' UCX_* environment."""
+
+    transports: str | None = api_field(
+        "transports", max_length=256, pattern=r"^\^?[a-z0-9_]+(,[a-z0-9_]+)*$",
+        description="UCX_TLS, e.g. rc_x,rc,dc_x,dc,cuda_copy,cuda_ipc or tcp.")
+    net_devices: str | None = api_field(
+        "netDevices", max_length=256, pattern="^[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*$",
+        description="UCX_NET_DEVICES, e.g. mlx5_0:1 or all.")
+    env: dict[str, str] | None = api_field(
+        "env", max_properties=32, values={"maxLength": 256},
+        description="Extra UCX_/NCCL_ variables, e.g. UCX_IB_ADDR_TYPE: eth for RoCE.",
+        rules=(Rule("self.all(k, k.startsWith('UCX_') || k.startsWith('NCCL_'))",
+                    "kvTransfer.ucx.env: keys must be UCX_* or NCCL_* variable names"),))
+
+
+@api_type
+class RDMA:
+    """The RDMA device-plugin resource each worker pod requests."""
+
+    resource_name: str = api_field(
+        "resourceName", max_length=253,
+        pattern="^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+        description="e.g. rdma/rdma_shared_device_a, rdma/ib, nvidia.com/hostdev.")
+    count: int = api_field(
+        "count", minimum=0, maximum=64, default=1, description="Units of resourceName per pod.")
+
+    RULES: ClassVar[tuple[Rule, ...]] = (Rule(
+        "self.count > 0",
+        "kvTransfer.rdma.count must be greater than 0 when kvTransfer.rdma.resourceName is set "
+        "(remove kvTransfer.rdma to run without RDMA)"),)
+
+
+@api_type
+class KVTransfer:
+    """How prefill hands the KV cache to decode."""
+
+    backend: str = api_field(
+        "backend", enum=["nixl", "tcp"], default="nixl", description="nixl (UCX: RDMA or TCP) or plain tcp.")
+    block_size: int = api_field(
+        "blockSize", enum=[8, 16, 32, 64, 128], default=16,
+        description="Tokens per KV block (prefill and decode must agree).")
+    ucx: UCX | None = api_field("ucx", description="UCX settings for the nixl backend.")
+    rdma: RDMA | None = api_field(
+        "rdma", description="The RDMA device-plugin resource each worker pod requests.")
+    host_network: bool = api_field(
+        "hostNetwork", default=False,
+        description="Run workers in the node's network namespace (for RDMA without a secondary network).")
+    ipc_lock: bool = api_field(
+        "ipcLock", default=False,
+        description="Add the IPC_LOCK capability (pinning memory for RDMA registration).")
+
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule("!(has(self.hostNetwork) && self.hostNetwork) || has(self.rdma)",
+             "kvTransfer.hostNetwork is only allowed together with kvTransfer.rdma"),
+        Rule("!has(self.backend) || self.backend == 'nixl' || !has(self.rdma)",
+             "kvTransfer.rdma needs kvTransfer.backend nixl; the tcp backend does not use RDMA"),
+        Rule("!has(self.backend) || self.backend == 'nixl' || !has(self.ucx)",
+             "kvTransfer.ucx applies only to kvTransfer.backend nixl"),
+    )
+
+
+@api_type
+class RouterService:
+    """The router's Service: the InferenceService's endpoint."""
+
+    type: str = api_field("type", enum=["ClusterIP", "NodePort", "LoadBalancer"], default="ClusterIP")
+    port: int = api_field("port", minimum=1, maximum=65535, default=8000, description="Port of the router Service.")
+
+
+@api_type
+class RouterLimits:
+    """What the router refuses with a 4xx before any worker sees the request."""
+
+    max_prompt_tokens: int | None = api_field(
+        "maxPromptTokens", minimum=1, description="Longest prompt accepted (default: model.maxModelLen - 1).")
+    max_output_tokens: int | None = api_field(
+        "maxOutputTokens", minimum=1, description="Largest max_tokens accepted.")
+    max_body_bytes: int = api_field(
+        "maxBodyBytes", minimum=1024, maximum=1073741824, default=1048576,
+        description="Largest request body in bytes.")
+
+
+@api_type
+class SecretKeyRef:
+    """A key of a Secret in the InferenceService's namespace."""
+
+    name: str = api_field("name", max_length=253, pattern=DNS_SUBDOMAIN)
+    key: str = api_field("key", max_length=253, pattern="^[-._a-zA-Z0-9]+$", default="api-key")
+
+
+@api_type
+class Router:
+    """The OpenAI-compatible router in front of the workers."""
+
+    replicas: int = api_field("replicas", minimum=0, maximum=100, default=1)
+    service: RouterService = api_field("service", default={})
+    policy: str = api_field(
+        "policy", enum=["least-loaded"], default="least-loaded",
+        description="How the router picks workers: least-loaded prefill (queued prompt tokens) and decode "
+        "(running sequences, KV usage).")
+    short_prompt_tokens: int = api_field(
+        "shortPromptTokens", minimum=0, maximum=1048576, default=0,
+        description="Prompts estimated below this many tokens skip prefill and are prefilled by decode "
+        "(0: always disaggregate).")
+    limits: RouterLimits = api_field("limits", default={})
+    api_key_secret_ref: SecretKeyRef | None = api_field(
+        "apiKeySecretRef", description="A Secret holding the API key clients must send as a Bearer token.")
+    cpu: Quantity | None = api_field("cpu", description="CPU request and limit per router pod.")
+    memory: Quantity | None = api_field("memory", description="Memory request and limit per router pod.")
+
+
+@api_type
+class Image:
+    """The Tandem image of workers and router; what is unset comes from the operator's config."""
+
+    repository: str | None = api_field(
+        "repository", max_length=512,
+        pattern="^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
+    tag: str | None = api_field(
+        "tag", max_length=128,
+        pattern="^[A-Za-z0-9_][A-Za-z0-9_.-]*(@sha256:[a-f0-9]{64})?$|^@?sha256:[a-f0-9]{64}$")
+    pull_policy: str | None = api_field("pullPolicy", enum=["Always", "IfNotPresent", "Never"])
+
+
+@api_type
+class InferenceServiceSpec:
+    """One served model, prefill and decode disaggregated: the whole `spec` of an InferenceService."""
+
+    model: Model = api_field(
+        "model", description="The served model: where the weights are (exactly one of path, hostPath, pvc, "
+        "hub) and how to load them.")
+    prefill: WorkerRole = _role(
+        Role.PREFILL, "The prefill workers (read the whole prompt, compute-bound). Same shape as decode.",
+        terminationGracePeriodSeconds={
+            "default": 120,
+            "description": "Time a stopping worker gets to finish its requests and hand off its KV blocks.",
+        })
+    decode: WorkerRole = _role(
+        Role.DECODE, "The decode workers (one token per step, memory-bound). Same shape as prefill.")
+    kv_transfer: KVTransfer = api_field(
+        "kvTransfer", default={}, description="How prefill hands the KV cache to decode.")
+    router: Router = api_field(
+        "router", default={}, description="The OpenAI-compatible router: the service's endpoint.")
+    image: Image | None = api_field(
+        "image", description="The Tandem image for workers and router; unset fields come from the "
+        "operator's configuration.")
+
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule("!has(self.router.limits.maxPromptTokens) || self.router.limits.maxPromptTokens < "
+             "self.model.maxModelLen",
+             "router.limits.maxPromptTokens must be below model.maxModelLen (room for at least one "
+             "output token)"),
+        Rule("!has(self.router.limits.maxOutputTokens) || self.router.limits.maxOutputTokens < "
+             "self.model.maxModelLen",
+             "router.limits.maxOutputTokens must be below model.maxModelLen"),
+        Rule("!has(self.kvTransfer.rdma) || (self.prefill.gpus > 0 && self.decode.gpus > 0)",
+             "kvTransfer.rdma needs GPU workers: prefill.gpus and decode.gpus must be at least 1"),
+    )
+
+    @classmethod
+    def from_dict(cls, value: Any) -> InferenceServiceSpec:
+        """The stored spec (defaulted by the API server, or not: declared defaults fill gaps).
+
+        Raises SpecError naming the field when the spec breaks a declared type or constraint.
+        """
+        return parse(cls, value, "spec")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Back to JSON, with every declared default present (what the API server stores)."""
+        return to_json(self)
+
+    def role(self, role: Role | str) -> WorkerRole:
+        """spec.prefill or spec.decode by role name."""
+        return {Role.PREFILL: self.prefill, Role.DECODE: self.decode}[Role(role)]
+
+    def replicas(self) -> dict[str, int]:
+        """Desired pods per component: what the Deployments get and status reports."""
+        return {Role.PREFILL.value: self.prefill.replicas, Role.DECODE.value: self.decode.replicas,
+                ROUTER: self.router.replicas}
