@@ -96,18 +96,23 @@ def kv_condition(api, namespace: str, name: str) -> dict:
     return next((c for c in conditions if c["type"] == "KVTransferReady"), {})
 
 
-def wait_kv(api, namespace: str, name: str, status: str, reason: str, timeout: float = 30) -> dict:
+def wait_kv(api, namespace: str, name: str, status: str, reason: str, timeout: float = 30,
+            naming: tuple[str, ...] = ()) -> dict:
+    """Until KVTransferReady has this status and reason, and its message names every pod in
+    `naming`: workers become ready one at a time, so the condition first names those probed so far."""
     last: dict = {}
 
     def check():
         nonlocal last
         last = kv_condition(api, namespace, name)
-        return last if (last.get("status"), last.get("reason")) == (status, reason) else None
+        found = (last.get("status"), last.get("reason")) == (status, reason)
+        return last if found and all(n in last.get("message", "") for n in naming) else None
 
     try:
         return wait_until(check, timeout=timeout, what=f"KVTransferReady {status}/{reason}")
     except TimeoutError:
-        raise AssertionError(f"KVTransferReady never became {status}/{reason}; last: {last}") from None
+        raise AssertionError(f"KVTransferReady never became {status}/{reason} naming {naming}; "
+                             f"last: {last}") from None
 
 
 def test_tcp_workers_are_healthy_serve_through_the_router_and_a_dead_one_is_unreachable(
@@ -158,9 +163,8 @@ def test_rdma_spec_served_over_tcp_is_an_rdma_fallback_with_a_warning(
     workers = [procs.worker_for_pod(pod, toy_model_dir, kv_backend="tcp") for pod in pods.values()]
     procs.wait_ready(workers)
 
-    c = wait_kv(api, namespace, name, "False", "RDMAFallback")
-    for pod in pods.values():
-        assert pod["metadata"]["name"] in c["message"]
+    c = wait_kv(api, namespace, name, "False", "RDMAFallback",
+                naming=tuple(pod["metadata"]["name"] for pod in pods.values()))
     assert "never uses RDMA" in c["message"]
 
     def warning():
