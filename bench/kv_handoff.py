@@ -198,8 +198,9 @@ def _pull_seconds_sum(url: str) -> float:
 
 
 async def engine_ttft(model_path: Path, backend: str, prompts: list[int]) -> dict:
-    """Through real `tandem worker` processes: prefill time, then decode's wait for its first token
-    (pull + scheduling), and the pull's own seconds from the decode worker's metrics."""
+    """Through real `tandem worker` processes: prefill time, then decode's wait until it has the KV
+    (pull + joining the batch: its stream's START line; its first token line is the request's second
+    token), and the pull's own seconds from the decode worker's metrics."""
     import aiohttp
     from tandem.testing.worker_process import WorkerProcess
 
@@ -222,10 +223,10 @@ async def engine_ttft(model_path: Path, backend: str, prompts: list[int]) -> dic
                 t1 = time.perf_counter()
                 before = await asyncio.to_thread(_pull_seconds_sum, d.url)
                 body = {"request_id": rid, "prompt_token_ids": ids, "sampling": greedy,
-                        "kv_source": res["kv"], "first_token_id": res["first_token_id"]}
+                        "kv_source": res["kv"], "generated_token_ids": [res["first_token_id"]]}
                 async with s.post(f"{d.url}/internal/generate", json=body) as r:
                     async for line in r.content:
-                        if json.loads(line)["type"] == "token":
+                        if json.loads(line)["type"] == "start":
                             break
                 t2 = time.perf_counter()
                 pull = await asyncio.to_thread(_pull_seconds_sum, d.url) - before

@@ -12,7 +12,8 @@ Endpoints every worker serves (aiohttp, see worker/server/):
   GET  /internal/info           WorkerInfo (role, epoch, limits, load), for the router
   POST /internal/generate       GenerateRequest -> NDJSON stream of StreamEvent lines
                                 (decode and colocated roles; with `kv_source` set, the
-                                decode worker pulls the KV from the prefill worker first)
+                                decode worker pulls the KV from the prefill worker first;
+                                `generated_token_ids` are replayed, never streamed again)
   POST /internal/prefill        GenerateRequest -> PrefillResult JSON (prefill and colocated roles);
                                 the KV blocks stay leased on the prefill worker until pulled,
                                 released or expired
@@ -87,14 +88,20 @@ class GenerateRequest:
     messages: list[dict[str, Any]] | None = None
     prompt_token_ids: list[int] | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    # Disaggregated decode: the KV is pulled from here, and `first_token_id`
-    # (sampled by the prefill worker) is the first generated token.
+    # Disaggregated decode: the prompt's KV is pulled from here; generated_token_ids then holds
+    # exactly the prefill worker's first token.
     kv_source: KVSource | None = None
-    first_token_id: int | None = None
-    # Resume on another decode worker after a failure: tokens already sent to
-    # the client; the worker re-prefills prompt + these and continues.
-    # max_tokens counts them (it is the request's total budget).
+    # Tokens this request already generated elsewhere: the prefill worker's first token on a KV
+    # handoff, every token so far on a resume after a failure. The worker replays them through
+    # its detokenizer and stop rules (so it holds exactly the state of the worker that produced
+    # them) and streams only what follows; it never sends them again. max_tokens counts them.
     generated_token_ids: list[int] = field(default_factory=list)
+    # Characters of generated text the client already has. The worker streams text from there, so
+    # text the previous worker held back (a partial UTF-8 character, a possible stop string) is
+    # neither lost nor repeated. None: what a stream carrying those tokens would have sent.
+    emitted_chars: int | None = None
+    # Older spelling of generated_token_ids=[first_token_id] on a KV handoff.
+    first_token_id: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -68,18 +68,14 @@ class AsyncEngine:
         seq.sink = sink
         return q
 
-    def submit(
-        self, seq: Sequence, *, kv_blocks: list[int] | None = None, first_token_id: int | None = None
-    ) -> AsyncIterator[SeqOutput]:
+    def submit(self, seq: Sequence, *, kv_blocks: list[int] | None = None) -> AsyncIterator[SeqOutput]:
         """Add a sequence now (raising RequestError at once, e.g. for a duplicate id) and return its
         outputs until it finishes (or, for prefill_only, until its blocks are leased). With kv_blocks
-        the prompt's KV is already in the pool and first_token_id is the first generated token.
+        the prompt's KV is already in the pool (the prefill's first token is in seq.output_ids).
         A caller that stops listening early must call abort(request_id)."""
         q = self._attach(seq)
         if kv_blocks is not None:
-            if first_token_id is None:
-                raise ValueError("first_token_id is required with kv_blocks")
-            self.engine.add_prefilled(seq, kv_blocks, first_token_id)
+            self.engine.add_prefilled(seq, kv_blocks)
         else:
             self.engine.add(seq)
         self._wake.set()

@@ -1,8 +1,11 @@
 """Incremental detokenization with stop strings: text deltas that never split a UTF-8 character
 and never emit text a stop string could still swallow.
 
-The same state machine runs on a prefill worker (first token) and a decode worker (the rest), both
-starting from the prompt's tokens, so the deltas are identical wherever each token was sampled.
+It is a deterministic state machine over (prompt, generated tokens, stop strings), so a worker that
+takes over a request (a decode worker after the prefill worker's first token, another decode worker
+after a failure) replays the tokens generated so far, calling add() then take() for each exactly as
+their producer did, and then `resume_at` the text the client already has: it holds back and emits
+exactly what an undisturbed run would have.
 """
 
 from __future__ import annotations
@@ -57,6 +60,14 @@ class IncrementalDetokenizer:
                     best = k
                     break
         return best
+
+    def resume_at(self, chars: int) -> None:
+        """The client already has the first `chars` characters of the text (another worker sent
+        them): hand out only what follows. Raises ValueError when the text is not that long."""
+        if isinstance(chars, bool) or not isinstance(chars, int) or not 0 <= chars <= len(self.text):
+            raise ValueError(f"the client cannot have {chars!r} characters of a text that is "
+                             f"{len(self.text)} characters long after these tokens")
+        self.emitted = chars
 
     def take(self, final: bool = False) -> str:
         """The text not handed out yet; all of it when final, else minus a possible stop-string prefix."""

@@ -170,9 +170,7 @@ class Engine:
         prompt = self.tokenize(req)
         if not prompt:
             raise RequestError("the prompt is empty", param="prompt")
-        resumed = list(req.generated_token_ids or [])
-        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in resumed):
-            raise RequestError("generated_token_ids must be token ids", param="generated_token_ids")
+        resumed = self._generated_ids(req)
         if len(prompt) + len(resumed) >= self.max_model_len:
             raise RequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your "
@@ -188,10 +186,44 @@ class Engine:
         seq = Sequence(
             request_id=req.request_id, prompt_ids=prompt, params=p, max_total_len=self.max_model_len,
             seed=p.seed if p.seed is not None else random.getrandbits(62), eos_ids=self.loaded.eos_ids,
-            output_ids=resumed, prefill_only=prefill_only, arrival=time.monotonic(), num_resumed=len(resumed),
+            prefill_only=prefill_only, arrival=time.monotonic(), num_resumed=len(resumed),
         )
-        seq.detok = IncrementalDetokenizer(self.tokenizer, prompt + resumed, p.stop)
+        seq.detok = IncrementalDetokenizer(self.tokenizer, prompt, p.stop)
+        self._replay(seq, resumed, req.emitted_chars)
         return seq
+
+    def _generated_ids(self, req: GenerateRequest) -> list[int]:
+        """generated_token_ids, or [first_token_id] (its older spelling), checked to be token ids."""
+        resumed = [] if req.generated_token_ids is None else req.generated_token_ids
+        if req.first_token_id is not None and isinstance(resumed, list) and not resumed:
+            resumed = [req.first_token_id]
+        if not isinstance(resumed, list) or not all(self._is_token(t) for t in resumed):
+            raise RequestError("generated_token_ids must be token ids", param="generated_token_ids")
+        if req.first_token_id is not None and resumed[0] != req.first_token_id:
+            raise RequestError("first_token_id differs from generated_token_ids[0]", param="first_token_id")
+        return list(resumed)
+
+    def _is_token(self, t: object) -> bool:
+        return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab_size
+
+    def _replay(self, seq: Sequence, resumed: list[int], emitted_chars: int | None) -> None:
+        """Run tokens generated elsewhere through the stop rules and the detokenizer, as the worker
+        that sampled them did, so this one continues from the same state; a request those tokens
+        already ended is left FINISHED (its producer died before it could say so)."""
+        for i, tok in enumerate(resumed):
+            seq.output_ids.append(tok)
+            reason = self._finish_reason(seq, tok)
+            seq.detok.take()
+            if reason is not None:
+                if i != len(resumed) - 1:
+                    raise RequestError(f"generated_token_ids go on after token {i} ended the request",
+                                       param="generated_token_ids")
+                seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
+        if emitted_chars is not None:
+            try:
+                seq.detok.resume_at(emitted_chars)
+            except ValueError as e:
+                raise RequestError(f"emitted_chars: {e}", param="emitted_chars") from e
 
     def add(self, seq: Sequence) -> None:
         """Queue a sequence to be prefilled (locally) and decoded."""
@@ -214,22 +246,15 @@ class Engine:
         self.allocator.free(block_ids)
         self.on_blocks_freed()
 
-    def add_prefilled(self, seq: Sequence, block_ids: list[int], first_token_id: int) -> None:
+    def add_prefilled(self, seq: Sequence, block_ids: list[int]) -> None:
         """Join the running batch with the prompt's KV already in block_ids (pulled from a prefill
-        worker) and first_token_id as the first generated token; emits that token at once."""
+        worker); the prefill's first token, replayed by make_sequence, is the next one to run."""
         with self.lock:
             self._register(seq)
             seq.block_table = list(block_ids)
-            seq.num_computed = len(seq.prompt_ids) + len(seq.output_ids)
+            seq.num_computed = len(seq.prompt_ids)
             self.stats.prompt_tokens_total += len(seq.prompt_ids)
-            out = self._append_token(seq, first_token_id)
-            if seq.finished:
-                self.allocator.free(seq.block_table)
-                seq.block_table = []
-                del self.seqs[seq.request_id]
-            else:
-                self.scheduler.add_running(seq)
-        self._emit(seq, out)
+            self.scheduler.add_running(seq)
 
     def abort(self, request_id: str) -> bool:
         """Cancel a request and free what it holds here (a running sequence and/or a lease)."""
@@ -332,16 +357,7 @@ class Engine:
         """Add a sampled token, apply the stop rules, finish or lease the sequence; under the lock."""
         seq.output_ids.append(tok)
         self.stats.generation_tokens_total += 1
-        p = seq.params
-        reason: FinishReason | None = None
-        if tok in seq.eos_ids and not p.ignore_eos:
-            reason = FinishReason.STOP
-        elif tok in p.stop_token_ids:
-            reason = FinishReason.STOP
-        elif seq.detok.add(tok):
-            reason = FinishReason.STOP
-        if reason is None and (len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= seq.max_total_len):
-            reason = FinishReason.LENGTH
+        reason = self._finish_reason(seq, tok)
         out = SeqOutput(seq.request_id, token_ids=[tok])
         if reason is not None:
             self._finish(seq, reason)
@@ -352,6 +368,16 @@ class Engine:
                 self._lease(seq)
                 out.kv_blocks = list(seq.block_table)
         return out
+
+    @staticmethod
+    def _finish_reason(seq: Sequence, tok: int) -> FinishReason | None:
+        """The stop rules for `tok`, just appended to seq.output_ids (it also feeds the detokenizer)."""
+        p = seq.params
+        if (tok in seq.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids or seq.detok.add(tok):
+            return FinishReason.STOP
+        if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= seq.max_total_len:
+            return FinishReason.LENGTH
+        return None
 
     def _lease(self, seq: Sequence) -> None:
         self.scheduler.running.remove(seq)

@@ -28,12 +28,14 @@ from tandem.worker.router.orchestrator import (
     Orchestrator,
     RequestContext,
     Started,
-    Timeouts,
     Tokens,
 )
+from tandem.worker.router.policies.base import PolicySettings
+from tandem.worker.router.policies.registry import create_policy
 from tandem.worker.router.pool import Target, WorkerPool
 from tandem.worker.router.sse import DONE, ResponseShape, frame
 from tandem.worker.router.validation import Endpoint, Limits, check_model, parse_request
+from tandem.worker.router.worker_client import HttpWorkerClient, Timeouts
 
 log = logging.getLogger("tandem.router")
 
@@ -85,20 +87,18 @@ class Router:
         from tandem.worker.router.discovery.static import static_targets
 
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-        self.pool = WorkerPool(
-            self.session, poll_interval_s=self.config.poll_interval_s, served_model=self.config.model
-        )
+        client = HttpWorkerClient(self.session, Timeouts(
+            connect_s=self.config.connect_timeout_s,
+            prefill_s=self.config.prefill_timeout_s,
+            chunk_s=self.config.chunk_timeout_s,
+        ))
+        self.pool = WorkerPool(client, poll_interval_s=self.config.poll_interval_s, served_model=self.config.model)
         self.orchestrator = Orchestrator(
-            self.session,
+            client,
             self.pool,
+            create_policy(self.config.policy, PolicySettings(self.config.short_prompt_threshold)),
             self.metrics,
             limits=self.limits,
-            timeouts=Timeouts(
-                connect_s=self.config.connect_timeout_s,
-                prefill_s=self.config.prefill_timeout_s,
-                chunk_s=self.config.chunk_timeout_s,
-            ),
-            short_prompt_threshold=self.config.short_prompt_threshold,
             max_prefill_attempts=self.config.max_prefill_attempts,
             max_resumes=self.config.max_resumes,
         )
@@ -237,15 +237,13 @@ class Router:
         except asyncio.CancelledError:
             status = "499"  # the client went away (handler cancellation)
             raise
-        finally:
-            if not ctx.done and ctx.touched:
-                self.orchestrator.abort(ctx)
+        finally:  # the orchestrator has aborted whatever a request that ended early touched
             self.metrics.in_flight.dec()
             self.metrics.requests.labels(status).inc()
             log.info(
                 "request done",
                 extra={
-                    "request_id": request_id, "status": status, "route": ctx.route,
+                    "request_id": request_id, "status": status, "route": ctx.route, "phase": ctx.phase,
                     "prefill": ctx.prefill_url, "decode": ctx.decode_url,
                     "seconds": round(time.monotonic() - t0, 4),
                 },

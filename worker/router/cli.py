@@ -9,11 +9,12 @@ import argparse
 import os
 
 from tandem.worker.router.config import RouterConfig, apply, load_yaml
+from tandem.worker.router.policies.registry import POLICIES
 
 # flag dest -> config field, for flags whose value overrides the config file when given
 _FLAGS = (
     "host", "port", "namespace", "service", "worker_port", "model", "api_key", "max_body_bytes",
-    "max_tokens_limit", "default_max_tokens", "max_prompt_tokens", "short_prompt_threshold",
+    "max_tokens_limit", "default_max_tokens", "max_prompt_tokens", "short_prompt_threshold", "policy",
     "poll_interval_s", "connect_timeout_s", "chunk_timeout_s", "prefill_timeout_s", "log_format",
     "log_level",
 )
@@ -50,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--short-prompt-threshold", type=int, default=None,
                         help="prompts estimated below this many tokens skip prefill and go straight "
                         f"to a decode worker (default {d.short_prompt_threshold})")
+    parser.add_argument("--policy", choices=sorted(POLICIES), default=None,
+                        help=f"how to pick workers (default {d.policy})")
     parser.add_argument("--poll-interval-s", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--connect-timeout-s", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--prefill-timeout-s", type=float, default=None, help=argparse.SUPPRESS)

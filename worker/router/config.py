@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tandem.worker.router.policies.registry import check_policy
+
 
 @dataclass
 class RouterConfig:
@@ -31,7 +33,7 @@ class RouterConfig:
     default_max_tokens: int = 256
     max_prompt_tokens: int | None = None
     short_prompt_threshold: int = 0  # estimated tokens; 0 sends every prompt through prefill
-    policy: str = "least-loaded"
+    policy: str = "least-loaded"  # a name in policies/registry.py
     poll_interval_s: float = 0.5
     connect_timeout_s: float = 3.0
     prefill_timeout_s: float = 60.0
@@ -41,9 +43,6 @@ class RouterConfig:
     log_format: str = "text"
     log_level: str = "info"
 
-
-# see policy.py: least outstanding prompt tokens for prefill, least running sequences for decode
-POLICIES = {"least-loaded"}
 
 _SECTIONS = {"limits", "routing", "timeouts", "discovery", "server", "router"}
 _ALIASES = {
@@ -78,8 +77,10 @@ def apply(config: RouterConfig, values: dict[str, Any], source: str) -> RouterCo
     if unknown:
         raise ValueError(f"{source}: unknown router settings {unknown}; known: {sorted(known)}")
     out = dataclasses.replace(config, **values)
-    if out.policy not in POLICIES:
-        raise ValueError(f"{source}: unknown routing policy {out.policy!r}; known: {sorted(POLICIES)}")
+    try:
+        check_policy(out.policy)
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
     return out
 
 

@@ -1,41 +1,51 @@
-"""Runs one request across workers: prefill, handoff to decode, retries, resume and abort.
+"""The request state machine: one request across workers (plan, prefill, handoff, decode, retry,
+resume, abort).
 
-It yields router-level events (Started, Tokens, Finished) and raises RouterError; the HTTP
-layer (app.py) turns those into OpenAI responses. Failures are handled here:
-- prefill fails before the first token: retry on another prefill worker, then fall back to
-  decode-side prefill;
-- a decode worker fails mid-stream: resume on another decode worker with the tokens so far
-  (`generated_token_ids`), at most `max_resumes` times, else raise a 502 within seconds (connect
-  and between-chunk timeouts bound every wait);
-- whoever stops consuming early (client disconnect, error): `RequestContext.abort` tells every
-  worker the request touched to free it.
+The policy (policies/) chooses workers; every call to a worker goes through a `WorkerClient`
+(worker_client.py), so this module does no I/O of its own and is tested against an in-process
+fake. It yields router-level events (Started, Tokens, Finished) and raises RouterError; app.py
+turns those into OpenAI responses. Faults:
+- prefill fails before the first token: retry on another prefill worker the policy picks
+  (`max_prefill_attempts` in all), then fall back to decode-side prefill (route `prefill_failed`);
+- a decode worker fails (dies mid-stream, ends its stream without a finish, refuses the
+  handoff): resume on a worker the policy picks, at most `max_resumes` times, else a 502;
+- the consumer stops early (client gone, an error): every worker the request touched is told
+  to abort it, so nothing stays allocated.
+Handoff and resume are one mechanism: the next worker gets the tokens generated so far and how
+many characters of text the client has; it replays them and streams only what follows (see
+GenerateRequest.generated_token_ids), so the client gets every character exactly once and
+nothing here trims text.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import enum
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import aiohttp
 from tandem.contracts.protocol import (
-    NDJSON,
-    REQUEST_ID_HEADER,
     EventType,
     FinishReason,
     GenerateRequest,
     KVSource,
     PrefillResult,
-    StreamEvent,
 )
+from tandem.contracts.routing import RouteReason
 from tandem.worker.router.errors import RouterError, no_worker, upstream_failed
 from tandem.worker.router.metrics import RouterMetrics
-from tandem.worker.router.policy import choose, choose_decode, choose_prefill, estimate_tokens
+from tandem.worker.router.policies.base import (
+    Plan,
+    RequestInfo,
+    RoutingPolicy,
+    WorkerView,
+    estimate_tokens,
+)
 from tandem.worker.router.pool import WorkerPool
 from tandem.worker.router.validation import Limits, ParsedRequest, check_prompt_tokens
+from tandem.worker.router.worker_client import WorkerClient, WorkerFailed
 
 log = logging.getLogger("tandem.router")
 
@@ -61,24 +71,30 @@ class Finished:
 Event = Started | Tokens | Finished
 
 
-@dataclass
-class Timeouts:
-    connect_s: float = 3.0
-    prefill_s: float = 60.0  # a whole prefill call, queueing included
-    chunk_s: float = 15.0  # silence allowed between two NDJSON lines of a generate stream
-    abort_s: float = 2.0
+class Phase(enum.StrEnum):
+    """Where a request is; logged when it ends, so an early end says where it happened."""
+
+    PLAN = "plan"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"  # the client got a finish: nothing to abort
+    FAILED = "failed"  # ended with an error the client sees
 
 
 @dataclass
 class RequestContext:
-    """One client request: its id and every worker it touched (to abort them if it ends early)."""
+    """One client request: its id, where it is, and every worker it touched (to abort them)."""
 
     request_id: str
     touched: list[str] = field(default_factory=list)
-    route: str = ""
+    phase: Phase = Phase.PLAN
+    route: RouteReason | None = None
     prefill_url: str | None = None
     decode_url: str | None = None
-    done: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.phase is Phase.FINISHED
 
     def touch(self, url: str) -> None:
         if url not in self.touched:
@@ -92,124 +108,44 @@ class _Progress:
     prompt_ids: list[int] | None = None
     prompt_tokens: int | None = None
     generated: list[int] = field(default_factory=list)
-    first_text: str = ""
-    finish_reason: str = "stop"
+    chars: int = 0  # characters of generated text the client has
+    finish_reason: str = FinishReason.STOP.value
 
 
-class _WorkerFailed(Exception):
-    """A worker call failed for reasons of its own (not the client's): retry elsewhere."""
-
-    def __init__(self, message: str, dead: bool) -> None:
-        super().__init__(message)
-        self.dead = dead  # unreachable or cut off: do not send it this request again
-
-
-# 4xx codes that blame the worker pairing, not the client (a KV handoff the decode worker
-# refused, a worker of the wrong role): the router retries elsewhere instead of passing them on
-_WORKER_SIDE_CODES = {"kv_backend_mismatch", "kv_mismatch", "wrong_role", "duplicate_request_id", "not_ready"}
-
-
-def _is_client_error(status: int, body: object) -> bool:
-    if not 400 <= status < 500 or status in (408, 409, 429):
-        return False
-    err = body.get("error") if isinstance(body, dict) else None
-    if isinstance(err, dict) and (
-        err.get("code") in _WORKER_SIDE_CODES or err.get("param") in ("kv_source", "first_token_id")
-    ):
-        return False
-    return True
+def request_info(req: ParsedRequest, request_id: str) -> RequestInfo:
+    """What the policy sees of a request: its size (exact for token ids, else estimated)."""
+    if req.prompt_token_ids is not None:
+        return RequestInfo(request_id, len(req.prompt_token_ids), list(req.prompt_token_ids))
+    return RequestInfo(request_id, estimate_tokens(req.prompt_chars()))
 
 
 @dataclass
 class Orchestrator:
-    session: aiohttp.ClientSession
+    client: WorkerClient
     pool: WorkerPool
+    policy: RoutingPolicy
     metrics: RouterMetrics
     limits: Limits = field(default_factory=Limits)
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    short_prompt_threshold: int = 0
     max_prefill_attempts: int = 2
     max_resumes: int = 2
     _background: set[asyncio.Task] = field(default_factory=set)
 
-    # --- worker calls -------------------------------------------------------------------------
-
-    async def _read_error(self, resp: aiohttp.ClientResponse) -> object:
-        try:
-            return await resp.json(content_type=None)
-        except (ValueError, aiohttp.ClientError):
-            return (await resp.text())[:500]
-
-    async def _prefill(self, url: str, greq: GenerateRequest) -> PrefillResult:
-        timeout = aiohttp.ClientTimeout(
-            total=self.timeouts.prefill_s, connect=self.timeouts.connect_s
-        )
-        self.metrics.worker_requests.labels(url, "prefill").inc()
-        try:
-            async with self.session.post(
-                url + "/internal/prefill",
-                json=greq.to_dict(),
-                headers={REQUEST_ID_HEADER: greq.request_id},
-                timeout=timeout,
-            ) as resp:
-                if resp.status != 200:
-                    body = await self._read_error(resp)
-                    if _is_client_error(resp.status, body):
-                        raise RouterError.from_body(resp.status, body)
-                    raise _WorkerFailed(f"prefill on {url} returned {resp.status}: {body}", dead=False)
-                return PrefillResult.from_dict(await resp.json())
-        except (aiohttp.ClientError, TimeoutError, ValueError, TypeError, KeyError) as exc:
-            raise _WorkerFailed(f"prefill on {url} failed: {exc!r}", dead=True) from exc
-
-    async def _generate(self, url: str, greq: GenerateRequest) -> AsyncIterator[StreamEvent]:
-        timeout = aiohttp.ClientTimeout(
-            total=None, connect=self.timeouts.connect_s, sock_read=self.timeouts.chunk_s
-        )
-        self.metrics.worker_requests.labels(url, "decode").inc()
-        try:
-            async with self.session.post(
-                url + "/internal/generate",
-                json=greq.to_dict(),
-                headers={REQUEST_ID_HEADER: greq.request_id, "Accept": NDJSON},
-                timeout=timeout,
-            ) as resp:
-                if resp.status != 200:
-                    body = await self._read_error(resp)
-                    if _is_client_error(resp.status, body):
-                        raise RouterError.from_body(resp.status, body)
-                    raise _WorkerFailed(f"generate on {url} returned {resp.status}: {body}", dead=False)
-                async for line in resp.content:
-                    line = line.strip()
-                    if line:
-                        yield StreamEvent.from_dict(json.loads(line))
-        except (aiohttp.ClientError, TimeoutError, ValueError, TypeError, KeyError) as exc:
-            raise _WorkerFailed(f"generate on {url} failed: {exc!r}", dead=True) from exc
-
-    async def _abort_one(self, url: str, request_id: str) -> None:
-        try:
-            async with self.session.post(
-                url + "/internal/abort",
-                json={"request_id": request_id},
-                headers={REQUEST_ID_HEADER: request_id},
-                timeout=aiohttp.ClientTimeout(total=self.timeouts.abort_s),
-            ) as resp:
-                await resp.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.info("abort of %s on %s failed: %r", request_id, url, exc)
+    # --- aborts and failures ------------------------------------------------------------------
 
     def abort(self, ctx: RequestContext, urls: list[str] | None = None) -> None:
         """Fire-and-forget aborts: they must outlive a cancelled handler."""
         for url in ctx.touched if urls is None else urls:
             self.metrics.aborts.inc()
-            task = asyncio.get_running_loop().create_task(self._abort_one(url, ctx.request_id))
+            task = asyncio.get_running_loop().create_task(self.client.abort(url, ctx.request_id))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
     async def drain(self) -> None:
-        if self._background:
+        """Wait for the aborts still on their way (at shutdown, and in tests)."""
+        while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
-    def _failed(self, url: str, role: str, exc: _WorkerFailed) -> None:
+    def _failed(self, url: str, role: str, exc: WorkerFailed) -> None:
         log.warning("%s", exc)
         self.metrics.worker_failures.labels(url, role).inc()
         if exc.dead:
@@ -217,149 +153,162 @@ class Orchestrator:
 
     # --- one request --------------------------------------------------------------------------
 
-    def _base_request(self, req: ParsedRequest, ctx: RequestContext) -> GenerateRequest:
-        return GenerateRequest(
-            request_id=ctx.request_id,
-            prompt=req.prompt,
-            messages=req.messages,
-            prompt_token_ids=req.prompt_token_ids,
-            sampling=req.sampling,
-        )
+    async def run(self, req: ParsedRequest, ctx: RequestContext) -> AsyncIterator[Event]:
+        """The events of one request. Raises RouterError for anything the client must see."""
+        try:
+            info = request_info(req, ctx.request_id)
+            plan = self.policy.plan(info, self.pool.views())
+            if plan is None:
+                raise no_worker("no worker is ready to serve this request; retry shortly.")
+            ctx.route = plan.reason
+            p = _Progress(prompt_ids=req.prompt_token_ids)
+            res: PrefillResult | None = None
+            if plan.prefill is not None:
+                ctx.phase = Phase.PREFILL
+                res = await self._prefill(req, info, ctx, plan)
+                if res is None:
+                    ctx.route = RouteReason.PREFILL_FAILED
+            self.metrics.routes.labels(ctx.route).inc()
+            if res is not None:
+                p.prompt_ids, p.prompt_tokens = res.prompt_token_ids, len(res.prompt_token_ids)
+                check_prompt_tokens(p.prompt_tokens, req, self.limits)
+                yield Started(p.prompt_tokens)
+                p.generated.append(res.first_token_id)
+                p.chars += len(res.first_token_text)
+                yield Tokens([res.first_token_id], res.first_token_text)
+                if res.finish_reason is not None:
+                    ctx.phase = Phase.FINISHED
+                    yield Finished(res.finish_reason.value, p.prompt_tokens, 1)
+                    return
+            ctx.phase = Phase.DECODE
+            async for ev in self._decode(req, info, ctx, plan.decode, p, res.kv if res else None):
+                yield ev
+        except RouterError:
+            ctx.phase = Phase.FAILED
+            raise
+        finally:
+            if not ctx.done:
+                self.abort(ctx)
 
-    async def _run_prefill(
-        self, req: ParsedRequest, ctx: RequestContext, url: str, generation: str
+    def _request(
+        self, req: ParsedRequest, ctx: RequestContext, p: _Progress | None = None, kv: KVSource | None = None
+    ) -> GenerateRequest:
+        """The worker request: the client's prompt, or its token ids once a worker tokenized it, plus
+        (for decode) the tokens so far and the text the client has."""
+        greq = GenerateRequest(
+            request_id=ctx.request_id, prompt=req.prompt, messages=req.messages,
+            prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
+        )
+        if p is not None:
+            if p.prompt_ids is not None:
+                greq.prompt, greq.messages, greq.prompt_token_ids = None, None, p.prompt_ids
+            greq.generated_token_ids, greq.emitted_chars, greq.kv_source = list(p.generated), p.chars, kv
+        return greq
+
+    async def _prefill(
+        self, req: ParsedRequest, info: RequestInfo, ctx: RequestContext, plan: Plan
     ) -> PrefillResult | None:
         """Prefill with retries on other prefill workers; None means: fall back to decode-side."""
         tried: set[str] = set()
-        tokens_est = estimate_tokens(req.prompt_chars())
+        target: WorkerView | None = plan.prefill
         for attempt in range(self.max_prefill_attempts):
+            if target is None:
+                break
+            url = target.url
+            if attempt:
+                log.info("request %s: retrying prefill on %s (attempt %d)", ctx.request_id, url, attempt + 1)
             ctx.touch(url)
             ctx.prefill_url = url
-            self.pool.assign(url, tokens_est)
+            self.pool.assign(url, info.prompt_tokens)
+            self.metrics.worker_requests.labels(url, "prefill").inc()
             try:
-                return await self._prefill(url, self._base_request(req, ctx))
-            except _WorkerFailed as exc:
+                return await self.client.prefill(url, self._request(req, ctx))
+            except WorkerFailed as exc:
                 self._failed(url, "prefill", exc)
                 self.abort(ctx, [url])
                 tried.add(url)
             finally:
-                self.pool.release(url, tokens_est)
-            nxt = choose_prefill(self.pool.views(), generation, frozenset(tried))
-            if nxt is None:
-                break
-            log.info("request %s: retrying prefill on %s (attempt %d)", ctx.request_id, nxt.url, attempt + 2)
-            url = nxt.url
+                self.pool.release(url, info.prompt_tokens)
+            target = self.policy.retry_prefill(info, plan, self.pool.views(), frozenset(tried))
         ctx.prefill_url = None
         return None
 
-    async def _decode_once(
-        self, url: str, greq: GenerateRequest, req: ParsedRequest, p: _Progress
+    async def _decode(
+        self, req: ParsedRequest, info: RequestInfo, ctx: RequestContext, target: WorkerView,
+        p: _Progress, kv: KVSource | None,
     ) -> AsyncIterator[Event]:
-        """One generate call; raises _WorkerFailed if it ends in anything but a finish."""
-        # with a KV handoff the decode worker re-emits the prefill's first token: skip it
-        skip_first = greq.kv_source is not None
-        async with contextlib.aclosing(self._generate(url, greq)) as stream:
-            async for ev in stream:
-                if ev.type is EventType.ERROR:
-                    err = ev.error or {}
-                    if err.get("type") == "invalid_request_error" and not p.generated:
-                        raise RouterError.from_body(400, {"error": err})
-                    raise _WorkerFailed(f"decode on {url}: {err.get('message')}", dead=False)
-                if ev.type is EventType.START:
-                    if p.prompt_tokens is None and ev.prompt_tokens is not None:
-                        p.prompt_tokens = ev.prompt_tokens
-                        check_prompt_tokens(p.prompt_tokens, req, self.limits)
-                        yield Started(p.prompt_tokens)
-                    continue
-                if skip_first and ev.token_ids:
-                    skip_first = False
-                    ev.token_ids = ev.token_ids[1:]
-                    ev.text = ev.text[len(p.first_text):] if ev.text.startswith(p.first_text) else ev.text
-                    if not ev.token_ids:
-                        ev.text = ""
-                if p.prompt_tokens is None:  # a worker that sent no START
-                    p.prompt_tokens = (ev.usage or {}).get("prompt_tokens", 0)
-                    yield Started(p.prompt_tokens)
-                if ev.token_ids or ev.text:
-                    p.generated.extend(ev.token_ids)
-                    yield Tokens(list(ev.token_ids), ev.text)
-                if ev.type is EventType.FINISH:
-                    reason = ev.finish_reason or FinishReason.STOP
-                    if reason in (FinishReason.ABORT, FinishReason.ERROR):
-                        raise _WorkerFailed(f"decode on {url} ended with {reason}", dead=False)
-                    p.finish_reason = reason.value
-                    return
-        raise _WorkerFailed(f"decode stream from {url} ended early", dead=True)
-
-    async def run(self, req: ParsedRequest, ctx: RequestContext) -> AsyncIterator[Event]:
-        """The events of one request. Raises RouterError for anything the client must see."""
-        plan = choose(self.pool.views(), req.prompt_chars(), self.short_prompt_threshold)
-        if plan is None:
-            raise no_worker("no worker is ready to serve this request; retry shortly.")
-        ctx.route = plan.reason
-        p = _Progress(prompt_ids=req.prompt_token_ids)
-        kv: KVSource | None = None
-
-        if plan.prefill is not None:
-            res = await self._run_prefill(req, ctx, plan.prefill.url, plan.prefill.generation)
-            if res is None:
-                ctx.route = "prefill failed"
-            else:
-                p.prompt_ids = res.prompt_token_ids
-                p.prompt_tokens = len(res.prompt_token_ids)
-                check_prompt_tokens(p.prompt_tokens, req, self.limits)
-                yield Started(p.prompt_tokens)
-                p.generated.append(res.first_token_id)
-                p.first_text = res.first_token_text
-                yield Tokens([res.first_token_id], res.first_token_text)
-                if res.finish_reason is not None:
-                    ctx.done = True
-                    yield Finished(res.finish_reason.value, p.prompt_tokens, 1)
-                    return
-                kv = res.kv
-        self.metrics.routes.labels(ctx.route).inc()
-
-        decode = plan.decode
+        """Decode on `target`, resuming elsewhere after each failure until a finish or a 502."""
         excluded: set[str] = set()
         failures = 0
         while True:
-            greq = self._base_request(req, ctx)
-            if p.prompt_ids is not None:
-                greq.prompt, greq.messages, greq.prompt_token_ids = None, None, p.prompt_ids
-            if kv is not None:
-                greq.kv_source, greq.first_token_id = kv, p.generated[0]
-            else:
-                greq.generated_token_ids = list(p.generated)
-            ctx.touch(decode.url)
-            ctx.decode_url = assigned = decode.url
-            self.pool.assign(assigned)
+            url = target.url
+            ctx.touch(url)
+            ctx.decode_url = url
+            self.pool.assign(url)
+            self.metrics.worker_requests.labels(url, "decode").inc()
             try:
-                async for ev in self._decode_once(decode.url, greq, req, p):
+                async for ev in self._stream(url, self._request(req, ctx, p, kv), req, p):
                     yield ev
-                ctx.done = True
-                yield Finished(p.finish_reason, p.prompt_tokens or 0, len(p.generated))
-                return
-            except _WorkerFailed as exc:
-                self._failed(decode.url, "decode", exc)
-                if exc.dead:
-                    self.abort(ctx, [decode.url])
-                    excluded.add(decode.url)
-                else:  # it may get the resume: its copy must be gone first (same request id)
-                    await self._abort_one(decode.url, ctx.request_id)
+                break
+            except WorkerFailed as exc:
+                self._failed(url, "decode", exc)
                 failures += 1
+                if exc.dead:
+                    self.abort(ctx, [url])
+                    excluded.add(url)
+                else:  # it may get the resume: its copy (same request id) must be gone first
+                    self.metrics.aborts.inc()
+                    await self.client.abort(url, ctx.request_id)
                 if kv is not None and ctx.prefill_url is not None:
-                    self.abort(ctx, [ctx.prefill_url])  # free its leased blocks now
+                    self.abort(ctx, [ctx.prefill_url])  # free the lease the handoff did not pull
                 kv = None
-                nxt = choose_decode(self.pool.views(), frozenset(excluded))
+                if len(p.generated) >= req.sampling.max_tokens:
+                    # it died between its last token (whose text was final) and its finish line
+                    p.finish_reason = FinishReason.LENGTH.value
+                    break
+                nxt = self.policy.resume_decode(info, self.pool.views(), frozenset(excluded))
                 if failures > self.max_resumes or nxt is None:
                     raise upstream_failed(
                         f"the decode worker failed and no other could resume the request: {exc}"
                     ) from exc
                 self.metrics.resumes.inc()
-                log.info(
-                    "request %s: resuming on %s after %d tokens",
-                    ctx.request_id, nxt.url, len(p.generated),
-                )
-                decode = nxt
+                log.info("request %s: resuming on %s after %d tokens", ctx.request_id, nxt.url, len(p.generated))
+                target = nxt
             finally:
-                self.pool.release(assigned)
+                self.pool.release(url)
+        ctx.phase = Phase.FINISHED
+        yield Finished(p.finish_reason, p.prompt_tokens or 0, len(p.generated))
+
+    def _started(self, prompt_tokens: int, req: ParsedRequest, p: _Progress) -> Started:
+        p.prompt_tokens = prompt_tokens
+        check_prompt_tokens(prompt_tokens, req, self.limits)
+        return Started(prompt_tokens)
+
+    async def _stream(
+        self, url: str, greq: GenerateRequest, req: ParsedRequest, p: _Progress
+    ) -> AsyncIterator[Event]:
+        """One generate call; raises WorkerFailed if it ends in anything but a finish."""
+        async with contextlib.aclosing(self.client.generate(url, greq)) as stream:
+            async for ev in stream:
+                if ev.type is EventType.ERROR:
+                    err = ev.error or {}
+                    if err.get("type") == "invalid_request_error" and not p.generated:
+                        raise RouterError.from_body(400, {"error": err})
+                    raise WorkerFailed(f"decode on {url}: {err.get('message')}", dead=False)
+                if ev.type is EventType.START:
+                    if p.prompt_tokens is None and ev.prompt_tokens is not None:
+                        yield self._started(ev.prompt_tokens, req, p)
+                    continue
+                if p.prompt_tokens is None:  # a worker that sent no START
+                    yield self._started((ev.usage or {}).get("prompt_tokens", 0), req, p)
+                if ev.token_ids or ev.text:
+                    p.generated.extend(ev.token_ids)
+                    p.chars += len(ev.text)
+                    yield Tokens(list(ev.token_ids), ev.text)
+                if ev.type is EventType.FINISH:
+                    reason = ev.finish_reason or FinishReason.STOP
+                    if reason in (FinishReason.ABORT, FinishReason.ERROR):
+                        raise WorkerFailed(f"decode on {url} ended with {reason}", dead=False)
+                    p.finish_reason = reason.value
+                    return
+        raise WorkerFailed(f"the stream from {url} ended without a finish", dead=True)

@@ -12,10 +12,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import aiohttp
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import WorkerInfo
-from tandem.worker.router.policy import WorkerView
+from tandem.worker.router.policies.base import WorkerView
+from tandem.worker.router.worker_client import WorkerClient, WorkerFailed
 
 log = logging.getLogger("tandem.router.pool")
 
@@ -61,9 +61,8 @@ class _Entry:
 
 @dataclass
 class WorkerPool:
-    session: aiohttp.ClientSession
+    client: WorkerClient
     poll_interval_s: float = 0.5
-    info_timeout_s: float = 2.0
     served_model: str | None = None  # fixed by configuration, else learnt from the workers
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -117,14 +116,10 @@ class WorkerPool:
     async def _poll_one(self, e: _Entry) -> None:
         url = e.target.url
         try:
-            timeout = aiohttp.ClientTimeout(total=self.info_timeout_s)
-            async with self.session.get(url + "/internal/info", timeout=timeout) as resp:
-                if resp.status != 200:
-                    raise RuntimeError(f"/internal/info returned {resp.status}")
-                info = WorkerInfo.from_dict(await resp.json())
-        except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError, TypeError, KeyError) as exc:
+            info = await self.client.info(url)
+        except WorkerFailed as exc:
             if e.info is not None or not e.failed:
-                log.warning("worker %s unreachable: %r", url, exc)
+                log.warning("worker %s unreachable: %s", url, exc)
             e.info, e.failed, e.last_error = None, True, str(exc)
             return
         if e.info is None:

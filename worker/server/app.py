@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -194,9 +195,9 @@ async def _pull(state: WorkerState, req: GenerateRequest, seq: Any) -> list[int]
     from tandem.worker.kv.base import KVTransferError
 
     rid, src, eng = req.request_id, req.kv_source, state.engine.engine
-    if req.first_token_id is None or not isinstance(req.first_token_id, int) \
-            or not 0 <= req.first_token_id < eng.vocab_size:
-        return error_response(400, "kv_source needs first_token_id (a token id)", param="first_token_id",
+    if len(seq.output_ids) != 1:
+        return error_response(400, "kv_source needs the prefill worker's first token: generated_token_ids "
+                              "with exactly one token id (or first_token_id)", param="generated_token_ids",
                               request_id=rid)
     if state.transport is None:
         return error_response(400, "this worker has no KV transport (--kv-backend none)", param="kv_source",
@@ -205,7 +206,7 @@ async def _pull(state: WorkerState, req: GenerateRequest, seq: Any) -> list[int]
         return error_response(400, f"kv_source.backend is {src.backend!r}, this worker uses "
                               f"{state.transport.name!r}", param="kv_source", code="kv_backend_mismatch",
                               request_id=rid)
-    expected = seq.num_tokens
+    expected = len(seq.prompt_ids)
     if src.num_tokens != expected or len(src.block_ids) != eng.layout.blocks_for(expected):
         return error_response(400, f"kv_source holds {src.num_tokens} tokens in {len(src.block_ids)} blocks, "
                               f"but the prompt here is {expected} tokens: prefill and decode workers "
@@ -234,7 +235,17 @@ def _line(ev: StreamEvent) -> bytes:
     return (json.dumps(ev.to_dict()) + "\n").encode()
 
 
+async def _finished_at_replay(seq: Any) -> AsyncGenerator[Any, None]:
+    """The one output of a request whose replayed tokens already end it: the text held back, if any."""
+    from tandem.worker.engine.sequence import SeqOutput
+
+    yield SeqOutput(seq.request_id, text=seq.detok.take(final=True), finished=True,
+                    finish_reason=seq.finish_reason)
+
+
 async def generate(request: web.Request) -> web.StreamResponse:
+    """Stream a sequence as NDJSON. Tokens given in generated_token_ids (a handoff's first token, a
+    resume's tokens so far) are replayed by make_sequence, never streamed: the stream starts after them."""
     from tandem.worker.engine.errors import RequestError
 
     state = request.app[STATE_KEY]
@@ -250,6 +261,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         seq = aeng.engine.make_sequence(req)
     except RequestError as e:
         return _from_request_error(e, rid)
+    if seq.finished:  # the worker that sampled the last of them died before it could say so
+        return await _stream(request, state, seq, _finished_at_replay(seq), pulled=False)
     kv_blocks = None
     if req.kv_source is not None:
         pulled = await _pull(state, req, seq)
@@ -257,13 +270,20 @@ async def generate(request: web.Request) -> web.StreamResponse:
             return pulled
         kv_blocks = pulled
     try:
-        outputs = aeng.submit(seq, kv_blocks=kv_blocks, first_token_id=req.first_token_id)
+        outputs = aeng.submit(seq, kv_blocks=kv_blocks)
     except RequestError as e:
         if kv_blocks is not None:
             aeng.engine.free_blocks(kv_blocks)
         return _from_request_error(e, rid)
+    return await _stream(request, state, seq, outputs, pulled=kv_blocks is not None)
+
+
+async def _stream(request: web.Request, state: WorkerState, seq: Any, outputs: AsyncGenerator[Any, None],
+                  pulled: bool) -> web.StreamResponse:
+    """START, a TOKEN line per output, then FINISH (or ERROR); a stream cut short aborts the sequence."""
+    rid = seq.request_id
     log.info("generate started", extra={"request_id": rid, "prompt_tokens": len(seq.prompt_ids),
-                                         "pulled": kv_blocks is not None})
+                                         "pulled": pulled, "replayed": seq.num_resumed})
     finished = False
     try:
         resp = web.StreamResponse(headers={"Content-Type": NDJSON, REQUEST_ID_HEADER: rid})
@@ -291,7 +311,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise
     finally:
         if not finished:
-            aeng.abort(rid)
+            state.engine.abort(rid)
         await outputs.aclose()
 
 

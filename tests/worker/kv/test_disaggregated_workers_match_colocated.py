@@ -20,7 +20,8 @@ GREEDY = {"max_tokens": N, "temperature": 0, "ignore_eos": True}
 
 
 async def disaggregated(s: aiohttp.ClientSession, p: str, d: str, rid: str, ids: list[int]) -> list[int]:
-    """POST /internal/prefill on P, then /internal/generate with its kv_source on D: the tokens."""
+    """POST /internal/prefill on P, then /internal/generate with its kv_source on D: the prefill's first
+    token, then the decode stream (which never repeats it)."""
     async with s.post(f"{p}/internal/prefill", json={"request_id": rid, "prompt_token_ids": ids,
                                                      "sampling": GREEDY}) as r:
         res = await r.json()
@@ -30,7 +31,7 @@ async def disaggregated(s: aiohttp.ClientSession, p: str, d: str, rid: str, ids:
             "kv_source": res["kv"], "first_token_id": res["first_token_id"]}
     async with s.post(f"{d}/internal/generate", json=body) as r:
         assert r.status == 200, await r.text()
-        return stream_tokens(await ndjson_events(r))
+        return [res["first_token_id"]] + stream_tokens(await ndjson_events(r))
 
 
 async def colocated(s: aiohttp.ClientSession, c: str, rid: str, ids: list[int]) -> list[int]:

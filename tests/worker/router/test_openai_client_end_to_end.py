@@ -6,6 +6,7 @@ import urllib.request
 
 import openai
 import pytest
+from tandem.contracts.routing import RouteReason
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -109,8 +110,8 @@ def test_short_prompts_skip_prefill_long_ones_use_it(client, model_name, disagg_
     client.completions.create(model=model_name, prompt="Hi", max_tokens=2)
     client.completions.create(model=model_name, prompt=LONG, max_tokens=2)
     after = routes()
-    assert after.get("short prompt", 0) == before.get("short prompt", 0) + 1
-    assert after.get("disaggregated", 0) == before.get("disaggregated", 0) + 1
+    for reason in (RouteReason.SHORT_PROMPT, RouteReason.DISAGGREGATED):
+        assert after.get(reason, 0) == before.get(reason, 0) + 1, reason
 
 
 def test_router_metrics_measure_latency(client, model_name, disagg_stack):

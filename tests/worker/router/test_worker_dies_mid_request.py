@@ -53,6 +53,15 @@ def _serving(stack: LocalStack) -> dict:
     raise AssertionError("no decode worker is running the request")
 
 
+def _resumes(stack: LocalStack) -> float:
+    """The router's count of requests resumed on another decode worker."""
+    with urllib.request.urlopen(stack.url + "/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("tandem_router_decode_resumes_total "):
+                return float(line.split()[1])
+    raise AssertionError("no tandem_router_decode_resumes_total in the router's metrics")
+
+
 def _stream(client, model_name):
     return client.completions.create(
         model=model_name, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=True,
@@ -64,6 +73,7 @@ def test_decode_worker_killed_mid_stream_resumes_on_another(stack, client, model
     assert len(_alive(stack, "decode")) == 2
     reference = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=MAX_TOKENS,
                                           temperature=0, extra_body={"ignore_eos": True})
+    resumes_before = _resumes(stack)
     texts, usage, gaps = [], None, []
     killed_at = None
     last = time.monotonic()
@@ -82,8 +92,10 @@ def test_decode_worker_killed_mid_stream_resumes_on_another(stack, client, model
             killed_at = time.monotonic()
     assert killed_at is not None
     assert usage.completion_tokens == MAX_TOKENS  # the full answer, through the other decode worker
+    assert _resumes(stack) == resumes_before + 1
     assert max(gaps) < 5.0, f"the stream stalled {max(gaps):.1f}s after the kill"
-    # greedy: resuming (re-prefill of prompt + tokens so far) continues the same text
+    # greedy: resuming (re-prefill of prompt + tokens so far, replayed through the detokenizer)
+    # continues the same text, with what the dead worker held back neither lost nor repeated
     assert "".join(texts) == reference.choices[0].text
 
 

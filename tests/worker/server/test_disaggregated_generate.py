@@ -1,5 +1,6 @@
-"""Prefill on one worker, decode on another (KV pulled over the in-memory transport): the decode
-stream equals the colocated one token for token and text for text, and both pools end empty.
+"""Prefill on one worker, decode on another (KV pulled over the in-memory transport): the prefill's
+first token then the decode stream (which starts at the second token: it never repeats the first)
+equal the colocated stream token for token and text for text, and both pools end empty.
 A pull that fails answers 503 kv_transfer_failed and frees the decode worker's blocks."""
 
 from __future__ import annotations
@@ -31,16 +32,14 @@ async def test_disaggregated_equals_colocated(start_worker, server_hf_toy, serve
     assert resp.status == 200, result
     assert result["kv"]["backend"] == "memory"
     body = {"request_id": "dis", "prompt": PROMPT, "sampling": SAMPLING, "kv_source": result["kv"],
-            "first_token_id": result["first_token_id"]}
+            "generated_token_ids": [result["first_token_id"]], "emitted_chars": len(result["first_token_text"])}
     async with d.client.post("/internal/generate", json=body) as resp:
         assert resp.status == 200
         events = await ndjson_events(resp)
     ids = server_loaded_toy.tokenizer(PROMPT)["input_ids"]
-    assert stream_tokens(events) == stream_tokens(colocated) == reference_generate(server_hf_toy, ids, 14)
-    assert stream_text(events) == stream_text(colocated)
-    tokens = [e for e in events if e["type"] == "token"]
-    assert tokens[0]["token_ids"] == [result["first_token_id"]]
-    assert tokens[0].get("text", "") == result["first_token_text"]
+    assert [result["first_token_id"]] + stream_tokens(events) == stream_tokens(colocated) \
+        == reference_generate(server_hf_toy, ids, 14)
+    assert result["first_token_text"] + stream_text(events) == stream_text(colocated)
     assert events[-1]["usage"] == colocated[-1]["usage"]
     await p.wait_idle()  # the pull released the prefill worker's lease
 

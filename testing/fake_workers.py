@@ -1,0 +1,117 @@
+"""An in-process WorkerClient for the router's request state machine: scripted answers per worker,
+every call and abort recorded, no processes and no sockets (tests run in milliseconds).
+
+A worker failure is scripted as the exception the real client raises: `fail(status, body)` goes
+through `worker_client.classify`, exactly as an HTTP answer of that status would.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+
+from tandem.contracts.names import Role
+from tandem.contracts.protocol import (
+    EventType,
+    FinishReason,
+    GenerateRequest,
+    KVSource,
+    PrefillResult,
+    StreamEvent,
+    WorkerInfo,
+)
+from tandem.worker.router.worker_client import WorkerFailed, classify
+
+Outcome = PrefillResult | Exception
+StreamItem = StreamEvent | Exception
+
+
+def fail(status: int, code: str | None = None, param: str | None = None, type_: str = "invalid_request_error",
+         message: str = "scripted failure") -> Exception:
+    """What the real client raises for a worker's answer with this status and OpenAI error body."""
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return classify(status, body, "scripted call")
+
+
+def died(message: str = "connection reset") -> WorkerFailed:
+    """A worker that went away (connection refused or cut, a timeout)."""
+    return WorkerFailed(message, dead=True)
+
+
+def start(prompt_tokens: int) -> StreamEvent:
+    return StreamEvent(EventType.START, prompt_tokens=prompt_tokens)
+
+
+def token(token_id: int, text: str) -> StreamEvent:
+    return StreamEvent(EventType.TOKEN, token_ids=[token_id], text=text)
+
+
+def finish(reason: FinishReason = FinishReason.STOP) -> StreamEvent:
+    return StreamEvent(EventType.FINISH, finish_reason=reason)
+
+
+def prefilled(url: str, prompt_ids: list[int], first: int, text: str,
+              finish_reason: FinishReason | None = None) -> PrefillResult:
+    """A prefill worker's success: the first token and (unless it finished) the KV to pull."""
+    kv = None if finish_reason else KVSource(url, "e-1", "tcp", [0], len(prompt_ids))
+    return PrefillResult("rid", list(prompt_ids), first, text, finish_reason, kv)
+
+
+@dataclass
+class Call:
+    kind: str  # "prefill" | "generate"
+    url: str
+    request: GenerateRequest
+
+
+@dataclass
+class FakeWorkers:
+    """WorkerClient with scripted workers; each prefill/generate call takes the next scripted answer."""
+
+    infos: dict[str, WorkerInfo] = field(default_factory=dict)
+    prefills: dict[str, list[Outcome]] = field(default_factory=lambda: defaultdict(list))
+    streams: dict[str, list[list[StreamItem]]] = field(default_factory=lambda: defaultdict(list))
+    calls: list[Call] = field(default_factory=list)
+    aborts: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, url: str, role: Role, generation: str = "g1") -> str:
+        self.infos[url] = WorkerInfo(role=role, model="toy", max_model_len=4096, engine_id=url + "-1",
+                                     generation=generation, kv_backend="tcp", ready=True, running=0,
+                                     waiting=0, kv_usage=0.0, outstanding_prompt_tokens=0)
+        return url
+
+    def on_prefill(self, url: str, *outcomes: Outcome) -> None:
+        self.prefills[url].extend(outcomes)
+
+    def on_generate(self, url: str, *streams: list[StreamItem]) -> None:
+        self.streams[url].extend(streams)
+
+    def made(self, kind: str) -> list[Call]:
+        return [c for c in self.calls if c.kind == kind]
+
+    async def info(self, url: str) -> WorkerInfo:
+        if url not in self.infos:
+            raise died(f"{url} is not a scripted worker")
+        return self.infos[url]
+
+    async def prefill(self, url: str, request: GenerateRequest) -> PrefillResult:
+        self.calls.append(Call("prefill", url, request))
+        if not self.prefills[url]:
+            raise died(f"no prefill scripted for {url}")
+        outcome = self.prefills[url].pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    async def generate(self, url: str, request: GenerateRequest) -> AsyncGenerator[StreamEvent, None]:
+        self.calls.append(Call("generate", url, request))
+        if not self.streams[url]:
+            raise died(f"no stream scripted for {url}")
+        for item in self.streams[url].pop(0):
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+    async def abort(self, url: str, request_id: str) -> None:
+        self.aborts.append((url, request_id))
