@@ -12,3 +12,10 @@ class RouteReason(enum.StrEnum):
     NO_MATCHING_GENERATION = "no_matching_generation"  # no prefill/decode pair of one generation
     PREFILL_FAILED = "prefill_failed"  # every prefill attempt failed: decode-side prefill
     PREFILL_SATURATED = "prefill_saturated"  # the prefill pool is busy, a decode worker has room
+
+
+class RoutingPolicy(enum.StrEnum):
+    """The policies `router.policy` may name (the router's registry maps each to its class)."""
+
+    LEAST_LOADED = "least-loaded"  # prefill by queued prompt tokens, decode by running sequences
+    ROUND_ROBIN = "round-robin"  # each pool in turn, ignoring load

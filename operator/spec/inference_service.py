@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tandem.contracts.names import Role
+from tandem.contracts.routing import RoutingPolicy
 from tandem.operator.spec.fields import FreeForm, Quantity, Rule, api_field, parse, to_json
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -256,9 +257,9 @@ class Router:
     replicas: int = api_field("replicas", minimum=0, maximum=100, default=1)
     service: RouterService = api_field("service", default={})
     policy: str = api_field(
-        "policy", enum=["least-loaded"], default="least-loaded",
-        description="How the router picks workers: least-loaded prefill (queued prompt tokens) and decode "
-        "(running sequences, KV usage).")
+        "policy", enum=[p.value for p in RoutingPolicy], default=RoutingPolicy.LEAST_LOADED.value,
+        description="How the router picks workers: least-loaded (prefill by queued prompt tokens, decode "
+        "by running sequences and KV usage) or round-robin (each pool in turn).")
     short_prompt_tokens: int = api_field(
         "shortPromptTokens", minimum=0, maximum=1048576, default=0,
         description="Prompts estimated below this many tokens skip prefill and are prefilled by decode "

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 from tandem.contracts.names import Role
-from tandem.contracts.routing import RouteReason
+from tandem.contracts.routing import RouteReason, RoutingPolicy
 from tandem.worker.router.policies.base import (
     PolicySettings,
     RequestInfo,
@@ -122,6 +122,8 @@ def test_route_reasons_are_single_words_safe_as_label_values():
 
 def test_registry_names_every_policy_and_refuses_others():
     assert sorted(POLICIES) == ["least-loaded", "round-robin"]
+    # the CRD's router.policy enum is generated from the same contract
+    assert set(POLICIES) == {p.value for p in RoutingPolicy}
     assert isinstance(create_policy("least-loaded"), LeastLoaded)
     rr = create_policy("round-robin", PolicySettings(short_prompt_threshold=3))
     assert isinstance(rr, RoundRobin) and rr.settings.short_prompt_threshold == 3

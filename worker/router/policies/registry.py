@@ -7,12 +7,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from tandem.contracts.routing import RoutingPolicy
+
 if TYPE_CHECKING:
     from tandem.worker.router.policies.base import PolicySettings, RoutingPolicy
 
+# Every name in tandem.contracts.routing.RoutingPolicy (what the CRD's router.policy allows).
 POLICIES: dict[str, str] = {
-    "least-loaded": "tandem.worker.router.policies.least_loaded:LeastLoaded",
-    "round-robin": "tandem.worker.router.policies.round_robin:RoundRobin",
+    RoutingPolicy.LEAST_LOADED: "tandem.worker.router.policies.least_loaded:LeastLoaded",
+    RoutingPolicy.ROUND_ROBIN: "tandem.worker.router.policies.round_robin:RoundRobin",
 }
 
 
