@@ -20,7 +20,7 @@ class WorkerProcess(ManagedProcess):
         self.port = port or free_port()
         argv = [sys.executable, "-m", "tandem.cli.main", "worker", "--role", role,
                 "--model", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-                "--threads", "1", *args]
+                "--threads", "1", *([] if "--kv-port" in args else ["--kv-port", "0"]), *args]
         super().__init__(f"{role} worker", argv, os.environ | {
             "UCX_TLS": "tcp", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"} | (env or {}),
             url=f"http://127.0.0.1:{self.port}", role=role)
