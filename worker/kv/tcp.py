@@ -82,12 +82,13 @@ def _tune(sock: socket.socket, buffers: tuple[int, ...] = (socket.SO_SNDBUF, soc
 class _Conn:
     """One accepted connection: pending until its handshake succeeds, then idle or busy."""
 
-    __slots__ = ("sock", "task", "idle")
+    __slots__ = ("sock", "task", "idle", "started")
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self.task: asyncio.Task | None = None
         self.idle = False
+        self.started = False  # its task has begun: from then on the task's finally closes the socket
 
 
 class TcpTransport(PullTransport):
@@ -118,12 +119,13 @@ class TcpTransport(PullTransport):
         self._accept_task = asyncio.get_running_loop().create_task(self._accept_loop())
 
     async def close(self) -> None:
-        tasks = [c.task for c in (*self._pending, *self._authed) if c.task is not None]
         if self._accept_task is not None:
-            tasks.append(self._accept_task)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+            self._accept_task.cancel()
+        conns = [*self._pending, *self._authed]
+        for c in conns:
+            self._evict(c)
+        await asyncio.gather(*[t for t in (self._accept_task, *(c.task for c in conns)) if t is not None],
+                             return_exceptions=True)
         if self._listener is not None:
             self._listener.close()
         await self._close_shared()
@@ -166,8 +168,8 @@ class TcpTransport(PullTransport):
         self._pending.pop(conn, None)
         self._authed.pop(conn, None)
         if conn.task is not None:
-            conn.task.cancel()  # its finally closes the socket
-        else:
+            conn.task.cancel()
+        if not conn.started:  # cancelled before it ran: no finally will close it
             conn.sock.close()
 
     def _admit(self, conn: _Conn) -> bool:
@@ -186,6 +188,7 @@ class TcpTransport(PullTransport):
 
     async def _serve(self, conn: _Conn) -> None:
         loop = asyncio.get_running_loop()
+        conn.started = True
         try:
             try:
                 async with asyncio.timeout(self.limits.handshake_s):
@@ -199,6 +202,7 @@ class TcpTransport(PullTransport):
             self._pending.pop(conn, None)
             self._authed.pop(conn, None)
             conn.sock.close()
+            conn.task = None
 
     # --- prefill side: serve reads ------------------------------------------------------------
 

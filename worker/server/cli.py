@@ -21,6 +21,14 @@ ROLES = tuple(r.value for r in Role)
 BACKENDS = tuple(b.value for b in KVBackend)
 
 
+class _RefuseSecretOnArgv(argparse.Action):
+    """`--internal-secret VALUE` would otherwise be taken as an abbreviation of --internal-secret-file."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        parser.error("the internal secret is never a flag (argv is world-readable): set "
+                     "$TANDEM_INTERNAL_SECRET or --internal-secret-file")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     # Every default is None here so a flag given on the command line wins over --config, and
@@ -48,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "(default 5601; 0 picks a free one)")
     a("--internal-secret-file", default=None, help="file holding the service's internal secret (a mounted "
       "Secret; default: $TANDEM_INTERNAL_SECRET). Required by /internal/* and the KV port when set")
+    a("--internal-secret", action=_RefuseSecretOnArgv, help=argparse.SUPPRESS)
     a("--drain-s", type=float, default=None, help="on SIGTERM: stop being ready, then wait this long at "
       "most for running sequences to finish and leased KV to be pulled (default 30)")
     a("--threads", type=int, default=None, help="torch.set_num_threads")
