@@ -268,6 +268,20 @@ class KVPeerProcess(ManagedProcess):
         super().stop(timeout_s)
 
 
+async def prefill_and_decode(backend: str, layout: KVLayout, name: str, started: list, *,
+                             secret: str | None = None, timeout_s: float = 5.0,
+                             extra: dict[str, Any] | None = None) -> tuple[KVPeerProcess, KVPeer]:
+    """A prefill peer process (appended to `started`, for the caller to kill) and a decode peer in
+    this process (the caller closes it), sharing `secret`: the two ends of a guarded handoff."""
+    prefill = KVPeerProcess(backend, layout, f"prefill-{name}", secret=secret, extra=extra)
+    started.append(prefill)
+    prefill.start()
+    decode = KVPeer(backend, layout, f"decode-{name}-{os.getpid()}",
+                    KVTransferConfig(backend=backend, timeout_s=timeout_s, secret=secret), fill=False)
+    await decode.start()
+    return prefill, decode
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--backend", required=True)

@@ -6,14 +6,12 @@ pooled connection the server has closed (no spurious pull failure)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import time
 
 import psutil
 import pytest
-from tandem.testing.kv_peer import SMALL_LAYOUT, KVPeer, KVPeerProcess
-from tandem.worker.kv.base import KVTransferConfig
+from tandem.testing.kv_peer import SMALL_LAYOUT, KVPeerProcess, prefill_and_decode
 from tandem.worker.kv.tcp_wire import LEN, client_handshake, recv_frame
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -50,12 +48,7 @@ async def _closed_by_server(loop: asyncio.AbstractEventLoop, sock: socket.socket
 
 
 async def test_flood_leaves_memory_bounded_and_the_port_serving(peer_process: list) -> None:
-    prefill = KVPeerProcess("tcp", SMALL_LAYOUT, "prefill-flood-1", secret=SECRET)
-    peer_process.append(prefill)
-    prefill.start()
-    decode = KVPeer("tcp", SMALL_LAYOUT, f"decode-{os.getpid()}-flood",
-                    KVTransferConfig(backend="tcp", timeout_s=5.0, secret=SECRET), fill=False)
-    await decode.start()
+    prefill, decode = await prefill_and_decode("tcp", SMALL_LAYOUT, "flood", peer_process, secret=SECRET)
     loop = asyncio.get_running_loop()
     port = (await prefill._call("GET", "/internal/kv/metadata"))["tcp_port"]
     proc = psutil.Process(prefill.proc.pid)
@@ -106,13 +99,8 @@ async def _no_pending(prefill: KVPeerProcess) -> bool:
 
 
 async def test_idle_connections_are_closed_and_never_reused_after(peer_process: list) -> None:
-    prefill = KVPeerProcess("tcp", SMALL_LAYOUT, "prefill-idle-1", secret=SECRET,
-                            extra={"tcp_idle_s": 0.5})
-    peer_process.append(prefill)
-    prefill.start()
-    decode = KVPeer("tcp", SMALL_LAYOUT, f"decode-{os.getpid()}-idle",
-                    KVTransferConfig(backend="tcp", timeout_s=5.0, secret=SECRET), fill=False)
-    await decode.start()
+    prefill, decode = await prefill_and_decode("tcp", SMALL_LAYOUT, "idle", peer_process, secret=SECRET,
+                                               extra={"tcp_idle_s": 0.5})
     loop = asyncio.get_running_loop()
     try:
         for i in range(3):

@@ -8,32 +8,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import socket
 
 import pytest
 import torch
-from tandem.testing.kv_peer import SMALL_LAYOUT, KVPeer, KVPeerProcess, block_pattern
-from tandem.worker.kv.base import KVTransferConfig, KVTransferError
+from tandem.testing.kv_peer import SMALL_LAYOUT, KVPeerProcess, block_pattern, prefill_and_decode
+from tandem.worker.kv.base import KVTransferError
 from tandem.worker.kv.tcp_wire import LEN, HandshakeError, client_handshake, recv_frame, send_frame
 
 pytestmark = [pytest.mark.timeout(120)]
 
 SECRET = "kv-guard-test-secret-0123456789"
-
-
-async def _decode(n: int, secret: str | None = SECRET) -> KVPeer:
-    peer = KVPeer("tcp", SMALL_LAYOUT, f"decode-{os.getpid()}-g{n}",
-                  KVTransferConfig(backend="tcp", timeout_s=5.0, secret=secret), fill=False)
-    await peer.start()
-    return peer
-
-
-def _prefill(peer_process: list, name: str, **kw) -> KVPeerProcess:
-    p = KVPeerProcess("tcp", SMALL_LAYOUT, name, secret=SECRET, **kw)
-    peer_process.append(p)
-    p.start()
-    return p
 
 
 async def _raw(port: int, secret: str | None) -> socket.socket:
@@ -55,8 +40,7 @@ async def _kv_port(p: KVPeerProcess) -> int:
 
 
 async def test_reads_without_a_live_lease_and_its_token_are_refused(peer_process: list) -> None:
-    prefill = _prefill(peer_process, "prefill-guard-1")
-    decode = await _decode(1)
+    prefill, decode = await prefill_and_decode("tcp", SMALL_LAYOUT, "guard-1", peer_process, secret=SECRET)
     try:
         src = await prefill.prefill("r1", 5 * SMALL_LAYOUT.block_size, seed=11)
         other = await prefill.prefill("r2", SMALL_LAYOUT.block_size, seed=12)
@@ -104,7 +88,9 @@ async def test_reads_without_a_live_lease_and_its_token_are_refused(peer_process
 
 
 async def test_duplicate_or_wrong_token_release_frees_nothing(peer_process: list) -> None:
-    prefill = _prefill(peer_process, "prefill-guard-2")
+    prefill = KVPeerProcess("tcp", SMALL_LAYOUT, "prefill-guard-2", secret=SECRET)  # we speak the wire
+    peer_process.append(prefill)
+    prefill.start()
     src = await prefill.prefill("r", 3 * SMALL_LAYOUT.block_size, seed=5)
     loop = asyncio.get_running_loop()
     sock = await _raw(await _kv_port(prefill), SECRET)
@@ -130,17 +116,16 @@ async def test_duplicate_or_wrong_token_release_frees_nothing(peer_process: list
 
 
 async def test_a_peer_with_another_secret_is_refused_at_the_handshake(peer_process: list) -> None:
-    prefill = _prefill(peer_process, "prefill-guard-3")
-    port = await _kv_port(prefill)
-    for wrong in ("another-service-secret-000000", None):
-        with pytest.raises(HandshakeError, match="refused our internal secret"):
-            await _raw(port, wrong)
-    (await _raw(port, SECRET)).close()
-
-    # A decode worker whose secret no longer matches its peer's KV port (say, rotated on one side
-    # only) gets a clear KVTransferError from the handshake.
-    decode = await _decode(3)
+    prefill, decode = await prefill_and_decode("tcp", SMALL_LAYOUT, "guard-3", peer_process, secret=SECRET)
     try:
+        port = await _kv_port(prefill)
+        for wrong in ("another-service-secret-000000", None):
+            with pytest.raises(HandshakeError, match="refused our internal secret"):
+                await _raw(port, wrong)
+        (await _raw(port, SECRET)).close()
+
+        # A decode worker whose secret no longer matches its peer's KV port (say, rotated on one
+        # side only) gets a clear KVTransferError from the handshake.
         warm = await decode.pull("warm", await prefill.prefill("warm", 1, seed=1), seed=1)
         assert warm["ok"] and warm["identical"], warm
         decode.pool.zero_()

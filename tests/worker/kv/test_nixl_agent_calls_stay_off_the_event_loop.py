@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import threading
 import time
 
 import aiohttp
 import pytest
-from tandem.testing.kv_peer import SMALL_LAYOUT, KVPeer, KVPeerProcess
-from tandem.worker.kv.base import KVTransferConfig, TransferState
+from tandem.testing.kv_peer import SMALL_LAYOUT, prefill_and_decode
+from tandem.worker.kv.base import TransferState
 
 pytestmark = [pytest.mark.nixl, pytest.mark.timeout(120)]
 pytest.importorskip("tandem.worker.kv.nixl", reason="needs the nixl package (nixl-cu12, installed by `make venv`)")
@@ -49,12 +48,8 @@ class _Recorder:
 
 
 async def test_a_blocking_agent_call_leaves_the_loop_serving(peer_process: list) -> None:
-    prefill = KVPeerProcess(backend, SMALL_LAYOUT, "prefill-nx-1", secret=SECRET)
-    peer_process.append(prefill)
-    prefill.start()
-    decode = KVPeer(backend, SMALL_LAYOUT, f"decode-{os.getpid()}-nx1",
-                    KVTransferConfig(backend=backend, timeout_s=2.0, secret=SECRET), fill=False)
-    await decode.start()
+    prefill, decode = await prefill_and_decode(backend, SMALL_LAYOUT, "nx-1", peer_process, secret=SECRET,
+                                               timeout_s=2.0)
     t = decode.transport
     rec: _Recorder | None = None
 
@@ -89,12 +84,7 @@ async def test_a_blocking_agent_call_leaves_the_loop_serving(peer_process: list)
 
 
 async def test_a_completion_with_a_wrong_token_frees_nothing(peer_process: list) -> None:
-    prefill = KVPeerProcess(backend, SMALL_LAYOUT, "prefill-nx-2", secret=SECRET)
-    peer_process.append(prefill)
-    prefill.start()
-    decode = KVPeer(backend, SMALL_LAYOUT, f"decode-{os.getpid()}-nx2",
-                    KVTransferConfig(backend=backend, timeout_s=3.0, secret=SECRET), fill=False)
-    await decode.start()
+    prefill, decode = await prefill_and_decode(backend, SMALL_LAYOUT, "nx-2", peer_process, secret=SECRET)
     try:
         src = await prefill.prefill("r", 100, seed=3)
         # A one-sided READ is not checked per block: the bytes arrive. Its completion cannot free.

@@ -1,17 +1,13 @@
 """With a per-service secret, every /internal/* endpoint that moves data or changes state answers 401
 (OpenAI's error format) to a caller without it and works with it; probes and metrics stay open;
 a decode worker pulls from a prefill worker of its own service, and a worker with another secret
-gets a clear error. The secret comes from the environment or a file, never from flags or YAML."""
+gets a clear error. (Where the secret comes from: test_worker_config_is_typed.py.)"""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
-from tandem.contracts.internal_auth import SECRET_ENV, auth_headers
+from tandem.contracts.internal_auth import auth_headers
 from tandem.testing.engine_helpers import ndjson_events, stream_tokens
-from tandem.worker.server.cli import add_arguments, resolve_settings
-from tandem.worker.server.config import WorkerConfig
 
 SECRET = "s3cret-for-this-service-only-0123"
 PROMPT = "Kubernetes schedules pods onto nodes"
@@ -96,46 +92,6 @@ async def test_disaggregated_pull_carries_the_secret_and_a_stranger_is_refused(s
     r = await p.client.post("/internal/kv/release", headers=p.auth,
                             json={"request_id": "stranger", "lease_token": res["kv"]["lease_token"]})
     assert (await r.json())["released"] is True
-
-
-def _settings(tmp_path, text: str, *flags: str) -> WorkerConfig:
-    path = tmp_path / "worker.yaml"
-    path.write_text(text)
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return resolve_settings(parser.parse_args(["--config", str(path), *flags]))
-
-
-def test_secret_comes_from_the_environment_or_a_file_never_from_flags_or_yaml(tmp_path, monkeypatch, capsys):
-    monkeypatch.delenv(SECRET_ENV, raising=False)
-    assert _settings(tmp_path, "model: /m\n").internal_secret is None
-    monkeypatch.setenv(SECRET_ENV, SECRET + "\n")
-    cfg = _settings(tmp_path, "model: /m\nrole: prefill\nkv_backend: tcp\n")
-    assert cfg.internal_secret == SECRET
-    assert SECRET not in repr(cfg) and "internal_secret" not in cfg.public()
-    kv = cfg.kv_transfer_config("10.0.0.1")
-    assert kv.secret == SECRET and kv.port == 5601 and kv.serve and SECRET not in repr(kv)
-    assert not _settings(tmp_path, "model: /m\nrole: decode\n").kv_transfer_config("h").serve
-
-    mounted = tmp_path / "secret"
-    mounted.write_text("from-a-mounted-secret-file-789\n")
-    cfg = _settings(tmp_path, "model: /m\n", "--internal-secret-file", str(mounted), "--kv-port", "0")
-    assert cfg.internal_secret == "from-a-mounted-secret-file-789" and cfg.kv_port == 0  # the file wins
-
-    with pytest.raises(ValueError, match="never a setting"):
-        _settings(tmp_path, f"model: /m\ninternal_secret: {SECRET}\n")
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    with pytest.raises(SystemExit):  # refused, not taken as an abbreviation of --internal-secret-file
-        parser.parse_args(["--model", "/m", "--internal-secret", SECRET])
-    assert "never a flag" in capsys.readouterr().err
-    monkeypatch.setenv(SECRET_ENV, "short")
-    with pytest.raises(ValueError, match="at least 16 characters") as err:
-        _settings(tmp_path, "model: /m\n")
-    assert "short" not in str(err.value)
-    monkeypatch.delenv(SECRET_ENV)
-    with pytest.raises(OSError):
-        _settings(tmp_path, "model: /m\n", "--internal-secret-file", str(tmp_path / "missing"))
 
 
 def test_auth_headers_without_a_secret_are_empty():
