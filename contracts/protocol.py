@@ -17,10 +17,16 @@ Endpoints every worker serves (aiohttp, see worker/server/):
   POST /internal/prefill        GenerateRequest -> PrefillResult JSON (prefill and colocated roles);
                                 the KV blocks stay leased on the prefill worker until pulled,
                                 released or expired
-  POST /internal/abort          {"request_id"}: cancel and free everything the request holds here
+  POST /internal/abort          {"request_id", "lease_token"?}: cancel the request here; its KV
+                                lease (prefill side) is freed only when lease_token proves it
   GET  /internal/kv/metadata    the KV agent's metadata (backend, engine_id, epoch, layout, ...)
-  POST /internal/kv/release     {"request_id"}: the prefill side frees a request's leased blocks
+  POST /internal/kv/release     {"request_id", "lease_token"}: the prefill side frees a request's
+                                leased blocks (a wrong token or a second release frees nothing)
   GET  /internal/kv/health      KV transfer health, read by the operator for KVTransferReady
+
+With a per-service secret configured (tandem.contracts.internal_auth), every /internal/*
+endpoint except /internal/kv/health wants `Authorization: Bearer <secret>` and answers 401
+otherwise.
 
 Every request carries the router's request id in the `X-Request-Id` header and
 in the body. Errors are HTTP 4xx/5xx with an OpenAI-format body
@@ -76,6 +82,9 @@ class KVSource:
     backend: str  # "nixl" | "tcp" | "memory"
     block_ids: list[int]  # the prefill worker's blocks, in sequence order
     num_tokens: int  # tokens whose KV the blocks hold (the prompt)
+    # Unguessable, one per lease: a KV read, a release or an abort of the lease must quote it.
+    # Empty matches nothing. Pass it only to the decode worker chosen for this request.
+    lease_token: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # backend-specific (e.g. tcp host/port)
 
 

@@ -1,11 +1,13 @@
 """A KV pool with a transport and a tiny HTTP API, no engine: the two ends of a handoff in tests and bench.
 
 A KVPeer owns a pool tensor of a given KVLayout, a block allocator with leases
-(what the engine does on a prefill worker) and serves the transport's
-/internal/kv/{metadata,health,release} like a worker does, plus test-only
-endpoints to fill blocks with a known pattern (/test/prefill), pull and verify
-them (/test/pull) and count blocks (/test/blocks). Run in-process, or as a
-process with `python -m tandem.testing.kv_peer ...` (prints "READY <url>").
+and their tokens (what the engine does on a prefill worker: it is the transport's
+LeaseKeeper) and serves the transport's /internal/kv/{metadata,health,release}
+like a worker does, behind the same internal-secret middleware, plus test-only
+endpoints (open) to fill blocks with a known pattern (/test/prefill), pull and
+verify them (/test/pull) and count blocks (/test/blocks). Run in-process, or as
+a process with `python -m tandem.testing.kv_peer ...` (prints "READY <url>"); the
+process takes its secret from $TANDEM_INTERNAL_SECRET, as a worker does.
 """
 
 from __future__ import annotations
@@ -16,21 +18,25 @@ import contextlib
 import json
 import os
 import random
+import secrets
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import asdict
 from typing import Any
 
 import aiohttp
 import torch
 from aiohttp import web
+from tandem.contracts.internal_auth import SECRET_ENV, auth_headers
 from tandem.contracts.kv_layout import KVLayout
 from tandem.contracts.protocol import KVSource
 from tandem.worker.kv.base import KVTransferConfig, KVTransferError, KVTransport
 from tandem.worker.kv.registry import create_transport
 from tandem.worker.local.processes import ManagedProcess
+from tandem.worker.server.auth import internal_auth
 
 # Small blocks (8 KiB) for correctness tests: thousands of tokens stay cheap.
 SMALL_LAYOUT = KVLayout(num_blocks=1024, num_layers=2, block_size=16, num_kv_heads=2, head_dim=16,
@@ -59,11 +65,11 @@ class KVPeer:
         self.config = config or KVTransferConfig(backend=backend)
         self.pool = torch.zeros(layout.shape, dtype=DTYPES[layout.dtype])
         self.free: set[int] = set(range(layout.num_blocks))
-        self.leases: dict[str, tuple[list[int], float]] = {}  # request_id -> (blocks, deadline)
+        self.leases: dict[str, tuple[list[int], float, str]] = {}  # request_id -> (blocks, deadline, token)
         self.fill = fill
         self.released: list[str] = []
         self.transport: KVTransport = create_transport(backend, self.pool, layout, engine_id, self.config)
-        self.transport.on_released = self.release
+        self.transport.leases = self
         self._reaper: asyncio.Task | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -85,23 +91,31 @@ class KVPeer:
         assert not (set(blocks) & self.free), "double free"
         self.free.update(blocks)
 
-    def release(self, request_id: str) -> bool:
-        """on_released: a peer finished (or abandoned) pulling this request's blocks; False if the
-        lease was already gone (expired), as the engine answers."""
-        lease = self.leases.pop(request_id, None)
-        if lease is None:
+    def release_lease(self, request_id: str, lease_token: str) -> bool:
+        """LeaseKeeper: a peer finished (or abandoned) pulling this request's blocks; False, freeing
+        nothing, if the lease is gone (expired, released) or the token is not its token."""
+        lease = self.leases.get(request_id)
+        if lease is None or not isinstance(lease_token, str) or not secrets.compare_digest(
+                lease[2].encode(), lease_token.encode()):
             return False
+        del self.leases[request_id]
         self.free_blocks(lease[0])
         self.released.append(request_id)
         return True
+
+    def check_read(self, request_id: str, lease_token: str, block_ids: Collection[int]) -> bool:
+        """LeaseKeeper: a live lease of request_id, proven by its token, holds every block."""
+        lease = self.leases.get(request_id)
+        return (lease is not None and secrets.compare_digest(lease[2].encode(), lease_token.encode())
+                and lease[1] > time.monotonic() and set(block_ids) <= set(lease[0]))
 
     async def _reap(self) -> None:
         while True:
             await asyncio.sleep(0.1)
             now = time.monotonic()
-            for rid, (_, deadline) in list(self.leases.items()):
+            for rid, (_, deadline, token) in list(self.leases.items()):
                 if deadline < now:
-                    self.release(rid)
+                    self.release_lease(rid, token)
 
     # --- both roles ---------------------------------------------------------------------------
 
@@ -111,9 +125,11 @@ class KVPeer:
         if self.fill:
             for i, b in enumerate(blocks):
                 self.pool[b].copy_(block_pattern(self.layout, seed, i))
-        self.leases[request_id] = (blocks, time.monotonic() + self.config.lease_s)
+        token = secrets.token_urlsafe(32)
+        self.leases[request_id] = (blocks, time.monotonic() + self.config.lease_s, token)
         return KVSource(url=self.url, engine_id=self.transport.engine_id, backend=self.transport.name,
-                        block_ids=blocks, num_tokens=num_tokens, extra=self.transport.source_extra())
+                        block_ids=blocks, num_tokens=num_tokens, lease_token=token,
+                        extra=self.transport.source_extra())
 
     def verify(self, blocks: list[int], seed: int) -> bool:
         return all(torch.equal(self.pool[b], block_pattern(self.layout, seed, i))
@@ -135,7 +151,7 @@ class KVPeer:
     # --- HTTP ---------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[internal_auth(lambda: self.config.secret)])
         r = app.router
         r.add_get("/internal/kv/metadata", self._h_metadata)
         r.add_get("/internal/kv/health", self._h_health)
@@ -152,12 +168,14 @@ class KVPeer:
         return web.json_response(self.transport.health().to_dict())
 
     async def _h_blocks(self, _: web.Request) -> web.Response:
+        conns = getattr(self.transport, "connections", None)
         return web.json_response({"free": len(self.free), "total": self.layout.num_blocks,
-                                  "leased": len(self.leases), "released": len(self.released)})
+                                  "leased": len(self.leases), "released": len(self.released),
+                                  "connections": conns() if conns else None})
 
     async def _h_release(self, req: web.Request) -> web.Response:
-        self.release((await req.json())["request_id"])
-        return web.json_response({"ok": True})
+        b = await req.json()
+        return web.json_response({"released": self.release_lease(b["request_id"], b.get("lease_token", ""))})
 
     async def _h_prefill(self, req: web.Request) -> web.Response:
         b = await req.json()
@@ -194,13 +212,16 @@ class KVPeerProcess(ManagedProcess):
     def __init__(self, backend: str, layout: KVLayout, engine_id: str, *, port: int = 0,
                  timeout_s: float = 10.0, lease_s: float = 30.0, fill: bool = True,
                  env: dict[str, str] | None = None, tcp_port: int = 0,
-                 extra: dict[str, Any] | None = None):
+                 extra: dict[str, Any] | None = None, secret: str | None = None):
         argv = [sys.executable, "-m", "tandem.testing.kv_peer", "--backend", backend,
                 "--layout", json.dumps(layout.to_dict()), "--engine-id", engine_id,
                 "--port", str(port), "--timeout-s", str(timeout_s), "--lease-s", str(lease_s),
                 "--tcp-port", str(tcp_port), "--extra", json.dumps(extra or {})]
         argv += [] if fill else ["--no-fill"]
-        super().__init__("kv-peer", argv, os.environ | {"UCX_TLS": "tcp", "OMP_NUM_THREADS": "1"} | (env or {}))
+        self.secret = secret
+        base = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+        super().__init__("kv-peer", argv, base | {"UCX_TLS": "tcp", "OMP_NUM_THREADS": "1"} | (env or {})
+                         | ({SECRET_ENV: secret} if secret else {}))
 
     def start(self, ready_timeout_s: float = 60.0) -> str:
         # Not ManagedProcess.start(): the peer announces its URL on stdout ("READY <url>").
@@ -219,7 +240,8 @@ class KVPeerProcess(ManagedProcess):
 
     async def _call(self, method: str, path: str, body: dict | None = None,
                     timeout_s: float = 30.0) -> dict[str, Any]:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                         headers=auth_headers(self.secret)) as s:
             async with s.request(method, self.url + path, json=body) as r:
                 r.raise_for_status()
                 return await r.json()
@@ -246,6 +268,20 @@ class KVPeerProcess(ManagedProcess):
         super().stop(timeout_s)
 
 
+async def prefill_and_decode(backend: str, layout: KVLayout, name: str, started: list, *,
+                             secret: str | None = None, timeout_s: float = 5.0,
+                             extra: dict[str, Any] | None = None) -> tuple[KVPeerProcess, KVPeer]:
+    """A prefill peer process (appended to `started`, for the caller to kill) and a decode peer in
+    this process (the caller closes it), sharing `secret`: the two ends of a guarded handoff."""
+    prefill = KVPeerProcess(backend, layout, f"prefill-{name}", secret=secret, extra=extra)
+    started.append(prefill)
+    prefill.start()
+    decode = KVPeer(backend, layout, f"decode-{name}-{os.getpid()}",
+                    KVTransferConfig(backend=backend, timeout_s=timeout_s, secret=secret), fill=False)
+    await decode.start()
+    return prefill, decode
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--backend", required=True)
@@ -261,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     layout = KVLayout(**json.loads(a.layout))
     config = KVTransferConfig(backend=a.backend, timeout_s=a.timeout_s, lease_s=a.lease_s,
-                              extra={"tcp_port": a.tcp_port} | json.loads(a.extra))
+                              extra=json.loads(a.extra), port=a.tcp_port,
+                              secret=os.environ.get(SECRET_ENV) or None)
 
     async def serve() -> None:
         peer = KVPeer(a.backend, layout, a.engine_id, config, fill=not a.no_fill)

@@ -94,7 +94,7 @@ class AsyncEngine:
             if not done:
                 self.abort(seq.request_id)
 
-    def abort(self, request_id: str) -> bool:
-        found = self.engine.abort(request_id)
+    def abort(self, request_id: str, lease_token: str | None = None) -> bool:
+        found = self.engine.abort(request_id, lease_token)
         self._wake.set()
         return found

@@ -7,12 +7,14 @@ drive `Engine` directly.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import random
+import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -43,6 +45,13 @@ class EngineStats:
 class Lease:
     seq: Sequence
     expires: float  # time.monotonic()
+    # Handed out with the prefill result (KVSource.lease_token); reads and releases must quote it.
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
+
+
+def _same_token(expected: str, given: str) -> bool:
+    """Constant-time token comparison (a wrong token must not tell how much of it was right)."""
+    return isinstance(given, str) and hmac.compare_digest(expected.encode(), given.encode())
 
 
 def _available_memory(device: torch.device) -> int:
@@ -256,9 +265,10 @@ class Engine:
             self.stats.prompt_tokens_total += len(seq.prompt_ids)
             self.scheduler.add_running(seq)
 
-    def abort(self, request_id: str) -> bool:
-        """Cancel a request and free what it holds here (a running sequence and/or a lease)."""
-        found = self.release(request_id)
+    def abort(self, request_id: str, lease_token: str | None = None) -> bool:
+        """Cancel a request and free what it holds here: a running sequence, and its KV lease
+        when lease_token proves it (the lease's token went only to the decode worker and router)."""
+        found = lease_token is not None and self.release_lease(request_id, lease_token)
         with self.lock:
             seq = self.seqs.get(request_id)
             if seq is None:
@@ -275,11 +285,35 @@ class Engine:
     # ---- leases (prefill role) ------------------------------------------------------------
 
     def release(self, request_id: str) -> bool:
-        """Free the blocks a prefill result leased to a peer (pulled, released or given up)."""
+        """Free the blocks a prefill result leased (expired, or its result never handed out).
+        In-process callers only: peers go through release_lease, which wants the token."""
+        return self._drop_lease(request_id, None)
+
+    def release_lease(self, request_id: str, lease_token: str) -> bool:
+        """LeaseKeeper: free a lease whose token a peer quoted (pulled, released or given up);
+        False, freeing nothing, for a wrong token or a lease already gone."""
+        return self._drop_lease(request_id, lease_token)
+
+    def check_read(self, request_id: str, lease_token: str, block_ids: Collection[int]) -> bool:
+        """LeaseKeeper: whether a peer may read these blocks: a live lease of request_id, proven
+        by its token, holds every one of them."""
         with self.lock:
-            lease = self.leases.pop(request_id, None)
-            if lease is None:
+            lease = self.leases.get(request_id)
+            return (lease is not None and _same_token(lease.token, lease_token)
+                    and lease.expires > time.monotonic() and set(block_ids) <= set(lease.seq.block_table))
+
+    def lease_token(self, request_id: str) -> str | None:
+        """The token of request_id's live lease, to hand out with its prefill result."""
+        with self.lock:
+            lease = self.leases.get(request_id)
+            return None if lease is None else lease.token
+
+    def _drop_lease(self, request_id: str, lease_token: str | None) -> bool:
+        with self.lock:
+            lease = self.leases.get(request_id)
+            if lease is None or (lease_token is not None and not _same_token(lease.token, lease_token)):
                 return False
+            del self.leases[request_id]
             self.allocator.free(lease.seq.block_table)
             lease.seq.block_table = []
             lease.seq.status = SeqStatus.FINISHED

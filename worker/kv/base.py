@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Callable
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.kv_layout import KVLayout
@@ -45,7 +45,40 @@ class KVTransferConfig:
     timeout_s: float = 10.0  # a handoff that takes longer fails with TIMED_OUT
     lease_s: float = 30.0  # prefill side: blocks not pulled by then are reclaimed
     host: str = "127.0.0.1"  # address peers use to reach this worker (the pod IP in a cluster)
-    extra: dict[str, Any] = field(default_factory=dict)  # backend options (UCX settings, ports)
+    extra: dict[str, Any] = field(default_factory=dict)  # backend options (UCX settings, limits)
+    # The service's internal secret (tandem.contracts.internal_auth): sent on the HTTP calls to
+    # peers and keying the tcp handshake. None: no checks (a worker warns at start-up).
+    secret: str | None = field(default=None, repr=False)
+    port: int = 0  # tcp: the port to serve KV on (0: any free one, for tests and laptops)
+    serve: bool = True  # False on a decode-only worker: nobody reads from it, so open no port
+
+
+class LeaseKeeper(Protocol):
+    """What a transport asks the owner of the blocks (the engine, the test peer) before serving them.
+
+    Every lease carries an unguessable token (KVSource.lease_token); a peer proves with it that
+    the prefill result naming these blocks was handed to it."""
+
+    def check_read(self, request_id: str, lease_token: str, block_ids: Collection[int]) -> bool:
+        """True when request_id holds a live lease, lease_token is its token and every block is
+        one of the lease's blocks (a subset: decode may pull only the blocks it lacks)."""
+        ...
+
+    def release_lease(self, request_id: str, lease_token: str) -> bool:
+        """Free the lease's blocks when lease_token is its token; False (freeing nothing) when
+        the token is wrong or the lease is gone (released already, or expired: then the blocks
+        may have been reused and the puller must not trust what it read)."""
+        ...
+
+
+class NoLeases:
+    """The keeper until an engine is attached: serves and frees nothing."""
+
+    def check_read(self, request_id: str, lease_token: str, block_ids: Collection[int]) -> bool:
+        return False
+
+    def release_lease(self, request_id: str, lease_token: str) -> bool:
+        return False
 
 
 @dataclass
@@ -67,9 +100,8 @@ class KVTransport(abc.ABC):
         self.layout = layout
         self.engine_id = engine_id
         self.config = config
-        # Set by the prefill side's engine: called with a request id when a peer has
-        # finished pulling that request's blocks, so they can be freed.
-        self.on_released: Callable[[str], None] = lambda request_id: None
+        # Set by the prefill side's owner of the pool (the engine): checks reads, frees blocks.
+        self.leases: LeaseKeeper = NoLeases()
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -89,7 +121,8 @@ class KVTransport(abc.ABC):
     @abc.abstractmethod
     async def pull(self, request_id: str, source: KVSource, local_block_ids: list[int]) -> TransferStats:
         """Decode side: copy source.block_ids of the remote pool into local_block_ids, then
-        signal the prefill side. Raises KVTransferError within config.timeout_s on failure."""
+        signal the prefill side (quoting source.lease_token). Raises KVTransferError within
+        config.timeout_s on failure."""
 
     @abc.abstractmethod
     def health(self) -> KVHealth:

@@ -1,10 +1,11 @@
 """The in-memory backend: prefill and decode transports in one process, for unit tests of the engine.
 
 Transports register in a process-wide table (engine_id -> transport) on
-start() and leave it on close(); a pull copies block runs tensor to tensor and
-calls the source's on_released directly. It follows the same protocol as the
-real backends (pull, engine_id checked, layout checked, runs merged), but finds
-peers by engine_id instead of over HTTP, so no server is needed.
+start() and leave it on close(); a pull asks the source's LeaseKeeper to check
+the read, copies block runs tensor to tensor and releases the lease with its
+token. It follows the same protocol as the real backends (pull, engine_id,
+layout and lease checked, runs merged), but finds peers by engine_id instead of
+over HTTP, so no server is needed.
 """
 
 from __future__ import annotations
@@ -54,15 +55,20 @@ class MemoryTransport(PullTransport):
     async def _post_release(self, request_id: str, source: KVSource) -> None:
         peer = ENGINES.get(source.engine_id)
         if peer is not None:
-            peer.on_released(request_id)
+            peer.leases.release_lease(request_id, source.lease_token)
 
-    async def _read(self, md: dict[str, Any], request_id: str, runs: list[tuple[int, int, int]]) -> int:
+    async def _read(self, md: dict[str, Any], request_id: str, lease_token: str,
+                    runs: list[tuple[int, int, int]]) -> int:
         peer = ENGINES.get(md["engine_id"])
         if peer is None:
             raise KVTransferError(f"engine {md['engine_id']} stopped during the handoff")
+        blocks = [b for s, _, c in runs for b in range(s, s + c)]
+        if not peer.leases.check_read(request_id, lease_token, blocks):
+            raise KVTransferError(f"peer {md['engine_id']} refused: no live lease of {request_id} "
+                                  "with that token holds these blocks")
         for s, d, c in runs:
             self.pool[d:d + c].copy_(peer.pool[s:s + c])
-        peer.kv_health.success("serve", sum(c for _, _, c in runs) * self.layout.block_bytes)
-        if peer.on_released(request_id) is False:
+        peer.kv_health.success("serve", len(blocks) * self.layout.block_bytes)
+        if not peer.leases.release_lease(request_id, lease_token):
             raise KVTransferError("the lease on these blocks expired before the pull finished")
         return len(runs)

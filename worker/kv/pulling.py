@@ -17,8 +17,12 @@ Protocol (the same for every backend; why it is this way):
 - Layout compatibility (KVLayout.compatible_with) and every block id are checked
   before a byte moves. Adjacent blocks that are adjacent on BOTH sides merge into
   one transfer.
-- Completion: the backend signals the prefill side, which calls
-  on_released(request_id) so the engine frees the leased blocks.
+- Trust: every HTTP call to a peer carries the service's internal secret
+  (config.secret, `Authorization: Bearer`); the prefill side serves and frees only
+  the blocks of a live lease proven by its token (source.lease_token), asking its
+  LeaseKeeper (base.py). What each backend can check is in worker/kv/README.md.
+- Completion: the backend signals the prefill side with the lease token, which
+  calls leases.release_lease(request_id, token) so the engine frees the blocks.
 - Failure: a dead peer, a transfer error or config.timeout_s elapsing raises
   KVTransferError on the decode side (its caller frees the destination blocks)
   and, where the peer is still reachable, POSTs /internal/kv/release so the
@@ -34,6 +38,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+from tandem.contracts.internal_auth import auth_headers
 from tandem.contracts.kv_health import KVHealth, TransportInfo
 from tandem.contracts.kv_layout import KVLayout
 from tandem.contracts.protocol import REQUEST_ID_HEADER, KVSource
@@ -107,10 +112,11 @@ class PullTransport(KVTransport):
         """Drop everything known about a peer (restarted, failed or closing)."""
 
     @abc.abstractmethod
-    async def _read(self, md: dict[str, Any], request_id: str,
+    async def _read(self, md: dict[str, Any], request_id: str, lease_token: str,
                     runs: list[tuple[int, int, int]]) -> int:
-        """Copy the runs from the peer's pool into ours and signal completion; returns transfers made.
-        Must leave nothing writing into our pool when it returns, raises or is cancelled."""
+        """Copy the runs from the peer's pool into ours and signal completion (quoting the lease
+        token); returns transfers made. Must leave nothing writing into our pool when it returns,
+        raises or is cancelled."""
 
     # --- shared -------------------------------------------------------------------------------
 
@@ -122,7 +128,7 @@ class PullTransport(KVTransport):
 
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(headers=auth_headers(self.config.secret))
         return self._session
 
     async def _close_shared(self) -> None:
@@ -173,6 +179,10 @@ class PullTransport(KVTransport):
         session = await self._http()
         try:
             async with session.get(source.url.rstrip("/") + "/internal/kv/metadata") as resp:
+                if resp.status == 401:
+                    raise KVTransferError(
+                        f"{source.url} refused this worker's internal secret (401): every worker "
+                        "of a service must run with the same secret (TANDEM_INTERNAL_SECRET)")
                 if resp.status != 200:
                     raise KVTransferError(f"{source.url}/internal/kv/metadata answered {resp.status}")
                 md = await resp.json()
@@ -218,7 +228,7 @@ class PullTransport(KVTransport):
                 self._check(source, local_block_ids, md)
                 runs = merge_block_pairs(source.block_ids, local_block_ids)
                 moving = True
-                transfers = await self._read(md, request_id, runs) if runs else 0
+                transfers = await self._read(md, request_id, source.lease_token, runs) if runs else 0
         except TimeoutError:
             err = KVTransferError(f"KV handoff of {request_id} from {source.url} took longer than "
                                   f"{self.config.timeout_s} s", TransferState.TIMED_OUT)
@@ -259,7 +269,7 @@ class PullTransport(KVTransport):
             session = await self._http()
             async with asyncio.timeout(2.0), session.post(
                     source.url.rstrip("/") + "/internal/kv/release",
-                    json={"request_id": request_id},
+                    json={"request_id": request_id, "lease_token": source.lease_token},
                     headers={REQUEST_ID_HEADER: request_id}) as resp:
                 await resp.read()
         except (TimeoutError, aiohttp.ClientError, OSError):

@@ -91,6 +91,7 @@ def plan(args: argparse.Namespace, model: Path) -> list[ManagedProcess]:
                 *exe, "worker", "--role", role, "--model", str(model), "--host", "127.0.0.1",
                 "--port", str(port), "--threads", str(args.threads),
                 *(["--kv-backend", args.kv_backend] if role != "colocated" else []),
+                "--kv-port", "0",  # several workers share this host: each takes a free KV port
                 *(["--served-name", args.served_name] if args.served_name else []),
                 *args.worker_arg,
             ]

@@ -2,7 +2,8 @@
 
 Model endpoints answer 503 until the model is loaded; errors before a stream starts are OpenAI-format
 4xx/5xx bodies; once streaming, a failure ends the NDJSON stream with an error event. A client that
-goes away aborts its sequence, which frees its blocks.
+goes away aborts its sequence, which frees its blocks. With an internal secret set, /internal/*
+(but the KV health probe) answers only callers that send it (worker/server/auth.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tandem.contracts.protocol import (
     WorkerInfo,
     openai_error,
 )
+from tandem.worker.server.auth import internal_auth
 from tandem.worker.server.metrics import WorkerMetrics
 
 if TYPE_CHECKING:  # torch stays out of the import: the server starts before the model loads
@@ -48,6 +50,8 @@ class WorkerSettings:
     kv_backend: str = "none"
     served_name: str | None = None
     pull_wait_s: float = 10.0  # how long a decode waits for free blocks to receive a pulled KV
+    # The service's internal secret (tandem.contracts.internal_auth); None: /internal/* is open.
+    internal_secret: str | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -345,14 +349,21 @@ async def prefill(request: web.Request) -> web.Response:
     finally:
         if not done:
             aeng.abort(rid)
+            aeng.engine.release(rid)  # leased just now, but its token was never handed out
         await outputs.aclose()
     if out.error is not None:
         return web.json_response({"error": out.error}, status=500, headers={REQUEST_ID_HEADER: rid})
     kv = None
     if out.kv_blocks is not None:
+        token = aeng.engine.lease_token(rid)
+        if token is None:
+            return error_response(503, "the KV lease ended before the prefill result was sent (lease_s "
+                                  "too short?): retry", "service_unavailable", code="kv_lease_expired",
+                                  request_id=rid)
         t = state.transport
         kv = KVSource(url=state.settings.advertise_url, engine_id=state.settings.engine_id, backend=t.name,
-                      block_ids=out.kv_blocks, num_tokens=seq.num_computed, extra=t.source_extra())
+                      block_ids=out.kv_blocks, num_tokens=seq.num_computed, lease_token=token,
+                      extra=t.source_extra())
     result = PrefillResult(
         request_id=rid, prompt_token_ids=seq.prompt_ids, first_token_id=out.token_ids[0],
         first_token_text=out.text,
@@ -362,27 +373,35 @@ async def prefill(request: web.Request) -> web.Response:
     return web.json_response(result.to_dict(), headers={REQUEST_ID_HEADER: rid})
 
 
-async def _request_id_body(request: web.Request) -> str:
+def _bad_field(message: str, param: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(text=json.dumps(openai_error(message, "invalid_request_error", param)),
+                              content_type="application/json")
+
+
+async def _request_id_body(request: web.Request, *, token: bool) -> tuple[str, str | None]:
+    """(request_id, lease_token) from the body; the token is required when `token`, else optional."""
     body = await _read_json(request)
     rid = body.get("request_id") or request.headers.get(REQUEST_ID_HEADER)
     if not isinstance(rid, str) or not rid:
-        raise web.HTTPBadRequest(text=json.dumps(openai_error("request_id is required", "invalid_request_error",
-                                                              "request_id")), content_type="application/json")
-    return rid
+        raise _bad_field("request_id is required", "request_id")
+    lease_token = body.get("lease_token")
+    if (token or lease_token is not None) and (not isinstance(lease_token, str) or not lease_token):
+        raise _bad_field("lease_token must be the KVSource's lease_token (a non-empty string)", "lease_token")
+    return rid, lease_token
 
 
 async def abort(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    rid = await _request_id_body(request)
-    found = state.engine.abort(rid) if state.engine is not None else False
+    rid, lease_token = await _request_id_body(request, token=False)
+    found = state.engine.abort(rid, lease_token) if state.engine is not None else False
     log.info("abort", extra={"request_id": rid, "found": found})
     return web.json_response({"request_id": rid, "aborted": found})
 
 
 async def kv_release(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    rid = await _request_id_body(request)
-    found = state.engine.engine.release(rid) if state.engine is not None else False
+    rid, lease_token = await _request_id_body(request, token=True)
+    found = state.engine.engine.release_lease(rid, lease_token) if state.engine is not None else False
     log.info("KV lease released", extra={"request_id": rid, "found": found})
     return web.json_response({"request_id": rid, "released": found})
 
@@ -421,7 +440,8 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 def create_app(state: WorkerState) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=64 * 2**20)
+    app = web.Application(middlewares=[_errors, internal_auth(lambda: state.settings.internal_secret)],
+                          client_max_size=64 * 2**20)
     app[STATE_KEY] = state
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
@@ -443,6 +463,6 @@ def attach_engine(state: WorkerState, engine: AsyncEngine, transport: KVTranspor
     state.transport = transport
     engine.engine.on_step = state.metrics.observe_step
     if transport is not None:
-        transport.on_released = engine.engine.release
+        transport.leases = engine.engine
         state.settings.kv_backend = transport.name
     state.ready = True

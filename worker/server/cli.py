@@ -2,7 +2,8 @@
 
 The HTTP server starts first (so /health answers while a large model loads), then the model and
 the KV transport; /ready turns 200 when both are up. Settings come from flags, a YAML file whose
-keys mirror the flags (`--config`, mounted by the operator), and POD_NAME / POD_IP / TANDEM_GENERATION.
+keys mirror the flags (`--config`, mounted by the operator), and POD_NAME / POD_IP / TANDEM_GENERATION;
+the internal secret from $TANDEM_INTERNAL_SECRET or --internal-secret-file, never from a flag.
 Imports nothing heavy at module level.
 """
 
@@ -18,6 +19,14 @@ from tandem.worker.server.config import WorkerConfig
 
 ROLES = tuple(r.value for r in Role)
 BACKENDS = tuple(b.value for b in KVBackend)
+
+
+class _RefuseSecretOnArgv(argparse.Action):
+    """`--internal-secret VALUE` would otherwise be taken as an abbreviation of --internal-secret-file."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        parser.error("the internal secret is never a flag (argv is world-readable): set "
+                     "$TANDEM_INTERNAL_SECRET or --internal-secret-file")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="KV transfer backend (default nixl for prefill/decode, none for colocated)")
     a("--kv-timeout-s", type=float, default=None, help="a KV pull that takes longer fails (default 10)")
     a("--kv-lease-s", type=float, default=None, help="prefill: free unpulled KV blocks after this (default 30)")
+    a("--kv-port", type=int, default=None, help="tcp KV backend: the port prefill serves KV on "
+      "(default 5601; 0 picks a free one)")
+    a("--internal-secret-file", default=None, help="file holding the service's internal secret (a mounted "
+      "Secret; default: $TANDEM_INTERNAL_SECRET). Required by /internal/* and the KV port when set")
+    a("--internal-secret", action=_RefuseSecretOnArgv, help=argparse.SUPPRESS)
     a("--drain-s", type=float, default=None, help="on SIGTERM: stop being ready, then wait this long at "
       "most for running sequences to finish and leased KV to be pulled (default 30)")
     a("--threads", type=int, default=None, help="torch.set_num_threads")
@@ -116,7 +130,10 @@ async def serve(cfg: WorkerConfig) -> int:
     engine_id, _ = engine_identity()
     settings = WorkerSettings(role=cfg.role, advertise_url="", engine_id=engine_id, generation=cfg.generation or "",
                               kv_backend=str(cfg.kv_backend), served_name=cfg.served_name,
-                              pull_wait_s=cfg.kv_timeout_s)
+                              pull_wait_s=cfg.kv_timeout_s, internal_secret=cfg.internal_secret)
+    if cfg.internal_secret is None:
+        log.warning("no internal secret ($TANDEM_INTERNAL_SECRET or --internal-secret-file): /internal/* "
+                    "and the KV transfer accept anyone who can reach this worker")
     state = WorkerState(settings)
     runner = web.AppRunner(create_app(state), handler_cancellation=True, access_log=None)
     await runner.setup()

@@ -1,6 +1,10 @@
 """The worker's settings, typed: defaults, then the YAML file the operator mounts (`--config`), then
 flags. Every value is checked against its field's type here, so a bad ConfigMap stops the worker
 at start-up with a message naming the key, never deep inside the engine. Imports nothing heavy.
+
+The internal secret is the one value that never comes from flags or the ConfigMap (argv is
+world-readable; a ConfigMap is not a Secret): it comes from $TANDEM_INTERNAL_SECRET or the file
+named by `internal_secret_file` (a mounted Secret), see tandem.contracts.internal_auth.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tandem.contracts.internal_auth import SECRET_ENV, load_secret
 from tandem.contracts.names import KVBackend, Role
 
 if TYPE_CHECKING:
@@ -20,6 +25,7 @@ if TYPE_CHECKING:
 
 
 _ENUMS = (Role, KVBackend)
+DEFAULT_KV_PORT = 5601  # the tcp KV backend's port; fixed so the pod spec and NetworkPolicy can name it
 
 
 @dataclass
@@ -44,15 +50,23 @@ class WorkerConfig:
     log_level: str = "info"
     kv_timeout_s: float = 10.0
     kv_lease_s: float = 30.0
-    kv_extra: dict[str, Any] = field(default_factory=dict)  # backend options (UCX settings, ports)
+    kv_extra: dict[str, Any] = field(default_factory=dict)  # backend options (UCX settings, limits)
+    kv_port: int = DEFAULT_KV_PORT  # tcp backend: where prefill serves KV (0: any free port)
     generation: str | None = None  # default $TANDEM_GENERATION
     drain_s: float = 30.0
+    internal_secret_file: str | None = None  # a mounted Secret; wins over $TANDEM_INTERNAL_SECRET
+    # Loaded in __post_init__ from the file or the environment, never from flags or YAML.
+    internal_secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.kv_backend is None:
             self.kv_backend = KVBackend.NONE if self.role is Role.COLOCATED else KVBackend.NIXL
         if self.generation is None:
             self.generation = os.environ.get("TANDEM_GENERATION", "")
+        if not 0 <= self.kv_port <= 65535:
+            raise ValueError(f"kv_port must be a TCP port (0-65535), got {self.kv_port}")
+        if self.internal_secret is None:
+            self.internal_secret = load_secret(os.environ, self.internal_secret_file)
 
     @classmethod
     def from_values(cls, values: dict[str, Any], source: str) -> WorkerConfig:
@@ -62,6 +76,9 @@ class WorkerConfig:
         out: dict[str, Any] = {}
         for raw_key, value in values.items():
             key = str(raw_key).replace("-", "_")
+            if key == "internal_secret":
+                raise ValueError(f"{source}: the internal secret is never a setting (flags and ConfigMaps "
+                                 f"are readable by others): set ${SECRET_ENV} or internal_secret_file")
             if key not in known:
                 raise ValueError(f"{source}: unknown setting {raw_key!r} (known: {', '.join(sorted(known))})")
             out[key] = _coerce(key, value, hints[key], source)
@@ -83,11 +100,13 @@ class WorkerConfig:
         from tandem.worker.kv.base import KVTransferConfig
 
         return KVTransferConfig(backend=str(self.kv_backend), timeout_s=self.kv_timeout_s,
-                                lease_s=self.kv_lease_s, host=host, extra=dict(self.kv_extra) | (extra or {}))
+                                lease_s=self.kv_lease_s, host=host, extra=dict(self.kv_extra) | (extra or {}),
+                                secret=self.internal_secret, port=self.kv_port,
+                                serve=self.role is not Role.DECODE)
 
     def public(self) -> dict[str, Any]:
-        """What the start-up log line shows (backend options may hold addresses; left out)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "kv_extra"}
+        """What the start-up log line shows (backend options may hold addresses; the secret never)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("kv_extra", "internal_secret")}
 
 
 def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:

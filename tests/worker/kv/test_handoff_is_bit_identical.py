@@ -36,6 +36,9 @@ async def test_prompts_from_one_token_to_thousands(backend: str, decode_peer: KV
         assert res["stats"]["bytes"] == len(src.block_ids) * SMALL_LAYOUT.block_bytes
         if not scatter:  # adjacent on both sides: one transfer however many blocks
             assert res["stats"]["num_transfers"] == 1
+            # NIXL's completion reaches the prefill side a moment after the pull: wait for it, so
+            # the next prompt's blocks are adjacent there too.
+            assert (await _all_back(prefill))["free"] == SMALL_LAYOUT.num_blocks
     assert (await _all_back(prefill))["free"] == SMALL_LAYOUT.num_blocks
     assert len(decode_peer.free) == SMALL_LAYOUT.num_blocks
     health = await prefill.health()

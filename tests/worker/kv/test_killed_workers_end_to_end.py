@@ -1,17 +1,21 @@
 """Worker processes killed around a handoff: the survivor frees its blocks within the bound, a restarted
 prefill worker is used (never its predecessor's metadata), and after cancelled and failed requests
-every block is back in both pools."""
+every block is back in both pools. The workers run with the service's internal secret, as in a
+cluster: every internal call and the KV transfer carry it."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
 import pytest
 import torch
+from tandem.contracts.internal_auth import auth_headers
 from tandem.testing.engine_helpers import ndjson_events, reference_generate, stream_tokens
 from tandem.testing.worker_process import WorkerProcess
 
@@ -22,6 +26,7 @@ FLAGS = ("--num-blocks", "256", "--block-size", "8", "--kv-timeout-s", "4",
          "--kv-lease-s", str(LEASE_S), "--drain-s", "1")
 GREEDY = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
 IDS = [0] + list(range(40, 140))
+SECRET = "end-to-end-service-secret-01234"
 
 
 async def prefill(s: aiohttp.ClientSession, p: WorkerProcess, rid: str, ids: list[int] = IDS) -> dict:
@@ -37,8 +42,14 @@ def generate_body(rid: str, res: dict, ids: list[int] = IDS, sampling: dict = GR
             "kv_source": res["kv"], "first_token_id": res["first_token_id"]}
 
 
+def _get_info(w: WorkerProcess) -> dict:
+    req = urllib.request.Request(w.url + "/internal/info", headers=auth_headers(SECRET))
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+
+
 async def info(w: WorkerProcess) -> dict:
-    return await asyncio.to_thread(w.get_json, "/internal/info")
+    return await asyncio.to_thread(_get_info, w)
 
 
 async def wait_all_free(w: WorkerProcess, within_s: float) -> float:
@@ -56,15 +67,15 @@ async def test_killed_and_restarted_workers(backend: str, toy_model_dir: Path, p
     from transformers import AutoModelForCausalLM
 
     args = ("--kv-backend", backend, *FLAGS)
-    p = WorkerProcess(toy_model_dir, "prefill", *args)
-    d = WorkerProcess(toy_model_dir, "decode", *args)
+    p = WorkerProcess(toy_model_dir, "prefill", *args, secret=SECRET)
+    d = WorkerProcess(toy_model_dir, "decode", *args, secret=SECRET)
     peer_process.extend([p, d])
     p.start()
     d.start()
     want = reference_generate(AutoModelForCausalLM.from_pretrained(toy_model_dir, dtype=torch.float32).eval(),
                               IDS, GREEDY["max_tokens"])
     timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(timeout=timeout) as s:
+    async with aiohttp.ClientSession(timeout=timeout, headers=auth_headers(SECRET)) as s:
         # 1. The decode worker dies while the handoff is pending: the prefill side frees the blocks.
         res = await prefill(s, p, "dies")
         assert (await info(p))["leased"] == 1
@@ -77,7 +88,7 @@ async def test_killed_and_restarted_workers(backend: str, toy_model_dir: Path, p
             await pending
         await wait_all_free(p, LEASE_S + 2.0)
         assert time.monotonic() - killed_at < LEASE_S + 2.0
-        d2 = WorkerProcess(toy_model_dir, "decode", *args)
+        d2 = WorkerProcess(toy_model_dir, "decode", *args, secret=SECRET)
         peer_process.append(d2)
         d2.start()
         ok1 = await prefill(s, p, "ok1")
@@ -88,7 +99,7 @@ async def test_killed_and_restarted_workers(backend: str, toy_model_dir: Path, p
         stale = await prefill(s, p, "stale")
         old_engine = stale["kv"]["engine_id"]
         p.kill()
-        p2 = WorkerProcess(toy_model_dir, "prefill", *args, port=p.port)
+        p2 = WorkerProcess(toy_model_dir, "prefill", *args, port=p.port, secret=SECRET)
         peer_process.append(p2)
         p2.start()
         t0 = time.monotonic()
@@ -117,9 +128,10 @@ async def test_killed_and_restarted_workers(backend: str, toy_model_dir: Path, p
                 await r.content.readline()
 
         async def aborted_on_prefill(i: int) -> None:
-            await prefill(s, p2, f"a{i}")
-            async with s.post(f"{p2.url}/internal/abort", json={"request_id": f"a{i}"}) as r:
-                assert r.status == 200
+            res = await prefill(s, p2, f"a{i}")
+            async with s.post(f"{p2.url}/internal/abort", json={"request_id": f"a{i}",
+                                                               "lease_token": res["kv"]["lease_token"]}) as r:
+                assert r.status == 200 and (await r.json())["aborted"] is True
 
         async def failed_pull(i: int) -> None:  # a source naming an engine that is gone
             res = await prefill(s, p2, f"b{i}")

@@ -28,11 +28,19 @@ def server_hf_toy(toy_model_dir: Path):
 
 
 class Worker:
-    def __init__(self, client, state, engine):
+    def __init__(self, client, state, engine, transport=None):
         self.client = client
         self.state = state
         self.engine = engine  # the synchronous Engine
+        self.transport = transport
         self.url = state.settings.advertise_url
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The header that proves membership of the worker's service ({} when it has no secret)."""
+        from tandem.contracts.internal_auth import auth_headers
+
+        return auth_headers(self.state.settings.internal_secret)
 
     async def wait_idle(self, within: float = 10.0) -> None:
         """Until nothing holds a block here (aborts and lease expiry finish asynchronously)."""
@@ -56,14 +64,14 @@ async def start_worker(server_loaded_toy, toy_model_dir):
     started: list[tuple[Worker, AsyncEngine, object]] = []
 
     async def start(role: str = "colocated", kv_backend: str | None = None, lease_s: float = 30.0,
-                    attach: bool = True, **overrides) -> Worker:
+                    attach: bool = True, secret: str | None = None, **overrides) -> Worker:
         cfg = dict(model=str(toy_model_dir), num_blocks=128, block_size=8, max_num_seqs=8,
                    max_batched_tokens=256)
         cfg.update(overrides)
         eng = Engine(EngineConfig(**cfg), loaded=server_loaded_toy, lease_s=lease_s)
         engine_id = f"test-{role}-{uuid.uuid4().hex[:8]}"
         state = WorkerState(WorkerSettings(role=Role(role), advertise_url="", engine_id=engine_id,
-                                           generation="g1", pull_wait_s=2.0))
+                                           generation="g1", pull_wait_s=2.0, internal_secret=secret))
         client = TestClient(TestServer(create_app(state)))
         await client.start_server()
         state.settings.advertise_url = str(client.make_url("")).rstrip("/")
@@ -75,9 +83,10 @@ async def start_worker(server_loaded_toy, toy_model_dir):
 
             transport = create_transport(kv_backend, eng.pool, eng.layout, engine_id,
                                          KVTransferConfig(backend=kv_backend, timeout_s=5.0, lease_s=lease_s,
-                                                          extra={"prometheus_registry": state.metrics.registry}))
+                                                          extra={"prometheus_registry": state.metrics.registry},
+                                                          secret=secret, serve=role != "decode"))
             await transport.start()
-        w = Worker(client, state, eng)
+        w = Worker(client, state, eng, transport)
         started.append((w, aeng, transport))
         if attach:
             aeng.start()

@@ -57,7 +57,7 @@ async def test_failed_pull_is_503_and_frees_blocks(start_worker):
     assert resp.status == 503
     assert (await resp.json())["error"]["code"] == "kv_transfer_failed"
     assert d.engine.allocator.num_used == 0
-    await p.client.post("/internal/kv/release", json={"request_id": "f"})
+    await p.client.post("/internal/kv/release", json={"request_id": "f", "lease_token": kv["lease_token"]})
 
 
 async def test_mismatched_kv_source_is_refused(start_worker):
@@ -70,4 +70,5 @@ async def test_mismatched_kv_source_is_refused(start_worker):
             "kv_source": result["kv"], "first_token_id": result["first_token_id"]}
     resp = await d.client.post("/internal/generate", json=body)
     assert resp.status == 400 and (await resp.json())["error"]["code"] == "kv_mismatch"
-    await asyncio.gather(p.client.post("/internal/kv/release", json={"request_id": "m"}))
+    await asyncio.gather(p.client.post("/internal/kv/release", json={"request_id": "m",
+                                                                       "lease_token": result["kv"]["lease_token"]}))

@@ -1,5 +1,6 @@
 """The prefill role returns the first token and a KVSource whose blocks stay leased until the
-peer releases them, the request is aborted, or the lease expires; then every block is free."""
+peer releases them (quoting the lease token), the request is aborted with the token, or the lease
+expires; then every block is free. A wrong token or a second release frees nothing."""
 
 from __future__ import annotations
 
@@ -31,18 +32,28 @@ async def test_prefill_result_and_release(start_worker, server_hf_toy, server_lo
     assert kv.url == w.url and kv.engine_id == w.state.settings.engine_id
     assert kv.num_tokens == len(ids) and len(kv.block_ids) == -(-len(ids) // 8)
     assert w.engine.allocator.num_used == len(kv.block_ids)  # leased, not freed
+    assert len(kv.lease_token) >= 32
+    resp = await w.client.post("/internal/kv/release", json={"request_id": "p1", "lease_token": "guess"})
+    assert resp.status == 200 and (await resp.json())["released"] is False
     resp = await w.client.post("/internal/kv/release", json={"request_id": "p1"})
+    assert resp.status == 400 and (await resp.json())["error"]["param"] == "lease_token"
+    assert w.engine.allocator.num_used == len(kv.block_ids)  # neither freed anything
+    resp = await w.client.post("/internal/kv/release", json={"request_id": "p1", "lease_token": kv.lease_token})
     assert (await resp.json())["released"] is True
     assert w.engine.allocator.num_used == 0
-    resp = await w.client.post("/internal/kv/release", json={"request_id": "p1"})
+    resp = await w.client.post("/internal/kv/release", json={"request_id": "p1", "lease_token": kv.lease_token})
     assert (await resp.json())["released"] is False
 
 
-async def test_abort_frees_a_lease(start_worker):
+async def test_abort_frees_a_lease_only_with_its_token(start_worker):
     w = await start_worker(role="prefill", kv_backend="memory")
     res = await _prefill(w, "p2")
     assert w.engine.allocator.num_used == len(res.kv.block_ids)
-    resp = await w.client.post("/internal/abort", json={"request_id": "p2"})
+    for body in ({"request_id": "p2"}, {"request_id": "p2", "lease_token": "not-it"}):
+        resp = await w.client.post("/internal/abort", json=body)
+        assert (await resp.json())["aborted"] is False
+        assert w.engine.allocator.num_used == len(res.kv.block_ids)
+    resp = await w.client.post("/internal/abort", json={"request_id": "p2", "lease_token": res.kv.lease_token})
     assert (await resp.json())["aborted"] is True
     assert w.engine.allocator.num_used == 0
 
@@ -68,7 +79,7 @@ async def test_prefill_waits_for_leased_blocks_then_proceeds(start_worker, serve
     per_prompt = -(-len(server_loaded_toy.tokenizer(PROMPT)["input_ids"]) // 8)
     w = await start_worker(role="prefill", kv_backend="memory", num_blocks=2 * per_prompt, max_model_len=8 * per_prompt)
     first = await _prefill(w, "full")
-    await _prefill(w, "full2")
+    second = await _prefill(w, "full2")
     assert w.engine.allocator.num_free == 0
     waiting = asyncio.create_task(_prefill(w, "queued"))
     for _ in range(500):  # until the request has reached the engine's queue
@@ -78,11 +89,11 @@ async def test_prefill_waits_for_leased_blocks_then_proceeds(start_worker, serve
     for _ in range(10):  # and stays there: no blocks free
         await asyncio.sleep(0.02)
     assert not waiting.done() and w.engine.num_waiting == 1
-    await w.client.post("/internal/kv/release", json={"request_id": "full"})
+    await w.client.post("/internal/kv/release", json={"request_id": "full", "lease_token": first.kv.lease_token})
     third = await asyncio.wait_for(waiting, 30)
     assert third.kv is not None and third.first_token_id == first.first_token_id
-    for rid in ("full2", "queued"):
-        await w.client.post("/internal/kv/release", json={"request_id": rid})
+    for rid, res in (("full2", second), ("queued", third)):
+        await w.client.post("/internal/kv/release", json={"request_id": rid, "lease_token": res.kv.lease_token})
 
 
 async def test_worker_without_transport_refuses_to_prefill_for_peers(start_worker):

@@ -14,12 +14,12 @@ BODY = {"request_id": "d1", "prompt": "Hello, world!", "sampling": {"max_tokens"
 async def test_drain_waits_for_the_lease(start_worker):
     w = await start_worker(role="prefill", kv_backend="memory")
     resp = await w.client.post("/internal/prefill", json=BODY)
-    assert resp.status == 200 and (await resp.json())["kv"] is not None
+    assert resp.status == 200 and (kv := (await resp.json())["kv"]) is not None
     task = asyncio.create_task(drain(w.engine, 60.0, logging.getLogger("test")))
     for _ in range(10):
         await asyncio.sleep(0.06)
     assert not task.done(), "drain returned while a lease was outstanding"
-    await w.client.post("/internal/kv/release", json={"request_id": "d1"})
+    await w.client.post("/internal/kv/release", json={"request_id": "d1", "lease_token": kv["lease_token"]})
     await asyncio.wait_for(task, 10)
 
 
@@ -27,6 +27,7 @@ async def test_drain_gives_up_after_its_bound(start_worker):
     w = await start_worker(role="prefill", kv_backend="memory")
     resp = await w.client.post("/internal/prefill", json=dict(BODY, request_id="d2"))
     assert resp.status == 200
+    kv = (await resp.json())["kv"]
     await asyncio.wait_for(drain(w.engine, 0.2, logging.getLogger("test")), 10)
     assert "d2" in w.engine.leases  # still there: drain only waits, the lease is freed on release
-    await w.client.post("/internal/kv/release", json={"request_id": "d2"})
+    await w.client.post("/internal/kv/release", json={"request_id": "d2", "lease_token": kv["lease_token"]})

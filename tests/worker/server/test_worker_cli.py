@@ -57,6 +57,7 @@ def test_worker_process_serves_and_stops(toy_model_dir: Path, tmp_path: Path):
     log = (tmp_path / "worker.log").open("w+")
     env = dict(os.environ, POD_NAME="pod-a", TANDEM_GENERATION="gen-7", HF_HOME=str(tmp_path / "hf"),
                HF_HUB_OFFLINE="1")
+    env.pop("TANDEM_INTERNAL_SECRET", None)
     proc = subprocess.Popen(
         [*_tandem(), "worker", "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port),
          "--log-format", "json"], stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -88,6 +89,8 @@ def test_worker_process_serves_and_stops(toy_model_dir: Path, tmp_path: Path):
             proc.wait()
     lines = [json.loads(x) for x in Path(log.name).read_text().splitlines() if x.startswith("{")]
     assert any(x.get("request_id") == "cli-1" and x["message"] == "generate finished" for x in lines)
+    # No internal secret in this worker's environment: it serves, and says at start-up that it is open.
+    assert any(x["level"] == "warning" and x["message"].startswith("no internal secret") for x in lines)
 
 
 def test_unknown_config_key_exits_2(tmp_path: Path):
@@ -101,3 +104,9 @@ def test_missing_model_exits_1_with_a_message(tmp_path: Path):
     r = subprocess.run([*_tandem(), "worker", "--model", str(tmp_path / "none"), "--host", "127.0.0.1",
                         "--port", "0"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "no Hugging Face model at" in r.stderr
+
+
+def test_internal_secret_on_argv_exits_2():
+    r = subprocess.run([*_tandem(), "worker", "--model", "/m", "--internal-secret", "x" * 32],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "never a flag" in r.stderr

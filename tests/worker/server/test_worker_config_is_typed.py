@@ -1,11 +1,13 @@
 """The worker's settings are typed: a wrong type in the operator's ConfigMap or on the command line
-stops the worker at start-up with a message that names the key."""
+stops the worker at start-up with a message that names the key. The internal secret comes from the
+environment or a file, never from flags or YAML."""
 
 from __future__ import annotations
 
 import argparse
 
 import pytest
+from tandem.contracts.internal_auth import SECRET_ENV
 from tandem.contracts.names import KVBackend, Role
 from tandem.worker.server.cli import add_arguments, resolve_settings
 from tandem.worker.server.config import WorkerConfig
@@ -44,3 +46,38 @@ def test_bad_values_name_the_key(tmp_path, text, message):
     with pytest.raises(ValueError, match=None) as err:
         _load(tmp_path, text)
     assert message in str(err.value)
+
+
+SECRET_VALUE = "s3cret-for-this-service-only-0123"
+
+
+def test_secret_comes_from_the_environment_or_a_file_never_from_flags_or_yaml(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    assert _load(tmp_path, "model: /m\n").internal_secret is None
+    monkeypatch.setenv(SECRET_ENV, SECRET_VALUE + "\n")
+    cfg = _load(tmp_path, "model: /m\nrole: prefill\nkv_backend: tcp\n")
+    assert cfg.internal_secret == SECRET_VALUE
+    assert SECRET_VALUE not in repr(cfg) and "internal_secret" not in cfg.public()
+    kv = cfg.kv_transfer_config("10.0.0.1")
+    assert kv.secret == SECRET_VALUE and kv.port == 5601 and kv.serve and SECRET_VALUE not in repr(kv)
+    assert not _load(tmp_path, "model: /m\nrole: decode\n").kv_transfer_config("h").serve
+
+    mounted = tmp_path / "secret"
+    mounted.write_text("from-a-mounted-secret-file-789\n")
+    cfg = _load(tmp_path, "model: /m\n", "--internal-secret-file", str(mounted), "--kv-port", "0")
+    assert cfg.internal_secret == "from-a-mounted-secret-file-789" and cfg.kv_port == 0  # the file wins
+
+    with pytest.raises(ValueError, match="never a setting"):
+        _load(tmp_path, f"model: /m\ninternal_secret: {SECRET_VALUE}\n")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(SystemExit):  # refused, not taken as an abbreviation of --internal-secret-file
+        parser.parse_args(["--model", "/m", "--internal-secret", SECRET_VALUE])
+    assert "never a flag" in capsys.readouterr().err
+    monkeypatch.setenv(SECRET_ENV, "short")
+    with pytest.raises(ValueError, match="at least 16 characters") as err:
+        _load(tmp_path, "model: /m\n")
+    assert "short" not in str(err.value)
+    monkeypatch.delenv(SECRET_ENV)
+    with pytest.raises(OSError):
+        _load(tmp_path, "model: /m\n", "--internal-secret-file", str(tmp_path / "missing"))
