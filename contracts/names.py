@@ -27,6 +27,9 @@ MANAGED_BY = "tandem-operator"
 WORKER_PORT = 8000
 ROUTER_PORT = 8000
 WORKER_PORT_NAME = "http"
+# The tcp KV backend's port on prefill workers: fixed, so the pod spec declares it.
+KV_PORT = 5601
+KV_PORT_NAME = "kv"
 
 
 class Role(enum.StrEnum):

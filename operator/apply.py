@@ -9,16 +9,19 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
 import socket
 from dataclasses import dataclass, field
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tandem.contracts.names import GROUP, LABEL_ROLE, LABEL_SERVICE, PLURAL, VERSION
-from tandem.operator.config import FIELD_MANAGER
+from tandem.operator.config import DEFAULT_API_TIMEOUT_SECONDS, FIELD_MANAGER
 from tandem.operator.status import Observation, RoleObservation
 
 log = logging.getLogger(__name__)
+# Every API call is bounded (connect, read): a hung API server must not wedge a reconcile.
+API_TIMEOUT_S = float(os.environ.get("TANDEM_API_TIMEOUT_SECONDS") or DEFAULT_API_TIMEOUT_SECONDS)
 
 # (apiVersion, kind) -> URL path template of the named object.
 PATHS: dict[tuple[str, str], str] = {
@@ -26,6 +29,7 @@ PATHS: dict[tuple[str, str], str] = {
     ("v1", "Service"): "/api/v1/namespaces/{namespace}/services/{name}",
     ("v1", "ServiceAccount"): "/api/v1/namespaces/{namespace}/serviceaccounts/{name}",
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/{name}",
     ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles/{name}",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings/{name}",
 }
@@ -71,7 +75,7 @@ def request(
         body=body,
         auth_settings=["BearerToken"],
     )
-    resp = api.call_api(*params)
+    resp = api.call_api(*params, _request_timeout=(min(5.0, API_TIMEOUT_S), API_TIMEOUT_S))
     resp.read()
     text = (resp.data or b"").decode("utf-8", errors="replace")
     if not 200 <= resp.status <= 299:
@@ -133,6 +137,23 @@ def apply_all(api: client.ApiClient, manifests: list[dict]) -> ApplyResult:
         elif before != after:
             result.updated.append(ref(manifest))
     return result
+
+
+def ensure_internal_secret(api: client.ApiClient, secret: dict) -> ApplyResult:
+    """Create the service's internal Secret unless it exists. Create-only: the operator never
+    reads a Secret, so an existing one (409) is left as it is, and its value never leaves the API
+    server but into the pods that mount it."""
+    meta = secret["metadata"]
+    try:
+        request(api, "POST", f"/api/v1/namespaces/{meta['namespace']}/secrets", body=secret)
+    except ApiException as e:
+        if e.status == 409:
+            return ApplyResult()
+        return ApplyResult(error=f"creating {ref(secret)}: {_error_text(e)}",
+                           retryable=e.status is None or e.status >= 500 or e.status == 429)
+    except Exception as e:  # connection errors and the like: retry later
+        return ApplyResult(error=f"creating {ref(secret)}: {e}", retryable=True)
+    return ApplyResult(created=[ref(secret)])
 
 
 def _list(api: client.ApiClient, path: str, selector: str) -> list[dict]:

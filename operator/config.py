@@ -5,6 +5,7 @@ Kept apart from the renderer so render stays a pure function of (CR, OperatorCon
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ DEFAULT_IMAGE_TAG = "0.1.0"
 DEFAULT_PULL_POLICY = "IfNotPresent"
 DEFAULT_RESYNC_SECONDS = 30.0
 DEFAULT_KV_PROBE_TIMEOUT_SECONDS = 3.0
+DEFAULT_API_TIMEOUT_SECONDS = 30.0
 
 
 def _env_flag(value: str | None, default: bool) -> bool:
@@ -34,11 +36,17 @@ class OperatorConfig:
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     kv_probe: bool = True  # GET each ready worker's /internal/kv/health for KVTransferReady
     kv_probe_timeout_s: float = DEFAULT_KV_PROBE_TIMEOUT_SECONDS
+    # Where the operator's own pods run and their labels: the NetworkPolicy lets them reach the
+    # workers' http port (KV probe, metrics). None when the operator runs outside the cluster.
+    namespace: str | None = None
+    pod_labels: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
         """TANDEM_WORKER_IMAGE (repo[:tag]), TANDEM_IMAGE_PULL_POLICY, TANDEM_RESYNC_SECONDS,
-        TANDEM_KV_PROBE (0 turns probing off), TANDEM_KV_PROBE_TIMEOUT_SECONDS."""
+        TANDEM_KV_PROBE (0 turns probing off), TANDEM_KV_PROBE_TIMEOUT_SECONDS, POD_NAMESPACE and
+        TANDEM_OPERATOR_POD_LABELS (a JSON object: the operator pods' labels, set by the chart).
+        TANDEM_API_TIMEOUT_SECONDS bounds every API call (read in tandem.operator.apply)."""
         env = dict(os.environ if env is None else env)
         repo, tag = split_image(env.get("TANDEM_WORKER_IMAGE", ""))
         return cls(
@@ -50,6 +58,8 @@ class OperatorConfig:
             kv_probe_timeout_s=float(
                 env.get("TANDEM_KV_PROBE_TIMEOUT_SECONDS") or DEFAULT_KV_PROBE_TIMEOUT_SECONDS
             ),
+            namespace=env.get("POD_NAMESPACE") or None,
+            pod_labels=tuple(sorted(json.loads(env.get("TANDEM_OPERATOR_POD_LABELS") or "{}").items())),
         )
 
 

@@ -17,7 +17,7 @@ import time
 from kubernetes import client
 from tandem.operator import apply
 from tandem.operator.config import OperatorConfig
-from tandem.operator.render import endpoint, generation_hash, render
+from tandem.operator.render import endpoint, generation_hash, internal_secret, render
 from tandem.operator.spec import InferenceServiceSpec, SpecError
 from tandem.operator.status import KVProbe, compute_status, same_status
 
@@ -112,7 +112,11 @@ def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config
     """Renders and applies every child; posts Created/Updated/DriftCorrected events."""
     meta = body["metadata"]
     t0 = time.monotonic()
-    result = apply.apply_all(api, render(meta, spec, config))
+    secret = internal_secret(meta)
+    result = apply.ensure_internal_secret(api, secret)
+    if not result.error:  # the Secret exists before any pod that mounts it
+        applied = apply.apply_all(api, render(meta, spec, config))
+        result = dataclasses.replace(applied, created=result.created + applied.created)
     if result.created or result.updated or result.error:
         log.info("applied %s/%s in %.2fs: %d created, %d updated%s", meta["namespace"], meta["name"],
                  time.monotonic() - t0, len(result.created), len(result.updated),

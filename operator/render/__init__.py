@@ -9,6 +9,9 @@ defaulted) and returns every child, all in the CR's namespace, in apply order:
   Service     <name>-router           the endpoint                            router.py
   Deployment  <name>-prefill/-decode  the workers (GPU, RDMA, probes, spread)  worker.py
   Deployment  <name>-router           the OpenAI-compatible router            router.py
+  NetworkPolicy <name>-workers        only the service's pods reach workers   trust.py
+  (Secret     <name>-internal         the router's and workers' shared secret: created once by
+                                      apply.ensure_internal_secret, random, so not rendered here)
 
 A new kind of child is one builder here plus its (apiVersion, kind) in apply.PATHS.
 """
@@ -25,6 +28,7 @@ from tandem.operator.render.config_files import (
 from tandem.operator.render.identity import generation_hash, image_ref, short_hash
 from tandem.operator.render.objects import Manifest, names
 from tandem.operator.render.router import endpoint, router_deployment, router_rbac, router_service
+from tandem.operator.render.trust import internal_secret, network_policy
 from tandem.operator.render.worker import worker_deployment, worker_service
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
 
@@ -34,6 +38,7 @@ __all__ = [
     "endpoint",
     "generation_hash",
     "image_ref",
+    "internal_secret",
     "names",
     "render",
     "router_config",
@@ -46,11 +51,13 @@ def render(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig) -> li
     files = config_files(meta["name"], meta["namespace"], spec)
     # Each pod template carries the hash of its own file: a change rolls that component only.
     hashes = {key: short_hash(text, 16) for key, text in files.items()}
+    policy = [network_policy(meta, spec, config)] if spec.network_policy.enabled else []
     return [
         configmap(meta, files),
         *router_rbac(meta),
         *(worker_service(meta, role) for role in WORKER_ROLES),
         router_service(meta, spec),
+        *policy,
         *(worker_deployment(meta, spec, role, config, hashes[f"{role}.yaml"]) for role in WORKER_ROLES),
         router_deployment(meta, spec, config, hashes[f"{ROUTER}.yaml"]),
     ]

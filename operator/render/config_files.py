@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
-from tandem.contracts.names import ROUTER_PORT, WORKER_PORT
+from tandem.contracts.names import KV_PORT, ROUTER_PORT, WORKER_PORT
 from tandem.operator.render.objects import Manifest, metadata, names
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
 
@@ -39,6 +39,7 @@ def worker_config(name: str, role: str, spec: InferenceServiceSpec) -> dict[str,
         "host": "0.0.0.0",
         "port": WORKER_PORT,
         "kv_backend": kv.backend,
+        "kv_port": KV_PORT,  # the tcp backend's port, declared in the pod spec
         "block_size": kv.block_size,
         "max_num_seqs": engine.max_num_seqs,
         "max_batched_tokens": engine.max_batched_tokens,

@@ -29,6 +29,8 @@ def names(name: str) -> dict[str, str]:
         "prefill": f"{name}-prefill",
         "decode": f"{name}-decode",
         "router": f"{name}-router",
+        "workers": f"{name}-workers",  # the NetworkPolicy in front of the worker pods
+        "internal": f"{name}-internal",  # the Secret the service's router and workers share
     }
 
 

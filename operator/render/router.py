@@ -21,6 +21,7 @@ from tandem.operator.render.objects import (
     resources,
     service,
 )
+from tandem.operator.render.trust import internal_secret_env
 from tandem.operator.spec import ROUTER, InferenceServiceSpec, Router
 
 
@@ -41,14 +42,14 @@ def router_deployment(meta: dict, spec: InferenceServiceSpec, config: OperatorCo
             "runAsGroup": 10001,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [router_container(spec, config)],
+        "containers": [router_container(name, spec, config)],
         "volumes": [config_volume(name, f"{ROUTER}.yaml"), {"name": "tmp", "emptyDir": {}}],
     }
     pod_labels = common_labels(name, ROUTER) | {LABEL_ROLE: ROUTER}
     return deployment(meta, ROUTER, spec.router.replicas, pod_labels, config_hash, pod)
 
 
-def router_container(spec: InferenceServiceSpec, config: OperatorConfig) -> dict[str, Any]:
+def router_container(name: str, spec: InferenceServiceSpec, config: OperatorConfig) -> dict[str, Any]:
     router = spec.router
     image, pull_policy = image_ref(spec, config)
     amounts = {key: value for key, value in (("cpu", router.cpu), ("memory", router.memory))
@@ -59,7 +60,7 @@ def router_container(spec: InferenceServiceSpec, config: OperatorConfig) -> dict
         "imagePullPolicy": pull_policy,
         "command": ["tandem", "router", "--config", f"{CONFIG_DIR}/config.yaml"],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
-        "env": router_env(router),
+        "env": router_env(name, router),
         "resources": resources(amounts),
         "volumeMounts": [config_mount(), {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": {
@@ -73,9 +74,10 @@ def router_container(spec: InferenceServiceSpec, config: OperatorConfig) -> dict
     }
 
 
-def router_env(router: Router) -> list[dict[str, Any]]:
-    """The pod's identity, and the API key from its Secret when one is named."""
-    env = pod_identity_env()
+def router_env(name: str, router: Router) -> list[dict[str, Any]]:
+    """The pod's identity, the service's internal secret, and the API key from its Secret when one
+    is named."""
+    env = [*pod_identity_env(), internal_secret_env(name)]
     secret = router.api_key_secret_ref
     if secret is not None:
         env.append({

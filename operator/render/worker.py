@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.contracts.names import LABEL_GENERATION, LABEL_ROLE, WORKER_PORT, KVBackend
+from tandem.contracts.names import (
+    KV_PORT,
+    KV_PORT_NAME,
+    LABEL_GENERATION,
+    LABEL_ROLE,
+    WORKER_PORT,
+    WORKER_PORT_NAME,
+    KVBackend,
+    Role,
+)
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render.config_files import MODEL_DIR
 from tandem.operator.render.identity import generation_hash, image_ref
@@ -25,6 +34,7 @@ from tandem.operator.render.objects import (
     selector_labels,
     service,
 )
+from tandem.operator.render.trust import internal_secret_env
 from tandem.operator.spec import (
     RESERVED_ENV,
     InferenceServiceSpec,
@@ -92,13 +102,21 @@ def worker_container(name: str, spec: InferenceServiceSpec, role: str, config: O
         "image": image,
         "imagePullPolicy": pull_policy,
         "command": ["tandem", "worker", "--role", role, "--config", f"{CONFIG_DIR}/config.yaml"],
-        "ports": [{"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"}],
+        "ports": worker_ports(spec, role),
         "env": worker_env(name, spec, role, generation),
         "resources": worker_resources(spec.role(role), spec.kv_transfer),
         "volumeMounts": [config_mount(), {"name": "dshm", "mountPath": "/dev/shm"}, *model_mounts],
         "securityContext": security_context(spec.kv_transfer),
         **probes(),
     }
+
+
+def worker_ports(spec: InferenceServiceSpec, role: str) -> list[dict[str, Any]]:
+    """http (internal API, probes, metrics); a prefill worker of the tcp backend also serves KV."""
+    ports = [{"name": WORKER_PORT_NAME, "containerPort": WORKER_PORT, "protocol": "TCP"}]
+    if spec.kv_transfer.backend == KVBackend.TCP and role == Role.PREFILL:
+        ports.append({"name": KV_PORT_NAME, "containerPort": KV_PORT, "protocol": "TCP"})
+    return ports
 
 
 def security_context(kv: KVTransfer) -> dict[str, Any]:
@@ -137,6 +155,7 @@ def worker_env(name: str, spec: InferenceServiceSpec, role: str, generation: str
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "TANDEM_GENERATION", "value": generation},
         {"name": "TANDEM_SERVICE", "value": name},
+        internal_secret_env(name),
     ]
     ucx = spec.kv_transfer.ucx
     if spec.kv_transfer.backend == KVBackend.NIXL and ucx is not None:

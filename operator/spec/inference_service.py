@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from tandem.contracts.internal_auth import SECRET_ENV
 from tandem.contracts.names import Role
 from tandem.contracts.routing import RoutingPolicy
 from tandem.operator.spec.fields import FreeForm, Quantity, Rule, api_field, parse, to_json
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Variables the operator sets in every worker itself; the CRD refuses them in a role's env.
-RESERVED_ENV = ("POD_IP", "POD_NAME", "TANDEM_GENERATION")
+RESERVED_ENV = ("POD_IP", "POD_NAME", "TANDEM_GENERATION", SECRET_ENV)
 # The worker roles an InferenceService runs (plain strings: they become labels and file names),
 # and its components: each a Deployment with a readiness condition and replicas in status.
 WORKER_ROLES: tuple[str, ...] = (Role.PREFILL.value, Role.DECODE.value)
@@ -272,6 +273,20 @@ class Router:
 
 
 @api_type
+class NetworkPolicySpec:
+    """Who may reach the worker pods: the operator renders one NetworkPolicy per InferenceService."""
+
+    enabled: bool = api_field(
+        "enabled", default=True,
+        description="Render the NetworkPolicy: worker ports reachable only from this service's router and "
+        "workers, and the operator (its KV probe and metrics reads).")
+    metrics_from: tuple[FreeForm, ...] | None = api_field(
+        "metricsFrom", max_items=16,
+        description="NetworkPolicyPeers also allowed to the workers' http port, e.g. Prometheus "
+        "(/metrics). The internal API on that port still needs the service's secret.")
+
+
+@api_type
 class Image:
     """The Tandem image of workers and router; what is unset comes from the operator's config."""
 
@@ -306,6 +321,8 @@ class InferenceServiceSpec:
     image: Image | None = api_field(
         "image", description="The Tandem image for workers and router; unset fields come from the "
         "operator's configuration.")
+    network_policy: NetworkPolicySpec = api_field(
+        "networkPolicy", default={}, description="Who may reach the worker pods.")
 
     RULES: ClassVar[tuple[Rule, ...]] = (
         Rule("!has(self.router.limits.maxPromptTokens) || self.router.limits.maxPromptTokens < "

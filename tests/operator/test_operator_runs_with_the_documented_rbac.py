@@ -96,6 +96,17 @@ def test_operator_reconciles_with_only_the_documented_rules(k8s, start_operator,
             client.AppsV1Api(api).delete_namespaced_deployment("rbac-router", namespace)
             wait_until(lambda: client.AppsV1Api(api).read_namespaced_deployment("rbac-router", namespace),
                        timeout=30, what="router Deployment restored")
+            # the trust boundary: the internal Secret (created, never read: create-only rights) and
+            # the NetworkPolicy; a lost Secret is created again with a fresh value
+            core = client.CoreV1Api(api)
+            first = core.read_namespaced_secret("rbac-internal", namespace)
+            assert first.metadata.owner_references[0].name == "rbac"
+            assert len(first.data["secret"]) >= 32
+            client.NetworkingV1Api(api).read_namespaced_network_policy("rbac-workers", namespace)
+            core.delete_namespaced_secret("rbac-internal", namespace)
+            again = wait_until(lambda: core.read_namespaced_secret("rbac-internal", namespace),
+                               timeout=30, what="internal Secret created again")
+            assert again.data["secret"] != first.data["secret"]
             events = client.CoreV1Api(api).list_namespaced_event(
                 namespace, field_selector="involvedObject.name=rbac").items
             assert any(e.reason == "Created" for e in events)

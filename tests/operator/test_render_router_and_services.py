@@ -20,10 +20,12 @@ def test_children_are_the_documented_set(typed, meta):
         ("ServiceAccount", "llama-router"), ("Role", "llama-router"), ("RoleBinding", "llama-router"),
         ("Service", "llama-prefill"), ("Service", "llama-decode"), ("Service", "llama-router"),
         ("Deployment", "llama-prefill"), ("Deployment", "llama-decode"), ("Deployment", "llama-router"),
+        ("NetworkPolicy", "llama-workers"),
     ])
-    # the ConfigMap comes before the pods that mount it
+    # the ConfigMap and the NetworkPolicy come before the pods they concern
     kinds = [m["kind"] for m in out]
     assert kinds.index("ConfigMap") < kinds.index("Deployment")
+    assert kinds.index("NetworkPolicy") < kinds.index("Deployment")
 
 
 def test_router_pod_meets_restricted_pod_security(typed, meta):

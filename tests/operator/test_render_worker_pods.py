@@ -139,7 +139,7 @@ def test_engine_settings_land_in_the_role_config_file(typed, meta):
     decode = yaml.safe_load(cm["data"]["decode.yaml"])
     assert prefill == {
         "role": "prefill", "model": "/m", "served_name": "m", "dtype": "bfloat16",
-        "max_model_len": 8192, "host": "0.0.0.0", "port": 8000, "kv_backend": "tcp",
+        "max_model_len": 8192, "host": "0.0.0.0", "port": 8000, "kv_backend": "tcp", "kv_port": 5601,
         "block_size": 32, "max_num_seqs": 64, "max_batched_tokens": 16384, "num_blocks": 4096,
         "log_format": "json",
     }

@@ -38,6 +38,7 @@ FULL = {
                                                   "maxBodyBytes": 2048},
                "apiKeySecretRef": {"name": "s", "key": "k"}, "cpu": 1, "memory": "1Gi"},
     "image": {"repository": "reg.io/x", "tag": "1.0", "pullPolicy": "Always"},
+    "networkPolicy": {"enabled": False, "metricsFrom": [{"podSelector": {}}]},
 }
 
 Path = tuple[str | int, ...]

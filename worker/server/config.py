@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tandem.contracts.internal_auth import SECRET_ENV, load_secret
-from tandem.contracts.names import KVBackend, Role
+from tandem.contracts.names import KV_PORT, KVBackend, Role
 
 if TYPE_CHECKING:
     from tandem.worker.engine.config import EngineConfig
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 
 _ENUMS = (Role, KVBackend)
-DEFAULT_KV_PORT = 5601  # the tcp KV backend's port; fixed so the pod spec and NetworkPolicy can name it
 
 
 @dataclass
@@ -51,7 +50,7 @@ class WorkerConfig:
     kv_timeout_s: float = 10.0
     kv_lease_s: float = 30.0
     kv_extra: dict[str, Any] = field(default_factory=dict)  # backend options (UCX settings, limits)
-    kv_port: int = DEFAULT_KV_PORT  # tcp backend: where prefill serves KV (0: any free port)
+    kv_port: int = KV_PORT  # tcp backend: where prefill serves KV (0: any free port)
     generation: str | None = None  # default $TANDEM_GENERATION
     drain_s: float = 30.0
     internal_secret_file: str | None = None  # a mounted Secret; wins over $TANDEM_INTERNAL_SECRET

@@ -113,6 +113,14 @@ InferenceService through owner references and the garbage collector.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "create", "patch"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch"]
+# Each service's internal secret (router <-> workers) is created once, if absent. Create only:
+# the operator never reads, lists or changes a Secret.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 # Pods are only read: readiness and scheduling failures become status conditions. The
 # router's Role grants pods and EndpointSlices get/list/watch, and Kubernetes lets the
 # operator write (and bind) a Role only with every permission it grants (no `escalate`

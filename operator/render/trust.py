@@ -1,0 +1,68 @@
+"""The service's trust boundary: the internal secret its router and workers share, and the
+NetworkPolicy that keeps every other pod off the workers' ports. Pure.
+
+The Secret's value is random, so it is not rendered here: the operator creates it once
+(`apply.ensure_internal_secret`, create-if-absent: it never reads Secrets) and the pods take it
+from `secretKeyRef`. Workers require it on /internal/* and on the TCP KV port
+(tandem.contracts.internal_auth).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from tandem.contracts.internal_auth import SECRET_ENV
+from tandem.contracts.names import LABEL_ROLE, LABEL_SERVICE, WORKER_PORT_NAME
+from tandem.operator.config import OperatorConfig
+from tandem.operator.render.objects import Manifest, metadata, names
+from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
+
+SECRET_KEY = "secret"
+
+
+def internal_secret_env(name: str) -> dict[str, Any]:
+    """The env entry every router and worker container gets."""
+    return {"name": SECRET_ENV,
+            "valueFrom": {"secretKeyRef": {"name": names(name)["internal"], "key": SECRET_KEY}}}
+
+
+def internal_secret(meta: dict) -> Manifest:
+    """A fresh Secret for one service (random: call once, create if absent)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": metadata(meta, names(meta["name"])["internal"], "internal"),
+        "stringData": {SECRET_KEY: secrets.token_urlsafe(32)},
+    }
+
+
+def network_policy(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig) -> Manifest:
+    """Ingress to the worker pods: the service's own workers on every port (KV moves between them,
+    over the tcp backend's port or UCX's ephemeral ones), its router and the operator on http."""
+    name = meta["name"]
+    own = {LABEL_SERVICE: name}
+    workers = {"key": LABEL_ROLE, "operator": "In", "values": list(WORKER_ROLES)}
+    http = [{"protocol": "TCP", "port": WORKER_PORT_NAME}]
+    ingress: list[dict[str, Any]] = [
+        {"from": [{"podSelector": {"matchLabels": own, "matchExpressions": [workers]}}]},
+        {"from": [{"podSelector": {"matchLabels": own | {LABEL_ROLE: ROUTER}}}], "ports": http},
+    ]
+    if config.namespace and config.pod_labels:
+        operator_peer = {"namespaceSelector": {"matchLabels": {
+                             "kubernetes.io/metadata.name": config.namespace}},
+                         "podSelector": {"matchLabels": dict(config.pod_labels)}}
+        ingress.append({"from": [operator_peer], "ports": http})
+    if spec.network_policy.metrics_from:
+        ingress.append({"from": [dict(peer) for peer in spec.network_policy.metrics_from], "ports": http})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(meta, names(name)["workers"], "workers"),
+        "spec": {
+            "podSelector": {"matchLabels": own, "matchExpressions": [workers]},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
