@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
 import uuid
@@ -18,10 +17,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tandem.contracts.json_body import BodyError, decode_json
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER
 from tandem.worker.router.config import RouterConfig
-from tandem.worker.router.errors import RouterError, bad_request, no_worker, upstream_failed
+from tandem.worker.router.errors import RouterError, no_worker, upstream_failed
 from tandem.worker.router.metrics import RouterMetrics
 from tandem.worker.router.orchestrator import (
     Finished,
@@ -60,7 +60,13 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
         if exc.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status)
-        return _error_response(RouterError(exc.status, exc.reason, "invalid_request_error", None, code))
+        type_ = "invalid_request_error" if exc.status < 500 else "server_error"
+        return _error_response(RouterError(exc.status, exc.reason, type_, None, code))
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:  # a bug: logged with its traceback, the client gets no internals
+        log.exception("unhandled error serving %s %s", request.method, request.path)
+        return _error_response(RouterError(500, "internal error in the router", "server_error"))
 
 
 class Router:
@@ -195,9 +201,9 @@ class Router:
         if len(raw) > limit:
             raise too_large
         try:
-            return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise bad_request(f"The request body is not valid JSON: {exc}") from exc
+            return decode_json(raw, request.headers.get("Content-Type"))
+        except BodyError as exc:
+            raise RouterError(exc.status, str(exc), "invalid_request_error", exc.param, exc.code) from None
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, Endpoint.CHAT)

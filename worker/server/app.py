@@ -31,6 +31,7 @@ from tandem.contracts.protocol import (
     openai_error,
 )
 from tandem.worker.server.metrics import WorkerMetrics
+from tandem.worker.server.parsing import RequestRefused, parse_generate, read_json, request_id_body
 
 if TYPE_CHECKING:  # torch stays out of the import: the server starts before the model loads
     from tandem.worker.engine.async_engine import AsyncEngine
@@ -79,37 +80,10 @@ def _from_request_error(e: Any, request_id: str | None) -> web.Response:
     return error_response(e.status, str(e), e.type, e.param, e.code, request_id)
 
 
-async def _read_json(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise web.HTTPBadRequest(
-            text=json.dumps(openai_error(f"the body is not valid JSON: {e}", "invalid_request_error")),
-            content_type="application/json") from e
-    if not isinstance(body, dict):
-        raise web.HTTPBadRequest(
-            text=json.dumps(openai_error("the body must be a JSON object", "invalid_request_error")),
-            content_type="application/json")
-    return body
-
-
-def _parse_generate(body: dict[str, Any], request: web.Request) -> GenerateRequest:
-    body = dict(body)
-    if not body.get("request_id") and request.headers.get(REQUEST_ID_HEADER):
-        body["request_id"] = request.headers[REQUEST_ID_HEADER]
-    for name, kind in (("request_id", str), ("sampling", dict), ("kv_source", dict)):
-        value = body.get(name)
-        if (name == "request_id" and not value) or (value is not None and not isinstance(value, kind)):
-            what = "a non-empty string" if kind is str else "an object"
-            raise web.HTTPBadRequest(
-                text=json.dumps(openai_error(f"{name} must be {what}", "invalid_request_error", name)),
-                content_type="application/json")
-    try:
-        return GenerateRequest.from_dict(body)
-    except (TypeError, ValueError) as e:
-        raise web.HTTPBadRequest(
-            text=json.dumps(openai_error(f"malformed request: {e}", "invalid_request_error")),
-            content_type="application/json") from e
+# the request parsing lives in parsing.py; these names are what the routes call
+_read_json = read_json
+_parse_generate = parse_generate
+_request_id_body = request_id_body
 
 
 def _need_engine(state: WorkerState, request_id: str | None = None) -> web.Response | None:
@@ -362,15 +336,6 @@ async def prefill(request: web.Request) -> web.Response:
     return web.json_response(result.to_dict(), headers={REQUEST_ID_HEADER: rid})
 
 
-async def _request_id_body(request: web.Request) -> str:
-    body = await _read_json(request)
-    rid = body.get("request_id") or request.headers.get(REQUEST_ID_HEADER)
-    if not isinstance(rid, str) or not rid:
-        raise web.HTTPBadRequest(text=json.dumps(openai_error("request_id is required", "invalid_request_error",
-                                                              "request_id")), content_type="application/json")
-    return rid
-
-
 async def abort(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     rid = await _request_id_body(request)
@@ -407,6 +372,8 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Unknown routes and unexpected failures still answer in OpenAI's error format."""
     try:
         return await handler(request)
+    except RequestRefused as e:
+        return e.response
     except web.HTTPException as e:
         if e.content_type == "application/json":
             raise
