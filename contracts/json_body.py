@@ -105,7 +105,7 @@ def check_value(doc: Any) -> None:
             raise BodyError(f"the body is nested more than {MAX_DEPTH} levels deep.", param=_param(path))
         if isinstance(value, dict):
             for k, v in value.items():
-                _check_str(k, (*path, k))
+                _check_str(k, path)  # a key: located by the object that holds it
                 stack.append((v, (*path, k)))
         elif isinstance(value, list):
             if value and _uniform_numbers(value, path):
