@@ -34,12 +34,12 @@ def check_content_type(header: str | None) -> None:
     media, *params = (p.strip() for p in header.split(";"))
     media = media.lower()
     if media != JSON_TYPE and not (media.endswith("+json") and "/" in media):
-        raise BodyError(f"Content-Type {media!r} is not supported: send a JSON body with "
+        raise BodyError(f"Content-Type {media!a} is not supported: send a JSON body with "
                         f"'Content-Type: {JSON_TYPE}'.", 415, "unsupported_media_type")
     for p in params:
         key, _, value = p.partition("=")
         if key.strip().lower() == "charset" and value.strip().strip('"').lower() not in ("utf-8", "utf8"):
-            raise BodyError(f"charset {value.strip()!r} is not supported: JSON bodies are UTF-8.",
+            raise BodyError(f"charset {value.strip()!a} is not supported: JSON bodies are UTF-8.",
                             415, "unsupported_media_type")
 
 

@@ -8,6 +8,7 @@ goes away aborts its sequence, which frees its blocks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -49,6 +50,7 @@ class WorkerSettings:
     kv_backend: str = "none"
     served_name: str | None = None
     pull_wait_s: float = 10.0  # how long a decode waits for free blocks to receive a pulled KV
+    heartbeat_s: float = 5.0  # a generate stream silent this long gets a heartbeat line (router: 15 s)
 
 
 @dataclass
@@ -252,9 +254,32 @@ async def generate(request: web.Request) -> web.StreamResponse:
     return await _stream(request, state, seq, outputs, pulled=kv_blocks is not None)
 
 
+async def _with_heartbeats(outputs: AsyncGenerator[Any, None], every_s: float) -> AsyncGenerator[Any, None]:
+    """The engine's outputs, and None whenever `every_s` passes without one: the stream's keep-alive
+    while the sequence waits in the queue (the pending read survives the wait, nothing is lost)."""
+    pending: asyncio.Future | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(outputs, None))
+            done, _ = await asyncio.wait({pending}, timeout=every_s)
+            if not done:
+                yield None
+                continue
+            out, pending = pending.result(), None
+            if out is None:
+                return
+            yield out
+    finally:
+        if pending is not None:  # the outputs generator must be idle before anyone closes it
+            pending.cancel()
+            await asyncio.wait({pending})
+
+
 async def _stream(request: web.Request, state: WorkerState, seq: Any, outputs: AsyncGenerator[Any, None],
                   pulled: bool) -> web.StreamResponse:
-    """START, a TOKEN line per output, then FINISH (or ERROR); a stream cut short aborts the sequence."""
+    """START, a TOKEN line per output (HEARTBEAT while there is none), then FINISH (or ERROR); a stream
+    cut short aborts the sequence."""
     rid = seq.request_id
     log.info("generate started", extra={"request_id": rid, "prompt_tokens": len(seq.prompt_ids),
                                          "pulled": pulled, "replayed": seq.num_resumed})
@@ -263,21 +288,25 @@ async def _stream(request: web.Request, state: WorkerState, seq: Any, outputs: A
         resp = web.StreamResponse(headers={"Content-Type": NDJSON, REQUEST_ID_HEADER: rid})
         await resp.prepare(request)
         await resp.write(_line(StreamEvent(EventType.START, prompt_tokens=len(seq.prompt_ids))))
-        async for out in outputs:
-            if out.error is not None:
-                finished = True
-                await resp.write(_line(StreamEvent(EventType.ERROR, error=out.error)))
-                break
-            if out.token_ids or out.text:
-                await resp.write(_line(StreamEvent(EventType.TOKEN, token_ids=out.token_ids, text=out.text)))
-            if out.finished:
-                finished = True
-                usage = {"prompt_tokens": len(seq.prompt_ids), "completion_tokens": len(seq.output_ids),
-                         "total_tokens": seq.num_tokens}
-                await resp.write(_line(StreamEvent(EventType.FINISH, finish_reason=out.finish_reason,
-                                                   usage=usage)))
-                log.info("generate finished", extra={"request_id": rid, "finish_reason": str(out.finish_reason),
-                                                      "completion_tokens": len(seq.output_ids)})
+        async with contextlib.aclosing(_with_heartbeats(outputs, state.settings.heartbeat_s)) as lines:
+            async for out in lines:
+                if out is None:
+                    await resp.write(_line(StreamEvent(EventType.HEARTBEAT)))
+                    continue
+                if out.error is not None:
+                    finished = True
+                    await resp.write(_line(StreamEvent(EventType.ERROR, error=out.error)))
+                    break
+                if out.token_ids or out.text:
+                    await resp.write(_line(StreamEvent(EventType.TOKEN, token_ids=out.token_ids, text=out.text)))
+                if out.finished:
+                    finished = True
+                    usage = {"prompt_tokens": len(seq.prompt_ids), "completion_tokens": len(seq.output_ids),
+                             "total_tokens": seq.num_tokens}
+                    await resp.write(_line(StreamEvent(EventType.FINISH, finish_reason=out.finish_reason,
+                                                       usage=usage)))
+                    log.info("generate finished", extra={"request_id": rid, "completion_tokens": len(seq.output_ids),
+                                                          "finish_reason": str(out.finish_reason)})
         await resp.write_eof()
         return resp
     except (ConnectionResetError, asyncio.CancelledError):

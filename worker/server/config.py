@@ -47,6 +47,7 @@ class WorkerConfig:
     kv_extra: dict[str, Any] = field(default_factory=dict)  # backend options (UCX settings, ports)
     generation: str | None = None  # default $TANDEM_GENERATION
     drain_s: float = 30.0
+    heartbeat_s: float = 5.0  # keep-alive line on a silent generate stream (below the router's 15 s)
 
     def __post_init__(self) -> None:
         if self.kv_backend is None:
