@@ -10,11 +10,21 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import time
+import urllib.request
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+
+# Bounded and derandomized (a failure reproduces); TANDEM_FUZZ_EXAMPLES raises the count to search further.
+FUZZ = settings(
+    max_examples=int(os.environ.get("TANDEM_FUZZ_EXAMPLES", "150")), deadline=None, derandomize=True,
+    database=None, suppress_health_check=list(HealthCheck),
+)
 
 # Text that includes lone surrogates (category Cs): json.dumps writes them as \\udXXX escapes.
 texts = st.text(st.characters(codec=None, categories=["L", "N", "P", "Z", "S", "Cs", "Cc"]), max_size=24)
@@ -102,3 +112,20 @@ def assert_openai_error(answer: Answer) -> dict[str, Any]:
     err = answer.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and isinstance(err["message"], str), err
     return err
+
+
+def wait_pools_idle(worker_urls: list[str], timeout_s: float = 40.0) -> None:
+    """Until every worker is idle: nothing running, waiting or leased, every KV block free (aborts and
+    releases land asynchronously); AssertionError naming the busy ones after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        infos = {}
+        for url in worker_urls:
+            with urllib.request.urlopen(url + "/internal/info", timeout=5) as r:
+                infos[url] = json.load(r)
+        busy = {u: i for u, i in infos.items() if i["running"] or i["waiting"] or i["leased"]
+                or i["kv_blocks_free"] != i["kv_blocks_total"]}
+        if not busy:
+            return
+        assert time.monotonic() < deadline, f"KV blocks not all back: {busy}"
+        time.sleep(0.1)

@@ -58,8 +58,6 @@ class ParsedRequest:
 
 # Chat roles a template knows; anything else is refused here rather than by a worker's template.
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-# Below this a temperature only overflows the softmax: it is greedy (vLLM's epsilon).
-GREEDY_BELOW = 1e-5
 
 
 def _is_number(v: Any) -> bool:
@@ -190,7 +188,7 @@ def _parse_sampling(body: dict[str, Any], endpoint: Endpoint, limits: Limits) ->
     if t is not None:
         if not _is_number(t) or not 0 <= t <= 2:
             raise bad_request("'temperature' must be a number between 0 and 2.", "temperature")
-        s.temperature = float(t) if t >= GREEDY_BELOW else 0.0
+        s.temperature = float(t)  # a tiny one (1e-300) is made greedy where it is used: the worker
     p = body.get("top_p")
     if p is not None:
         if not _is_number(p) or not 0 < p <= 1:

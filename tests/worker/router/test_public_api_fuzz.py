@@ -10,16 +10,15 @@ reproduces; set TANDEM_FUZZ_EXAMPLES higher to search further.
 from __future__ import annotations
 
 import json
-import os
-import time
 import urllib.request
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from tandem.testing.hostile_json import (
     CONTENT_TYPES,
+    FUZZ,
     Answer,
     assert_openai_error,
     dumps,
@@ -29,14 +28,11 @@ from tandem.testing.hostile_json import (
     post,
     raw_bodies,
     texts,
+    wait_pools_idle,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-FUZZ = settings(
-    max_examples=int(os.environ.get("TANDEM_FUZZ_EXAMPLES", "150")), deadline=None, derandomize=True,
-    database=None, suppress_health_check=list(HealthCheck),
-)
 ROLES = ["system", "developer", "user", "assistant", "tool"]
 # max_tokens the stack accepts stay tiny (1-3) so valid examples cost milliseconds; the rest is refused
 MAX_TOKENS = st.integers(1, 3) | st.integers(max_value=0) | st.integers(min_value=5000) | json_values.filter(
@@ -99,19 +95,6 @@ def _info(url: str) -> dict[str, Any]:
         return json.load(r)
 
 
-def wait_all_blocks_back(stack, timeout_s: float = 40.0) -> None:
-    """Every worker idle: nothing running, waiting or leased, every KV block free (aborts are async)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        infos = {w["name"]: _info(w["url"]) for w in stack.workers()}
-        busy = {n: i for n, i in infos.items() if i["running"] or i["waiting"] or i["leased"]
-                or i["kv_blocks_free"] != i["kv_blocks_total"]}
-        if not busy:
-            return
-        assert time.monotonic() < deadline, f"KV blocks not all back: {busy}"
-        time.sleep(0.1)
-
-
 def test_public_api_answers_every_body_with_a_2xx_or_an_openai_4xx(disagg_stack, model_name):
     @FUZZ
     @given(requests(model_name))
@@ -125,7 +108,7 @@ def test_public_api_answers_every_body_with_a_2xx_or_an_openai_4xx(disagg_stack,
     answer = post(disagg_stack.url, "/v1/completions",
                   dumps({"model": model_name, "prompt": "Still serving after the fuzz", "max_tokens": 4}))
     assert answer.status == 200 and answer.json()["usage"]["completion_tokens"] == 4
-    wait_all_blocks_back(disagg_stack)
+    wait_pools_idle([w["url"] for w in disagg_stack.workers()])
 
 
 @pytest.mark.parametrize(

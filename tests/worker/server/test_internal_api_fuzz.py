@@ -11,16 +11,15 @@ Bounded: `TANDEM_FUZZ_EXAMPLES` examples (default 150), derandomized so a failur
 from __future__ import annotations
 
 import json
-import os
-import time
 import uuid
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from tandem.testing.hostile_json import (
     CONTENT_TYPES,
+    FUZZ,
     Answer,
     assert_openai_error,
     dumps,
@@ -30,15 +29,12 @@ from tandem.testing.hostile_json import (
     post,
     raw_bodies,
     texts,
+    wait_pools_idle,
 )
 from tandem.testing.worker_process import WorkerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-FUZZ = settings(
-    max_examples=int(os.environ.get("TANDEM_FUZZ_EXAMPLES", "150")), deadline=None, derandomize=True,
-    database=None, suppress_health_check=list(HealthCheck),
-)
 
 
 @pytest.fixture(scope="module")
@@ -150,18 +146,6 @@ def _check(answer: Answer, body: bytes) -> None:
         assert events[-1]["type"] == "finish", events[-3:]
 
 
-def wait_idle(*ws: WorkerProcess, timeout_s: float = 40.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        infos = [w.get_json("/internal/info") for w in ws]
-        busy = [i for i in infos if i["running"] or i["waiting"] or i["leased"]
-                or i["kv_blocks_free"] != i["kv_blocks_total"]]
-        if not busy:
-            return
-        assert time.monotonic() < deadline, f"KV blocks not all back: {busy}"
-        time.sleep(0.1)
-
-
 def test_internal_api_answers_every_body_with_a_2xx_or_an_openai_4xx(workers):
     p, d = workers
 
@@ -198,7 +182,7 @@ def test_internal_api_answers_every_body_with_a_2xx_or_an_openai_4xx(workers):
     good = {"request_id": uuid.uuid4().hex, "prompt": "Still serving", "sampling": {"max_tokens": 3, "ignore_eos": True}}
     answer = post(d.url, "/internal/generate", dumps(good))
     assert answer.status == 200 and json.loads(answer.body.splitlines()[-1])["type"] == "finish"
-    wait_idle(p, d)
+    wait_pools_idle([p.url, d.url])
 
 
 @pytest.mark.parametrize(
