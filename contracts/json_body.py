@@ -129,9 +129,10 @@ def decode_json(raw: bytes, content_type: str | None = None) -> Any:
         raise BodyError(f"the body is nested more than {MAX_DEPTH} levels deep.") from None
     except json.JSONDecodeError as exc:
         raise BodyError(f"the body is not valid JSON: {exc}") from None
-    except ValueError as exc:  # an integer literal longer than Python converts
-        if isinstance(exc, BodyError):
-            raise
-        raise BodyError(f"the body holds a number out of range: {exc}", code="invalid_value") from None
+    except BodyError:
+        raise
+    except ValueError:  # an integer literal longer than Python converts
+        raise BodyError("the body holds an integer literal thousands of digits long: integers are 64 bits "
+                        "at most.", code="invalid_value") from None
     check_value(doc)
     return doc
