@@ -414,3 +414,15 @@ async def test_heartbeats_are_not_tokens(fake):
     fake.on_generate("d1", [start(5), beat, beat, token(7, "A"), beat, finish()])
     events = await run(await machine(fake), RequestContext("r1"))
     assert events == [Started(5), Tokens([7], "A"), Finished("stop", 5, 1)]
+
+
+async def test_the_client_never_sees_a_worker_address():
+    """5xx messages say what failed, not where: addresses go to the log."""
+    fake = FakeWorkers()
+    p, d = fake.add("http://10.1.2.3:8000", Role.PREFILL), fake.add("http://10.4.5.6:8000", Role.DECODE)
+    fake.on_prefill(p, prefilled(p, IDS, 7, "A"))
+    fake.on_generate(d, [start(5), died(f"generate on {d} failed: connection reset")])
+    with pytest.raises(RouterError) as info:
+        await run(await machine(fake), RequestContext("r1"))
+    assert info.value.status == 502
+    assert "10.1.2.3" not in str(info.value.body) and "10.4.5.6" not in str(info.value.body)
