@@ -40,6 +40,11 @@ class RequestRefused(Exception):
                                           status=status, headers=headers)
 
 
+def _valid_rid(rid: Any) -> bool:
+    """A request id is printable ASCII (the router's are hex), it travels in headers, logs and KV frames."""
+    return isinstance(rid, str) and 0 < len(rid) <= MAX_REQUEST_ID_CHARS and rid.isascii() and rid.isprintable()
+
+
 def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -117,6 +122,7 @@ def _check(obj: dict[str, Any], table: dict[str, tuple[Callable[[Any], bool], st
 async def read_json(request: web.Request) -> dict[str, Any]:
     """The body as a JSON object, read strictly; RequestRefused (4xx) for anything else."""
     rid = request.headers.get(REQUEST_ID_HEADER)
+    rid = rid if _valid_rid(rid) else None
     raw = await request.read()  # over client_max_size: aiohttp's 413, formatted by the middleware
     try:
         body = decode_json(raw, request.headers.get("Content-Type"))
@@ -131,9 +137,9 @@ def parse_generate(body: dict[str, Any], request: web.Request) -> GenerateReques
     """A GenerateRequest whose every field has its declared type (the engine checks the ranges)."""
     header_rid = request.headers.get(REQUEST_ID_HEADER)
     rid = body.get("request_id") or header_rid
-    if not isinstance(rid, str) or not rid or len(rid) > MAX_REQUEST_ID_CHARS:
-        raise RequestRefused(400, f"request_id must be a non-empty string of at most {MAX_REQUEST_ID_CHARS} "
-                             "characters", "request_id", request_id=header_rid)
+    if not _valid_rid(rid):
+        raise RequestRefused(400, f"request_id must be printable ASCII, 1 to {MAX_REQUEST_ID_CHARS} characters",
+                             "request_id", request_id=header_rid if _valid_rid(header_rid) else None)
     _check(body, _TOP, "", rid)
     sampling = dict(body.get("sampling") or {})
     _check(sampling, _SAMPLING, "sampling", rid)
@@ -156,6 +162,7 @@ async def request_id_body(request: web.Request) -> str:
     """The request id of an abort or release call: from the body, else the header."""
     body = await read_json(request)
     rid = body.get("request_id") or request.headers.get(REQUEST_ID_HEADER)
-    if not isinstance(rid, str) or not rid or len(rid) > MAX_REQUEST_ID_CHARS:
-        raise RequestRefused(400, "request_id is required: a non-empty string", "request_id")
+    if not _valid_rid(rid):
+        raise RequestRefused(400, f"request_id must be printable ASCII, 1 to {MAX_REQUEST_ID_CHARS} characters",
+                             "request_id")
     return rid
