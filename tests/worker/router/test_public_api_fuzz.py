@@ -135,9 +135,21 @@ def test_the_issue_s_adversarial_bodies_are_4xx(disagg_stack, body, content_type
 
 
 def test_a_tiny_temperature_is_greedy_and_harms_no_neighbour(disagg_stack, model_name):
-    """temperature 1e-300 is valid (OpenAI allows 0..2) and must sample greedily: same text as 0."""
-    base = {"model": model_name, "prompt": "The greedy neighbour", "max_tokens": 8, "ignore_eos": True}
-    greedy = post(disagg_stack.url, "/v1/completions", dumps(base | {"temperature": 0}))
+    """temperature 1e-300 is valid (OpenAI allows 0..2), samples greedily (same text as 0), and a
+    greedy stream running beside it on the same workers is untouched (before: both got a 502)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", disagg_stack.port, timeout=120)
+    conn.request("POST", "/v1/completions", dumps({
+        "model": model_name, "prompt": "An innocent greedy neighbour", "max_tokens": 300, "ignore_eos": True,
+        "temperature": 0, "stream": True}), {"Content-Type": "application/json"})
+    neighbour = conn.getresponse()
+    assert neighbour.status == 200 and neighbour.readline().startswith(b"data: ")  # it is running
+    base = {"model": model_name, "prompt": "The greedy one", "max_tokens": 8, "ignore_eos": True}
     tiny = post(disagg_stack.url, "/v1/completions", dumps(base | {"temperature": 1e-300}))
+    greedy = post(disagg_stack.url, "/v1/completions", dumps(base | {"temperature": 0}))
     assert greedy.status == tiny.status == 200, (greedy.body, tiny.body)
     assert tiny.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
+    rest = neighbour.read().decode()
+    assert rest.rstrip().endswith("data: [DONE]") and '"error"' not in rest
+    assert '"finish_reason":"length"' in rest
