@@ -59,6 +59,10 @@ class EventType(enum.StrEnum):
     TOKEN = "token"  # one or more new tokens with their text delta
     FINISH = "finish"  # last line on success: finish_reason and usage
     ERROR = "error"  # last line on failure: an OpenAI-format error object
+    # Keep-alive: sent whenever the worker has had nothing to say for its heartbeat interval (the
+    # request waits in its queue, or a step is slow). The router's between-line timeout starts
+    # again at every line, so a request that waits is never taken for a hung worker.
+    HEARTBEAT = "heartbeat"
 
 
 @dataclass

@@ -28,10 +28,17 @@ StreamItem = StreamEvent | Exception
 
 
 def fail(status: int, code: str | None = None, param: str | None = None, type_: str = "invalid_request_error",
-         message: str = "scripted failure") -> Exception:
-    """What the real client raises for a worker's answer with this status and OpenAI error body."""
+         message: str = "scripted failure", retry_after: str | None = None) -> Exception:
+    """What the real client raises for a worker's answer with this status, OpenAI error body and
+    Retry-After header."""
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    return classify(status, body, "scripted call")
+    return classify(status, body, "scripted call", retry_after)
+
+
+def busy(status: int = 429, retry_after: str | None = "1") -> Exception:
+    """A full worker's refusal (429, or 503 with Retry-After)."""
+    return fail(status, "server_overloaded", type_="service_unavailable", message="queue full",
+                retry_after=retry_after)
 
 
 def died(message: str = "connection reset") -> WorkerFailed:

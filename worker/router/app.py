@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
 import uuid
@@ -18,22 +17,21 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tandem.contracts.json_body import BodyError, decode_json
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER
 from tandem.worker.router.config import RouterConfig
-from tandem.worker.router.errors import RouterError, bad_request, no_worker, upstream_failed
+from tandem.worker.router.errors import RouterError, no_worker
 from tandem.worker.router.metrics import RouterMetrics
 from tandem.worker.router.orchestrator import (
-    Finished,
     Orchestrator,
     RequestContext,
-    Started,
-    Tokens,
 )
 from tandem.worker.router.policies.base import PolicySettings
 from tandem.worker.router.policies.registry import create_policy
 from tandem.worker.router.pool import Target, WorkerPool
-from tandem.worker.router.sse import DONE, ResponseShape, frame
+from tandem.worker.router.responses import Responder
+from tandem.worker.router.sse import ResponseShape
 from tandem.worker.router.validation import Endpoint, Limits, check_model, parse_request
 from tandem.worker.router.worker_client import HttpWorkerClient, Timeouts
 
@@ -60,7 +58,13 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
         if exc.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status)
-        return _error_response(RouterError(exc.status, exc.reason, "invalid_request_error", None, code))
+        type_ = "invalid_request_error" if exc.status < 500 else "server_error"
+        return _error_response(RouterError(exc.status, exc.reason, type_, None, code))
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:  # a bug: logged with its traceback, the client gets no internals
+        log.exception("unhandled error serving %s %s", request.method, request.path)
+        return _error_response(RouterError(500, "internal error in the router", "server_error"))
 
 
 class Router:
@@ -73,13 +77,19 @@ class Router:
             max_tokens_limit=config.max_tokens_limit,
             default_max_tokens=config.default_max_tokens,
             max_prompt_tokens=config.max_prompt_tokens,
+            max_stop_chars=config.max_stop_chars,
         )
         self.discovery = discovery  # None: static targets from config
         self.created = int(time.time())
         self.session: aiohttp.ClientSession | None = None
         self.pool: WorkerPool | None = None
         self.orchestrator: Orchestrator | None = None
+        self.responder: Responder | None = None
         self._poller: asyncio.Task | None = None
+        self.draining = False  # SIGTERM: not ready, new requests refused, streams finish
+        self._active = 0  # generation requests being served
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -101,6 +111,11 @@ class Router:
             limits=self.limits,
             max_prefill_attempts=self.config.max_prefill_attempts,
             max_resumes=self.config.max_resumes,
+            busy_wait_s=self.config.busy_wait_s,
+        )
+        self.responder = Responder(
+            self.orchestrator, self.metrics, write_timeout_s=self.config.write_timeout_s,
+            send_buffer_bytes=self.config.stream_send_buffer_bytes,
         )
         if self.discovery is None:
             self.pool.set_targets(static_targets(self.config.prefill, self.config.decode))
@@ -113,6 +128,18 @@ class Router:
     def set_targets(self, targets: list[Target]) -> None:
         assert self.pool is not None
         self.pool.set_targets(targets)
+
+    async def drain(self, grace_s: float) -> bool:
+        """Stop being ready and refuse new requests, then wait (at most `grace_s`) for the requests in
+        flight to finish; True if they all did."""
+        self.draining = True
+        log.info("draining: %d requests in flight, up to %.0f s", self._active, grace_s)
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+            return True
+        except TimeoutError:
+            log.warning("shutdown grace of %.0f s over with %d requests in flight", grace_s, self._active)
+            return False
 
     async def stop(self, app: web.Application) -> None:
         if self.discovery is not None:
@@ -156,10 +183,9 @@ class Router:
     async def ready(self, request: web.Request) -> web.Response:
         """Ready when some path can serve: a decode or colocated worker (prefill is optional)."""
         counts = self._counts()
-        ok = counts["decode"]["ready"] + counts["colocated"]["ready"] > 0
-        return web.json_response(
-            {"status": "ready" if ok else "not ready", "workers": counts}, status=200 if ok else 503
-        )
+        ok = counts["decode"]["ready"] + counts["colocated"]["ready"] > 0 and not self.draining
+        status = "draining" if self.draining else "ready" if ok else "not ready"
+        return web.json_response({"status": status, "workers": counts}, status=200 if ok else 503)
 
     async def models(self, request: web.Request) -> web.Response:
         self._check_auth(request)
@@ -195,9 +221,9 @@ class Router:
         if len(raw) > limit:
             raise too_large
         try:
-            return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise bad_request(f"The request body is not valid JSON: {exc}") from exc
+            return decode_json(raw, request.headers.get("Content-Type"))
+        except BodyError as exc:
+            raise RouterError(exc.status, str(exc), "invalid_request_error", exc.param, exc.code) from None
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, Endpoint.CHAT)
@@ -212,8 +238,12 @@ class Router:
         t0 = time.monotonic()
         status = "500"
         self.metrics.in_flight.inc()
+        self._active += 1
+        self._idle.clear()
         try:
             try:
+                if self.draining:
+                    raise no_worker("this router is shutting down; retry (another replica serves).", 1)
                 self._check_auth(request)
                 body = await self._read_body(request)
                 parsed = parse_request(body, endpoint, self.limits)
@@ -224,10 +254,11 @@ class Router:
                 shape = ResponseShape(
                     endpoint, request_id, parsed.model, int(time.time()), parsed.include_usage
                 )
+                assert self.responder is not None
                 if parsed.stream:
-                    resp, status = await self._stream(request, parsed, shape, ctx, t0)
+                    resp, status = await self.responder.stream(request, parsed, shape, ctx, t0)
                 else:
-                    resp = await self._complete(parsed, shape, ctx, t0)
+                    resp = await self.responder.complete(parsed, shape, ctx, t0)
                     status = "200"
                     self.metrics.e2e.observe(time.monotonic() - t0)
                 return resp
@@ -238,6 +269,9 @@ class Router:
             status = "499"  # the client went away (handler cancellation)
             raise
         finally:  # the orchestrator has aborted whatever a request that ended early touched
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
             self.metrics.in_flight.dec()
             self.metrics.requests.labels(status).inc()
             log.info(
@@ -248,87 +282,6 @@ class Router:
                     "seconds": round(time.monotonic() - t0, 4),
                 },
             )
-
-    async def _complete(
-        self, parsed: Any, shape: ResponseShape, ctx: RequestContext, t0: float
-    ) -> web.Response:
-        assert self.orchestrator is not None
-        texts: list[str] = []
-        first = True
-        events = self.orchestrator.run(parsed, ctx)
-        try:
-            async for ev in events:
-                if isinstance(ev, Tokens):
-                    if first:
-                        self.metrics.ttft.observe(time.monotonic() - t0)
-                        first = False
-                    texts.append(ev.text)
-                elif isinstance(ev, Finished):
-                    body = shape.full(
-                        "".join(texts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens
-                    )
-                    return web.json_response(body, headers={REQUEST_ID_HEADER: ctx.request_id})
-        finally:
-            await events.aclose()
-        raise upstream_failed("the workers ended the request without finishing it")
-
-    async def _stream(
-        self,
-        request: web.Request,
-        parsed: Any,
-        shape: ResponseShape,
-        ctx: RequestContext,
-        t0: float,
-    ) -> tuple[web.StreamResponse, str]:
-        assert self.orchestrator is not None
-        resp: web.StreamResponse | None = None
-        last: float | None = None
-        events = self.orchestrator.run(parsed, ctx)
-        try:
-            async for ev in events:
-                if isinstance(ev, Started) and resp is None:
-                    resp = web.StreamResponse(
-                        headers={
-                            "Content-Type": "text/event-stream",
-                            "Cache-Control": "no-cache",
-                            REQUEST_ID_HEADER: ctx.request_id,
-                        }
-                    )
-                    await resp.prepare(request)
-                    if shape.endpoint is Endpoint.CHAT:
-                        await resp.write(frame(shape.chunk("", role=True)))
-                elif isinstance(ev, Tokens) and resp is not None:
-                    now = time.monotonic()
-                    if last is None:
-                        self.metrics.ttft.observe(now - t0)
-                    else:
-                        self.metrics.itl.observe(now - last)
-                    last = now
-                    if ev.text:
-                        await resp.write(frame(shape.chunk(ev.text)))
-                elif isinstance(ev, Finished) and resp is not None:
-                    final = shape.chunk(None if shape.endpoint is Endpoint.CHAT else "", ev.finish_reason)
-                    await resp.write(frame(final))
-                    if shape.include_usage:
-                        await resp.write(frame(shape.usage_chunk(ev.prompt_tokens, ev.completion_tokens)))
-                    await resp.write(DONE)
-                    await resp.write_eof()
-                    self.metrics.e2e.observe(time.monotonic() - t0)
-                    return resp, "200"
-            raise upstream_failed("the workers ended the request without finishing it")
-        except ConnectionResetError:
-            return resp or web.Response(), "499"  # the client went away mid-stream
-        except RouterError as err:
-            if resp is None:
-                raise
-            # the stream already started: end it with an error event the client can see
-            log.warning("request %s: stream failed: %s", ctx.request_id, err.message)
-            await resp.write(frame(err.body))
-            await resp.write(DONE)
-            await resp.write_eof()
-            return resp, "502" if err.status >= 500 else str(err.status)
-        finally:
-            await events.aclose()
 
 
 def build_app(config: RouterConfig, discovery: Any = None) -> web.Application:

@@ -16,7 +16,8 @@ _FLAGS = (
     "host", "port", "namespace", "service", "worker_port", "model", "api_key", "max_body_bytes",
     "max_tokens_limit", "default_max_tokens", "max_prompt_tokens", "short_prompt_threshold", "policy",
     "poll_interval_s", "connect_timeout_s", "chunk_timeout_s", "prefill_timeout_s", "log_format",
-    "log_level",
+    "log_level", "max_stop_chars", "busy_wait_s", "write_timeout_s", "stream_send_buffer_bytes",
+    "shutdown_grace_s",
 )
 
 
@@ -58,6 +59,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-timeout-s", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--chunk-timeout-s", type=float, default=None,
                         help=f"silence allowed between a worker's stream lines (default {d.chunk_timeout_s})")
+    parser.add_argument("--max-stop-chars", type=int, default=None,
+                        help=f"longest stop string accepted (default {d.max_stop_chars})")
+    parser.add_argument("--busy-wait-s", type=float, default=None,
+                        help="how long a started stream waits for a busy (429/503) decode worker "
+                        f"(default {d.busy_wait_s})")
+    parser.add_argument("--write-timeout-s", type=float, default=None,
+                        help="a streaming client that reads nothing for this long is dropped and its "
+                        f"request aborted (default {d.write_timeout_s})")
+    parser.add_argument("--stream-send-buffer-bytes", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--shutdown-grace-s", type=float, default=None,
+                        help="on SIGTERM: stop being ready, then let streams finish for this long "
+                        f"(default {d.shutdown_grace_s})")
     parser.add_argument("--log-format", choices=["text", "json"], default=None)
     parser.add_argument("--log-level", default=None)
 
@@ -90,9 +103,9 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiohttp import web
+    import asyncio
+
     from tandem.contracts.logs import configure_logging
-    from tandem.worker.router.app import build_app
 
     config = config_from_args(args)
     configure_logging(config.log_format, config.log_level)
@@ -108,13 +121,37 @@ def run(args: argparse.Namespace) -> int:
             kconfig.load_kube_config()
         discovery = KubernetesDiscovery(
             client.ApiClient(), config.namespace, config.service, on_change=lambda t: None,
-            default_port=config.worker_port,
+            default_port=config.worker_port, request_timeout_s=config.kube_request_timeout_s,
+            watch_timeout_s=config.watch_timeout_s, watch_stall_s=config.watch_stall_s,
         )
+    return asyncio.run(serve(config, discovery))
+
+
+async def serve(config: RouterConfig, discovery: object = None) -> int:
+    """Serve until SIGTERM/SIGINT, then shut down gracefully: /ready turns 503 at once (the Service
+    stops sending), new requests get 503, streams in flight may finish within `shutdown_grace_s`,
+    and only then the listener closes and what is left is aborted on the workers."""
+    import asyncio
+    import logging
+    import signal
+
+    from aiohttp import web
+    from tandem.worker.router.app import ROUTER_KEY, build_app
+
     app = build_app(config, discovery)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the
     # request on the workers at once (instead of at the next write)
-    web.run_app(
-        app, host=config.host, port=config.port, handler_cancellation=True,
-        access_log=None, print=None, shutdown_timeout=5,
-    )
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, config.host, config.port).start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        logging.getLogger("tandem.router").info("listening on %s:%d", config.host, config.port)
+        await stop.wait()
+        await app[ROUTER_KEY].drain(config.shutdown_grace_s)
+    finally:
+        await runner.cleanup()
     return 0

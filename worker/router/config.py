@@ -32,6 +32,7 @@ class RouterConfig:
     max_tokens_limit: int = 4096
     default_max_tokens: int = 256
     max_prompt_tokens: int | None = None
+    max_stop_chars: int = 256  # longest stop string accepted
     short_prompt_threshold: int = 0  # estimated tokens; 0 sends every prompt through prefill
     policy: str = "least-loaded"  # a name in policies/registry.py
     poll_interval_s: float = 0.5
@@ -40,6 +41,13 @@ class RouterConfig:
     chunk_timeout_s: float = 15.0
     max_prefill_attempts: int = 2
     max_resumes: int = 2
+    busy_wait_s: float = 10.0  # waiting for a busy (429/503) decode worker once a stream started
+    write_timeout_s: float = 5.0  # a client that reads nothing for this long is dropped, its request aborted
+    stream_send_buffer_bytes: int = 64 * 1024  # kernel send buffer of a streaming connection (0: OS default)
+    shutdown_grace_s: float = 30.0  # on SIGTERM: not ready at once, streams may finish for this long
+    kube_request_timeout_s: float = 10.0  # one list (or connect) call to the API server
+    watch_timeout_s: int = 60  # the API server ends each watch after this; a relist follows
+    watch_stall_s: float = 30.0  # a watch silent this much longer than its timeout is stalled: relist
     log_format: str = "text"
     log_level: str = "info"
 

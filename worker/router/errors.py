@@ -50,5 +50,15 @@ def no_worker(message: str, retry_after_s: int = 2) -> RouterError:
     )
 
 
+def overloaded(retry_after_s: float, message: str = "every worker that could serve this request is busy"
+               ) -> RouterError:
+    """503 with Retry-After: the workers are alive but full (they said so with 429/503)."""
+    wait = max(1, round(retry_after_s))
+    return RouterError(
+        503, f"{message}; retry after {wait} s.", "service_unavailable", None, "server_overloaded",
+        headers={"Retry-After": str(wait)},
+    )
+
+
 def upstream_failed(message: str) -> RouterError:
     return RouterError(502, message, "server_error", None, "worker_failed")

@@ -1,7 +1,8 @@
 """Prometheus metrics measured at the router, where the client sees latency.
 
-Each router app owns its registry (several can live in one test process). No per-request labels:
-worker series are labelled by worker address and role, a bounded set.
+Each router app owns its registry (several can live in one test process). No per-request labels,
+and no label that grows as pods come and go: worker series are labelled by role only (which worker
+failed is in the log, with its address).
 """
 
 from __future__ import annotations
@@ -42,13 +43,18 @@ class RouterMetrics:
         )
         self.worker_requests = Counter(
             "tandem_router_worker_requests",
-            "Calls the router made to a worker (prefill or generate).",
-            ["worker", "role"], registry=r,
+            "Calls the router made to workers (prefill or generate), by role.",
+            ["role"], registry=r,
         )
         self.worker_failures = Counter(
             "tandem_router_worker_failures",
-            "Calls to a worker that failed (unreachable, 5xx, broken stream).",
-            ["worker", "role"], registry=r,
+            "Calls to workers that failed (unreachable, 5xx, broken stream), by role.",
+            ["role"], registry=r,
+        )
+        self.worker_busy = Counter(
+            "tandem_router_worker_busy",
+            "Calls refused by a full worker (429, or 503 with Retry-After): not failures.",
+            ["role"], registry=r,
         )
         self.routes = Counter(
             "tandem_router_routes",

@@ -9,6 +9,11 @@ turns those into OpenAI responses. Faults:
   (`max_prefill_attempts` in all), then fall back to decode-side prefill (route `prefill_failed`);
 - a decode worker fails (dies mid-stream, ends its stream without a finish, refuses the
   handoff): resume on a worker the policy picks, at most `max_resumes` times, else a 502;
+- a worker is busy (429, or 503 with Retry-After): it is not failed. Prefill goes to another
+  prefill worker, then decode-side prefill (route `prefill_saturated`); decode goes to another
+  decode worker with the same KV lease; when every one is busy the client gets a 503 with
+  Retry-After if it has nothing yet, else the router waits for the soonest Retry-After (at most
+  `busy_wait_s` in all) and tries again;
 - the consumer stops early (client gone, an error): every worker the request touched is told
   to abort it, so nothing stays allocated.
 Handoff and resume are one mechanism: the next worker gets the tokens generated so far and how
@@ -23,6 +28,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -34,7 +40,7 @@ from tandem.contracts.protocol import (
     PrefillResult,
 )
 from tandem.contracts.routing import RouteReason
-from tandem.worker.router.errors import RouterError, no_worker, upstream_failed
+from tandem.worker.router.errors import RouterError, no_worker, overloaded, upstream_failed
 from tandem.worker.router.metrics import RouterMetrics
 from tandem.worker.router.policies.base import (
     Plan,
@@ -45,7 +51,7 @@ from tandem.worker.router.policies.base import (
 )
 from tandem.worker.router.pool import WorkerPool
 from tandem.worker.router.validation import Limits, ParsedRequest, check_prompt_tokens
-from tandem.worker.router.worker_client import WorkerClient, WorkerFailed
+from tandem.worker.router.worker_client import WorkerBusy, WorkerClient, WorkerFailed
 
 log = logging.getLogger("tandem.router")
 
@@ -112,6 +118,14 @@ class _Progress:
     finish_reason: str = FinishReason.STOP.value
 
 
+@dataclass
+class _Busy:
+    """Decode workers that said they are full during one request, and how long they asked to wait."""
+
+    retry_after: dict[str, float] = field(default_factory=dict)
+    deadline: float | None = None  # monotonic end of the waiting allowed to this request
+
+
 def request_info(req: ParsedRequest, request_id: str) -> RequestInfo:
     """What the policy sees of a request: its size (exact for token ids, else estimated)."""
     if req.prompt_token_ids is not None:
@@ -128,6 +142,7 @@ class Orchestrator:
     limits: Limits = field(default_factory=Limits)
     max_prefill_attempts: int = 2
     max_resumes: int = 2
+    busy_wait_s: float = 10.0  # waiting for a busy decode worker once the client has tokens
     _background: set[asyncio.Task] = field(default_factory=set)
 
     # --- aborts and failures ------------------------------------------------------------------
@@ -147,7 +162,10 @@ class Orchestrator:
 
     def _failed(self, url: str, role: str, exc: WorkerFailed) -> None:
         log.warning("%s", exc)
-        self.metrics.worker_failures.labels(url, role).inc()
+        if isinstance(exc, WorkerBusy):
+            self.metrics.worker_busy.labels(role).inc()
+            return
+        self.metrics.worker_failures.labels(role).inc()
         if exc.dead:
             self.pool.report_failure(url, str(exc))
 
@@ -166,8 +184,6 @@ class Orchestrator:
             if plan.prefill is not None:
                 ctx.phase = Phase.PREFILL
                 res = await self._prefill(req, info, ctx, plan)
-                if res is None:
-                    ctx.route = RouteReason.PREFILL_FAILED
             self.metrics.routes.labels(ctx.route).inc()
             if res is not None:
                 p.prompt_ids, p.prompt_tokens = res.prompt_token_ids, len(res.prompt_token_ids)
@@ -208,7 +224,8 @@ class Orchestrator:
     async def _prefill(
         self, req: ParsedRequest, info: RequestInfo, ctx: RequestContext, plan: Plan
     ) -> PrefillResult | None:
-        """Prefill with retries on other prefill workers; None means: fall back to decode-side."""
+        """Prefill with retries on other prefill workers; None means: fall back to decode-side (the
+        route says whether the prefill pool failed or was full)."""
         tried: set[str] = set()
         target: WorkerView | None = plan.prefill
         for attempt in range(self.max_prefill_attempts):
@@ -220,12 +237,17 @@ class Orchestrator:
             ctx.touch(url)
             ctx.prefill_url = url
             self.pool.assign(url, info.prompt_tokens)
-            self.metrics.worker_requests.labels(url, "prefill").inc()
+            self.metrics.worker_requests.labels("prefill").inc()
             try:
-                return await self.client.prefill(url, self._request(req, ctx))
+                res = await self.client.prefill(url, self._request(req, ctx))
+                ctx.route = plan.reason
+                return res
             except WorkerFailed as exc:
                 self._failed(url, "prefill", exc)
-                self.abort(ctx, [url])
+                busy = isinstance(exc, WorkerBusy)
+                ctx.route = RouteReason.PREFILL_SATURATED if busy else RouteReason.PREFILL_FAILED
+                if not busy:  # a busy worker refused it: nothing there to abort
+                    self.abort(ctx, [url])
                 tried.add(url)
             finally:
                 self.pool.release(url, info.prompt_tokens)
@@ -237,19 +259,25 @@ class Orchestrator:
         self, req: ParsedRequest, info: RequestInfo, ctx: RequestContext, target: WorkerView,
         p: _Progress, kv: KVSource | None,
     ) -> AsyncIterator[Event]:
-        """Decode on `target`, resuming elsewhere after each failure until a finish or a 502."""
+        """Decode on `target`, resuming elsewhere after each failure until a finish or a 502; busy
+        workers are skipped (see `_after_busy`) without counting as failures."""
         excluded: set[str] = set()
+        busy = _Busy()
         failures = 0
         while True:
             url = target.url
             ctx.touch(url)
             ctx.decode_url = url
             self.pool.assign(url)
-            self.metrics.worker_requests.labels(url, "decode").inc()
+            self.metrics.worker_requests.labels("decode").inc()
             try:
                 async for ev in self._stream(url, self._request(req, ctx, p, kv), req, p):
                     yield ev
                 break
+            except WorkerBusy as exc:  # it refused before streaming: the KV lease is still there
+                self._failed(url, "decode", exc)
+                busy.retry_after[url] = exc.retry_after_s
+                target = await self._after_busy(info, ctx, p, excluded, busy)
             except WorkerFailed as exc:
                 self._failed(url, "decode", exc)
                 failures += 1
@@ -268,8 +296,10 @@ class Orchestrator:
                     break
                 nxt = self.policy.resume_decode(info, self.pool.views(), frozenset(excluded))
                 if failures > self.max_resumes or nxt is None:
+                    log.warning("request %s: giving up after %d decode failures: %s", ctx.request_id,
+                                failures, exc)
                     raise upstream_failed(
-                        f"the decode worker failed and no other could resume the request: {exc}"
+                        "the decode worker failed and no other could resume the request"
                     ) from exc
                 self.metrics.resumes.inc()
                 log.info("request %s: resuming on %s after %d tokens", ctx.request_id, nxt.url, len(p.generated))
@@ -278,6 +308,30 @@ class Orchestrator:
                 self.pool.release(url)
         ctx.phase = Phase.FINISHED
         yield Finished(p.finish_reason, p.prompt_tokens or 0, len(p.generated))
+
+    async def _after_busy(
+        self, info: RequestInfo, ctx: RequestContext, p: _Progress, excluded: set[str], busy: _Busy
+    ) -> WorkerView:
+        """The next decode worker once `busy` ones refused: one that has not, else (every one busy) a
+        503 with Retry-After while the client has nothing yet, else a wait for the soonest
+        Retry-After and another round, within `busy_wait_s` in all."""
+        nxt = self.policy.resume_decode(info, self.pool.views(), frozenset(excluded | busy.retry_after.keys()))
+        if nxt is not None:
+            return nxt
+        wait = min(busy.retry_after.values())
+        if p.prompt_tokens is None:  # nothing sent yet: the client can come back later
+            raise overloaded(wait)
+        now = time.monotonic()
+        busy.deadline = busy.deadline or now + self.busy_wait_s
+        if now + wait > busy.deadline:
+            raise overloaded(wait, "every decode worker stayed busy")
+        log.info("request %s: every decode worker is busy; retrying in %.1f s", ctx.request_id, wait)
+        await asyncio.sleep(wait)
+        busy.retry_after.clear()
+        nxt = self.policy.resume_decode(info, self.pool.views(), frozenset(excluded))
+        if nxt is None:
+            raise no_worker("no decode worker is ready to continue this request; retry shortly.")
+        return nxt
 
     def _started(self, prompt_tokens: int, req: ParsedRequest, p: _Progress) -> Started:
         p.prompt_tokens = prompt_tokens
@@ -290,6 +344,8 @@ class Orchestrator:
         """One generate call; raises WorkerFailed if it ends in anything but a finish."""
         async with contextlib.aclosing(self.client.generate(url, greq)) as stream:
             async for ev in stream:
+                if ev.type is EventType.HEARTBEAT:  # queued there: alive, nothing to pass on
+                    continue
                 if ev.type is EventType.ERROR:
                     err = ev.error or {}
                     if err.get("type") == "invalid_request_error" and not p.generated:

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.contracts.json_body import INT_MAX, INT_MIN
 from tandem.contracts.protocol import SamplingParams
 from tandem.worker.router.errors import RouterError, bad_request
 
@@ -30,6 +31,7 @@ class Limits:
     default_max_tokens: int = 256  # when the client sends none
     max_prompt_tokens: int | None = None  # checked once the worker has tokenized the prompt
     max_stop_sequences: int = 16
+    max_stop_chars: int = 256  # each stop string: the worker checks them against every new token
 
 
 @dataclass
@@ -52,6 +54,10 @@ class ParsedRequest:
         if self.prompt_token_ids is not None:
             return 4 * len(self.prompt_token_ids)
         return sum(len(str(m.get("content") or "")) + 8 for m in self.messages or [])
+
+
+# Chat roles a template knows; anything else is refused here rather than by a worker's template.
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
 def _is_number(v: Any) -> bool:
@@ -105,6 +111,10 @@ def _parse_messages(raw: Any) -> list[dict[str, Any]]:
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad_request(f"messages[{i}] must be an object with a string 'role'.", "messages")
+        if m["role"] not in ROLES:
+            raise bad_request(
+                f"messages[{i}].role must be one of {sorted(ROLES)}, got {m['role'][:40]!r}.", "messages"
+            )
         content = m.get("content")
         if isinstance(content, list):  # content parts: text only
             texts = []
@@ -113,7 +123,9 @@ def _parse_messages(raw: Any) -> list[dict[str, Any]]:
                     raise bad_request(
                         f"messages[{i}].content: only text parts are supported.", "messages"
                     )
-                texts.append(str(part.get("text", "")))
+                if not isinstance(part.get("text"), str):
+                    raise bad_request(f"messages[{i}].content: a text part needs a string 'text'.", "messages")
+                texts.append(part["text"])
             content = "".join(texts)
         elif content is None:
             content = ""
@@ -131,6 +143,8 @@ def _parse_prompt(raw: Any) -> tuple[str | None, list[int] | None]:
         return raw, None
     if isinstance(raw, list) and raw and all(_is_int(t) and t >= 0 for t in raw):
         return None, list(raw)
+    if isinstance(raw, list) and raw and all(_is_int(t) for t in raw):
+        raise bad_request("token ids in 'prompt' must be non-negative integers.", "prompt")
     if isinstance(raw, list) and len(raw) > 1:
         raise bad_request("batched prompts are not supported: send one prompt per request.", "prompt")
     raise bad_request("'prompt' must be a string (or a list of token ids).", "prompt")
@@ -145,6 +159,8 @@ def _parse_stop(raw: Any, limits: Limits) -> list[str]:
         raise bad_request("'stop' must be a non-empty string or a list of them.", "stop")
     if len(raw) > limits.max_stop_sequences:
         raise bad_request(f"at most {limits.max_stop_sequences} stop sequences are allowed.", "stop")
+    if any(len(s) > limits.max_stop_chars for s in raw):
+        raise bad_request(f"a stop sequence may be at most {limits.max_stop_chars} characters long.", "stop")
     return list(raw)
 
 
@@ -172,7 +188,7 @@ def _parse_sampling(body: dict[str, Any], endpoint: Endpoint, limits: Limits) ->
     if t is not None:
         if not _is_number(t) or not 0 <= t <= 2:
             raise bad_request("'temperature' must be a number between 0 and 2.", "temperature")
-        s.temperature = float(t)
+        s.temperature = float(t)  # a tiny one (1e-300) is made greedy where it is used: the worker
     p = body.get("top_p")
     if p is not None:
         if not _is_number(p) or not 0 < p <= 1:
@@ -180,13 +196,13 @@ def _parse_sampling(body: dict[str, Any], endpoint: Endpoint, limits: Limits) ->
         s.top_p = float(p)
     k = body.get("top_k")
     if k is not None:
-        if not _is_int(k) or (k < 1 and k != -1):
+        if not _is_int(k) or (k < 1 and k != -1) or k > INT_MAX:
             raise bad_request("'top_k' must be a positive integer or -1.", "top_k")
         s.top_k = k
     seed = body.get("seed")
     if seed is not None:
-        if not _is_int(seed):
-            raise bad_request("'seed' must be an integer.", "seed")
+        if not _is_int(seed) or not INT_MIN <= seed <= INT_MAX:
+            raise bad_request("'seed' must be a 64-bit integer.", "seed")
         s.seed = seed
     s.stop = _parse_stop(body.get("stop"), limits)
     ignore_eos = body.get("ignore_eos")
@@ -242,7 +258,7 @@ def check_model(requested: str, served: str | None) -> None:
     if served is None or requested != served:
         raise RouterError(
             404,
-            f"The model '{requested}' does not exist. This server serves '{served}'.",
+            f"The model {requested[:200]!r} does not exist. This server serves {served!r}.",
             "invalid_request_error",
             "model",
             "model_not_found",

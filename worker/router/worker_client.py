@@ -4,11 +4,13 @@ The request state machine (orchestrator.py) and the pool (pool.py) talk to worke
 `WorkerClient`; `HttpWorkerClient` is the real one (aiohttp, the internal protocol of
 tandem.contracts.protocol), tests use an in-process fake. A call that fails raises one of two:
 - `RouterError`: the client's fault (a 4xx about its own request): passed to it unchanged;
-- `WorkerFailed`: the worker's (unreachable, a 5xx, an overloaded 429/503, a broken stream, or a
-  4xx about what the router itself sent: a KV handoff refused, a worker of the wrong role):
-  the request goes to another worker. `dead` says whether to stop sending this one requests
-  until its next good poll.
-Connect, per-call and between-line timeouts bound every wait.
+- `WorkerFailed`: the worker's (unreachable, a 5xx, a broken stream, or a 4xx about what the
+  router itself sent: a KV handoff refused, a worker of the wrong role): the request goes to
+  another worker. `dead` says whether to stop sending this one requests until its next good poll;
+- `WorkerBusy` (a WorkerFailed that is never dead): a 429, or a 503 with Retry-After: the worker
+  is alive and full. It is tried again later, never marked failed.
+Connect, per-call and between-line timeouts bound every wait; a worker's heartbeat lines (sent
+while a request waits in its queue) start the between-line timeout again, like any line.
 """
 
 from __future__ import annotations
@@ -49,8 +51,28 @@ WORKER_SIDE_CODES = frozenset(
 ROUTER_FIELDS = frozenset({"kv_source", "first_token_id", "generated_token_ids", "emitted_chars"})
 
 
-def classify(status: int, body: object, what: str) -> RouterError | WorkerFailed:
+class WorkerBusy(WorkerFailed):
+    """A worker that said it is full (429, or 503 with Retry-After): alive, try another or later."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message, dead=False)
+        self.retry_after_s = retry_after_s
+
+
+def retry_after(header: str | None) -> float | None:
+    """Retry-After in seconds (delta-seconds form), clamped to 1..60; None when absent or a date."""
+    try:
+        return min(60.0, max(1.0, float(header))) if header is not None else None
+    except ValueError:
+        return None
+
+
+def classify(status: int, body: object, what: str, retry_after_header: str | None = None
+             ) -> RouterError | WorkerFailed:
     """The exception for a worker's non-200 answer to `what` (e.g. "prefill on http://p:8000")."""
+    wait = retry_after(retry_after_header)
+    if status == 429 or (status == 503 and wait is not None):
+        return WorkerBusy(f"{what} is busy ({status})", wait or 1.0)
     err = body.get("error") if isinstance(body, dict) else None
     worker_side = isinstance(err, dict) and (
         err.get("code") in WORKER_SIDE_CODES or err.get("param") in ROUTER_FIELDS
@@ -125,7 +147,8 @@ class HttpWorkerClient:
                 headers={REQUEST_ID_HEADER: request.request_id}, timeout=timeout,
             ) as resp:
                 if resp.status != 200:
-                    raise classify(resp.status, await self._error_body(resp), f"prefill on {url}")
+                    raise classify(resp.status, await self._error_body(resp), f"prefill on {url}",
+                                   resp.headers.get("Retry-After"))
                 return PrefillResult.from_dict(await resp.json())
         except _BROKEN as exc:
             raise WorkerFailed(f"prefill on {url} failed: {exc!r}", dead=True) from exc
@@ -140,7 +163,8 @@ class HttpWorkerClient:
                 headers={REQUEST_ID_HEADER: request.request_id, "Accept": NDJSON}, timeout=timeout,
             ) as resp:
                 if resp.status != 200:
-                    raise classify(resp.status, await self._error_body(resp), f"generate on {url}")
+                    raise classify(resp.status, await self._error_body(resp), f"generate on {url}",
+                                   resp.headers.get("Retry-After"))
                 async for line in resp.content:
                     line = line.strip()
                     if line:

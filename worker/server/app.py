@@ -9,6 +9,7 @@ goes away aborts its sequence, which frees its blocks. With an internal secret s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -33,6 +34,7 @@ from tandem.contracts.protocol import (
 )
 from tandem.worker.server.auth import internal_auth
 from tandem.worker.server.metrics import WorkerMetrics
+from tandem.worker.server.parsing import RequestRefused, parse_generate, read_json, request_id_body
 
 if TYPE_CHECKING:  # torch stays out of the import: the server starts before the model loads
     from tandem.worker.engine.async_engine import AsyncEngine
@@ -50,6 +52,7 @@ class WorkerSettings:
     kv_backend: str = "none"
     served_name: str | None = None
     pull_wait_s: float = 10.0  # how long a decode waits for free blocks to receive a pulled KV
+    heartbeat_s: float = 5.0  # a generate stream silent this long gets a heartbeat line (router: 15 s)
     # The service's internal secret (tandem.contracts.internal_auth); None: /internal/* is open.
     internal_secret: str | None = field(default=None, repr=False)
 
@@ -82,38 +85,6 @@ def error_response(status: int, message: str, type_: str = "invalid_request_erro
 def _from_request_error(e: Any, request_id: str | None) -> web.Response:
     return error_response(e.status, str(e), e.type, e.param, e.code, request_id)
 
-
-async def _read_json(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise web.HTTPBadRequest(
-            text=json.dumps(openai_error(f"the body is not valid JSON: {e}", "invalid_request_error")),
-            content_type="application/json") from e
-    if not isinstance(body, dict):
-        raise web.HTTPBadRequest(
-            text=json.dumps(openai_error("the body must be a JSON object", "invalid_request_error")),
-            content_type="application/json")
-    return body
-
-
-def _parse_generate(body: dict[str, Any], request: web.Request) -> GenerateRequest:
-    body = dict(body)
-    if not body.get("request_id") and request.headers.get(REQUEST_ID_HEADER):
-        body["request_id"] = request.headers[REQUEST_ID_HEADER]
-    for name, kind in (("request_id", str), ("sampling", dict), ("kv_source", dict)):
-        value = body.get(name)
-        if (name == "request_id" and not value) or (value is not None and not isinstance(value, kind)):
-            what = "a non-empty string" if kind is str else "an object"
-            raise web.HTTPBadRequest(
-                text=json.dumps(openai_error(f"{name} must be {what}", "invalid_request_error", name)),
-                content_type="application/json")
-    try:
-        return GenerateRequest.from_dict(body)
-    except (TypeError, ValueError) as e:
-        raise web.HTTPBadRequest(
-            text=json.dumps(openai_error(f"malformed request: {e}", "invalid_request_error")),
-            content_type="application/json") from e
 
 
 def _need_engine(state: WorkerState, request_id: str | None = None) -> web.Response | None:
@@ -253,8 +224,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     from tandem.worker.engine.errors import RequestError
 
     state = request.app[STATE_KEY]
-    body = await _read_json(request)
-    req = _parse_generate(body, request)
+    body = await read_json(request)
+    req = parse_generate(body, request)
     rid = req.request_id
     if state.settings.role == Role.PREFILL:
         return _wrong_role(state, "/internal/generate", rid)
@@ -282,9 +253,32 @@ async def generate(request: web.Request) -> web.StreamResponse:
     return await _stream(request, state, seq, outputs, pulled=kv_blocks is not None)
 
 
+async def _with_heartbeats(outputs: AsyncGenerator[Any, None], every_s: float) -> AsyncGenerator[Any, None]:
+    """The engine's outputs, and None whenever `every_s` passes without one: the stream's keep-alive
+    while the sequence waits in the queue (the pending read survives the wait, nothing is lost)."""
+    pending: asyncio.Future | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(outputs, None))
+            done, _ = await asyncio.wait({pending}, timeout=every_s)
+            if not done:
+                yield None
+                continue
+            out, pending = pending.result(), None
+            if out is None:
+                return
+            yield out
+    finally:
+        if pending is not None:  # the outputs generator must be idle before anyone closes it
+            pending.cancel()
+            await asyncio.wait({pending})
+
+
 async def _stream(request: web.Request, state: WorkerState, seq: Any, outputs: AsyncGenerator[Any, None],
                   pulled: bool) -> web.StreamResponse:
-    """START, a TOKEN line per output, then FINISH (or ERROR); a stream cut short aborts the sequence."""
+    """START, a TOKEN line per output (HEARTBEAT while there is none), then FINISH (or ERROR); a stream
+    cut short aborts the sequence."""
     rid = seq.request_id
     log.info("generate started", extra={"request_id": rid, "prompt_tokens": len(seq.prompt_ids),
                                          "pulled": pulled, "replayed": seq.num_resumed})
@@ -293,21 +287,25 @@ async def _stream(request: web.Request, state: WorkerState, seq: Any, outputs: A
         resp = web.StreamResponse(headers={"Content-Type": NDJSON, REQUEST_ID_HEADER: rid})
         await resp.prepare(request)
         await resp.write(_line(StreamEvent(EventType.START, prompt_tokens=len(seq.prompt_ids))))
-        async for out in outputs:
-            if out.error is not None:
-                finished = True
-                await resp.write(_line(StreamEvent(EventType.ERROR, error=out.error)))
-                break
-            if out.token_ids or out.text:
-                await resp.write(_line(StreamEvent(EventType.TOKEN, token_ids=out.token_ids, text=out.text)))
-            if out.finished:
-                finished = True
-                usage = {"prompt_tokens": len(seq.prompt_ids), "completion_tokens": len(seq.output_ids),
-                         "total_tokens": seq.num_tokens}
-                await resp.write(_line(StreamEvent(EventType.FINISH, finish_reason=out.finish_reason,
-                                                   usage=usage)))
-                log.info("generate finished", extra={"request_id": rid, "finish_reason": str(out.finish_reason),
-                                                      "completion_tokens": len(seq.output_ids)})
+        async with contextlib.aclosing(_with_heartbeats(outputs, state.settings.heartbeat_s)) as lines:
+            async for out in lines:
+                if out is None:
+                    await resp.write(_line(StreamEvent(EventType.HEARTBEAT)))
+                    continue
+                if out.error is not None:
+                    finished = True
+                    await resp.write(_line(StreamEvent(EventType.ERROR, error=out.error)))
+                    break
+                if out.token_ids or out.text:
+                    await resp.write(_line(StreamEvent(EventType.TOKEN, token_ids=out.token_ids, text=out.text)))
+                if out.finished:
+                    finished = True
+                    usage = {"prompt_tokens": len(seq.prompt_ids), "completion_tokens": len(seq.output_ids),
+                             "total_tokens": seq.num_tokens}
+                    await resp.write(_line(StreamEvent(EventType.FINISH, finish_reason=out.finish_reason,
+                                                       usage=usage)))
+                    log.info("generate finished", extra={"request_id": rid, "completion_tokens": len(seq.output_ids),
+                                                          "finish_reason": str(out.finish_reason)})
         await resp.write_eof()
         return resp
     except (ConnectionResetError, asyncio.CancelledError):
@@ -325,8 +323,8 @@ async def prefill(request: web.Request) -> web.Response:
     from tandem.worker.engine.errors import RequestError
 
     state = request.app[STATE_KEY]
-    body = await _read_json(request)
-    req = _parse_generate(body, request)
+    body = await read_json(request)
+    req = parse_generate(body, request)
     rid = req.request_id
     if state.settings.role == Role.DECODE:
         return _wrong_role(state, "/internal/prefill", rid)
@@ -373,26 +371,9 @@ async def prefill(request: web.Request) -> web.Response:
     return web.json_response(result.to_dict(), headers={REQUEST_ID_HEADER: rid})
 
 
-def _bad_field(message: str, param: str) -> web.HTTPBadRequest:
-    return web.HTTPBadRequest(text=json.dumps(openai_error(message, "invalid_request_error", param)),
-                              content_type="application/json")
-
-
-async def _request_id_body(request: web.Request, *, token: bool) -> tuple[str, str | None]:
-    """(request_id, lease_token) from the body; the token is required when `token`, else optional."""
-    body = await _read_json(request)
-    rid = body.get("request_id") or request.headers.get(REQUEST_ID_HEADER)
-    if not isinstance(rid, str) or not rid:
-        raise _bad_field("request_id is required", "request_id")
-    lease_token = body.get("lease_token")
-    if (token or lease_token is not None) and (not isinstance(lease_token, str) or not lease_token):
-        raise _bad_field("lease_token must be the KVSource's lease_token (a non-empty string)", "lease_token")
-    return rid, lease_token
-
-
 async def abort(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    rid, lease_token = await _request_id_body(request, token=False)
+    rid, lease_token = await request_id_body(request, token=False)
     found = state.engine.abort(rid, lease_token) if state.engine is not None else False
     log.info("abort", extra={"request_id": rid, "found": found})
     return web.json_response({"request_id": rid, "aborted": found})
@@ -400,7 +381,7 @@ async def abort(request: web.Request) -> web.Response:
 
 async def kv_release(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    rid, lease_token = await _request_id_body(request, token=True)
+    rid, lease_token = await request_id_body(request, token=True)
     found = state.engine.engine.release_lease(rid, lease_token) if state.engine is not None else False
     log.info("KV lease released", extra={"request_id": rid, "found": found})
     return web.json_response({"request_id": rid, "released": found})
@@ -426,6 +407,8 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Unknown routes and unexpected failures still answer in OpenAI's error format."""
     try:
         return await handler(request)
+    except RequestRefused as e:
+        return e.response
     except web.HTTPException as e:
         if e.content_type == "application/json":
             raise

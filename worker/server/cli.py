@@ -59,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--internal-secret", action=_RefuseSecretOnArgv, help=argparse.SUPPRESS)
     a("--drain-s", type=float, default=None, help="on SIGTERM: stop being ready, then wait this long at "
       "most for running sequences to finish and leased KV to be pulled (default 30)")
+    a("--heartbeat-s", type=float, default=None, help="a generate stream silent this long (a queued "
+      "request) gets a keep-alive line, so the router does not take it for a hang (default 5)")
     a("--threads", type=int, default=None, help="torch.set_num_threads")
     a("--served-name", default=None, help="model name in /v1/models (default: the folder's name)")
     a("--generation", default=None, help="tandem.dev/generation (default $TANDEM_GENERATION)")
@@ -130,7 +132,8 @@ async def serve(cfg: WorkerConfig) -> int:
     engine_id, _ = engine_identity()
     settings = WorkerSettings(role=cfg.role, advertise_url="", engine_id=engine_id, generation=cfg.generation or "",
                               kv_backend=str(cfg.kv_backend), served_name=cfg.served_name,
-                              pull_wait_s=cfg.kv_timeout_s, internal_secret=cfg.internal_secret)
+                              pull_wait_s=cfg.kv_timeout_s, internal_secret=cfg.internal_secret,
+                              heartbeat_s=cfg.heartbeat_s)
     if cfg.internal_secret is None:
         log.warning("no internal secret ($TANDEM_INTERNAL_SECRET or --internal-secret-file): /internal/* "
                     "and the KV transfer accept anyone who can reach this worker")

@@ -53,6 +53,7 @@ class WorkerConfig:
     kv_port: int = KV_PORT  # tcp backend: where prefill serves KV (0: any free port)
     generation: str | None = None  # default $TANDEM_GENERATION
     drain_s: float = 30.0
+    heartbeat_s: float = 5.0  # keep-alive line on a silent generate stream (below the router's 15 s)
     internal_secret_file: str | None = None  # a mounted Secret; wins over $TANDEM_INTERNAL_SECRET
     # Loaded in __post_init__ from the file or the environment, never from flags or YAML.
     internal_secret: str | None = field(default=None, repr=False)

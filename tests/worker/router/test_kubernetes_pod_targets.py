@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from tandem.contracts.names import Role
-from tandem.worker.router.discovery.kubernetes import pod_target, snapshot_targets
+from tandem.worker.router.discovery.kubernetes import (
+    controller_ref,
+    owned_by_service,
+    pod_target,
+    snapshot_targets,
+)
 from tandem.worker.router.pool import Target
 
 
@@ -46,3 +51,42 @@ def test_snapshot_keeps_the_ready_pod_when_an_ip_is_reused():
     for pods in ({"old": old, "new": new}, {"new": new, "old": old}):
         (t,) = snapshot_targets(pods, 80)
         assert t.ready and t.generation == "g2"
+
+
+# --- trust: only the service's own Deployments' pods ---------------------------------------------
+
+IS_REF = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "name": "svc", "uid": "is-1",
+          "controller": True}
+
+
+def _obj(name: str, uid: str, owner: dict | None) -> dict:
+    return {"metadata": {"name": name, "uid": uid, "ownerReferences": [owner] if owner else []}}
+
+
+def _ref(kind: str, name: str, uid: str, api: str = "apps/v1", controller: bool = True) -> dict:
+    return {"apiVersion": api, "kind": kind, "name": name, "uid": uid, "controller": controller}
+
+
+def test_a_replica_set_counts_only_through_a_deployment_the_service_controls():
+    deployments = {"svc-decode": _obj("svc-decode", "d-1", IS_REF)}
+    get = deployments.get
+    assert owned_by_service(_obj("rs", "r-1", _ref("Deployment", "svc-decode", "d-1")), "svc", get)
+    # the Deployment read back is another object than the one referenced (same name, new uid)
+    assert not owned_by_service(_obj("rs", "r-1", _ref("Deployment", "svc-decode", "d-old")), "svc", get)
+    assert not owned_by_service(_obj("rs", "r-1", _ref("Deployment", "gone", "d-9")), "svc", get)
+    assert not owned_by_service(_obj("rs", "r-1", None), "svc", get)
+    assert not owned_by_service(_obj("rs", "r-1", _ref("Deployment", "svc-decode", "d-1", controller=False)),
+                                "svc", get)
+    assert not owned_by_service(_obj("rs", "r-1", _ref("StatefulSet", "svc-decode", "d-1")), "svc", get)
+    assert not owned_by_service(_obj("rs", "r-1", _ref("Deployment", "svc-decode", "d-1")), "other", get)
+    impostor = {"svc-decode": _obj("svc-decode", "d-1", IS_REF | {"apiVersion": "evil.io/v1"})}
+    assert not owned_by_service(_obj("rs", "r-1", _ref("Deployment", "svc-decode", "d-1")), "svc", impostor.get)
+
+
+def test_controller_ref_needs_the_controller_flag_kind_and_group():
+    pod = _obj("p", "p-1", _ref("ReplicaSet", "rs", "r-1"))
+    assert controller_ref(pod, "ReplicaSet", "apps")["uid"] == "r-1"
+    assert controller_ref(pod, "ReplicaSet", "extensions") is None
+    assert controller_ref(_obj("p", "p-1", _ref("ReplicaSet", "rs", "r-1", controller=False)), "ReplicaSet",
+                          "apps") is None
+    assert controller_ref({"metadata": {}}, "ReplicaSet", "apps") is None

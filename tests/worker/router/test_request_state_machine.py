@@ -10,6 +10,7 @@ from tandem.contracts.protocol import FinishReason
 from tandem.contracts.routing import RouteReason
 from tandem.testing.fake_workers import (
     FakeWorkers,
+    busy,
     died,
     fail,
     finish,
@@ -30,7 +31,7 @@ from tandem.worker.router.orchestrator import (
 from tandem.worker.router.policies.registry import create_policy
 from tandem.worker.router.pool import Target, WorkerPool
 from tandem.worker.router.validation import Endpoint, Limits, parse_request
-from tandem.worker.router.worker_client import WorkerFailed, classify
+from tandem.worker.router.worker_client import WorkerBusy, WorkerFailed, classify
 
 PROMPT = "a prompt long enough to be worth a prefill worker"
 IDS = [1, 2, 3, 4, 5]
@@ -197,7 +198,7 @@ async def test_decode_dies_mid_stream_and_resumes_elsewhere_with_the_tokens_so_f
     assert (resume.request.generated_token_ids, resume.request.emitted_chars) == ([7, 8, 9], 2)
     assert resume.request.prompt_token_ids == IDS
     assert metric(orch, "tandem_router_decode_resumes_total") == 1
-    assert metric(orch, "tandem_router_worker_failures_total", worker="d1", role="decode") == 1
+    assert metric(orch, "tandem_router_worker_failures_total", role="decode") == 1
     assert ("d1", "r1") in fake.aborts
 
 
@@ -320,3 +321,108 @@ async def test_the_configured_policy_is_the_one_asked(fake):
         await run(orch, RequestContext(f"r{i}"))
     assert [c.url for c in fake.calls] == ["d1", "d2"]
     assert metric(orch, "tandem_router_routes_total", route="no_prefill_worker") == 2
+
+
+# --- busy workers (429, or 503 with Retry-After): alive and full, never taken for dead -----------
+
+
+def test_429_and_503_with_retry_after_are_busy_not_dead():
+    for failure in (busy(429, None), busy(429, "3"), busy(503, "2")):
+        assert isinstance(failure, WorkerBusy) and not failure.dead
+    assert busy(429, "3").retry_after_s == 3 and busy(429, "9999").retry_after_s == 60
+    assert not isinstance(fail(503, "not_ready"), WorkerBusy)  # no Retry-After: a failure
+
+
+async def test_busy_prefill_workers_fall_back_to_decode_side_prefill_as_saturated(fake):
+    disaggregated(fake)
+    fake.add("p2", Role.PREFILL)
+    fake.on_prefill("p1", busy())
+    fake.on_prefill("p2", busy(503, "2"))
+    fake.on_generate("d1", [start(5), token(7, "A"), finish()])
+    orch = await machine(fake)
+    ctx = RequestContext("r1")
+    events = await run(orch, ctx)
+    assert [c.url for c in fake.calls] == ["p1", "p2", "d1"] and text(events) == "A"
+    assert ctx.route is RouteReason.PREFILL_SATURATED
+    assert metric(orch, "tandem_router_routes_total", route="prefill_saturated") == 1
+    assert metric(orch, "tandem_router_worker_busy_total", role="prefill") == 2
+    assert metric(orch, "tandem_router_worker_failures_total", role="prefill") == 0
+    assert fake.aborts == []  # they refused it: nothing to abort
+    assert all(v.ready for v in orch.pool.views())
+
+
+async def test_a_busy_decode_worker_passes_the_same_handoff_to_another(fake):
+    disaggregated(fake, "d1", "d2")
+    fake.on_prefill("p1", prefilled("p1", IDS, 7, "A"))
+    fake.on_generate("d1", [busy()])
+    fake.on_generate("d2", [start(5), token(8, "B"), finish()])
+    orch = await machine(fake)
+    events = await run(orch, RequestContext("r1"))
+    assert text(events) == "AB"
+    first, second = (c.request for c in fake.made("generate"))
+    assert second.kv_source == first.kv_source is not None  # the lease is still good: no re-prefill
+    assert second.generated_token_ids == [7] and fake.aborts == []
+    assert metric(orch, "tandem_router_decode_resumes_total") == 0
+    assert metric(orch, "tandem_router_worker_failures_total", role="decode") == 0
+    assert all(v.ready for v in orch.pool.views())
+
+
+async def test_every_decode_worker_busy_before_any_token_is_a_503_with_retry_after(fake):
+    fake.add("d1", Role.DECODE)
+    fake.add("d2", Role.DECODE)
+    fake.on_generate("d1", [busy(429, "4")])
+    fake.on_generate("d2", [busy(503, "2")])
+    orch = await machine(fake)
+    ctx = RequestContext("r1")
+    with pytest.raises(RouterError) as info:
+        await run(orch, ctx)
+    assert info.value.status == 503 and info.value.headers["Retry-After"] == "2"
+    assert info.value.body["error"]["code"] == "server_overloaded"
+    assert all(v.ready for v in orch.pool.views()) and ctx.phase is Phase.FAILED
+
+
+async def test_a_started_stream_waits_for_a_busy_decode_worker_then_continues(fake):
+    disaggregated(fake)
+    fake.on_prefill("p1", prefilled("p1", IDS, 7, "A"))
+    fake.on_generate("d1", [busy(429, "1")], [start(5), token(8, "B"), finish()])
+    orch = await machine(fake)
+    events = await run(orch, RequestContext("r1"))
+    assert text(events) == "AB" and events[-1] == Finished("stop", 5, 2)
+    assert [c.request.kv_source is not None for c in fake.made("generate")] == [True, True]
+
+
+async def test_a_started_stream_gives_up_on_busy_workers_after_busy_wait_s(fake):
+    disaggregated(fake)
+    fake.on_prefill("p1", prefilled("p1", IDS, 7, "A"))
+    fake.on_generate("d1", [busy(429, "1")])
+    orch = await machine(fake, busy_wait_s=0)
+    ctx = RequestContext("r1")
+    events: list = []
+    with pytest.raises(RouterError) as info:
+        async for ev in orch.run(request(), ctx):
+            events.append(ev)
+    await orch.drain()
+    assert text(events) == "A" and info.value.status == 503
+    assert sorted(fake.aborts) == [("d1", "r1"), ("p1", "r1")]  # the unpulled lease is freed
+
+
+async def test_heartbeats_are_not_tokens(fake):
+    from tandem.contracts.protocol import EventType, StreamEvent
+
+    fake.add("d1", Role.DECODE)
+    beat = StreamEvent(EventType.HEARTBEAT)
+    fake.on_generate("d1", [start(5), beat, beat, token(7, "A"), beat, finish()])
+    events = await run(await machine(fake), RequestContext("r1"))
+    assert events == [Started(5), Tokens([7], "A"), Finished("stop", 5, 1)]
+
+
+async def test_the_client_never_sees_a_worker_address():
+    """5xx messages say what failed, not where: addresses go to the log."""
+    fake = FakeWorkers()
+    p, d = fake.add("http://10.1.2.3:8000", Role.PREFILL), fake.add("http://10.4.5.6:8000", Role.DECODE)
+    fake.on_prefill(p, prefilled(p, IDS, 7, "A"))
+    fake.on_generate(d, [start(5), died(f"generate on {d} failed: connection reset")])
+    with pytest.raises(RouterError) as info:
+        await run(await machine(fake), RequestContext("r1"))
+    assert info.value.status == 502
+    assert "10.1.2.3" not in str(info.value.body) and "10.4.5.6" not in str(info.value.body)
