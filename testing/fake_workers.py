@@ -61,7 +61,8 @@ def finish(reason: FinishReason = FinishReason.STOP) -> StreamEvent:
 def prefilled(url: str, prompt_ids: list[int], first: int, text: str,
               finish_reason: FinishReason | None = None) -> PrefillResult:
     """A prefill worker's success: the first token and (unless it finished) the KV to pull."""
-    kv = None if finish_reason else KVSource(url, "e-1", "tcp", [0], len(prompt_ids))
+    kv = None if finish_reason else KVSource(url, "e-1", "tcp", [0], len(prompt_ids),
+                                             lease_token=f"token-of-{url}")
     return PrefillResult("rid", list(prompt_ids), first, text, finish_reason, kv)
 
 
@@ -81,6 +82,7 @@ class FakeWorkers:
     streams: dict[str, list[list[StreamItem]]] = field(default_factory=lambda: defaultdict(list))
     calls: list[Call] = field(default_factory=list)
     aborts: list[tuple[str, str]] = field(default_factory=list)
+    abort_tokens: list[str | None] = field(default_factory=list)  # the lease token each abort carried
 
     def add(self, url: str, role: Role, generation: str = "g1") -> str:
         self.infos[url] = WorkerInfo(role=role, model="toy", max_model_len=4096, engine_id=url + "-1",
@@ -120,5 +122,6 @@ class FakeWorkers:
                 raise item
             yield item
 
-    async def abort(self, url: str, request_id: str) -> None:
+    async def abort(self, url: str, request_id: str, lease_token: str | None = None) -> None:
         self.aborts.append((url, request_id))
+        self.abort_tokens.append(lease_token)

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+from tandem.contracts.internal_auth import auth_headers
 
 # Bounded and derandomized (a failure reproduces); TANDEM_FUZZ_EXAMPLES raises the count to search further.
 FUZZ = settings(
@@ -114,14 +115,15 @@ def assert_openai_error(answer: Answer) -> dict[str, Any]:
     return err
 
 
-def wait_pools_idle(worker_urls: list[str], timeout_s: float = 40.0) -> None:
+def wait_pools_idle(worker_urls: list[str], timeout_s: float = 40.0, secret: str | None = None) -> None:
     """Until every worker is idle: nothing running, waiting or leased, every KV block free (aborts and
     releases land asynchronously); AssertionError naming the busy ones after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
         infos = {}
         for url in worker_urls:
-            with urllib.request.urlopen(url + "/internal/info", timeout=5) as r:
+            req = urllib.request.Request(url + "/internal/info", headers=auth_headers(secret))
+            with urllib.request.urlopen(req, timeout=5) as r:
                 infos[url] = json.load(r)
         busy = {u: i for u, i in infos.items() if i["running"] or i["waiting"] or i["leased"]
                 or i["kv_blocks_free"] != i["kv_blocks_total"]}

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tandem.contracts.internal_auth import SECRET_ENV, auth_headers
 from tandem.worker.local.processes import ManagedProcess, free_port
 
 
@@ -32,6 +35,8 @@ class LocalStack:
     proc: subprocess.Popen | None = None
     processes: list[dict[str, Any]] = field(default_factory=list)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tandem-up-")))
+    # handed to `tandem up` (which gives it to every child), so tests can call the workers too
+    secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
 
     @property
     def url(self) -> str:
@@ -50,7 +55,7 @@ class LocalStack:
             sys.executable, "-m", "tandem.cli.main", "up", "--model", str(self.model),
             "--mode", self.mode, "--port", str(self.port), "--state-file", str(state), *self.args,
         ]
-        self.up = ManagedProcess("tandem-up", argv, os.environ | {"PYTHONUNBUFFERED": "1"},
+        self.up = ManagedProcess("tandem-up", argv, os.environ | {"PYTHONUNBUFFERED": "1", SECRET_ENV: self.secret},
                                  log_path=self.log_path).start()
         self.proc = self.up.proc
         deadline = time.monotonic() + self.startup_timeout_s
@@ -63,6 +68,12 @@ class LocalStack:
             time.sleep(0.25)
         self.processes = json.loads(state.read_text())
         return self
+
+    def info(self, worker_url: str, timeout_s: float = 5.0) -> dict[str, Any]:
+        """A worker's /internal/info, proving membership with the stack's internal secret."""
+        req = urllib.request.Request(worker_url + "/internal/info", headers=auth_headers(self.secret))
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return json.load(r)
 
     def workers(self, role: str | None = None) -> list[dict[str, Any]]:
         return [p for p in self.processes if p["role"] != "router" and role in (None, p["role"])]

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tandem.contracts.internal_auth import SECRET_ENV
 from tandem.contracts.names import pod_port
 from tandem.worker.local.processes import ManagedProcess, Supervisor
 
@@ -19,7 +20,33 @@ TANDEM = str(Path(sys.executable).parent / "tandem")
 
 
 class ProcessGroup(Supervisor):
-    """Workers for pods and a router, started together and stopped together (even on failure)."""
+    """Workers for pods and a router, started together and stopped together (even on failure).
+
+    With `api` (an admin ApiClient) a stand-in gets what its pod's `secretKeyRef` env names, as the
+    kubelet would give it: the service's internal secret among them.
+    """
+
+    def __init__(self, api: Any = None) -> None:
+        super().__init__()
+        self.api = api
+
+    def _secret(self, namespace: str, name: str, key: str) -> str:
+        import base64
+
+        from kubernetes import client
+
+        secret = client.CoreV1Api(self.api).read_namespaced_secret(name, namespace)
+        return base64.b64decode(secret.data[key]).decode()
+
+    def _secret_env(self, pod: dict[str, Any]) -> dict[str, str]:
+        if self.api is None:
+            return {}
+        out = {}
+        for var in pod["spec"]["containers"][0].get("env") or []:
+            ref = (var.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                out[var["name"]] = self._secret(pod["metadata"]["namespace"], ref["name"], ref["key"])
+        return out
 
     def worker_for_pod(self, pod: dict[str, Any], model: Path, kv_backend: str = "tcp",
                        env: dict[str, str] | None = None) -> ManagedProcess:
@@ -32,7 +59,7 @@ class ProcessGroup(Supervisor):
             "POD_IP": ip, "POD_NAME": meta["name"],
             "TANDEM_GENERATION": meta["labels"].get("tandem.dev/generation", ""),
             "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "UCX_TLS": "tcp",
-        } | (env or {})
+        } | self._secret_env(pod) | (env or {})
         return self.start(ManagedProcess(meta["name"], argv, full_env, url=f"http://{ip}:{port}", role=role))
 
     def router(self, namespace: str, service: str, port: int, kubeconfig: Path) -> ManagedProcess:
@@ -40,4 +67,6 @@ class ProcessGroup(Supervisor):
         argv = [TANDEM, "router", "--kubernetes", "--namespace", namespace, "--service", service,
                 "--host", "127.0.0.1", "--port", str(port)]
         env = os.environ | {"KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
+        if self.api is not None:  # the router pod's env names the service's internal Secret
+            env[SECRET_ENV] = self._secret(namespace, f"{service}-internal", "secret")
         return self.start(ManagedProcess("router", argv, env, url=f"http://127.0.0.1:{port}", role="router"))

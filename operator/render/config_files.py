@@ -52,6 +52,10 @@ def worker_config(name: str, role: str, spec: InferenceServiceSpec) -> dict[str,
     return cfg
 
 
+# How long a stopping router lets its streams in flight finish (the pod's grace period covers it).
+ROUTER_SHUTDOWN_GRACE_S = 30
+
+
 def router_config(name: str, namespace: str, spec: InferenceServiceSpec | Mapping) -> dict[str, Any]:
     """The router's --config file (keys of tandem.worker.router.config.RouterConfig).
 
@@ -76,6 +80,7 @@ def router_config(name: str, namespace: str, spec: InferenceServiceSpec | Mappin
         "max_prompt_tokens": no_limit if limits.max_prompt_tokens is None else limits.max_prompt_tokens,
         "max_tokens_limit": no_limit if limits.max_output_tokens is None else limits.max_output_tokens,
         "max_body_bytes": limits.max_body_bytes,
+        "shutdown_grace_s": ROUTER_SHUTDOWN_GRACE_S,
         "log_format": "json",
     }
 

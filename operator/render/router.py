@@ -7,6 +7,7 @@ from typing import Any
 
 from tandem.contracts.names import LABEL_ROLE, ROUTER_PORT
 from tandem.operator.config import OperatorConfig
+from tandem.operator.render.config_files import ROUTER_SHUTDOWN_GRACE_S
 from tandem.operator.render.identity import image_ref
 from tandem.operator.render.objects import (
     CONFIG_DIR,
@@ -24,6 +25,10 @@ from tandem.operator.render.objects import (
 from tandem.operator.render.trust import internal_secret_env
 from tandem.operator.spec import ROUTER, InferenceServiceSpec, Router
 
+# A preStop pause before SIGTERM; then the router drains for up to ROUTER_SHUTDOWN_GRACE_S (rendered
+# into its config). The pod's grace period covers both, with a margin.
+ROUTER_PRESTOP_S = 5
+
 
 def endpoint(name: str, namespace: str, spec: InferenceServiceSpec) -> str:
     """The in-cluster URL of the router Service."""
@@ -36,6 +41,7 @@ def router_deployment(meta: dict, spec: InferenceServiceSpec, config: OperatorCo
     name = meta["name"]
     pod = {
         "serviceAccountName": names(name)[ROUTER],
+        "terminationGracePeriodSeconds": ROUTER_PRESTOP_S + ROUTER_SHUTDOWN_GRACE_S + 10,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 10001,
@@ -71,6 +77,9 @@ def router_container(name: str, spec: InferenceServiceSpec, config: OperatorConf
         },
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
+        # Before SIGTERM: time for the endpoints to drop this pod, so no new request arrives after
+        # the router starts draining (it lets streams in flight finish for shutdownGraceS).
+        "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_PRESTOP_S}}},
     }
 
 
@@ -108,6 +117,8 @@ def router_rbac(meta: dict) -> list[Manifest]:
             "metadata": metadata(meta, account, ROUTER),
             "rules": [
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                # discovery trusts a pod only through its owners: ReplicaSet -> Deployment -> us
+                {"apiGroups": ["apps"], "resources": ["replicasets", "deployments"], "verbs": ["get"]},
                 {
                     "apiGroups": ["discovery.k8s.io"],
                     "resources": ["endpointslices"],

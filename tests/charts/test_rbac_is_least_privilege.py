@@ -22,6 +22,7 @@ EXPECTED = {
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"},
     ("", "secrets"): {"create"},  # each service's internal secret, created once; never read
     ("", "pods"): {"get", "list", "watch"},
+    ("apps", "replicasets"): {"get"},  # held to grant the router's Role (owner-chain discovery)
     ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
     ("", "events"): {"create"},
 }

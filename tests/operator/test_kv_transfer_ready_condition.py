@@ -60,8 +60,8 @@ def operator(start_operator):
 
 
 @pytest.fixture
-def procs():
-    group = ProcessGroup()
+def procs(api):
+    group = ProcessGroup(api)  # stand-ins get the service's internal secret, as its pods would
     try:
         yield group
     finally:

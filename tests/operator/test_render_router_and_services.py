@@ -43,15 +43,24 @@ def test_router_pod_meets_restricted_pod_security(typed, meta):
     assert "nvidia.com/gpu" not in (c["resources"].get("limits") or {})
 
 
-def test_router_role_grants_only_pod_and_endpointslice_reads(typed, meta):
+def test_router_role_grants_only_reads_of_pods_and_their_owners(typed, meta):
     out = render(meta, typed({"model": {"path": "/m"}}), CONFIG)
     role = _by(out, "Role", "llama-router")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["apps"], "resources": ["replicasets", "deployments"], "verbs": ["get"]},
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
     ]
     binding = _by(out, "RoleBinding", "llama-router")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llama-router", "namespace": "serving"}]
+
+
+def test_router_pod_drains_before_it_is_killed(typed, meta):
+    out = render(meta, typed({"model": {"path": "/m"}}), CONFIG)
+    pod = _by(out, "Deployment", "llama-router")["spec"]["template"]["spec"]
+    prestop = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+    grace = yaml.safe_load(_by(out, "ConfigMap", "llama-config")["data"]["router.yaml"])["shutdown_grace_s"]
+    assert pod["terminationGracePeriodSeconds"] > prestop + grace
 
 
 def test_services_and_endpoint(typed, meta):

@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import sys
 import time
 from pathlib import Path
 
+from tandem.contracts.internal_auth import SECRET_ENV
 from tandem.worker.local.processes import ManagedProcess, Supervisor, free_port
 
 # what `tandem up` builds when no --model is given: a bit bigger than the tests' model, still
@@ -74,8 +76,10 @@ def toy_model_dir() -> Path:
     return Path(make_toy_model(path, **DEFAULT_TOY))
 
 
-def plan(args: argparse.Namespace, model: Path) -> list[ManagedProcess]:
-    """The processes to start: pure, so the command lines are testable."""
+def plan(args: argparse.Namespace, model: Path, secret: str | None = None) -> list[ManagedProcess]:
+    """The processes to start: pure, so the command lines are testable. Every child gets the same
+    internal secret (from the environment, never argv): the workers accept only this router."""
+    secret = secret or os.environ.get(SECRET_ENV) or secrets.token_urlsafe(32)
     exe = [sys.executable, "-m", "tandem.cli.main"]
     cpus = sorted(os.sched_getaffinity(0)) if args.pin_cpus else []
     children: list[ManagedProcess] = []
@@ -96,7 +100,7 @@ def plan(args: argparse.Namespace, model: Path) -> list[ManagedProcess]:
                 *args.worker_arg,
             ]
             cpu = cpus[len(children) % len(cpus)] if cpus else None
-            env = os.environ | {"OMP_NUM_THREADS": str(args.threads)}
+            env = os.environ | {"OMP_NUM_THREADS": str(args.threads), SECRET_ENV: secret}
             children.append(ManagedProcess(f"{role}-{i}", argv, env, f"http://127.0.0.1:{port}", cpu=cpu,
                                            capture=False, role=role))
     router = [*exe, "router", "--host", args.host, "--port", str(args.port)]
@@ -107,7 +111,7 @@ def plan(args: argparse.Namespace, model: Path) -> list[ManagedProcess]:
     router += args.router_arg
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     # the key goes through the environment, not argv, where `ps` would show it
-    env = os.environ | ({"TANDEM_API_KEY": args.api_key} if args.api_key else {})
+    env = os.environ | {SECRET_ENV: secret} | ({"TANDEM_API_KEY": args.api_key} if args.api_key else {})
     children.append(ManagedProcess("router", router, env, f"http://{host}:{args.port}", capture=False,
                                    role="router"))
     return children

@@ -101,7 +101,10 @@ class Router:
             connect_s=self.config.connect_timeout_s,
             prefill_s=self.config.prefill_timeout_s,
             chunk_s=self.config.chunk_timeout_s,
-        ))
+        ), secret=self.config.internal_secret)
+        if self.config.internal_secret is None:
+            log.warning("no internal secret ($TANDEM_INTERNAL_SECRET): workers that require one will "
+                        "refuse this router")
         self.pool = WorkerPool(client, poll_interval_s=self.config.poll_interval_s, served_model=self.config.model)
         self.orchestrator = Orchestrator(
             client,

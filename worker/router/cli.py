@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from tandem.contracts.internal_auth import load_secret
 from tandem.worker.router.config import RouterConfig, apply, load_yaml
 from tandem.worker.router.policies.registry import POLICIES
 
@@ -76,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
-    """Defaults < --config file < env TANDEM_API_KEY < flags."""
+    """Defaults < --config file < env TANDEM_API_KEY < flags; the internal secret from
+    $TANDEM_INTERNAL_SECRET only."""
     config = load_yaml(args.config) if args.config else RouterConfig()
     values = {f: getattr(args, f) for f in _FLAGS if getattr(args, f, None) is not None}
     if args.prefill:
@@ -88,6 +90,10 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     if "api_key" not in values and os.environ.get("TANDEM_API_KEY"):
         values["api_key"] = os.environ["TANDEM_API_KEY"]
     config = apply(config, values, "flags")
+    try:
+        config.internal_secret = load_secret(os.environ, None)
+    except ValueError as e:
+        raise SystemExit(f"tandem router: {e}") from None
     if config.kubernetes:
         if not config.service:
             raise SystemExit("tandem router: --kubernetes needs --service (the InferenceService name)")

@@ -28,6 +28,9 @@ class RouterConfig:
     worker_port: int = 8000  # workers' HTTP port when the pod spec names none ("http")
     model: str | None = None  # served model name; None: as the workers report it
     api_key: str | None = None
+    # The service's internal secret for the workers' /internal/* (tandem.contracts.internal_auth):
+    # from $TANDEM_INTERNAL_SECRET only, never from the YAML file or argv.
+    internal_secret: str | None = field(default=None, repr=False)
     max_body_bytes: int = 4 * 1024 * 1024
     max_tokens_limit: int = 4096
     default_max_tokens: int = 256
@@ -80,7 +83,7 @@ def flatten(raw: dict[str, Any]) -> dict[str, Any]:
 
 def apply(config: RouterConfig, values: dict[str, Any], source: str) -> RouterConfig:
     """Overlay `values` on `config`; refuse unknown keys naming `source`."""
-    known = {f.name for f in dataclasses.fields(RouterConfig)}
+    known = {f.name for f in dataclasses.fields(RouterConfig)} - {"internal_secret"}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"{source}: unknown router settings {unknown}; known: {sorted(known)}")

@@ -97,6 +97,7 @@ class RequestContext:
     route: RouteReason | None = None
     prefill_url: str | None = None
     decode_url: str | None = None
+    lease_tokens: dict[str, str] = field(default_factory=dict)  # prefill url -> its KV lease's token
 
     @property
     def done(self) -> bool:
@@ -151,7 +152,8 @@ class Orchestrator:
         """Fire-and-forget aborts: they must outlive a cancelled handler."""
         for url in ctx.touched if urls is None else urls:
             self.metrics.aborts.inc()
-            task = asyncio.get_running_loop().create_task(self.client.abort(url, ctx.request_id))
+            task = asyncio.get_running_loop().create_task(
+                self.client.abort(url, ctx.request_id, ctx.lease_tokens.get(url)))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
@@ -241,6 +243,8 @@ class Orchestrator:
             try:
                 res = await self.client.prefill(url, self._request(req, ctx))
                 ctx.route = plan.reason
+                if res.kv is not None:  # freeing that lease early (an abort) needs its token
+                    ctx.lease_tokens[url] = res.kv.lease_token
                 return res
             except WorkerFailed as exc:
                 self._failed(url, "prefill", exc)
@@ -286,7 +290,7 @@ class Orchestrator:
                     excluded.add(url)
                 else:  # it may get the resume: its copy (same request id) must be gone first
                     self.metrics.aborts.inc()
-                    await self.client.abort(url, ctx.request_id)
+                    await self.client.abort(url, ctx.request_id, ctx.lease_tokens.get(url))
                 if kv is not None and ctx.prefill_url is not None:
                     self.abort(ctx, [ctx.prefill_url])  # free the lease the handoff did not pull
                 kv = None

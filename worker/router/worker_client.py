@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
+from tandem.contracts.internal_auth import auth_headers
 from tandem.contracts.protocol import (
     NDJSON,
     REQUEST_ID_HEADER,
@@ -97,8 +98,9 @@ class WorkerClient(Protocol):
         """POST /internal/generate: its NDJSON events as they come; raises RouterError or WorkerFailed."""
         ...
 
-    async def abort(self, url: str, request_id: str) -> None:
-        """POST /internal/abort; best effort, never raises."""
+    async def abort(self, url: str, request_id: str, lease_token: str | None = None) -> None:
+        """POST /internal/abort (with the lease token of a prefill result there, which a leased
+        request needs); best effort, never raises."""
         ...
 
 
@@ -118,9 +120,14 @@ _BROKEN = (aiohttp.ClientError, TimeoutError, ValueError, TypeError, KeyError)
 class HttpWorkerClient:
     """WorkerClient over HTTP, sharing one aiohttp session."""
 
-    def __init__(self, session: aiohttp.ClientSession, timeouts: Timeouts | None = None) -> None:
+    def __init__(self, session: aiohttp.ClientSession, timeouts: Timeouts | None = None,
+                 secret: str | None = None) -> None:
         self.session = session
         self.timeouts = timeouts or Timeouts()
+        self._auth = auth_headers(secret)  # the service's internal secret: workers want it on /internal/*
+
+    def _headers(self, request_id: str | None = None, **extra: str) -> dict[str, str]:
+        return self._auth | ({REQUEST_ID_HEADER: request_id} if request_id else {}) | extra
 
     @staticmethod
     async def _error_body(resp: aiohttp.ClientResponse) -> object:
@@ -132,7 +139,7 @@ class HttpWorkerClient:
     async def info(self, url: str) -> WorkerInfo:
         try:
             timeout = aiohttp.ClientTimeout(total=self.timeouts.info_s)
-            async with self.session.get(url + "/internal/info", timeout=timeout) as resp:
+            async with self.session.get(url + "/internal/info", headers=self._headers(), timeout=timeout) as resp:
                 if resp.status != 200:
                     raise WorkerFailed(f"/internal/info on {url} returned {resp.status}", dead=True)
                 return WorkerInfo.from_dict(await resp.json())
@@ -144,7 +151,7 @@ class HttpWorkerClient:
         try:
             async with self.session.post(
                 url + "/internal/prefill", json=request.to_dict(),
-                headers={REQUEST_ID_HEADER: request.request_id}, timeout=timeout,
+                headers=self._headers(request.request_id), timeout=timeout,
             ) as resp:
                 if resp.status != 200:
                     raise classify(resp.status, await self._error_body(resp), f"prefill on {url}",
@@ -160,7 +167,7 @@ class HttpWorkerClient:
         try:
             async with self.session.post(
                 url + "/internal/generate", json=request.to_dict(),
-                headers={REQUEST_ID_HEADER: request.request_id, "Accept": NDJSON}, timeout=timeout,
+                headers=self._headers(request.request_id, Accept=NDJSON), timeout=timeout,
             ) as resp:
                 if resp.status != 200:
                     raise classify(resp.status, await self._error_body(resp), f"generate on {url}",
@@ -172,11 +179,11 @@ class HttpWorkerClient:
         except _BROKEN as exc:
             raise WorkerFailed(f"generate on {url} failed: {exc!r}", dead=True) from exc
 
-    async def abort(self, url: str, request_id: str) -> None:
+    async def abort(self, url: str, request_id: str, lease_token: str | None = None) -> None:
+        body = {"request_id": request_id} | ({"lease_token": lease_token} if lease_token else {})
         try:
             async with self.session.post(
-                url + "/internal/abort", json={"request_id": request_id},
-                headers={REQUEST_ID_HEADER: request_id},
+                url + "/internal/abort", json=body, headers=self._headers(request_id),
                 timeout=aiohttp.ClientTimeout(total=self.timeouts.abort_s),
             ) as resp:
                 await resp.read()

@@ -131,6 +131,11 @@ InferenceService through owner references and the garbage collector.
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["get", "list", "watch"]
+# The router's Role also grants replicasets/deployments get (its discovery follows a pod's owners
+# up to the InferenceService); the operator reads its Deployments anyway and holds the rest.
+- apiGroups: ["apps"]
+  resources: ["replicasets"]
+  verbs: ["get"]
 # Events on the InferenceService for what the operator did (kopf posts core/v1 Events).
 - apiGroups: [""]
   resources: ["events"]

@@ -43,6 +43,10 @@ def test_plan_colocated_has_no_prefill_and_no_kv_backend(tmp_path):
     assert "--kv-backend" not in children[0].argv and "--prefill" not in children[1].argv
     # the API key reaches the router through its environment, never its (world-readable) argv
     assert children[1].env["TANDEM_API_KEY"] == "sekret" and "sekret" not in " ".join(children[1].argv)
+    # so does the internal secret, the same for every child, fresh for every plan
+    secrets = {c.env["TANDEM_INTERNAL_SECRET"] for c in children}
+    assert len(secrets) == 1 and len(secrets.pop()) >= 32
+    assert not any(c.env["TANDEM_INTERNAL_SECRET"] in " ".join(c.argv) for c in children)
 
 
 def _gone(pids: list[int], timeout_s: float = 15.0) -> list[int]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import urllib.request
 
@@ -21,7 +20,7 @@ def _get(url: str) -> str:
 def _busy(stack) -> list[tuple[str, int, int]]:
     out = []
     for w in stack.workers():
-        i = json.loads(_get(w["url"] + "/internal/info"))
+        i = stack.info(w["url"])
         if i["running"] or i["waiting"] or i.get("leased"):
             out.append((w["name"], i["running"] + i["waiting"], i.get("leased", 0)))
     return out

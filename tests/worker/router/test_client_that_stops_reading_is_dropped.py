@@ -59,10 +59,7 @@ def test_a_client_that_stops_reading_is_dropped_and_its_sequence_aborted(stack, 
         # From here on the client reads nothing, and stays connected.
         _until(lambda: _finished(stack, "abort") > aborted_before, 60, "the worker to abort the sequence")
         (worker,) = stack.workers()
-        from urllib.request import urlopen
-
-        with urlopen(worker["url"] + "/internal/info", timeout=5) as r:
-            info = json.load(r)
+        info = stack.info(worker["url"])
         assert info["running"] == info["waiting"] == 0
         assert info["kv_blocks_free"] == info["kv_blocks_total"]
         assert _finished(stack, "length") == 0, "the stream must not have run to max_tokens"

@@ -10,7 +10,6 @@ reproduces; set TANDEM_FUZZ_EXAMPLES higher to search further.
 from __future__ import annotations
 
 import json
-import urllib.request
 from typing import Any
 
 import pytest
@@ -90,11 +89,6 @@ def _check(answer: Answer) -> None:
         assert answer.json()["choices"][0]["finish_reason"] in ("stop", "length"), answer.body[:300]
 
 
-def _info(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url + "/internal/info", timeout=5) as r:
-        return json.load(r)
-
-
 def test_public_api_answers_every_body_with_a_2xx_or_an_openai_4xx(disagg_stack, model_name):
     @FUZZ
     @given(requests(model_name))
@@ -104,11 +98,11 @@ def test_public_api_answers_every_body_with_a_2xx_or_an_openai_4xx(disagg_stack,
 
     one()
     for w in disagg_stack.workers():
-        assert w["pid"] and _info(w["url"])["ready"]
+        assert w["pid"] and disagg_stack.info(w["url"])["ready"]
     answer = post(disagg_stack.url, "/v1/completions",
                   dumps({"model": model_name, "prompt": "Still serving after the fuzz", "max_tokens": 4}))
     assert answer.status == 200 and answer.json()["usage"]["completion_tokens"] == 4
-    wait_pools_idle([w["url"] for w in disagg_stack.workers()])
+    wait_pools_idle([w["url"] for w in disagg_stack.workers()], secret=disagg_stack.secret)
 
 
 @pytest.mark.parametrize(

@@ -268,6 +268,9 @@ async def test_a_consumer_that_stops_early_aborts_every_touched_worker(fake):
     await events.aclose()
     await orch.drain()
     assert sorted(fake.aborts) == [("d1", "r1"), ("p1", "r1")]
+    # the prefill worker's lease is only freed with its token
+    assert sorted(zip(fake.aborts, fake.abort_tokens, strict=True)) == [
+        (("d1", "r1"), None), (("p1", "r1"), "token-of-p1")]
     assert not ctx.done and ctx.phase is Phase.DECODE
     assert all(v.router_inflight == 0 for v in orch.pool.views())
 
@@ -280,7 +283,7 @@ async def test_max_prompt_tokens_is_checked_once_a_worker_tokenized_the_prompt(f
     with pytest.raises(RouterError) as info:
         await run(orch, RequestContext("r1"), request(limits=limits))
     assert info.value.status == 400 and info.value.body["error"]["code"] == "context_length_exceeded"
-    assert fake.aborts == [("p1", "r1")]  # its lease is freed at once
+    assert fake.aborts == [("p1", "r1")] and fake.abort_tokens == ["token-of-p1"]  # its lease is freed at once
     # decode-side prefill: the decode worker's START carries the count
     fake2 = FakeWorkers()
     fake2.add("d1", Role.DECODE)

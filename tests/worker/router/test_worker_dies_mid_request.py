@@ -6,7 +6,6 @@ each test kills what it needs and does not rely on the others having run.
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.request
 
@@ -35,8 +34,7 @@ def _alive(stack: LocalStack, role: str) -> list[dict]:
     out = []
     for w in stack.workers(role):
         try:
-            with urllib.request.urlopen(w["url"] + "/internal/info", timeout=2) as r:
-                out.append(w | {"info": json.loads(r.read())})
+            out.append(w | {"info": stack.info(w["url"], timeout_s=2)})
         except OSError:
             pass
     return out
