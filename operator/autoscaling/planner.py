@@ -34,6 +34,8 @@ MIN_ITL_SAMPLES = 50
 BUSY_FOR_TTFT = 0.5  # prefill pods at least this busy: a high TTFT is queueing, which pods fix
 KV_HIGH = 0.9  # decode KV usage above this asks for more pods, sized to bring it to KV_TARGET
 KV_TARGET = 0.8
+SEATS_CUT = 1.25  # a window over the ITL target lowers the learned seats per decode pod by at most 1/1.25
+SEATS_PROBE = 1.1  # a window well under it, at nearly those seats, raises them by 10%
 FALLBACK_ROUTES = ("no_prefill_worker", "prefill_saturated", "prefill_failed", "no_matching_generation")
 
 
@@ -98,6 +100,7 @@ class PlannerState:
 
     history: dict[str, tuple[tuple[float, int], ...]] = field(default_factory=dict)
     prefill_tokens_per_busy_s: float | None = None  # prompt tokens one prefill pod does per busy second
+    decode_seats: Seats | None = None  # sequences one decode pod holds within the ITL target
 
 
 def _fmt_s(x: float) -> str:
@@ -105,11 +108,15 @@ def _fmt_s(x: float) -> str:
 
 
 def _latency_ratio(hist, q: float, target: float, min_samples: int):
-    """(observed percentile, observed / target), or None when the window holds too few samples."""
+    """(observed percentile, observed / target, surely-at-least ratio), or None when the window
+    holds too few samples. The percentile is interpolated within a bucket, so only the bucket's
+    lower edge is certain: the third value is that edge over the target."""
     if hist is None or hist.count < min_samples:
         return None
     observed = hist.quantile(q)
-    return None if observed is None else (observed, observed / target)
+    if observed is None:
+        return None
+    return observed, observed / target, (hist.bucket_floor(q) or 0.0) / target
 
 
 def _in_band(ratio: float, tolerance: float) -> bool:
@@ -148,15 +155,13 @@ def prefill_demands(snap: Snapshot, spec: AutoscalingSpec, rs: RoleScaling, mu: 
                           f"{f', {fallback_tokens:.0f} tokens/s prefilled on decode' if fallback_tokens else ''}"
                           f" (target utilization {rs.target_utilization:.0%})"))
     lat = _latency_ratio(router.ttft if router else None, spec.ttft.quantile, spec.ttft.seconds, MIN_TTFT_SAMPLES)
+    if pre.ready == 0:
+        out.extend(_from_zero(snap, spec, lat, work / rs.target_utilization))
+        return out
     if lat is None:
         return out
-    observed, ratio = lat
+    observed, ratio, _ = lat
     words = f"TTFT p{spec.ttft.percentile:g} {_fmt_s(observed)} vs target {_fmt_s(spec.ttft.seconds)}"
-    if pre.ready == 0:
-        if ratio > 1 + spec.tolerance and (fallback_tokens > 0 or (dec and dec.prompt_tokens_rate > 0)):
-            out.append(Demand(max(1.0, work / rs.target_utilization), Reason.TTFT_ABOVE_TARGET,
-                              f"{words} with no prefill pod: decode workers prefill every prompt"))
-        return out
     if pre.prompt_tokens_rate <= 0 and backlog <= 0:
         return out  # prefill did nothing: the TTFT seen is decode-side prefill, not this pool's
     per_pod_busy = busy / pre.ready
@@ -171,8 +176,61 @@ def prefill_demands(snap: Snapshot, spec: AutoscalingSpec, rs: RoleScaling, mu: 
     return out
 
 
-def decode_demands(snap: Snapshot, spec: AutoscalingSpec) -> list[Demand]:
-    """What concurrency asks of the decode pool: ITL against target, KV room, queued sequences."""
+def _from_zero(snap: Snapshot, spec: AutoscalingSpec, ttft, work: float) -> list[Demand]:
+    """With no prefill pod, decode pods prefill every prompt and their streams stall meanwhile: one
+    prefill pod is wanted once that shows, in TTFT or in ITL."""
+    dec, router = snap.roles.get("decode"), snap.router
+    if dec is None or dec.prompt_tokens_rate <= 0:
+        return []
+    itl = _latency_ratio(router.itl if router else None, spec.itl.quantile, spec.itl.seconds, MIN_ITL_SAMPLES)
+    for name, lat, target in (("TTFT", ttft, spec.ttft), ("ITL", itl, spec.itl)):
+        if lat is not None and lat[1] > 1 + spec.tolerance:
+            return [Demand(max(1.0, work), Reason.TTFT_ABOVE_TARGET if name == "TTFT" else Reason.ITL_ABOVE_TARGET,
+                           f"{name} p{target.percentile:g} {_fmt_s(lat[0])} vs target {_fmt_s(target.seconds)} "
+                           f"with no prefill pod: decode pods prefill every prompt, stalling their streams")]
+    return []
+
+
+@dataclass(frozen=True)
+class Seats:
+    """Sequences one decode pod holds within the ITL target, as learned so far."""
+
+    per_pod: float
+    bounded: bool = False  # a window over target has shown where the limit is (so it may scale up)
+
+
+def learn_decode_seats(snap: Snapshot, spec: AutoscalingSpec, seats: Seats | None) -> Seats | None:
+    """Updates the learned seats per decode pod from one window, the way TCP finds its window.
+
+    Decode step time is flat with the batch until a pod runs out of memory bandwidth or compute,
+    then climbs steeply, so ITL is no proportional measure of load: the planner sizes decode on
+    concurrency, and learns the concurrency per pod that keeps ITL on target. A window over target
+    lowers the estimate to the concurrency it saw divided by the overshoot (by at most 1/SEATS_CUT);
+    one on target at a higher concurrency raises it to that; one well under target at nearly the
+    estimate probes SEATS_PROBE higher.
+    """
+    dec, router = snap.roles.get("decode"), snap.router
+    if dec is None or router is None or not dec.readable or dec.running <= 0:
+        return seats
+    lat = _latency_ratio(router.itl, spec.itl.quantile, spec.itl.seconds, MIN_ITL_SAMPLES)
+    if lat is None:
+        return seats
+    per_pod = dec.running / dec.readable
+    _, ratio, sure = lat
+    if ratio > 1 + spec.tolerance:
+        cut = per_pod / max(min(ratio, SEATS_CUT), sure)
+        return Seats(cut if seats is None else min(seats.per_pod, cut), bounded=True)
+    if seats is None:
+        return Seats(per_pod * (SEATS_PROBE if ratio < 1 - spec.tolerance else 1.0))
+    if ratio <= 1.0 and per_pod > seats.per_pod:
+        return replace(seats, per_pod=per_pod)
+    if ratio < 1 - spec.tolerance and per_pod >= 0.8 * seats.per_pod:
+        return replace(seats, per_pod=seats.per_pod * SEATS_PROBE)
+    return seats
+
+
+def decode_demands(snap: Snapshot, spec: AutoscalingSpec, seats: Seats | None) -> list[Demand]:
+    """What concurrency asks of the decode pool: sequences over learned seats, KV room, queues."""
     dec, router = snap.roles["decode"], snap.router
     n = dec.ready
     out: list[Demand] = []
@@ -185,15 +243,27 @@ def decode_demands(snap: Snapshot, spec: AutoscalingSpec) -> list[Demand]:
     if dec.waiting > 0 and dec.waiting > spec.tolerance * dec.running:
         out.append(Demand(n * (dec.running + dec.waiting) / max(dec.running, 1.0), Reason.QUEUE_BUILDING,
                           f"{dec.waiting:.0f} sequences wait for a decode slot, {dec.running:.0f} run"))
+    concurrency = _scaled(dec, dec.running + dec.waiting)
+    if concurrency <= 0:
+        return out
     lat = _latency_ratio(router.itl if router else None, spec.itl.quantile, spec.itl.seconds, MIN_ITL_SAMPLES)
-    if lat is not None and n > 0:
-        observed, ratio = lat
-        scale = 1.0 if _in_band(ratio, spec.tolerance) else ratio
-        out.append(Demand(n * scale, Reason.ITL_ABOVE_TARGET if scale > 1 else Reason.WITHIN_TARGET,
-                          f"ITL p{spec.itl.percentile:g} {_fmt_s(observed)} vs target "
-                          f"{_fmt_s(spec.itl.seconds)} at {dec.running / max(n, 1):.1f} sequences per pod"))
-    elif dec.running + dec.waiting > 0 and n > 0:
-        out.append(Demand(n, Reason.WITHIN_TARGET, f"{dec.running:.0f} sequences run, too few tokens to judge ITL"))
+    words = (f"ITL p{spec.itl.percentile:g} {_fmt_s(lat[0])} vs target {_fmt_s(spec.itl.seconds)}"
+             if lat else "too few tokens to judge ITL")
+    if seats is None:
+        out.append(Demand(n, Reason.WITHIN_TARGET, f"{concurrency:.0f} sequences run; {words}; "
+                          f"no estimate yet of how many a pod holds within target"))
+        return out
+    above = lat is not None and lat[1] > 1 + spec.tolerance
+    wanted = concurrency / seats.per_pod
+    if above:
+        wanted = max(wanted, n + 1.0)
+    elif not seats.bounded or (lat is not None and lat[1] >= 1 - spec.tolerance):
+        wanted = min(wanted, n)  # an estimate never proven too high, or ITL near target: only shrink
+    if n and _in_band(wanted / n, spec.tolerance):
+        wanted = n
+    out.append(Demand(wanted, Reason.ITL_ABOVE_TARGET if above else Reason.WITHIN_TARGET,
+                      f"{concurrency:.0f} sequences at {seats.per_pod:.1f} per pod (what a pod holds within "
+                      f"the ITL target, learned); {words}"))
     return out
 
 
@@ -252,7 +322,8 @@ def _decide_role(role: str, snap: Snapshot, current: int, spec: AutoscalingSpec,
     if why is not None:
         return _hold(role, current, rs, Reason.METRICS_UNAVAILABLE,
                      f"holding {current} {role} replicas: {why}"), state
-    demands = prefill_demands(snap, spec, rs, mu) if role == "prefill" else decode_demands(snap, spec)
+    demands = (prefill_demands(snap, spec, rs, mu) if role == "prefill"
+               else decode_demands(snap, spec, state.decode_seats))
     top = max(demands, key=lambda d: d.replicas) if demands else Demand(0.0, Reason.IDLE, f"no {role} load")
     wanted = math.ceil(top.replicas - 1e-9)
     recommended = rs.clamp(wanted)
@@ -325,7 +396,10 @@ def plan(snapshot: Snapshot, current: Mapping[str, int], spec: AutoscalingSpec, 
     come from the snapshot. Roles not in spec.roles are left alone (not in the decision).
     """
     mu = _learn_mu(state, snapshot.roles.get("prefill"))
-    state = replace(state, prefill_tokens_per_busy_s=mu)
+    seats = state.decode_seats
+    if snapshot.window_s is not None and "decode" in spec.roles:
+        seats = learn_decode_seats(snapshot, spec, seats)
+    state = replace(state, prefill_tokens_per_busy_s=mu, decode_seats=seats)
     decisions: dict[str, RoleDecision] = {}
     for role, rs in spec.roles.items():
         decisions[role], state = _decide_role(role, snapshot, int(current.get(role, 0)), spec, rs, state, now, mu)

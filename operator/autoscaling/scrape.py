@@ -94,6 +94,14 @@ class Histogram:
             return self.bounds[i]
         return lo + (self.bounds[i] - lo) * (rank - below) / in_bucket
 
+    def bucket_floor(self, q: float) -> float | None:
+        """The lower edge of the bucket the q-quantile falls in: the quantile is surely above it."""
+        total = self.count
+        if total <= 0:
+            return None
+        i = min(bisect.bisect_left(self.cumulative, q * total), len(self.bounds) - 1)
+        return self.bounds[i - 1] if i > 0 else 0.0
+
     def mean(self) -> float | None:
         return self.sum / self.count if self.count > 0 else None
 
