@@ -51,10 +51,17 @@ class Result:
     reasons: dict = field(default_factory=dict)  # planner: changes per role and reason
 
 
-def router_bounds() -> tuple[tuple[float, ...], tuple[float, ...]]:
+# Finer buckets near common targets, to measure what the router's coarse ones cost the planner.
+FINE_TTFT = (0.25, 0.75, 1.5, 2.5, 3.0, 4.0, 7.5)
+FINE_ITL = (0.03, 0.075, 0.09, 0.11, 0.125, 0.15)
+
+
+def router_bounds(fine: bool = False) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The router's own histogram buckets (the planner reads percentiles through them)."""
     r = parse_router(generate_latest(RouterMetrics().registry).decode())
-    return r.ttft.bounds, r.itl.bounds
+    if not fine:
+        return r.ttft.bounds, r.itl.bounds
+    return tuple(sorted(set(r.ttft.bounds) | set(FINE_TTFT))), tuple(sorted(set(r.itl.bounds) | set(FINE_ITL)))
 
 
 def planner_spec(fleet: Fleet, ttft: float, itl: float, prefill_min: int, percentile: float = 90) -> AutoscalingSpec:
@@ -83,7 +90,7 @@ def simulate(policy: str, cap: Capacity, fleet: Fleet, peak_rps: float, size: in
         initial = {"prefill": max(args.prefill_min, 1, math.ceil(fleet.prefill * night)),
                    "decode": max(1, math.ceil(fleet.decode * night))}
         decide = PlannerPolicy(spec) if policy == "planner" else RatioPolicy(fleet, spec)
-    ttft_b, itl_b = router_bounds()
+    ttft_b, itl_b = router_bounds(args.fine_buckets)
     day_s = args.day_hours * 3600.0
     t0 = time.perf_counter()
     sim = Simulation(cap, day(peak_rps, day_s, args.seed), decide, initial, interval_s=15.0, day_s=day_s,
@@ -165,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--startup-s", type=float, default=60.0)
     ap.add_argument("--export-outstanding", action="store_true",
                     help="workers export tandem_worker_outstanding_prompt_tokens (today's do not)")
+    ap.add_argument("--fine-buckets", action="store_true", help="finer router histogram buckets near the targets")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot-size", type=int, default=None, help="the scale to plot (default: the second)")
     ap.add_argument("--out", default="bench/out/sim")

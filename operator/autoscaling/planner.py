@@ -1,13 +1,12 @@
 """The planner's decision: a snapshot of metrics + current replicas + spec + its state -> replicas.
 
 Pure: time comes in as `now`, nothing is read from the clock or the network. Per role it turns
-the snapshot into demands (each a replica count and the signal behind it), takes the largest,
-then applies what keeps it calm, in this order (as the HPA does):
+the snapshot into demands (each a replica count and the signal behind it, see demands.py), takes
+the largest, then applies what keeps it calm, in this order (as the HPA does):
 
-  1. demands: prefill from TTFT against its target (when prefill did the work), from how busy the
-     prefill pods are against targetUtilization plus the prompt backlog and prompts the router had
-     to prefill on decode; decode from ITL against its target, from KV usage and queued sequences.
-     A latency within `tolerance` of its target asks for no change.
+  1. demands: prefill from how busy its pods are (plus the prompt backlog and prompts prefilled on
+     decode) and from TTFT; decode from concurrency over the sequences a pod holds within the ITL
+     target (learned), from KV usage and queued sequences.
   2. min/max: the recommendation is clamped, and that is remembered (with its time) in the state.
   3. stabilisation: up to the lowest recommendation of the up window, down to the highest of the
      down window, so a short spike or dip moves nothing.
@@ -19,59 +18,27 @@ the fewest running sequences. Missing metrics hold the current size and say what
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from tandem.operator.autoscaling.demands import (
+    UP_REASONS,
+    Demand,
+    Reason,
+    Seats,
+    decode_demands,
+    learn_decode_seats,
+    learn_mu,
+    prefill_demands,
+)
 from tandem.operator.autoscaling.snapshot import PodWindow, RoleWindow, Snapshot
 from tandem.operator.autoscaling.spec import AutoscalingSpec, Mode, RoleScaling
 from tandem.operator.status import condition
 
+__all__ = ["Decision", "PlannerState", "Reason", "RoleDecision", "Seats", "choose_removals", "plan"]
+
 CONDITION_TYPE = "Autoscaling"
-MIN_TTFT_SAMPLES = 10  # fewer first tokens in a window: its percentile is noise, not a signal
-MIN_ITL_SAMPLES = 50
-BUSY_FOR_TTFT = 0.5  # prefill pods at least this busy: a high TTFT is queueing, which pods fix
-KV_HIGH = 0.9  # decode KV usage above this asks for more pods, sized to bring it to KV_TARGET
-KV_TARGET = 0.8
-SEATS_CUT = 1.25  # a window over the ITL target lowers the learned seats per decode pod by at most 1/1.25
-SEATS_PROBE = 1.1  # a window well under it, at nearly those seats, raises them by 10%
-FALLBACK_ROUTES = ("no_prefill_worker", "prefill_saturated", "prefill_failed", "no_matching_generation")
-
-
-class Reason(enum.StrEnum):
-    """One word per role for status: why the desired replicas are what they are."""
-
-    TTFT_ABOVE_TARGET = "TTFTAboveTarget"
-    ITL_ABOVE_TARGET = "ITLAboveTarget"
-    PREFILL_BUSY = "PrefillBusy"
-    PROMPT_BACKLOG = "PromptBacklog"
-    KV_SATURATED = "KVSaturated"
-    QUEUE_BUILDING = "QueueBuilding"
-    LOAD_DROPPED = "LoadDropped"
-    IDLE = "Idle"
-    WITHIN_TARGET = "WithinTarget"
-    TARGET_UNREACHABLE = "TargetUnreachable"
-    STABILIZING = "Stabilizing"
-    AT_MAX = "AtMaxReplicas"
-    AT_MIN = "AtMinReplicas"
-    OUTSIDE_LIMITS = "OutsideLimits"
-    METRICS_UNAVAILABLE = "MetricsUnavailable"
-    COLLECTING = "CollectingMetrics"
-    EXTERNAL = "External"
-
-
-UP_REASONS = {Reason.TTFT_ABOVE_TARGET, Reason.ITL_ABOVE_TARGET, Reason.PREFILL_BUSY, Reason.PROMPT_BACKLOG,
-              Reason.KV_SATURATED, Reason.QUEUE_BUILDING}
-
-
-@dataclass(frozen=True)
-class Demand:
-    """Replicas one signal asks for, and the words that explain it."""
-
-    replicas: float
-    reason: Reason
-    detail: str
 
 
 @dataclass(frozen=True)
@@ -101,170 +68,6 @@ class PlannerState:
     history: dict[str, tuple[tuple[float, int], ...]] = field(default_factory=dict)
     prefill_tokens_per_busy_s: float | None = None  # prompt tokens one prefill pod does per busy second
     decode_seats: Seats | None = None  # sequences one decode pod holds within the ITL target
-
-
-def _fmt_s(x: float) -> str:
-    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2g} s"
-
-
-def _latency_ratio(hist, q: float, target: float, min_samples: int):
-    """(observed percentile, observed / target, surely-at-least ratio), or None when the window
-    holds too few samples. The percentile is interpolated within a bucket, so only the bucket's
-    lower edge is certain: the third value is that edge over the target."""
-    if hist is None or hist.count < min_samples:
-        return None
-    observed = hist.quantile(q)
-    if observed is None:
-        return None
-    return observed, observed / target, (hist.bucket_floor(q) or 0.0) / target
-
-
-def _in_band(ratio: float, tolerance: float) -> bool:
-    return abs(ratio - 1.0) <= tolerance
-
-
-def _scaled(rw: RoleWindow, value: float) -> float:
-    """A sum over the readable pods, extrapolated to every ready pod (some could not be read)."""
-    return value * rw.ready / rw.readable if rw.readable else value
-
-
-def _learn_mu(state: PlannerState, pre: RoleWindow | None) -> float | None:
-    if pre is not None and pre.busy > 0.05 and pre.prompt_tokens_rate > 0:
-        return pre.prompt_tokens_rate / pre.busy
-    return state.prefill_tokens_per_busy_s
-
-
-def prefill_demands(snap: Snapshot, spec: AutoscalingSpec, rs: RoleScaling, mu: float | None) -> list[Demand]:
-    """What the prompt load asks of the prefill pool (see the module docstring)."""
-    pre, dec, router = snap.roles["prefill"], snap.roles.get("decode"), snap.router
-    busy = _scaled(pre, pre.busy) if pre.rated else 0.0
-    backlog = pre.outstanding_prompt_tokens or 0.0
-    backlog_s = backlog / mu if mu else 0.0
-    fallback_tokens = 0.0
-    if router is not None and dec is not None:
-        fallback = sum(router.route_rates.get(r, 0.0) for r in FALLBACK_ROUTES)
-        local = max(0.0, dec.prompt_tokens_rate - pre.prompt_tokens_rate)
-        routed_local = fallback + router.route_rates.get("short_prompt", 0.0)
-        fallback_tokens = local * fallback / routed_local if routed_local > 0 else 0.0
-    out: list[Demand] = []
-    work = busy + backlog_s / spec.ttft.seconds + (fallback_tokens / mu if mu else 0.0)
-    if work > 0:
-        reason = Reason.PROMPT_BACKLOG if backlog_s / spec.ttft.seconds > busy else Reason.PREFILL_BUSY
-        out.append(Demand(work / rs.target_utilization, reason,
-                          f"prefill pods {busy:.2f} replicas busy, {backlog:.0f} prompt tokens queued"
-                          f"{f', {fallback_tokens:.0f} tokens/s prefilled on decode' if fallback_tokens else ''}"
-                          f" (target utilization {rs.target_utilization:.0%})"))
-    lat = _latency_ratio(router.ttft if router else None, spec.ttft.quantile, spec.ttft.seconds, MIN_TTFT_SAMPLES)
-    if pre.ready == 0:
-        out.extend(_from_zero(snap, spec, lat, work / rs.target_utilization))
-        return out
-    if lat is None:
-        return out
-    observed, ratio, _ = lat
-    words = f"TTFT p{spec.ttft.percentile:g} {_fmt_s(observed)} vs target {_fmt_s(spec.ttft.seconds)}"
-    if pre.prompt_tokens_rate <= 0 and backlog <= 0:
-        return out  # prefill did nothing: the TTFT seen is decode-side prefill, not this pool's
-    per_pod_busy = busy / pre.ready
-    if ratio > 1 + spec.tolerance and per_pod_busy < BUSY_FOR_TTFT and backlog <= 0:
-        out.append(Demand(pre.ready, Reason.TARGET_UNREACHABLE,
-                          f"{words}, but prefill pods are only {per_pod_busy:.0%} busy: the prompts themselves "
-                          f"take that long, more pods would not help"))
-        return out
-    scale = 1.0 if _in_band(ratio, spec.tolerance) else ratio
-    out.append(Demand(pre.ready * scale, Reason.TTFT_ABOVE_TARGET if scale > 1 else Reason.WITHIN_TARGET,
-                      f"{words}, prefill pods {per_pod_busy:.0%} busy"))
-    return out
-
-
-def _from_zero(snap: Snapshot, spec: AutoscalingSpec, ttft, work: float) -> list[Demand]:
-    """With no prefill pod, decode pods prefill every prompt and their streams stall meanwhile: one
-    prefill pod is wanted once that shows, in TTFT or in ITL."""
-    dec, router = snap.roles.get("decode"), snap.router
-    if dec is None or dec.prompt_tokens_rate <= 0:
-        return []
-    itl = _latency_ratio(router.itl if router else None, spec.itl.quantile, spec.itl.seconds, MIN_ITL_SAMPLES)
-    for name, lat, target in (("TTFT", ttft, spec.ttft), ("ITL", itl, spec.itl)):
-        if lat is not None and lat[1] > 1 + spec.tolerance:
-            return [Demand(max(1.0, work), Reason.TTFT_ABOVE_TARGET if name == "TTFT" else Reason.ITL_ABOVE_TARGET,
-                           f"{name} p{target.percentile:g} {_fmt_s(lat[0])} vs target {_fmt_s(target.seconds)} "
-                           f"with no prefill pod: decode pods prefill every prompt, stalling their streams")]
-    return []
-
-
-@dataclass(frozen=True)
-class Seats:
-    """Sequences one decode pod holds within the ITL target, as learned so far."""
-
-    per_pod: float
-    bounded: bool = False  # a window over target has shown where the limit is (so it may scale up)
-
-
-def learn_decode_seats(snap: Snapshot, spec: AutoscalingSpec, seats: Seats | None) -> Seats | None:
-    """Updates the learned seats per decode pod from one window, the way TCP finds its window.
-
-    Decode step time is flat with the batch until a pod runs out of memory bandwidth or compute,
-    then climbs steeply, so ITL is no proportional measure of load: the planner sizes decode on
-    concurrency, and learns the concurrency per pod that keeps ITL on target. A window over target
-    lowers the estimate to the concurrency it saw divided by the overshoot (by at most 1/SEATS_CUT);
-    one on target at a higher concurrency raises it to that; one well under target at nearly the
-    estimate probes SEATS_PROBE higher.
-    """
-    dec, router = snap.roles.get("decode"), snap.router
-    if dec is None or router is None or not dec.readable or dec.running <= 0:
-        return seats
-    lat = _latency_ratio(router.itl, spec.itl.quantile, spec.itl.seconds, MIN_ITL_SAMPLES)
-    if lat is None:
-        return seats
-    per_pod = dec.running / dec.readable
-    _, ratio, sure = lat
-    if ratio > 1 + spec.tolerance:
-        cut = per_pod / max(min(ratio, SEATS_CUT), sure)
-        return Seats(cut if seats is None else min(seats.per_pod, cut), bounded=True)
-    if seats is None:
-        return Seats(per_pod * (SEATS_PROBE if ratio < 1 - spec.tolerance else 1.0))
-    if ratio <= 1.0 and per_pod > seats.per_pod:
-        return replace(seats, per_pod=per_pod)
-    if ratio < 1 - spec.tolerance and per_pod >= 0.8 * seats.per_pod:
-        return replace(seats, per_pod=seats.per_pod * SEATS_PROBE)
-    return seats
-
-
-def decode_demands(snap: Snapshot, spec: AutoscalingSpec, seats: Seats | None) -> list[Demand]:
-    """What concurrency asks of the decode pool: sequences over learned seats, KV room, queues."""
-    dec, router = snap.roles["decode"], snap.router
-    n = dec.ready
-    out: list[Demand] = []
-    usage = dec.kv_usage
-    if usage is not None and usage > 0:
-        grow = usage >= KV_HIGH
-        out.append(Demand(n * usage / KV_TARGET if grow else n * usage / KV_HIGH,
-                          Reason.KV_SATURATED if grow else Reason.WITHIN_TARGET,
-                          f"decode KV {usage:.0%} used"))
-    if dec.waiting > 0 and dec.waiting > spec.tolerance * dec.running:
-        out.append(Demand(n * (dec.running + dec.waiting) / max(dec.running, 1.0), Reason.QUEUE_BUILDING,
-                          f"{dec.waiting:.0f} sequences wait for a decode slot, {dec.running:.0f} run"))
-    concurrency = _scaled(dec, dec.running + dec.waiting)
-    if concurrency <= 0:
-        return out
-    lat = _latency_ratio(router.itl if router else None, spec.itl.quantile, spec.itl.seconds, MIN_ITL_SAMPLES)
-    words = (f"ITL p{spec.itl.percentile:g} {_fmt_s(lat[0])} vs target {_fmt_s(spec.itl.seconds)}"
-             if lat else "too few tokens to judge ITL")
-    if seats is None:
-        out.append(Demand(n, Reason.WITHIN_TARGET, f"{concurrency:.0f} sequences run; {words}; "
-                          f"no estimate yet of how many a pod holds within target"))
-        return out
-    above = lat is not None and lat[1] > 1 + spec.tolerance
-    wanted = concurrency / seats.per_pod
-    if above:
-        wanted = max(wanted, n + 1.0)
-    elif not seats.bounded or (lat is not None and lat[1] >= 1 - spec.tolerance):
-        wanted = min(wanted, n)  # an estimate never proven too high, or ITL near target: only shrink
-    if n and _in_band(wanted / n, spec.tolerance):
-        wanted = n
-    out.append(Demand(wanted, Reason.ITL_ABOVE_TARGET if above else Reason.WITHIN_TARGET,
-                      f"{concurrency:.0f} sequences at {seats.per_pod:.1f} per pod (what a pod holds within "
-                      f"the ITL target, learned); {words}"))
-    return out
 
 
 def _missing(role: str, snap: Snapshot) -> str | None:
@@ -395,7 +198,7 @@ def plan(snapshot: Snapshot, current: Mapping[str, int], spec: AutoscalingSpec, 
     `current` is each role's replicas as applied (spec.replicas of its Deployment); the ready pods
     come from the snapshot. Roles not in spec.roles are left alone (not in the decision).
     """
-    mu = _learn_mu(state, snapshot.roles.get("prefill"))
+    mu = learn_mu(state.prefill_tokens_per_busy_s, snapshot.roles.get("prefill"))
     seats = state.decode_seats
     if snapshot.window_s is not None and "decode" in spec.roles:
         seats = learn_decode_seats(snapshot, spec, seats)

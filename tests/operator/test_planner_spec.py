@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from tandem.operator.autoscaling.spec import SCHEMA, AutoscalingSpec, Behavior, Mode
 
@@ -56,3 +59,11 @@ def test_every_rule_has_a_message_naming_its_field():
     assert len(rules) >= 6
     for path, rule in rules:
         assert rule["message"].startswith("autoscaling"), (path, rule)
+
+
+def test_the_planner_imports_neither_torch_nor_the_kubernetes_client():
+    """It runs inside the operator (no torch) and in the simulator (no cluster): pure code only."""
+    code = ("import sys, tandem.operator.autoscaling.planner; "
+            "heavy = [m for m in ('torch', 'transformers', 'kopf', 'kubernetes') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
