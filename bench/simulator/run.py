@@ -133,16 +133,19 @@ def plot(results: list[Result], path: Path, args) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
-    colours = {"planner": "tab:blue", "fixed": "tab:gray", "ratio": "tab:orange"}
+    style = {"fixed": ("tab:gray", 1.2, 1.0), "ratio": ("tab:orange", 0.6, 0.45),
+             "planner": ("tab:blue", 1.6, 1.0)}  # drawn in this order: the planner on top
     hour_s = args.day_hours * 3600.0 / 24.0
+    results = sorted(results, key=lambda r: list(style).index(r.policy))
     for r in results:
+        colour, width, alpha = style[r.policy]
         hours = [t / hour_s for t, *_ in r.timeline]
         for ax, col, role in ((axes[0], 1, "prefill"), (axes[1], 2, "decode")):
-            ax.step(hours, [row[col] for row in r.timeline], where="post", color=colours[r.policy],
-                    label=r.policy, linewidth=1.2)
+            ax.step(hours, [row[col] for row in r.timeline], where="post", color=colour, alpha=alpha,
+                    label=r.policy, linewidth=width)
             ax.set_ylabel(f"{role} replicas")
         axes[2].plot([h + 0.5 for h in range(24)], [100 * x for x in r.by_hour], marker="o", markersize=3,
-                     color=colours[r.policy], label=r.policy)
+                     color=colour, label=r.policy)
     load = axes[0].twinx()
     grid = [h / 10 for h in range(240)]
     load.fill_between(grid, [load_shape(h) for h in grid], color="tab:green", alpha=0.08, step="mid")
@@ -176,7 +179,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot-size", type=int, default=None, help="the scale to plot (default: the second)")
     ap.add_argument("--out", default="bench/out/sim")
+    ap.add_argument("--replot", default=None, help="only redraw the plot from this results.json")
     args = ap.parse_args(argv)
+    if args.replot:
+        saved = json.loads(Path(args.replot).read_text())
+        args.day_hours, args.ttft, args.itl = (saved["args"][k] for k in ("day_hours", "ttft", "itl"))
+        rows = [Result(**r) for r in saved["results"]]
+        size = args.plot_size or sorted({r.size for r in rows})[min(1, len({r.size for r in rows}) - 1)]
+        path = Path(args.out) / f"autoscale_sim_{size}.png"
+        plot([r for r in rows if r.size == size], path, args)
+        print(f"wrote {path}")
+        return 0
     cap = Capacity.from_calibration(startup_s=args.startup_s)
     unit = size_for_peak(cap, 1.0, args.itl)
     per_rps = unit.prefill + unit.decode  # rounding makes this a slight overestimate; resized below

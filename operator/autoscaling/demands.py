@@ -20,7 +20,11 @@ MIN_ITL_SAMPLES = 50
 BUSY_FOR_TTFT = 0.5  # prefill pods at least this busy: a high TTFT is queueing, which pods fix
 KV_HIGH = 0.9  # decode KV usage above this asks for more pods, sized to bring it to KV_TARGET
 KV_TARGET = 0.8
-SEATS_CUT = 1.25  # a window over the ITL target lowers the learned seats per decode pod by at most 1/1.25
+# A window over a latency target moves a role by at most this factor, unless the histogram proves
+# more: a percentile is interpolated within its bucket and only the bucket's lower edge is certain,
+# and the router's buckets are coarse (a 3 s TTFT target sits inside (2 s, 5 s]).
+LATENCY_STEP = 1.25
+SEATS_CUT = LATENCY_STEP  # so the learned seats per decode pod drop by at most 1/1.25 a window
 SEATS_PROBE = 1.1  # a window well under it, at nearly those seats, raises them by 10%
 FALLBACK_ROUTES = ("no_prefill_worker", "prefill_saturated", "prefill_failed", "no_matching_generation")
 
@@ -118,7 +122,7 @@ def prefill_demands(snap: Snapshot, spec: AutoscalingSpec, rs: RoleScaling, mu: 
         return out
     if lat is None:
         return out
-    observed, ratio, _ = lat
+    observed, ratio, sure = lat
     words = f"TTFT p{spec.ttft.percentile:g} {_fmt_s(observed)} vs target {_fmt_s(spec.ttft.seconds)}"
     if pre.prompt_tokens_rate <= 0 and backlog <= 0:
         return out  # prefill did nothing: the TTFT seen is decode-side prefill, not this pool's
@@ -129,6 +133,8 @@ def prefill_demands(snap: Snapshot, spec: AutoscalingSpec, rs: RoleScaling, mu: 
                           f"take that long, more pods would not help"))
         return out
     scale = 1.0 if _in_band(ratio, spec.tolerance) else ratio
+    if scale > 1:
+        scale = min(scale, max(LATENCY_STEP, sure))
     out.append(Demand(pre.ready * scale, Reason.TTFT_ABOVE_TARGET if scale > 1 else Reason.WITHIN_TARGET,
                       f"{words}, prefill pods {per_pod_busy:.0%} busy"))
     return out
