@@ -136,12 +136,14 @@ class Simulation:
             p = self._least(prefill)
             p.queue.append(req)
             p.outstanding += req.prompt
+            p.prompt_tokens += req.prompt  # a worker counts a prompt when it is added, as the engine does
             if p.current is None:
                 self._start_prefill(p)
         else:
             self.routes["no_prefill_worker"] += 1
             d = self._decode_target()
             d.local.append(req)
+            d.prompt_tokens += req.prompt
             if d.stall_end is None:
                 self._start_local_prefill(d)
 
@@ -156,7 +158,6 @@ class Simulation:
         p.busy_s += self.now - p.started
         p.steps += 1
         p.step_tokens += req.prompt
-        p.prompt_tokens += req.prompt
         p.gen_tokens += 1
         p.outstanding -= req.prompt
         p.current = None
@@ -214,7 +215,6 @@ class Simulation:
             d.stall_end, d.stall_req = None, None
             d.steps += 1
             d.step_tokens += req.prompt
-            d.prompt_tokens += req.prompt
             d.gen_tokens += 1
             self._first_token(req)
             if req.output > 1:

@@ -20,9 +20,9 @@ MIN_ITL_SAMPLES = 50
 BUSY_FOR_TTFT = 0.5  # prefill pods at least this busy: a high TTFT is queueing, which pods fix
 KV_HIGH = 0.9  # decode KV usage above this asks for more pods, sized to bring it to KV_TARGET
 KV_TARGET = 0.8
-# A window over a latency target moves a role by at most this factor, unless the histogram proves
-# more: a percentile is interpolated within its bucket and only the bucket's lower edge is certain,
-# and the router's buckets are coarse (a 3 s TTFT target sits inside (2 s, 5 s]).
+# A window over a latency target moves a role by at most this factor (decode: unless the histogram
+# proves more). A percentile is interpolated within its bucket and only the bucket's lower edge is
+# certain, and the router's buckets are coarse (a 3 s TTFT target sits inside (2 s, 5 s]).
 LATENCY_STEP = 1.25
 SEATS_CUT = LATENCY_STEP  # so the learned seats per decode pod drop by at most 1/1.25 a window
 SEATS_PROBE = 1.1  # a window well under it, at nearly those seats, raises them by 10%
@@ -90,9 +90,9 @@ def _scaled(rw: RoleWindow, value: float) -> float:
 
 
 def learn_mu(known: float | None, pre: RoleWindow | None) -> float | None:
-    """Prompt tokens a prefill pod does per busy second: this window's if it had prefill work."""
-    if pre is not None and pre.busy > 0.05 and pre.prompt_tokens_rate > 0:
-        return pre.prompt_tokens_rate / pre.busy
+    """Prompt tokens a prefill pod processes per busy second (its step counters), when it worked."""
+    if pre is not None and pre.busy > 0.05 and pre.step_tokens_rate > 0:
+        return pre.step_tokens_rate / pre.busy
     return known
 
 
@@ -100,6 +100,10 @@ def prefill_demands(snap: Snapshot, spec: AutoscalingSpec, rs: RoleScaling, mu: 
     """What the prompt load asks of the prefill pool (see the module docstring)."""
     pre, dec, router = snap.roles["prefill"], snap.roles.get("decode"), snap.router
     busy = _scaled(pre, pre.busy) if pre.rated else 0.0
+    arriving = _scaled(pre, pre.prompt_tokens_rate) if pre.rated else 0.0
+    # Busy time saturates at one per pod; prompts added to the engines keep counting when they
+    # outrun the pool, so arriving work over the measured speed sizes an overload.
+    load = max(busy, arriving / mu) if mu else busy
     backlog = pre.outstanding_prompt_tokens or 0.0
     backlog_s = backlog / mu if mu else 0.0
     fallback_tokens = 0.0
@@ -109,11 +113,13 @@ def prefill_demands(snap: Snapshot, spec: AutoscalingSpec, rs: RoleScaling, mu: 
         routed_local = fallback + router.route_rates.get("short_prompt", 0.0)
         fallback_tokens = local * fallback / routed_local if routed_local > 0 else 0.0
     out: list[Demand] = []
-    work = busy + backlog_s / spec.ttft.seconds + (fallback_tokens / mu if mu else 0.0)
+    work = load + backlog_s / spec.ttft.seconds + (fallback_tokens / mu if mu else 0.0)
     if work > 0:
-        reason = Reason.PROMPT_BACKLOG if backlog_s / spec.ttft.seconds > busy else Reason.PREFILL_BUSY
+        reason = Reason.PROMPT_BACKLOG if backlog_s / spec.ttft.seconds > load else Reason.PREFILL_BUSY
         out.append(Demand(work / rs.target_utilization, reason,
-                          f"prefill pods {busy:.2f} replicas busy, {backlog:.0f} prompt tokens queued"
+                          f"prompts arrive at {arriving:.0f} tokens/s, {load:.2f} pods of prefill work"
+                          f"{f' at {mu:.0f} tokens/s a pod' if mu else ''}, {busy:.2f} busy, "
+                          f"{backlog:.0f} tokens queued"
                           f"{f', {fallback_tokens:.0f} tokens/s prefilled on decode' if fallback_tokens else ''}"
                           f" (target utilization {rs.target_utilization:.0%})"))
     lat = _latency_ratio(router.ttft if router else None, spec.ttft.quantile, spec.ttft.seconds, MIN_TTFT_SAMPLES)
@@ -122,7 +128,7 @@ def prefill_demands(snap: Snapshot, spec: AutoscalingSpec, rs: RoleScaling, mu: 
         return out
     if lat is None:
         return out
-    observed, ratio, sure = lat
+    observed, ratio, _ = lat
     words = f"TTFT p{spec.ttft.percentile:g} {_fmt_s(observed)} vs target {_fmt_s(spec.ttft.seconds)}"
     if pre.prompt_tokens_rate <= 0 and backlog <= 0:
         return out  # prefill did nothing: the TTFT seen is decode-side prefill, not this pool's
@@ -132,9 +138,9 @@ def prefill_demands(snap: Snapshot, spec: AutoscalingSpec, rs: RoleScaling, mu: 
                           f"{words}, but prefill pods are only {per_pod_busy:.0%} busy: the prompts themselves "
                           f"take that long, more pods would not help"))
         return out
-    scale = 1.0 if _in_band(ratio, spec.tolerance) else ratio
-    if scale > 1:
-        scale = min(scale, max(LATENCY_STEP, sure))
+    # Under overload a queue makes TTFT grow without bound, so how far it is over says nothing of
+    # the capacity missing (arriving work does, above): it only moves prefill a step at a time.
+    scale = 1.0 if _in_band(ratio, spec.tolerance) else min(ratio, LATENCY_STEP)
     out.append(Demand(pre.ready * scale, Reason.TTFT_ABOVE_TARGET if scale > 1 else Reason.WITHIN_TARGET,
                       f"{words}, prefill pods {per_pod_busy:.0%} busy"))
     return out

@@ -88,6 +88,7 @@ class PodWindow:
     prompt_tokens_rate: float | None = None
     generation_tokens_rate: float | None = None
     busy_fraction: float | None = None  # share of the window spent in engine steps
+    step_tokens_rate: float | None = None  # tokens the engine processed per second (prompts and decode)
     mean_batch: float | None = None  # tokens per step over the window
 
 
@@ -106,8 +107,9 @@ class RoleWindow:
     kv_blocks_used: float = 0.0
     kv_blocks_total: float = 0.0
     outstanding_prompt_tokens: float | None = None  # None: some pod does not export it
-    prompt_tokens_rate: float = 0.0
+    prompt_tokens_rate: float = 0.0  # prompt tokens added to the engines (arriving work)
     generation_tokens_rate: float = 0.0
+    step_tokens_rate: float = 0.0  # tokens processed (done work)
     busy: float = 0.0  # replica-equivalents busy stepping (sum of busy fractions)
 
     @property
@@ -149,6 +151,7 @@ def _pod_window(pod: PodScrape, base: PodScrape | None, seconds: float | None) -
            "prompt_tokens_rate": _rate(r.prompt_tokens, b.prompt_tokens, seconds),
            "generation_tokens_rate": _rate(r.generation_tokens, b.generation_tokens, seconds),
            "busy_fraction": min(1.0, _rate(r.busy_seconds, b.busy_seconds, seconds)),
+           "step_tokens_rate": tokens / seconds,
            "mean_batch": tokens / steps if steps > 0 else None})
 
 
@@ -165,6 +168,7 @@ def _role_window(role: str, pods: list[PodWindow]) -> RoleWindow:
         outstanding_prompt_tokens=None if not live or None in outstanding else sum(outstanding),  # type: ignore[arg-type]
         prompt_tokens_rate=sum(p.prompt_tokens_rate or 0.0 for p in rated),
         generation_tokens_rate=sum(p.generation_tokens_rate or 0.0 for p in rated),
+        step_tokens_rate=sum(p.step_tokens_rate or 0.0 for p in rated),
         busy=sum(p.busy_fraction or 0.0 for p in rated),
     )
 

@@ -56,7 +56,7 @@ def _target(what: str, seconds: float, hi: float) -> dict[str, Any]:
     return {
         "type": "object",
         "default": {},
-        "description": f"{what} at a percentile, measured at the router over windowSeconds.",
+        "description": f"{what.capitalize()} at a percentile, measured at the router over windowSeconds.",
         "properties": {
             "seconds": _number(0, hi, seconds, f"The {what} the percentile must stay under.", exclusive_min=True),
             "percentile": _number(50, 99.9, 90, "Which percentile (50-99.9) is held to the target."),

@@ -42,17 +42,18 @@ def hist(bounds: tuple[float, ...], values: float | list[tuple[float, int]] | No
 
 def worker(name: str, *, ready: bool = True, running: float = 0, waiting: float = 0, leased: float = 0,
            kv: float = 0.0, prompt_rate: float = 0.0, gen_rate: float = 0.0, busy: float = 0.0,
-           outstanding: float | None = None, readable: bool = True) -> dict:
+           outstanding: float | None = None, readable: bool = True, done: float | None = None) -> dict:
+    """One worker pod; `done` is the tokens its steps process per second (default: prompt_rate)."""
     return dict(name=name, ready=ready, running=running, waiting=waiting, leased=leased, kv=kv,
                 prompt_rate=prompt_rate, gen_rate=gen_rate, busy=busy, outstanding=outstanding,
-                readable=readable)
+                readable=readable, done=prompt_rate if done is None else done)
 
 
 def _reading(p: dict, at: float) -> WorkerReading:
     return WorkerReading(running=p["running"], waiting=p["waiting"], leased=p["leased"],
                          kv_blocks_used=p["kv"] * 1000, kv_blocks_total=1000.0,
                          prompt_tokens=p["prompt_rate"] * at, generation_tokens=p["gen_rate"] * at,
-                         busy_seconds=p["busy"] * at, steps=100.0 * at, step_tokens=100.0 * at,
+                         busy_seconds=p["busy"] * at, steps=100.0 * at, step_tokens=p["done"] * at,
                          outstanding_prompt_tokens=p["outstanding"])
 
 
@@ -86,19 +87,24 @@ def pods(role: str, n: int, **kw) -> list[dict]:
 
 # (id, snapshot, current {prefill, decode}, expected {role: (desired, reason)}).
 # Percentiles are read from the router's buckets: first tokens all at 3 s sit in (2 s, 5 s], where
-# histogram_quantile puts p90 at 4.7 s (2.35x the target) but only 2 s (1x) is certain: one window
-# moves prefill by 25%. At 6 s, p90 is surely above 5 s (2.5x): it moves by that.
+# histogram_quantile puts p90 at 4.7 s (2.35x the target). A window over the TTFT target moves
+# prefill by at most 25%; prompts arriving faster than the pods process them move it by the deficit.
 CASES = [
     ("prompt-load-rising-scales-prefill-only",
      snapshot(prefill=pods("p", 2, busy=0.95, prompt_rate=280), decode=pods("d", 2, running=4, kv=0.3),
               ttft=3.0, itl=0.08),
      {"prefill": 2, "decode": 2},
      {"prefill": (3, Reason.TTFT_ABOVE_TARGET), "decode": (2, Reason.WITHIN_TARGET)}),
-    ("ttft-surely-far-above-moves-by-what-the-buckets-prove",
+    ("ttft-far-above-moves-a-quarter-a-window",
      snapshot(prefill=pods("p", 2, busy=0.95, prompt_rate=280), decode=pods("d", 2, running=4, kv=0.3),
               ttft=6.0, itl=0.08),
      {"prefill": 2, "decode": 2},
-     {"prefill": (5, Reason.TTFT_ABOVE_TARGET)}),
+     {"prefill": (3, Reason.TTFT_ABOVE_TARGET)}),
+    ("prompts-outrunning-prefill-scale-it-by-the-deficit",  # 1200 tokens/s arrive, 560 are done
+     snapshot(prefill=pods("p", 2, busy=1.0, prompt_rate=600, done=280), decode=pods("d", 2, running=4),
+              ttft=6.0, itl=0.08),
+     {"prefill": 2, "decode": 2},
+     {"prefill": (6, Reason.PREFILL_BUSY)}),
     ("busy-prefill-scales-before-ttft-suffers",
      snapshot(prefill=pods("p", 2, busy=0.98, prompt_rate=280), decode=pods("d", 2, running=4, kv=0.3),
               ttft=1.9, itl=0.09),

@@ -132,6 +132,7 @@ def test_role_window_rates_sums_and_what_could_not_be_read():
     pre, dec = snap.roles["prefill"], snap.roles["decode"]
     assert (pre.ready, pre.readable, pre.rated) == (2, 2, 1)
     assert math.isclose(pre.prompt_tokens_rate, 100.0) and math.isclose(pre.busy, 0.75) and pre.waiting == 1
+    assert math.isclose(pre.step_tokens_rate, 100 / 60), "tokens the steps processed, apart from those added"
     assert (dec.ready, dec.readable, dec.unreadable) == (2, 1, 1)
     assert dec.running == 4 and math.isclose(dec.kv_usage, 0.3) and math.isclose(dec.generation_tokens_rate, 20.0)
     assert dec.outstanding_prompt_tokens is None
