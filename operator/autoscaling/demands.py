@@ -89,6 +89,11 @@ def _scaled(rw: RoleWindow, value: float) -> float:
     return value * rw.ready / rw.readable if rw.readable else value
 
 
+def _grew_in_window(rw: RoleWindow) -> bool:
+    """Pods that came up within the window: its latencies are from before they served."""
+    return rw.readable > rw.rated
+
+
 def learn_mu(known: float | None, pre: RoleWindow | None) -> float | None:
     """Prompt tokens a prefill pod processes per busy second (its step counters), when it worked."""
     if pre is not None and pre.busy > 0.05 and pre.step_tokens_rate > 0:
@@ -99,8 +104,10 @@ def learn_mu(known: float | None, pre: RoleWindow | None) -> float | None:
 def prefill_demands(snap: Snapshot, spec: AutoscalingSpec, rs: RoleScaling, mu: float | None) -> list[Demand]:
     """What the prompt load asks of the prefill pool (see the module docstring)."""
     pre, dec, router = snap.roles["prefill"], snap.roles.get("decode"), snap.router
-    busy = _scaled(pre, pre.busy) if pre.rated else 0.0
-    arriving = _scaled(pre, pre.prompt_tokens_rate) if pre.rated else 0.0
+    # rates come from pods read at both ends of the window; the others (new, unreadable) are
+    # taken to do the same
+    busy = pre.busy * pre.ready / pre.rated if pre.rated else 0.0
+    arriving = pre.prompt_tokens_rate * pre.ready / pre.rated if pre.rated else 0.0
     # Busy time saturates at one per pod; prompts added to the engines keep counting when they
     # outrun the pool, so arriving work over the measured speed sizes an overload.
     load = max(busy, arriving / mu) if mu else busy
@@ -139,8 +146,12 @@ def prefill_demands(snap: Snapshot, spec: AutoscalingSpec, rs: RoleScaling, mu: 
                           f"take that long, more pods would not help"))
         return out
     # Under overload a queue makes TTFT grow without bound, so how far it is over says nothing of
-    # the capacity missing (arriving work does, above): it only moves prefill a step at a time.
+    # the capacity missing (arriving work does, above): it only moves prefill a step at a time, and
+    # not while pods that came up within the window have yet to show in it (no wind-up).
     scale = 1.0 if _in_band(ratio, spec.tolerance) else min(ratio, LATENCY_STEP)
+    if scale > 1 and _grew_in_window(pre):
+        scale = 1.0
+        words += f"; {pre.readable - pre.rated} new prefill pods are not in this window yet"
     out.append(Demand(pre.ready * scale, Reason.TTFT_ABOVE_TARGET if scale > 1 else Reason.WITHIN_TARGET,
                       f"{words}, prefill pods {per_pod_busy:.0%} busy"))
     return out
@@ -180,8 +191,8 @@ def learn_decode_seats(snap: Snapshot, spec: AutoscalingSpec, seats: Seats | Non
     estimate probes SEATS_PROBE higher.
     """
     dec, router = snap.roles.get("decode"), snap.router
-    if dec is None or router is None or not dec.readable or dec.running <= 0:
-        return seats
+    if dec is None or router is None or not dec.readable or dec.running <= 0 or _grew_in_window(dec):
+        return seats  # nothing to learn from, or a window from before the newest pods served
     lat = _latency_ratio(router.itl, spec.itl.quantile, spec.itl.seconds, MIN_ITL_SAMPLES)
     if lat is None:
         return seats
@@ -225,7 +236,7 @@ def decode_demands(snap: Snapshot, spec: AutoscalingSpec, seats: Seats | None) -
         return out
     above = lat is not None and lat[1] > 1 + spec.tolerance
     wanted = concurrency / seats.per_pod
-    if above:
+    if above and not _grew_in_window(dec):
         wanted = max(wanted, n + 1.0)
     elif not seats.bounded or (lat is not None and lat[1] >= 1 - spec.tolerance):
         wanted = min(wanted, n)  # an estimate never proven too high, or ITL near target: only shrink

@@ -192,6 +192,29 @@ def test_decision_table(case, snap, current, expected):
         assert d.message, "every decision explains itself"
 
 
+def _round_at(at: float, prefill_names: tuple[str, ...]) -> ScrapeRound:
+    """Busy prefill pods, two decode pods, first tokens at 4 s (2x the target) within the window."""
+    out = [PodScrape("router-0", "router", True, RouterReading(
+        ttft=hist(TTFT_BOUNDS, 4.0 if at else None, 100), itl=hist(ITL_BOUNDS, 0.08 if at else None, 1000),
+        in_flight=0.0, requests=0.0))]
+    out += [PodScrape(n, "prefill", True, _reading(worker(n, busy=0.7, prompt_rate=200), at)) for n in prefill_names]
+    out += [PodScrape(p["name"], "decode", True, _reading(p, at)) for p in pods("d", 2, running=4)]
+    return ScrapeRound(at, tuple(out))
+
+
+def test_latency_from_before_new_pods_served_does_not_wind_up():
+    """A pod that came up within the window (no reading at its start) is not in that window's
+    latencies: TTFT over target then asks for no more prefill pods on top of it."""
+    def decide(first: tuple[str, ...]):
+        w = MetricsWindow(WINDOW).add(_round_at(0.0, first)).add(_round_at(WINDOW, ("p-0", "p-1")))
+        decision, _ = plan(w.snapshot(), {"prefill": 2, "decode": 2}, SPEC, PlannerState(), now=WINDOW)
+        return decision.roles["prefill"]
+
+    assert decide(("p-0", "p-1")).desired == 3, "both served the whole window: TTFT moves prefill up"
+    d = decide(("p-0",))
+    assert d.desired == 2 and "1 new prefill pods are not in this window yet" in d.message
+
+
 def test_the_table_covers_every_scale_up_reason():
     reasons = {r for _, _, _, exp in CASES for _, r in exp.values()}
     assert {Reason.TTFT_ABOVE_TARGET, Reason.ITL_ABOVE_TARGET, Reason.PREFILL_BUSY, Reason.PROMPT_BACKLOG,
