@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="2,10,50,200", help="fixed-fleet sizes at the peak (prefill + decode)")
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--day-hours", type=float, default=4.0, help="the day is replayed in this many hours")
+    ap.add_argument("--day-hours", type=float, default=24.0, help="the day is replayed in this many hours")
     ap.add_argument("--ttft", type=float, default=3.0, help="TTFT target (p90), seconds")
     ap.add_argument("--itl", type=float, default=0.1, help="ITL target (p90), seconds; also the TPOT SLO")
     ap.add_argument("--percentile", type=float, default=90, help="the planner's target percentile")

@@ -191,8 +191,8 @@ def learn_decode_seats(snap: Snapshot, spec: AutoscalingSpec, seats: Seats | Non
     estimate probes SEATS_PROBE higher.
     """
     dec, router = snap.roles.get("decode"), snap.router
-    if dec is None or router is None or not dec.readable or dec.running <= 0 or _grew_in_window(dec):
-        return seats  # nothing to learn from, or a window from before the newest pods served
+    if dec is None or router is None or not dec.readable or dec.running <= 0:
+        return seats
     lat = _latency_ratio(router.itl, spec.itl.quantile, spec.itl.seconds, MIN_ITL_SAMPLES)
     if lat is None:
         return seats
@@ -236,7 +236,7 @@ def decode_demands(snap: Snapshot, spec: AutoscalingSpec, seats: Seats | None) -
         return out
     above = lat is not None and lat[1] > 1 + spec.tolerance
     wanted = concurrency / seats.per_pod
-    if above and not _grew_in_window(dec):
+    if above:
         wanted = max(wanted, n + 1.0)
     elif not seats.bounded or (lat is not None and lat[1] >= 1 - spec.tolerance):
         wanted = min(wanted, n)  # an estimate never proven too high, or ITL near target: only shrink
