@@ -82,7 +82,8 @@ def _pct(values, q: float) -> float:
 
 
 def simulate(policy: str, cap: Capacity, fleet: Fleet, peak_rps: float, size: int, args) -> Result:
-    spec = planner_spec(fleet, args.ttft, args.itl, args.prefill_min, args.percentile)
+    spec = planner_spec(fleet, args.ttft * args.target_margin, args.itl * args.target_margin, args.prefill_min,
+                        args.percentile)
     night = load_shape(0.0)
     if policy == "fixed":
         decide, initial = FixedPolicy(), {"prefill": fleet.prefill, "decode": fleet.decode}
@@ -171,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttft", type=float, default=3.0, help="TTFT target (p90), seconds")
     ap.add_argument("--itl", type=float, default=0.1, help="ITL target (p90), seconds; also the TPOT SLO")
     ap.add_argument("--percentile", type=float, default=90, help="the planner's target percentile")
+    ap.add_argument("--target-margin", type=float, default=1.0,
+                    help="the planner's latency targets as a fraction of the SLO (1: the SLO itself)")
     ap.add_argument("--prefill-min", type=int, default=0)
     ap.add_argument("--startup-s", type=float, default=60.0)
     ap.add_argument("--export-outstanding", action="store_true",

@@ -104,10 +104,10 @@ def learn_mu(known: float | None, pre: RoleWindow | None) -> float | None:
 def prefill_demands(snap: Snapshot, spec: AutoscalingSpec, rs: RoleScaling, mu: float | None) -> list[Demand]:
     """What the prompt load asks of the prefill pool (see the module docstring)."""
     pre, dec, router = snap.roles["prefill"], snap.roles.get("decode"), snap.router
-    # rates come from pods read at both ends of the window; the others (new, unreadable) are
-    # taken to do the same
-    busy = pre.busy * pre.ready / pre.rated if pre.rated else 0.0
-    arriving = pre.prompt_tokens_rate * pre.ready / pre.rated if pre.rated else 0.0
+    # Rates come from pods read at both ends of the window. A pod that could not be read is taken
+    # to do what the read ones do; one that came up within the window took little of its work.
+    busy = _scaled(pre, pre.busy)
+    arriving = _scaled(pre, pre.prompt_tokens_rate)
     # Busy time saturates at one per pod; prompts added to the engines keep counting when they
     # outrun the pool, so arriving work over the measured speed sizes an overload.
     load = max(busy, arriving / mu) if mu else busy
@@ -139,7 +139,7 @@ def prefill_demands(snap: Snapshot, spec: AutoscalingSpec, rs: RoleScaling, mu: 
     words = f"TTFT p{spec.ttft.percentile:g} {_fmt_s(observed)} vs target {_fmt_s(spec.ttft.seconds)}"
     if pre.prompt_tokens_rate <= 0 and backlog <= 0:
         return out  # prefill did nothing: the TTFT seen is decode-side prefill, not this pool's
-    per_pod_busy = busy / pre.ready
+    per_pod_busy = pre.busy / pre.rated if pre.rated else 0.0
     if ratio > 1 + spec.tolerance and per_pod_busy < BUSY_FOR_TTFT and backlog <= 0:
         out.append(Demand(pre.ready, Reason.TARGET_UNREACHABLE,
                           f"{words}, but prefill pods are only {per_pod_busy:.0%} busy: the prompts themselves "
