@@ -1,6 +1,6 @@
 """A day-shaped arrival trace with mixed prompt and answer lengths, reproducible from a seed.
 
-Arrivals are a Poisson process whose rate follows a working day (a night trough at 0.12 of the
+Arrivals are a Poisson process whose rate follows a working day (a night trough at a tenth of the
 peak, a morning hump, the peak mid-afternoon, an evening hump) with one 15-minute flash crowd
 (+40%) late morning. The mix moves through the day so prefill and decode demand do not rise
 together: document prompts (long in, short out) are most of the office hours, long answers (short
