@@ -12,6 +12,7 @@ class RouteReason(enum.StrEnum):
     NO_MATCHING_GENERATION = "no_matching_generation"  # no prefill/decode pair of one generation
     PREFILL_FAILED = "prefill_failed"  # every prefill attempt failed: decode-side prefill
     PREFILL_SATURATED = "prefill_saturated"  # the prefill pool is busy, a decode worker has room
+    CACHED_PREFIX = "cached_prefix"  # the decode worker holds all but a short tail of the prompt
 
 
 class RoutingPolicy(enum.StrEnum):
@@ -19,3 +20,4 @@ class RoutingPolicy(enum.StrEnum):
 
     LEAST_LOADED = "least-loaded"  # prefill by queued prompt tokens, decode by running sequences
     ROUND_ROBIN = "round-robin"  # each pool in turn, ignoring load
+    PREFIX_AWARE = "prefix-aware"  # the prompt's tokens a worker must still compute or queue behind

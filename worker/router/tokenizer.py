@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+from tandem.contracts.protocol import TOKENIZER_FILES
 
 
 class ChatTemplateError(ValueError):
