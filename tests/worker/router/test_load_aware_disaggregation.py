@@ -17,7 +17,7 @@ from tandem.worker.router.policies.base import (
 from tandem.worker.router.policies.registry import POLICIES, create_policy
 
 PROMPT = RequestInfo("r", prompt_tokens=600)
-SETTINGS = PolicySettings(prefill_saturated_tokens=2000, decode_headroom_seqs=8)
+SETTINGS = PolicySettings(prefill_saturated_tokens=2000, decode_headroom_sequences=8)
 
 
 def W(url: str, role: Role, **kw) -> WorkerView:

@@ -18,7 +18,7 @@ its subclasses:
 - Load-aware disaggregation (`prefill_saturated`): when every ready prefill worker of the paired
   generation already has at least `prefill_saturated_tokens` prompt tokens queued, a
   decode-capable worker with headroom prefills the prompt itself, in the small chunks its engine
-  allows a decode worker. Headroom: fewer than `decode_headroom_seqs` sequences running or
+  allows a decode worker. Headroom: fewer than `decode_headroom_sequences` sequences running or
   waiting, KV usage under DECODE_HEADROOM_KV, and fewer prompt tokens queued than the least
   busy prefill worker (so the prompt starts sooner there). Without such a worker the prompt
   waits for prefill, and decode streams keep their steady gaps.
@@ -34,7 +34,12 @@ from typing import TYPE_CHECKING, ClassVar
 
 from tandem.contracts.names import Role
 from tandem.contracts.prefix import block_hashes
-from tandem.contracts.routing import RouteReason
+from tandem.contracts.routing import (
+    DECODE_HEADROOM_SEQUENCES,
+    PREFILL_SATURATED_TOKENS,
+    PREFIX_SEQUENCE_COST_TOKENS,
+    RouteReason,
+)
 
 if TYPE_CHECKING:
     from tandem.worker.router.prefix_index import PrefixIndex
@@ -108,9 +113,9 @@ class PolicySettings:
     """What the router's configuration tells every policy."""
 
     short_prompt_threshold: int = 0  # prompt tokens; 0 sends every prompt through prefill
-    prefill_saturated_tokens: int = 2048  # queued prompt tokens that make prefill saturated; 0: never
-    decode_headroom_seqs: int = 16  # a decode worker with fewer sequences may prefill when saturated
-    prefix_seq_cost_tokens: int = 256  # prefix-aware: one running sequence weighs this many prompt tokens
+    prefill_saturated_tokens: int = PREFILL_SATURATED_TOKENS  # queued prompt tokens: saturated; 0: never
+    decode_headroom_sequences: int = DECODE_HEADROOM_SEQUENCES  # fewer: a decode worker may prefill then
+    prefix_sequence_cost_tokens: int = PREFIX_SEQUENCE_COST_TOKENS  # a running sequence, in prompt tokens
     prefix_index: PrefixIndex | None = None  # set by the router for a policy that uses_prefix_index
 
 
@@ -213,7 +218,7 @@ class PairedPolicy(RoutingPolicy):
         queued = min(queued_prompt_tokens(w) for w in prefill)
         if limit <= 0 or queued < limit:
             return None
-        room = [w for w in decode if decode_seqs(w) < self.settings.decode_headroom_seqs
+        room = [w for w in decode if decode_seqs(w) < self.settings.decode_headroom_sequences
                 and w.kv_usage < DECODE_HEADROOM_KV and queued_prompt_tokens(w) < queued]
         return self.pick_decode(request, room) if room else None
 

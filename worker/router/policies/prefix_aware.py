@@ -2,7 +2,7 @@
 prefix cache it holds (the router's PrefixIndex, fed by the workers' KV events), weighed against
 its load, and the cheapest wins:
 - a prefill worker costs the prompt tokens queued there plus the prompt's tokens it does not hold;
-- a decode worker costs `prefix_seq_cost_tokens` per sequence running or waiting there plus the
+- a decode worker costs `prefix_sequence_cost_tokens` per sequence running or waiting there plus the
   prompt's tokens it does not hold (what it would compute, or pull, and then hold for the next
   turn of the conversation).
 So a conversation's later turns go back to the workers holding its earlier turns, and a hot
@@ -45,7 +45,7 @@ class PrefixAware(PairedPolicy):
         return queued_prompt_tokens(w) + request.prompt_tokens - self.cached(request, w)
 
     def decode_cost(self, request: RequestInfo, w: WorkerView) -> int:
-        return self.settings.prefix_seq_cost_tokens * decode_seqs(w) + request.prompt_tokens - self.cached(request, w)
+        return self.settings.prefix_sequence_cost_tokens * decode_seqs(w) + request.prompt_tokens - self.cached(request, w)
 
     def pick_prefill(self, request: RequestInfo, candidates: list[WorkerView]) -> WorkerView:
         return min(candidates, key=lambda w: (self.prefill_cost(request, w), w.running + w.waiting))
