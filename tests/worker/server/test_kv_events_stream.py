@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from tandem.contracts.internal_auth import auth_headers
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import KVEventMessage, KVEventType
+from tandem.testing.fake_prefix_cache import FakePrefixCache as FakeCache
 from tandem.worker.server import kv_events
 from tandem.worker.server.app import WorkerSettings, WorkerState, create_app
 from tandem.worker.server.kv_events import KVEventSource
@@ -25,27 +26,6 @@ SECRET = "kv-events-secret-0123456789"
 
 def h(i: int) -> bytes:
     return i.to_bytes(16, "big")
-
-
-class FakeCache:
-    """What the event stream sees of an engine with a prefix cache: its lock, block size, salt,
-    the hashes it holds, and the callback it calls (under its lock) when they change."""
-
-    def __init__(self, held=(), block_size: int = 4, salt: bytes = b"salt") -> None:
-        self.lock = threading.RLock()
-        self.layout = SimpleNamespace(block_size=block_size)
-        self.prefix_hash_salt = salt
-        self.held = set(held)
-        self.on_kv_event = lambda stored, removed: None
-
-    def cached_block_hashes(self) -> list[bytes]:
-        return list(self.held)
-
-    def change(self, stored=(), removed=()) -> None:
-        with self.lock:
-            self.held.difference_update(removed)
-            self.held.update(stored)
-            self.on_kv_event(list(stored), list(removed))
 
 
 class Lines:
