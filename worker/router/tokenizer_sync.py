@@ -1,10 +1,12 @@
 """The router's copy of the workers' tokenizer, and the token ids it sends them.
 
 Where it comes from (`tokenizer` setting): `workers` (the default) fetches GET /internal/tokenizer
-from a ready worker, so a router pod needs no model volume; a folder loads the files there; `off`
-never tokenizes. Every poll of the workers checks their `tokenizer_sha256`: the router tokenizes
-only while every ready worker that reports one reports the digest of the files it loaded (after a
-rollout that changed the tokenizer it loads the new one). Tokenized, a request reaches the workers
+from a ready worker, so a router pod needs no model volume; `off` never tokenizes; a folder loads
+the files there, and is trusted as configured (the workers' digests are of the files their
+tokenizer saves, which need not be byte-equal to a model folder's). With `workers`, every poll
+checks the workers' `tokenizer_sha256`: the router tokenizes only while every ready worker that
+reports one reports the digest of the files it loaded (after a rollout that changed the
+tokenizer it loads the new one). Tokenized, a request reaches the workers
 as `prompt_token_ids` (every worker sees the same ids), and its size is exact where the router
 decides: `maxPromptTokens` is refused before any worker computes, the short-prompt bypass and
 prefix-aware routing count real tokens.
@@ -33,6 +35,7 @@ log = logging.getLogger("tandem.router.tokenizer")
 
 WORKERS, OFF = "workers", "off"
 INLINE_CHARS = 16_384  # longer prompts are tokenized off the event loop
+POLLS_BEFORE_WARNING = 10  # a worker reports its digest a poll or two after it is ready
 DEGRADED = ("requests go to the workers as text, token counts are estimates, maxPromptTokens is "
             "checked once a worker tokenized the prompt, prefix-aware routing balances load only")
 
@@ -60,6 +63,7 @@ class TokenizerSync:
         self._task: asyncio.Task | None = None
         self._failures = 0
         self._retry_at = 0.0
+        self._polls_without = 0  # polls in a row with ready workers but no digest
 
     def load_dir(self) -> None:
         """`source` is a folder: load it now (at start-up; a broken folder is a configuration error)."""
@@ -77,12 +81,16 @@ class TokenizerSync:
 
     def refresh(self, views: Sequence[WorkerView]) -> None:
         """After each poll: check the ready workers' digests; start loading theirs if it is new."""
-        if self.source == OFF:
+        if self.source != WORKERS:
             return
         ready = [v for v in views if v.ready and v.tokenizer_sha256]
         digests = {v.tokenizer_sha256 for v in ready}
-        if not digests:
-            return  # nothing to compare with: keep what we have
+        if not digests:  # nothing to compare with: keep what we have
+            self._polls_without += any(v.ready for v in views)
+            if self._polls_without == POLLS_BEFORE_WARNING and not self.active:
+                self._set_active(False, "no ready worker offers its tokenizer (an older worker?)")
+            return
+        self._polls_without = 0
         if len(digests) > 1:
             self._set_active(False, f"the ready workers serve {len(digests)} different tokenizers")
             return
@@ -90,12 +98,10 @@ class TokenizerSync:
         if digest == self.sha256:
             self._set_active(True, "every ready worker serves it")
             return
-        if self.source != WORKERS:
-            self._set_active(False, f"the workers' tokenizer differs from the one in {self.source}")
-            return
-        self._set_active(False, "the workers' tokenizer is not loaded yet" if not self.sha256
-                         else "the workers serve another tokenizer now")
+        if self.sha256:
+            self._set_active(False, "the workers serve another tokenizer now")
         if self._task is None and time.monotonic() >= self._retry_at:
+            log.info("fetching the served model's tokenizer from %s", ready[0].url)
             self._task = asyncio.get_running_loop().create_task(self._load(ready[0].url, digest))
 
     async def _load(self, url: str, digest: str) -> None:
