@@ -93,6 +93,11 @@ class RouterMetrics:
             "Prefix-cache blocks the router's index knows the workers hold, all workers together.",
             registry=r,
         )
+        self.kv_event_streams = Gauge(
+            "tandem_router_kv_event_streams",
+            "Workers whose KV events the router follows (their snapshot arrived), for prefix-aware routing.",
+            registry=r,
+        )
         self.tokenizer_active = Gauge(
             "tandem_router_tokenizer_active",
             "1 while the router tokenizes requests itself (exact limits, token ids to the workers).",

@@ -95,5 +95,9 @@ class PrefixIndex:
         held = self._workers.get(url)
         return held.engine_id if held else None
 
+    def workers(self) -> int:
+        """Workers whose current stream has delivered its snapshot."""
+        return len(self._workers)
+
     def total_blocks(self) -> int:
         return sum(len(h.hashes) for h in self._workers.values())

@@ -1,7 +1,8 @@
 """Through a real `tandem up` stack (disaggregated, TCP KV): the router fetches the workers'
 tokenizer, counts prompt tokens exactly as the workers do (plain prompts and chat messages through
 the chat template), sends them the ids, routes short prompts by exact counts, and refuses a prompt
-over maxPromptTokens before any worker computes (the workers' prompt token counters stay put)."""
+over maxPromptTokens before any worker computes (the workers' prompt token counters stay put); a
+prefix-aware router process follows the real workers' KV event streams."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import urllib.request
 
 import openai
 import pytest
-from tandem.contracts.internal_auth import auth_headers
+from tandem.contracts.internal_auth import SECRET_ENV, auth_headers
 from tandem.testing.local_stack import LocalStack
+from tandem.testing.router_process import RouterProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -35,8 +37,12 @@ def scrape(url: str) -> dict[str, float]:
             if ln and not ln.startswith("#")}
 
 
+def router_metric_at(url: str, series: str) -> float:
+    return scrape(url).get(series, 0.0)
+
+
 def router_metric(stack: LocalStack, series: str) -> float:
-    return scrape(stack.url).get(series, 0.0)
+    return router_metric_at(stack.url, series)
 
 
 def worker_prompt_tokens(stack: LocalStack) -> dict[str, float]:
@@ -111,3 +117,26 @@ def test_max_prompt_tokens_is_refused_before_any_worker_computes(stack, client, 
         exact = worker_count(stack, body)  # only now does a worker count it, to check the router's number
         assert exact > STACK_MAX_PROMPT_TOKENS
         assert f"The prompt has {exact} tokens" in err.value.body["message"]
+
+
+def test_a_prefix_aware_router_follows_the_workers_kv_events(stack, model_name, monkeypatch):
+    """The engine keeps no prefix cache yet: each worker streams an empty snapshot and heartbeats,
+    and the router serves by load with exact token counts."""
+    monkeypatch.setenv(SECRET_ENV, stack.secret)
+    targets = [a for w in stack.workers() for a in ("--prefill" if w["role"] == "prefill" else "--decode", w["url"])]
+    router = RouterProcess("--policy", "prefix-aware", *targets).start()
+    try:
+        deadline = time.monotonic() + 60
+        while (router_metric_at(router.url, "tandem_router_kv_event_streams") != len(stack.workers())
+               or router_metric_at(router.url, "tandem_router_tokenizer_active") != 1):
+            assert time.monotonic() < deadline, router.log()[-3000:]
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        messages = [{"role": "user", "content": "The router sends the prompt to a prefill worker. " * 5}]
+        usage = client.chat.completions.create(model=model_name, messages=messages, max_tokens=2).usage
+        assert usage.prompt_tokens == worker_count(stack, {"messages": messages})
+        assert router_metric_at(router.url, "tandem_router_prompt_tokens_total") == usage.prompt_tokens
+        assert router_metric_at(router.url, "tandem_router_kv_event_resyncs_total") == 0
+        assert router_metric_at(router.url, "tandem_router_prefix_index_blocks") == 0
+    finally:
+        router.stop()
