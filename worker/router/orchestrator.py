@@ -1,6 +1,8 @@
 """The request state machine: one request across workers (plan, prefill, handoff, decode, retry,
 resume, abort).
 
+A prompt whose token ids are known (the router tokenized it, or the client sent ids) is checked
+against `maxPromptTokens` before the plan, so no worker computes for a prompt that is refused.
 The policy (policies/) chooses workers; every call to a worker goes through a `WorkerClient`
 (worker_client.py), so this module does no I/O of its own and is tested against an in-process
 fake. It yields router-level events (Started, Tokens, Finished) and raises RouterError; app.py

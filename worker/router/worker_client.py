@@ -11,6 +11,8 @@ tandem.contracts.protocol), tests use an in-process fake. A call that fails rais
   is alive and full. It is tried again later, never marked failed.
 Connect, per-call and between-line timeouts bound every wait; a worker's heartbeat lines (sent
 while a request waits in its queue) start the between-line timeout again, like any line.
+`HttpWorkerClient` also fetches a worker's tokenizer (tokenizer_sync.py) and follows its KV events
+(kv_feed.py); those have their own narrow protocols there.
 """
 
 from __future__ import annotations
