@@ -23,6 +23,13 @@ Endpoints every worker serves (aiohttp, see worker/server/):
   POST /internal/kv/release     {"request_id", "lease_token"}: the prefill side frees a request's
                                 leased blocks (a wrong token or a second release frees nothing)
   GET  /internal/kv/health      KV transfer health, read by the operator for KVTransferReady
+  GET  /internal/tokenizer      TokenizerFiles: the served model's tokenizer and chat template, so
+                                the router tokenizes as the workers do without a model volume
+                                (WorkerInfo.tokenizer_sha256 names them; equal digests, equal files)
+  GET  /internal/kv/events      NDJSON stream of KVEventMessage: a SNAPSHOT of every prefix-cache
+                                block hash the worker holds, then UPDATEs (stored, removed) numbered
+                                one by one, and HEARTBEATs; a gap in `seq` means events were lost,
+                                so the reader reconnects and starts again from a new snapshot
 
 With a per-service secret configured (tandem.contracts.internal_auth), every /internal/*
 endpoint except /internal/kv/health wants `Authorization: Bearer <secret>` and answers 401
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,8 +103,9 @@ class KVSource:
 @dataclass
 class GenerateRequest:
     request_id: str
-    # Exactly one of prompt / messages / prompt_token_ids. The worker tokenizes
-    # (and applies the chat template to messages); the router never does.
+    # Exactly one of prompt / messages / prompt_token_ids. A router that loaded the workers'
+    # tokenizer (GET /internal/tokenizer) sends token ids; else the worker tokenizes (and applies
+    # the chat template to messages).
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     prompt_token_ids: list[int] | None = None
@@ -194,6 +203,8 @@ class WorkerInfo:
     waiting: int  # sequences queued
     kv_usage: float  # used / total blocks, 0..1
     outstanding_prompt_tokens: int  # prompt tokens queued or being prefilled
+    # tokenizer_digest of what GET /internal/tokenizer serves; "" until the worker has computed it
+    tokenizer_sha256: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -204,6 +215,80 @@ class WorkerInfo:
         d["role"] = Role(d["role"])
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# The files a router needs to tokenize as a worker does (tandem.worker.router.tokenizer).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def tokenizer_digest(files: dict[str, str]) -> str:
+    """SHA-256 over the files' names and texts: equal digests mean the same tokenizer and template."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        data = files[name].encode()
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+@dataclass
+class TokenizerFiles:
+    """GET /internal/tokenizer: names in TOKENIZER_FILES -> their text, and their tokenizer_digest."""
+
+    sha256: str
+    files: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TokenizerFiles:
+        files = d.get("files")
+        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                  for k, v in files.items()):
+            raise ValueError("tokenizer files must be an object of file name -> text")
+        sha = d.get("sha256")
+        if sha != tokenizer_digest(files):
+            raise ValueError("tokenizer files do not match their sha256")
+        return cls(sha, dict(files))
+
+
+class KVEventType(enum.StrEnum):
+    SNAPSHOT = "snapshot"  # first line of every stream: all the block hashes held, as of `seq`
+    UPDATE = "update"  # hashes stored and removed since the previous line; seq is the previous + 1
+    HEARTBEAT = "heartbeat"  # nothing changed; `seq` repeats the last one
+
+
+@dataclass
+class KVEventMessage:
+    """One NDJSON line of GET /internal/kv/events. Hashes (tandem.contracts.prefix.block_hashes over
+    `block_size` tokens with `salt`) travel as hex. `enabled` is false on a worker whose engine keeps
+    no prefix cache: its snapshot is empty and no update follows."""
+
+    type: KVEventType
+    seq: int
+    engine_id: str = ""  # on SNAPSHOT: a restarted worker has a new one
+    block_size: int = 0  # on SNAPSHOT
+    salt: str = ""  # on SNAPSHOT, hex
+    enabled: bool = True  # on SNAPSHOT
+    hashes: list[str] = field(default_factory=list)  # on SNAPSHOT
+    stored: list[str] = field(default_factory=list)  # on UPDATE
+    removed: list[str] = field(default_factory=list)  # on UPDATE
+
+    def to_dict(self) -> dict[str, Any]:
+        keep = {KVEventType.SNAPSHOT: ("engine_id", "block_size", "salt", "enabled", "hashes"),
+                KVEventType.UPDATE: ("stored", "removed"), KVEventType.HEARTBEAT: ()}[self.type]
+        return {"type": self.type.value, "seq": self.seq} | {k: getattr(self, k) for k in keep}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> KVEventMessage:
+        d = dict(d)
+        d["type"] = KVEventType(d["type"])
+        known = {f.name for f in dataclasses.fields(cls)}
+        msg = cls(**{k: v for k, v in d.items() if k in known})
+        if not isinstance(msg.seq, int) or isinstance(msg.seq, bool):
+            raise ValueError(f"kv event seq must be an integer, got {msg.seq!r}")
+        return msg
 
 
 def openai_error(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:

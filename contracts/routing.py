@@ -1,4 +1,5 @@
-"""Why the router sent a request where it did: one word each, safe as a Prometheus label value."""
+"""Why the router sent a request where it did (one word each, safe as a Prometheus label value), the
+policies `router.policy` names, and the routing defaults the router's settings and the CRD share."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ class RouteReason(enum.StrEnum):
     NO_MATCHING_GENERATION = "no_matching_generation"  # no prefill/decode pair of one generation
     PREFILL_FAILED = "prefill_failed"  # every prefill attempt failed: decode-side prefill
     PREFILL_SATURATED = "prefill_saturated"  # the prefill pool is busy, a decode worker has room
+    CACHED_PREFIX = "cached_prefix"  # the decode worker holds all but a short tail of the prompt
 
 
 class RoutingPolicy(enum.StrEnum):
@@ -19,3 +21,13 @@ class RoutingPolicy(enum.StrEnum):
 
     LEAST_LOADED = "least-loaded"  # prefill by queued prompt tokens, decode by running sequences
     ROUND_ROBIN = "round-robin"  # each pool in turn, ignoring load
+    PREFIX_AWARE = "prefix-aware"  # the prompt's tokens a worker must still compute or queue behind
+
+
+# Load-aware disaggregation: the prefill pool is saturated when every prefill worker has this many
+# prompt tokens queued (about two long prompts); a decode worker running fewer sequences than
+# DECODE_HEADROOM_SEQUENCES may then prefill a prompt itself.
+PREFILL_SATURATED_TOKENS = 2048
+DECODE_HEADROOM_SEQUENCES = 16
+# prefix-aware: one sequence running on a decode worker weighs as much as this many prompt tokens
+PREFIX_SEQUENCE_COST_TOKENS = 256

@@ -13,7 +13,12 @@ from typing import Any, ClassVar
 
 from tandem.contracts.internal_auth import SECRET_ENV
 from tandem.contracts.names import Role
-from tandem.contracts.routing import RoutingPolicy
+from tandem.contracts.routing import (
+    DECODE_HEADROOM_SEQUENCES,
+    PREFILL_SATURATED_TOKENS,
+    PREFIX_SEQUENCE_COST_TOKENS,
+    RoutingPolicy,
+)
 from tandem.operator.spec.fields import FreeForm, Quantity, Rule, api_field, parse, to_json
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -260,11 +265,24 @@ class Router:
     policy: str = api_field(
         "policy", enum=[p.value for p in RoutingPolicy], default=RoutingPolicy.LEAST_LOADED.value,
         description="How the router picks workers: least-loaded (prefill by queued prompt tokens, decode "
-        "by running sequences and KV usage) or round-robin (each pool in turn).")
+        "by running sequences and KV usage), round-robin (each pool in turn) or prefix-aware (by the prompt "
+        "tokens a worker must still compute, from the prefix cache it holds, weighed against its load).")
     short_prompt_tokens: int = api_field(
         "shortPromptTokens", minimum=0, maximum=1048576, default=0,
-        description="Prompts estimated below this many tokens skip prefill and are prefilled by decode "
-        "(0: always disaggregate).")
+        description="Prompts below this many tokens skip prefill and are prefilled by decode (0: always "
+        "disaggregate); prefix-aware: also a prompt whose decode worker holds all but this many tokens.")
+    prefill_saturated_tokens: int = api_field(
+        "prefillSaturatedTokens", minimum=0, maximum=1048576, default=PREFILL_SATURATED_TOKENS,
+        description="Load-aware disaggregation: when every prefill worker has this many prompt tokens "
+        "queued, a decode worker with headroom prefills the prompt itself (0: never).")
+    decode_headroom_sequences: int = api_field(
+        "decodeHeadroomSequences", minimum=1, maximum=65536, default=DECODE_HEADROOM_SEQUENCES,
+        description="A decode worker running fewer sequences than this (with KV usage under 90% and a "
+        "shorter prompt queue than prefill) has headroom to prefill when prefill is saturated.")
+    prefix_sequence_cost_tokens: int = api_field(
+        "prefixSequenceCostTokens", minimum=0, maximum=1048576, default=PREFIX_SEQUENCE_COST_TOKENS,
+        description="prefix-aware: how many prompt tokens one sequence running on a decode worker weighs "
+        "against the prefix it holds (higher spreads a hot prefix sooner).")
     limits: RouterLimits = api_field("limits", default={})
     api_key_secret_ref: SecretKeyRef | None = api_field(
         "apiKeySecretRef", description="A Secret holding the API key clients must send as a Bearer token.")

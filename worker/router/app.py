@@ -21,23 +21,34 @@ from tandem.contracts.json_body import BodyError, decode_json
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER
 from tandem.worker.router.config import RouterConfig
-from tandem.worker.router.errors import RouterError, no_worker
+from tandem.worker.router.errors import RouterError, bad_request, no_worker
+from tandem.worker.router.kv_feed import KVEventFeed
 from tandem.worker.router.metrics import RouterMetrics
 from tandem.worker.router.orchestrator import (
     Orchestrator,
     RequestContext,
 )
-from tandem.worker.router.policies.base import PolicySettings
-from tandem.worker.router.policies.registry import create_policy
+from tandem.worker.router.policies.base import PolicySettings, RoutingPolicy
+from tandem.worker.router.policies.registry import policy_class
 from tandem.worker.router.pool import Target, WorkerPool
+from tandem.worker.router.prefix_index import PrefixIndex
 from tandem.worker.router.responses import Responder
 from tandem.worker.router.sse import ResponseShape
-from tandem.worker.router.validation import Endpoint, Limits, check_model, parse_request
+from tandem.worker.router.tokenizer import ChatTemplateError
+from tandem.worker.router.tokenizer_sync import OFF, WORKERS, TokenizerSync
+from tandem.worker.router.validation import (
+    Endpoint,
+    Limits,
+    ParsedRequest,
+    check_model,
+    parse_request,
+)
 from tandem.worker.router.worker_client import HttpWorkerClient, Timeouts
 
 log = logging.getLogger("tandem.router")
 
 ROUTER_KEY: web.AppKey[Router] = web.AppKey("router")
+TOKENIZER_START_WAIT_S = 10.0  # at start-up, how long a tokenizer fetch from a ready worker may delay serving
 
 
 def _error_response(err: RouterError, request_id: str | None = None) -> web.Response:
@@ -85,6 +96,9 @@ class Router:
         self.pool: WorkerPool | None = None
         self.orchestrator: Orchestrator | None = None
         self.responder: Responder | None = None
+        self.tokens: TokenizerSync | None = None
+        self.index: PrefixIndex | None = None  # only for a policy that routes by prefix
+        self.feed: KVEventFeed | None = None
         self._poller: asyncio.Task | None = None
         self.draining = False  # SIGTERM: not ready, new requests refused, streams finish
         self._active = 0  # generation requests being served
@@ -105,11 +119,15 @@ class Router:
         if self.config.internal_secret is None:
             log.warning("no internal secret ($TANDEM_INTERNAL_SECRET): workers that require one will "
                         "refuse this router")
-        self.pool = WorkerPool(client, poll_interval_s=self.config.poll_interval_s, served_model=self.config.model)
+        self.tokens = TokenizerSync(client, self.config.tokenizer)
+        if self.config.tokenizer not in (WORKERS, OFF):
+            self.tokens.load_dir()
+        self.pool = WorkerPool(client, poll_interval_s=self.config.poll_interval_s, served_model=self.config.model,
+                               listeners=[self.tokens.refresh])
         self.orchestrator = Orchestrator(
             client,
             self.pool,
-            create_policy(self.config.policy, PolicySettings(self.config.short_prompt_threshold)),
+            self._policy(client),
             self.metrics,
             limits=self.limits,
             max_prefill_attempts=self.config.max_prefill_attempts,
@@ -121,16 +139,30 @@ class Router:
             send_buffer_bytes=self.config.stream_send_buffer_bytes,
         )
         if self.discovery is None:
-            self.pool.set_targets(static_targets(self.config.prefill, self.config.decode))
+            self.set_targets(static_targets(self.config.prefill, self.config.decode))
         else:
             self.discovery.on_change = self.set_targets
             self.discovery.start(asyncio.get_running_loop())
         await self.pool.poll_once()
+        await self.tokens.wait_loaded(TOKENIZER_START_WAIT_S)  # the first requests are tokenized here too
         self._poller = asyncio.create_task(self.pool.run())
+
+    def _policy(self, client: HttpWorkerClient) -> RoutingPolicy:
+        """The configured policy; one that routes by prefix gets an index the workers' KV events feed."""
+        cls, c = policy_class(self.config.policy), self.config
+        if cls.uses_prefix_index:
+            self.index = PrefixIndex()
+            self.feed = KVEventFeed(client, self.index, self.metrics)
+        return cls(PolicySettings(
+            short_prompt_threshold=c.short_prompt_threshold, prefill_saturated_tokens=c.prefill_saturated_tokens,
+            decode_headroom_sequences=c.decode_headroom_sequences,
+            prefix_sequence_cost_tokens=c.prefix_sequence_cost_tokens, prefix_index=self.index))
 
     def set_targets(self, targets: list[Target]) -> None:
         assert self.pool is not None
         self.pool.set_targets(targets)
+        if self.feed is not None:
+            self.feed.set_targets(self.pool.urls())
 
     async def drain(self, grace_s: float) -> bool:
         """Stop being ready and refuse new requests, then wait (at most `grace_s`) for the requests in
@@ -150,6 +182,8 @@ class Router:
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
+        if self.feed is not None:
+            await self.feed.close()
         if self.orchestrator is not None:
             await self.orchestrator.drain()
         if self.session is not None:
@@ -200,6 +234,9 @@ class Router:
         return web.json_response({"object": "list", "data": data})
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        self.metrics.tokenizer_active.set(int(self.tokens is not None and self.tokens.active))
+        self.metrics.prefix_index_blocks.set(self.index.total_blocks() if self.index is not None else 0)
+        self.metrics.kv_event_streams.set(self.index.workers() if self.index is not None else 0)
         for role, c in self._counts().items():
             self.metrics.workers.labels(role, "true").set(c["ready"])
             self.metrics.workers.labels(role, "false").set(c["total"] - c["ready"])
@@ -228,6 +265,16 @@ class Router:
         except BodyError as exc:
             raise RouterError(exc.status, str(exc), "invalid_request_error", exc.param, exc.code) from None
 
+    async def _tokenize(self, parsed: ParsedRequest) -> None:
+        """Replace the prompt or messages by their token ids when the router tokenizes (tokenizer_sync.py)."""
+        assert self.tokens is not None
+        try:
+            ids = await self.tokens.token_ids(parsed)
+        except ChatTemplateError as e:
+            raise bad_request(str(e), "messages") from None
+        if ids is not None:
+            parsed.prompt_token_ids, parsed.prompt, parsed.messages = ids, None, None
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, Endpoint.CHAT)
 
@@ -254,6 +301,7 @@ class Router:
                 if served is None:  # no worker has answered yet: which model is unknown
                     raise no_worker("no worker is ready yet; retry shortly.")
                 check_model(parsed.model, served)
+                await self._tokenize(parsed)
                 shape = ResponseShape(
                     endpoint, request_id, parsed.model, int(time.time()), parsed.include_usage
                 )

@@ -18,7 +18,8 @@ _FLAGS = (
     "max_tokens_limit", "default_max_tokens", "max_prompt_tokens", "short_prompt_threshold", "policy",
     "poll_interval_s", "connect_timeout_s", "chunk_timeout_s", "prefill_timeout_s", "log_format",
     "log_level", "max_stop_chars", "busy_wait_s", "write_timeout_s", "stream_send_buffer_bytes",
-    "shutdown_grace_s",
+    "shutdown_grace_s", "prefill_saturated_tokens", "decode_headroom_sequences", "prefix_sequence_cost_tokens",
+    "tokenizer",
 )
 
 
@@ -51,8 +52,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prompt-tokens", type=int, default=None,
                         help="longest prompt accepted, in tokens (default: the model's context)")
     parser.add_argument("--short-prompt-threshold", type=int, default=None,
-                        help="prompts estimated below this many tokens skip prefill and go straight "
-                        f"to a decode worker (default {d.short_prompt_threshold})")
+                        help="prompts below this many tokens skip prefill and go straight to a decode "
+                        f"worker (default {d.short_prompt_threshold})")
+    parser.add_argument("--prefill-saturated-tokens", type=int, default=None,
+                        help="when every prefill worker has this many prompt tokens queued, a decode "
+                        "worker with headroom prefills the prompt itself (0: never; default "
+                        f"{d.prefill_saturated_tokens})")
+    parser.add_argument("--decode-headroom-sequences", type=int, default=None,
+                        help="a decode worker running fewer sequences than this has headroom to prefill "
+                        f"when prefill is saturated (default {d.decode_headroom_sequences})")
+    parser.add_argument("--prefix-sequence-cost-tokens", type=int, default=None,
+                        help="prefix-aware policy: prompt tokens one running sequence on a decode worker "
+                        f"weighs against its cached prefix (default {d.prefix_sequence_cost_tokens})")
+    parser.add_argument("--tokenizer", default=None,
+                        help="'workers' (fetch the served model's tokenizer from a worker), 'off', or a "
+                        f"folder with tokenizer.json (default {d.tokenizer})")
     parser.add_argument("--policy", choices=sorted(POLICIES), default=None,
                         help=f"how to pick workers (default {d.policy})")
     parser.add_argument("--poll-interval-s", type=float, default=None, help=argparse.SUPPRESS)

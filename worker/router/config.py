@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tandem.contracts.routing import (
+    DECODE_HEADROOM_SEQUENCES,
+    PREFILL_SATURATED_TOKENS,
+    PREFIX_SEQUENCE_COST_TOKENS,
+)
 from tandem.worker.router.policies.registry import check_policy
 
 
@@ -36,8 +41,14 @@ class RouterConfig:
     default_max_tokens: int = 256
     max_prompt_tokens: int | None = None
     max_stop_chars: int = 256  # longest stop string accepted
-    short_prompt_threshold: int = 0  # estimated tokens; 0 sends every prompt through prefill
+    short_prompt_threshold: int = 0  # prompt tokens; 0 sends every prompt through prefill
     policy: str = "least-loaded"  # a name in policies/registry.py
+    # load-aware disaggregation (policies/base.py): prompt tokens queued on every prefill worker that
+    # make the pool saturated (0: never), and the decode worker's headroom to prefill then
+    prefill_saturated_tokens: int = PREFILL_SATURATED_TOKENS
+    decode_headroom_sequences: int = DECODE_HEADROOM_SEQUENCES
+    prefix_sequence_cost_tokens: int = PREFIX_SEQUENCE_COST_TOKENS  # prefix-aware: a running sequence, in tokens
+    tokenizer: str = "workers"  # workers (GET /internal/tokenizer) | off | a folder with the files
     poll_interval_s: float = 0.5
     connect_timeout_s: float = 3.0
     prefill_timeout_s: float = 60.0
@@ -90,9 +101,20 @@ def apply(config: RouterConfig, values: dict[str, Any], source: str) -> RouterCo
     out = dataclasses.replace(config, **values)
     try:
         check_policy(out.policy)
+        _check_routing(out)
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
     return out
+
+
+def _check_routing(c: RouterConfig) -> None:
+    for name, least in (("short_prompt_threshold", 0), ("prefill_saturated_tokens", 0),
+                        ("decode_headroom_sequences", 1), ("prefix_sequence_cost_tokens", 0)):
+        value = getattr(c, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    if c.tokenizer not in ("workers", "off") and not (Path(c.tokenizer) / "tokenizer.json").is_file():
+        raise ValueError(f"tokenizer must be 'workers', 'off' or a folder with tokenizer.json, got {c.tokenizer!r}")
 
 
 def load_yaml(path: str | Path, config: RouterConfig | None = None) -> RouterConfig:

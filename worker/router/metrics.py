@@ -71,6 +71,38 @@ class RouterMetrics:
             "Abort calls sent to workers for requests that ended early.",
             registry=r,
         )
+        self.routed_prompt_tokens = Counter(
+            "tandem_router_prompt_tokens",
+            "Prompt tokens of routed requests whose tokens the router knew (it tokenized them, or "
+            "the client sent ids): the denominator of the prefix hit rate.",
+            registry=r,
+        )
+        self.prefix_cached_tokens = Counter(
+            "tandem_router_prefix_cached_tokens",
+            "Prompt tokens the chosen worker already held in its prefix cache when the request was "
+            "routed (as the router's index knew), by role: prefill, decode.",
+            ["role"], registry=r,
+        )
+        self.kv_event_resyncs = Counter(
+            "tandem_router_kv_event_resyncs",
+            "KV event streams restarted from a snapshot because of a gap in their numbering.",
+            registry=r,
+        )
+        self.prefix_index_blocks = Gauge(
+            "tandem_router_prefix_index_blocks",
+            "Prefix-cache blocks the router's index knows the workers hold, all workers together.",
+            registry=r,
+        )
+        self.kv_event_streams = Gauge(
+            "tandem_router_kv_event_streams",
+            "Workers whose KV events the router follows (their snapshot arrived), for prefix-aware routing.",
+            registry=r,
+        )
+        self.tokenizer_active = Gauge(
+            "tandem_router_tokenizer_active",
+            "1 while the router tokenizes requests itself (exact limits, token ids to the workers).",
+            registry=r,
+        )
         self.workers = Gauge(
             "tandem_router_workers", "Workers known to the router, by role and readiness.",
             ["role", "ready"], registry=r,

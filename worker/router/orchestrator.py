@@ -1,6 +1,8 @@
 """The request state machine: one request across workers (plan, prefill, handoff, decode, retry,
 resume, abort).
 
+A prompt whose token ids are known (the router tokenized it, or the client sent ids) is checked
+against `maxPromptTokens` before the plan, so no worker computes for a prompt that is refused.
 The policy (policies/) chooses workers; every call to a worker goes through a `WorkerClient`
 (worker_client.py), so this module does no I/O of its own and is tested against an in-process
 fake. It yields router-level events (Started, Tokens, Finished) and raises RouterError; app.py
@@ -173,14 +175,25 @@ class Orchestrator:
 
     # --- one request --------------------------------------------------------------------------
 
+    def _count_prefix(self, info: RequestInfo, plan: Plan) -> None:
+        if info.prompt_token_ids is None:
+            return
+        self.metrics.routed_prompt_tokens.inc(info.prompt_tokens)
+        if plan.prefill is not None:
+            self.metrics.prefix_cached_tokens.labels("prefill").inc(plan.cached_prefill_tokens)
+        self.metrics.prefix_cached_tokens.labels("decode").inc(plan.cached_decode_tokens)
+
     async def run(self, req: ParsedRequest, ctx: RequestContext) -> AsyncIterator[Event]:
         """The events of one request. Raises RouterError for anything the client must see."""
         try:
             info = request_info(req, ctx.request_id)
+            if info.prompt_token_ids is not None:  # exact already: refused before any worker computes
+                check_prompt_tokens(info.prompt_tokens, req, self.limits)
             plan = self.policy.plan(info, self.pool.views())
             if plan is None:
                 raise no_worker("no worker is ready to serve this request; retry shortly.")
             ctx.route = plan.reason
+            self._count_prefix(info, plan)
             p = _Progress(prompt_ids=req.prompt_token_ids)
             res: PrefillResult | None = None
             if plan.prefill is not None:
@@ -238,7 +251,8 @@ class Orchestrator:
                 log.info("request %s: retrying prefill on %s (attempt %d)", ctx.request_id, url, attempt + 1)
             ctx.touch(url)
             ctx.prefill_url = url
-            self.pool.assign(url, info.prompt_tokens)
+            work = info.prompt_tokens - (plan.cached_prefill_tokens if target is plan.prefill else 0)
+            self.pool.assign(url, work)
             self.metrics.worker_requests.labels("prefill").inc()
             try:
                 res = await self.client.prefill(url, self._request(req, ctx))
@@ -254,7 +268,7 @@ class Orchestrator:
                     self.abort(ctx, [url])
                 tried.add(url)
             finally:
-                self.pool.release(url, info.prompt_tokens)
+                self.pool.release(url, work)
             target = self.policy.retry_prefill(info, plan, self.pool.views(), frozenset(tried))
         ctx.prefill_url = None
         return None
@@ -272,10 +286,15 @@ class Orchestrator:
             url = target.url
             ctx.touch(url)
             ctx.decode_url = url
-            self.pool.assign(url)
+            # a decode-side prefill: the prompt waits there until its first token (load-aware routing)
+            pending = info.prompt_tokens if kv is None and not p.generated else 0
+            self.pool.assign(url, pending)
             self.metrics.worker_requests.labels("decode").inc()
             try:
                 async for ev in self._stream(url, self._request(req, ctx, p, kv), req, p):
+                    if pending and isinstance(ev, Tokens):
+                        self.pool.prefilled(url, pending)
+                        pending = 0
                     yield ev
                 break
             except WorkerBusy as exc:  # it refused before streaming: the KV lease is still there
@@ -309,7 +328,7 @@ class Orchestrator:
                 log.info("request %s: resuming on %s after %d tokens", ctx.request_id, nxt.url, len(p.generated))
                 target = nxt
             finally:
-                self.pool.release(url)
+                self.pool.release(url, pending)
         ctx.phase = Phase.FINISHED
         yield Finished(p.finish_reason, p.prompt_tokens or 0, len(p.generated))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tandem.contracts.names import Role
@@ -56,6 +57,7 @@ class _Entry:
             outstanding_prompt_tokens=info.outstanding_prompt_tokens if info else 0,
             router_inflight=self.router_inflight,
             router_prompt_tokens=self.router_prompt_tokens,
+            tokenizer_sha256=info.tokenizer_sha256 if info else "",
         )
 
 
@@ -64,6 +66,8 @@ class WorkerPool:
     client: WorkerClient
     poll_interval_s: float = 0.5
     served_model: str | None = None  # fixed by configuration, else learnt from the workers
+    # called with the views after every poll (the tokenizer check)
+    listeners: list[Callable[[list[WorkerView]], None]] = field(default_factory=list)
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -82,6 +86,9 @@ class WorkerPool:
             else:
                 e.target = t
         self._changed.set()
+
+    def urls(self) -> list[str]:
+        return list(self._entries)
 
     def views(self) -> list[WorkerView]:
         return [e.view() for e in self._entries.values()]
@@ -113,6 +120,13 @@ class WorkerPool:
             e.router_inflight = max(0, e.router_inflight - 1)
             e.router_prompt_tokens = max(0, e.router_prompt_tokens - prompt_tokens)
 
+    def prefilled(self, url: str, prompt_tokens: int) -> None:
+        """A decode worker prefilling a prompt itself produced its first token: the prompt's tokens
+        no longer wait there (the request, still running, stays assigned)."""
+        e = self._entries.get(url)
+        if e is not None:
+            e.router_prompt_tokens = max(0, e.router_prompt_tokens - prompt_tokens)
+
     async def _poll_one(self, e: _Entry) -> None:
         url = e.target.url
         try:
@@ -128,6 +142,9 @@ class WorkerPool:
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._poll_one(e) for e in list(self._entries.values())))
+        views = self.views()
+        for listener in self.listeners:
+            listener(views)
 
     async def run(self) -> None:
         """Poll forever; a change of targets triggers a poll at once."""

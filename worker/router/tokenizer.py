@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+from tandem.contracts.protocol import TOKENIZER_FILES
 
 
 class ChatTemplateError(ValueError):
@@ -108,6 +108,8 @@ class RouterTokenizer:
                                              **self.special_tokens)
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(f"cannot apply the chat template to messages: {e}") from e
+        except Exception as e:  # noqa: BLE001 - a template fails on odd messages in many ways, as a worker's does
+            raise ChatTemplateError(f"cannot apply the chat template to messages: {e!r}") from e
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         """Chat messages through the template; the template writes the special tokens itself."""

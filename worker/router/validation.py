@@ -29,7 +29,7 @@ class Limits:
 
     max_tokens_limit: int = 4096  # the most output tokens one request may ask for
     default_max_tokens: int = 256  # when the client sends none
-    max_prompt_tokens: int | None = None  # checked once the worker has tokenized the prompt
+    max_prompt_tokens: int | None = None  # checked once the prompt's tokens are known (router or worker)
     max_stop_sequences: int = 16
     max_stop_chars: int = 256  # each stop string: the worker checks them against every new token
 
@@ -48,7 +48,7 @@ class ParsedRequest:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def prompt_chars(self) -> int:
-        """Size of the prompt in characters (the router has no tokenizer, see policy.estimate_tokens)."""
+        """Size of the prompt in characters, for an estimate when its tokens are unknown (policies.base)."""
         if self.prompt is not None:
             return len(self.prompt)
         if self.prompt_token_ids is not None:
@@ -266,7 +266,7 @@ def check_model(requested: str, served: str | None) -> None:
 
 
 def check_prompt_tokens(n: int, req: ParsedRequest, limits: Limits) -> None:
-    """The router learns the exact count only once a worker tokenized the prompt."""
+    """400 over the limit; the count is exact once the router (or else a worker) tokenized the prompt."""
     if limits.max_prompt_tokens is not None and n > limits.max_prompt_tokens:
         raise bad_request(
             f"The prompt has {n} tokens, more than this server allows ({limits.max_prompt_tokens}).",

@@ -11,6 +11,8 @@ tandem.contracts.protocol), tests use an in-process fake. A call that fails rais
   is alive and full. It is tried again later, never marked failed.
 Connect, per-call and between-line timeouts bound every wait; a worker's heartbeat lines (sent
 while a request waits in its queue) start the between-line timeout again, like any line.
+`HttpWorkerClient` also fetches a worker's tokenizer (tokenizer_sync.py) and follows its KV events
+(kv_feed.py); those have their own narrow protocols there.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from tandem.contracts.protocol import (
     NDJSON,
     REQUEST_ID_HEADER,
     GenerateRequest,
+    KVEventMessage,
     PrefillResult,
     StreamEvent,
+    TokenizerFiles,
     WorkerInfo,
 )
 from tandem.worker.router.errors import RouterError
@@ -115,6 +119,7 @@ class Timeouts:
 
 # what a broken connection, a timeout or a malformed answer raises while we read it
 _BROKEN = (aiohttp.ClientError, TimeoutError, ValueError, TypeError, KeyError)
+KV_EVENT_LINE_BYTES = 2**18  # read buffer for /internal/kv/events lines (workers send under 100 KB)
 
 
 class HttpWorkerClient:
@@ -178,6 +183,35 @@ class HttpWorkerClient:
                         yield StreamEvent.from_dict(json.loads(line))
         except _BROKEN as exc:
             raise WorkerFailed(f"generate on {url} failed: {exc!r}", dead=True) from exc
+
+    async def tokenizer(self, url: str) -> TokenizerFiles:
+        """GET /internal/tokenizer, its digest checked; raises WorkerFailed (never dead: the router
+        only waits longer for its tokenizer)."""
+        timeout = aiohttp.ClientTimeout(total=self.timeouts.prefill_s, connect=self.timeouts.connect_s)
+        try:
+            async with self.session.get(url + "/internal/tokenizer", headers=self._headers(),
+                                        timeout=timeout) as resp:
+                if resp.status != 200:
+                    raise WorkerFailed(f"/internal/tokenizer on {url} returned {resp.status}: "
+                                       f"{await self._error_body(resp)}", dead=False)
+                return TokenizerFiles.from_dict(await resp.json())
+        except _BROKEN as exc:
+            raise WorkerFailed(f"/internal/tokenizer on {url} failed: {exc!r}", dead=False) from exc
+
+    async def kv_events(self, url: str) -> AsyncGenerator[KVEventMessage, None]:
+        """GET /internal/kv/events: its lines as they come, until the stream ends; raises WorkerFailed.
+        The worker sends a heartbeat at least every few seconds: silence past `chunk_s` is a break."""
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect_s, sock_read=self.timeouts.chunk_s)
+        try:
+            async with self.session.get(url + "/internal/kv/events", headers=self._headers(Accept=NDJSON),
+                                        timeout=timeout, read_bufsize=KV_EVENT_LINE_BYTES) as resp:
+                if resp.status != 200:
+                    raise WorkerFailed(f"/internal/kv/events on {url} returned {resp.status}", dead=False)
+                async for line in resp.content:
+                    if line.strip():
+                        yield KVEventMessage.from_dict(json.loads(line))
+        except _BROKEN as exc:
+            raise WorkerFailed(f"/internal/kv/events on {url} failed: {exc!r}", dead=False) from exc
 
     async def abort(self, url: str, request_id: str, lease_token: str | None = None) -> None:
         body = {"request_id": request_id} | ({"lease_token": lease_token} if lease_token else {})

@@ -32,6 +32,7 @@ from tandem.contracts.protocol import (
     WorkerInfo,
     openai_error,
 )
+from tandem.worker.server import kv_events, tokenizer_files
 from tandem.worker.server.auth import internal_auth
 from tandem.worker.server.metrics import WorkerMetrics
 from tandem.worker.server.parsing import RequestRefused, parse_generate, read_json, request_id_body
@@ -146,6 +147,7 @@ async def info(request: web.Request) -> web.Response:
         waiting=eng.num_waiting if eng else 0,
         kv_usage=eng.allocator.num_used / eng.allocator.num_blocks if eng else 0.0,
         outstanding_prompt_tokens=eng.outstanding_prompt_tokens() if eng else 0,
+        tokenizer_sha256=tokenizer_files.digest(request.app),
     ).to_dict()
     if eng is not None:
         doc |= {"kv_blocks_free": eng.allocator.num_free, "kv_blocks_total": eng.allocator.num_blocks,
@@ -437,6 +439,8 @@ def create_app(state: WorkerState) -> web.Application:
     app.router.add_post("/internal/kv/release", kv_release)
     app.router.add_get("/internal/kv/metadata", kv_metadata)
     app.router.add_get("/internal/kv/health", kv_health)
+    tokenizer_files.add_routes(app, state)  # GET /internal/tokenizer
+    kv_events.add_routes(app, state)  # GET /internal/kv/events
     return app
 
 

@@ -7,7 +7,7 @@ import argparse
 import pytest
 import yaml
 from tandem.worker.router import cli
-from tandem.worker.router.config import RouterConfig, flatten, load_yaml
+from tandem.worker.router.config import RouterConfig, apply, flatten, load_yaml
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -59,8 +59,9 @@ def test_the_operators_rendered_router_config_loads(tmp_path):
     from tandem.operator import render
     spec = {
         "model": {"maxModelLen": 4096, "servedName": "llama"},
-        "router": {"policy": "least-loaded", "shortPromptTokens": 32, "limits": {"maxBodyBytes": 1 << 20},
-                   "service": {"port": 80}},
+        "router": {"policy": "prefix-aware", "shortPromptTokens": 32, "limits": {"maxBodyBytes": 1 << 20},
+                   "service": {"port": 80}, "prefillSaturatedTokens": 3000, "decodeHeadroomSequences": 4,
+                   "prefixSequenceCostTokens": 99},
     }
     f = tmp_path / "router.yaml"
     f.write_text(yaml.safe_dump(render.router_config("svc", "ns", spec)))
@@ -69,3 +70,19 @@ def test_the_operators_rendered_router_config_loads(tmp_path):
     assert (c.kubernetes, c.namespace, c.service, c.model) == (True, "ns", "svc", "llama")
     assert c.short_prompt_threshold == 32 and c.max_body_bytes == 1 << 20
     assert c.max_prompt_tokens == 4095
+    assert (c.policy, c.prefill_saturated_tokens, c.decode_headroom_sequences, c.prefix_sequence_cost_tokens) == (
+        "prefix-aware", 3000, 4, 99)
+    assert c.tokenizer == "workers"  # a router pod has no model volume: it fetches the workers' tokenizer
+
+
+def test_routing_settings_are_checked(tmp_path):
+    for key, bad in (("prefill_saturated_tokens", -1), ("decode_headroom_sequences", 0),
+                     ("prefix_sequence_cost_tokens", "many"), ("short_prompt_threshold", True)):
+        with pytest.raises(ValueError, match=key):
+            apply(RouterConfig(), {key: bad}, "test")
+    with pytest.raises(ValueError, match="tokenizer must be"):
+        cli.config_from_args(_args(["--decode", "http://d:1", "--tokenizer", str(tmp_path)]))
+    c = cli.config_from_args(_args(["--decode", "http://d:1", "--tokenizer", "off", "--prefill-saturated-tokens",
+                                    "0", "--decode-headroom-sequences", "2", "--policy", "prefix-aware"]))
+    assert (c.tokenizer, c.prefill_saturated_tokens, c.decode_headroom_sequences, c.policy) == (
+        "off", 0, 2, "prefix-aware")

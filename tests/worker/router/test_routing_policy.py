@@ -121,7 +121,7 @@ def test_route_reasons_are_single_words_safe_as_label_values():
 
 
 def test_registry_names_every_policy_and_refuses_others():
-    assert sorted(POLICIES) == ["least-loaded", "round-robin"]
+    assert sorted(POLICIES) == ["least-loaded", "prefix-aware", "round-robin"]
     # the CRD's router.policy enum is generated from the same contract
     assert set(POLICIES) == {p.value for p in RoutingPolicy}
     assert isinstance(create_policy("least-loaded"), LeastLoaded)

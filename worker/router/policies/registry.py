@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 POLICIES: dict[str, str] = {
     RoutingPolicy.LEAST_LOADED: "tandem.worker.router.policies.least_loaded:LeastLoaded",
     RoutingPolicy.ROUND_ROBIN: "tandem.worker.router.policies.round_robin:RoundRobin",
+    RoutingPolicy.PREFIX_AWARE: "tandem.worker.router.policies.prefix_aware:PrefixAware",
 }
 
 
