@@ -40,7 +40,8 @@ def test_all_ready():
         assert _cond(st, t)["status"] == "True" and _cond(st, t)["observedGeneration"] == 3
     assert _cond(st, "KVTransferReady")["status"] == "Unknown"
     assert st["endpoint"] == EP and st["observedGeneration"] == 3
-    assert st["prefill"] == {"replicas": 1, "readyReplicas": 1, "summary": "1/1"}
+    assert st["prefill"] == {"replicas": 1, "currentReplicas": 1, "readyReplicas": 1, "summary": "1/1"}
+    assert not any(c["type"] == "Autoscaling" for c in st["conditions"]), "only with spec.autoscaling"
 
 
 def test_unschedulable_pod_surfaces_with_the_scheduler_message():
@@ -129,6 +130,6 @@ def test_an_unreadable_spec_is_ready_false_invalid_spec_judged_against_what_runs
     assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
     assert ready["message"] == obs.spec_error and ready["lastTransitionTime"] == T1
     assert _cond(st, "DecodeReady")["message"] == "1/3 decode pods ready"
-    assert st["decode"] == {"replicas": 3, "readyReplicas": 1, "summary": "1/3"}
+    assert st["decode"] == {"replicas": 3, "currentReplicas": 3, "readyReplicas": 1, "summary": "1/3"}
     assert "endpoint" not in st and "generation" not in st
     assert _cond(st, "KVTransferReady")["reason"] == "NotProbed"
