@@ -160,7 +160,8 @@ def act(api: client.ApiClient, namespace: str, name: str, decision: Decision, ob
             kept = kept_replicas(spec, old, role)
             if d.desired == kept:
                 continue
-            message = f"{role} {kept} -> {d.desired} ({d.reason}): {d.message}"
+            message = f"{role} {d.message} [{d.reason}]" if d.current == kept else (
+                f"{role} {kept} -> {d.desired} [{d.reason}]: {d.message}")
             if d.desired < kept and d.remove:
                 # The pods to go are known and marked before replicas drop: a step that moves their
                 # running sequences to other decode workers first belongs right here.
