@@ -23,6 +23,7 @@ from tandem.operator.spec import WORKER_ROLES, InferenceServiceSpec, Mode
 from tandem.operator.status import Observation, ScaledRole, Scaling, condition
 
 OPERATOR, EXTERNAL = Mode.OPERATOR.value, Mode.EXTERNAL.value
+MAX_MESSAGE = 4096  # the CRD's bound on status.<role>.message
 
 
 def _role_status(old_status: Mapping[str, Any] | None, role: str) -> dict[str, Any]:
@@ -72,7 +73,7 @@ def scaling_status(spec: InferenceServiceSpec | None, obs: Observation, old_stat
         d = decision.roles.get(role) if decision is not None else None
         if d is not None and d.owned:
             when = now if d.desired != kept else old.get("lastScaleTime")
-            roles[role] = ScaledRole(d.desired, OPERATOR, d.reason.value, d.message, when)
+            roles[role] = ScaledRole(d.desired, OPERATOR, d.reason.value, d.message[:MAX_MESSAGE], when)
         elif old.get("mode") == OPERATOR and old.get("reason"):
             roles[role] = ScaledRole(kept, OPERATOR, old["reason"], old.get("message", ""), old.get("lastScaleTime"))
         else:

@@ -80,6 +80,14 @@ def events(api, ns: str, name: str, reason: str) -> list:
     return [e for e in found if e.reason == reason]
 
 
+def table(text: str) -> dict[str, str]:
+    """kubectl's one-row table by column name (a column may be empty: cut at the header's offsets)."""
+    header, row = text.splitlines()[:2]
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    ends = [*starts[1:], None]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
+
+
 class Load:
     """STREAMS chat streams at a time, each started again as it ends, until stop()."""
 
@@ -145,12 +153,26 @@ def test_load_raises_decode_and_idle_lowers_it_removing_the_pod_the_planner_chos
         (event,) = events(api, namespace, name, "ScaledUp")
         assert event.message == f"decode {up['decode']['message']} [{up['decode']['reason']}]"
 
+        wide = k8s.kubectl("get", "tis", name, "-n", namespace, "-o", "wide").stdout
+        columns = table(wide)
+        assert columns["DECODE-DESIRED"] == "2" and columns["DECODE-SCALING"] == up["decode"]["reason"], wide
+        assert columns["PREFILL-SCALING"] == "", "prefill is not autoscaled"
+
         # The second decode pod gets its worker; the router finds it and shares the load with it.
         first = pods["decode"]["metadata"]["name"]
         second = wait_until(lambda: [p for p in ready_pods(api, namespace, name, "decode")
                                      if p["metadata"]["name"] != first] or None,
                             timeout=60, what="the second decode pod")[0]
         procs.wait_ready([procs.worker_for_pod(second, toy_model_dir)])
+
+        # A restarted operator keeps the planner's count: it lives in status, and reconcile reads it.
+        operator.stop()
+        operator = start_operator(kubeconfig=documented_rbac_kubeconfig)
+        wait_until(lambda: "Handler 'reconcile_service' succeeded" in operator.log(), timeout=60,
+                   what="the restarted operator's first reconcile")
+        assert status(api, namespace, name)["decode"]["replicas"] == 2
+        apps = client.AppsV1Api(api)
+        assert apps.read_namespaced_deployment(f"{name}-decode", namespace).spec.replicas == 2
     finally:
         load.stop()
     assert not load.errors, load.errors[:5]
