@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kubernetes import client
 from tandem.contracts.names import pod_ready, pod_url
@@ -40,6 +40,7 @@ from tandem.operator.status import KVProbe, Observation
 log = logging.getLogger(__name__)
 METRICS_PATH = "/metrics"
 IDLE_WAKE_S = 60.0  # with nothing to plan, look again this often (track() wakes it sooner)
+RETRY_S = 5.0  # a tick that failed before it read the spec's interval runs again after this
 
 
 @dataclass
@@ -91,6 +92,7 @@ class Autoscaler:
 
     async def tick(self, t: Tracked) -> Decision | None:
         """One decision for one service, acted on; None when there was nothing to decide."""
+        t.due = time.monotonic() + RETRY_S  # until the spec says its interval (an API error retries)
         body = await asyncio.to_thread(apply.get_service, self.api, t.namespace, t.name)
         spec, _ = parse_spec(body) if body is not None else (None, None)
         if body is None or body["metadata"].get("deletionTimestamp") or spec is None or spec.autoscaling is None:
@@ -110,8 +112,7 @@ class Autoscaler:
                                           self._probe_kv(obs))
         t.window = (t.window or MetricsWindow(float(a.window_s))).add(scrape)
         current = {role: obs.roles[role].replicas for role in a.roles}
-        state = t.state or _seeded(a, current, stamp)
-        decision, t.state = plan(t.window.snapshot(), current, a, state, stamp)
+        decision, t.state = plan(t.window.snapshot(), current, a, _seeded(t.state, a, current, stamp), stamp)
         await asyncio.to_thread(act, self.api, t.namespace, t.name, decision, obs, self.config, kv)
         return decision
 
@@ -121,10 +122,13 @@ class Autoscaler:
         return await probe.probe_all(probe.targets(obs), self.config.kv_probe_timeout_s)
 
 
-def _seeded(spec: AutoscalingSpec, current: dict[str, int], stamp: float) -> PlannerState:
-    """A planner without history (a new service, or a restarted operator) remembers the current
-    count as its first recommendation: a scale-down then waits a whole stabilisation window."""
-    return PlannerState(history={role: ((stamp, current[role]),) for role in spec.roles if spec.owns(role)})
+def _seeded(state: PlannerState | None, spec: AutoscalingSpec, current: dict[str, int], stamp: float) -> PlannerState:
+    """A role the planner has no history of (a new service or role, a restarted operator) starts
+    with the current count as its first recommendation: a scale-down waits a whole window."""
+    state = state or PlannerState()
+    # Just before now: outside a scale-up window of 0 s, inside any scale-down window.
+    fresh = {role: ((stamp - 1e-3, current[role]),) for role in spec.roles if spec.owns(role) and role not in state.history}
+    return replace(state, history={**state.history, **fresh}) if fresh else state
 
 
 async def scrape_round(obs: Observation, stamp: float, timeout_s: float) -> ScrapeRound:

@@ -121,6 +121,9 @@ def role_condition(role: str, obs: RoleObservation, desired: int) -> dict[str, s
     type_ = CONDITION_FOR[role]
     if not obs.exists:
         return condition(type_, "False", "DeploymentMissing", f"the {role} Deployment does not exist yet")
+    if desired == 0 and role == Role.PREFILL.value:
+        # A valid way to serve (the autoscaler may choose it): decode workers prefill themselves.
+        return condition(type_, "True", "ScaledToZero", "no prefill pods wanted: decode workers prefill prompts")
     if desired == 0:
         return condition(type_, "False", "ScaledToZero", f"{role}.replicas is 0")
     if obs.ready >= desired:

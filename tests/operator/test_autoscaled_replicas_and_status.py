@@ -116,3 +116,21 @@ def test_a_prefill_pods_drain_and_kv_lease_fit_in_its_grace_period(typed, meta):
         assert prefill["kv_lease_s"] >= 10, "at least one KV pull (the worker's 10 s pull timeout)"
         assert decode["drain_s"] < grace and "kv_lease_s" not in decode
     assert prefill["kv_lease_s"] == 30, "a long grace keeps the worker's default lease"
+
+
+def test_a_planner_without_history_starts_from_the_current_count(typed):
+    """After a restart (or for a newly autoscaled role) a scale-down waits a whole window; a
+    scale-up with a 0 s window does not wait."""
+    from tandem.operator.autoscaler import _seeded
+    from tandem.operator.autoscaling.planner import PlannerState, _stabilize
+
+    a = _spec(typed, {"prefill": {"mode": "External"}, "decode": {"maxReplicas": 8}}).autoscaling
+    state = _seeded(None, a, {"prefill": 3, "decode": 4}, 100.0)
+    assert set(state.history) == {"decode"}, "an External role is not planned"
+    rs = a.decode
+    down = (*state.history["decode"], (100.0, 1))
+    assert _stabilize(down, 100.0, 4, rs) == 4, "the seeded count holds a scale-down"
+    up = (*state.history["decode"], (100.0, 6))
+    assert _stabilize(up, 100.0, 4, rs) == 6, "a scale-up goes at once"
+    kept = PlannerState(history={"decode": ((50.0, 2),)})
+    assert _seeded(kept, a, {"decode": 4}, 100.0) is kept, "known history is left as it is"

@@ -66,6 +66,15 @@ def test_missing_deployment_and_scaled_to_zero():
     assert "decode" in _cond(st, "Ready")["message"] and "router" in _cond(st, "Ready")["message"]
 
 
+def test_prefill_at_zero_still_serves():
+    """Prefill may be scaled to 0 (by hand or by the autoscaler): decode prefills, the service is Ready."""
+    obs = _ready_obs()
+    obs.roles["prefill"] = RoleObservation(exists=True, replicas=0, ready=0)
+    st = compute_status(_spec(prefill=0), obs, None, T0, 1, EP, "g")
+    assert (_cond(st, "PrefillReady")["status"], _cond(st, "PrefillReady")["reason"]) == ("True", "ScaledToZero")
+    assert _cond(st, "Ready")["status"] == "True"
+
+
 def test_ready_reason_is_the_most_actionable_one():
     obs = _ready_obs()
     obs.roles["router"] = RoleObservation(exists=True, replicas=1, ready=0)  # starting
