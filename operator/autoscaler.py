@@ -179,4 +179,6 @@ def act(api: client.ApiClient, namespace: str, name: str, decision: Decision, ob
             log.info("%s/%s: %s", namespace, name, message)
             apply.post_event(api, body, "Normal", reason, message)
         if changes:
-            reconcile_locked(api, body, config, kv_probes=kv_probes, announce=False)
+            # Quiet about the Deployments it scales (the events above say it), not about a new spec.
+            fresh_spec = old.get("observedGeneration") != body["metadata"].get("generation")
+            reconcile_locked(api, body, config, kv_probes=kv_probes, announce=fresh_spec)
