@@ -1,7 +1,8 @@
 """The operator's I/O with the API server: server-side apply of children, observing them, status.
 
 Every write of a child is a server-side apply (PATCH application/apply-patch+yaml, force) under
-one field manager, so reconciling is idempotent and a no-op apply writes nothing.
+one field manager, so reconciling is idempotent and a no-op apply writes nothing. The one other
+write to a child is the pod annotations that name the pods a scale-down removes (mark_for_removal).
 """
 
 from __future__ import annotations
@@ -16,12 +17,18 @@ from dataclasses import dataclass, field
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tandem.contracts.names import GROUP, LABEL_ROLE, LABEL_SERVICE, PLURAL, VERSION
-from tandem.operator.config import DEFAULT_API_TIMEOUT_SECONDS, FIELD_MANAGER
+from tandem.operator.config import DEFAULT_API_TIMEOUT_SECONDS, FIELD_MANAGER, HANDOVER_MANAGER
 from tandem.operator.status import Observation, RoleObservation
 
 log = logging.getLogger(__name__)
 # Every API call is bounded (connect, read): a hung API server must not wedge a reconcile.
 API_TIMEOUT_S = float(os.environ.get("TANDEM_API_TIMEOUT_SECONDS") or DEFAULT_API_TIMEOUT_SECONDS)
+
+# The ReplicaSet removes pods of the lowest cost first; CHOSEN says the planner picked the pod (and
+# when), so a scale-down's pods are known before replicas drop (a step that moves their running
+# sequences away first would start from these pods).
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+CHOSEN = "tandem.dev/chosen-for-removal"
 
 # (apiVersion, kind) -> URL path template of the named object.
 PATHS: dict[tuple[str, str], str] = {
@@ -95,14 +102,38 @@ def server_side_apply(api: client.ApiClient, manifest: dict) -> dict:
     )
 
 
-def _resource_version(api: client.ApiClient, manifest: dict) -> str | None:
+def _live(api: client.ApiClient, manifest: dict) -> dict | None:
     try:
-        obj = request(api, "GET", _path(manifest))
+        return request(api, "GET", _path(manifest))
     except ApiException as e:
         if e.status == 404:
             return None
         raise
-    return obj["metadata"]["resourceVersion"]
+
+
+def owns_replicas(live: dict, manager: str = FIELD_MANAGER) -> bool:
+    """Whether `manager`'s server-side applies own the Deployment's spec.replicas."""
+    for entry in live["metadata"].get("managedFields") or []:
+        if entry.get("manager") == manager and entry.get("operation") == "Apply":
+            if "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {}):
+                return True
+    return False
+
+
+def release_replicas(api: client.ApiClient, manifest: dict, live: dict) -> None:
+    """Hands spec.replicas of a live Deployment over before the operator applies it without the field.
+
+    Server-side apply removes a field that its only owner stops applying, and the Deployment would
+    fall back to 1 replica. So a second field manager first applies the current count (the two now
+    co-own it); dropping the operator's claim then keeps the value, and the next writer (an HPA,
+    KEDA, kubectl scale) takes the field over.
+    """
+    meta = manifest["metadata"]
+    claim = {"apiVersion": manifest["apiVersion"], "kind": manifest["kind"],
+             "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+             "spec": {"replicas": live["spec"].get("replicas", 1)}}
+    request(api, "PATCH", _path(manifest), query=[("fieldManager", HANDOVER_MANAGER), ("force", "true")],
+            body=claim, content_type="application/apply-patch+yaml")
 
 
 def _error_text(e: ApiException) -> str:
@@ -121,7 +152,11 @@ def apply_all(api: client.ApiClient, manifests: list[dict]) -> ApplyResult:
     result = ApplyResult()
     for manifest in manifests:
         try:
-            before = _resource_version(api, manifest)
+            live = _live(api, manifest)
+            if (live is not None and manifest["kind"] == "Deployment" and "replicas" not in manifest["spec"]
+                    and owns_replicas(live)):
+                release_replicas(api, manifest, live)
+            before = live["metadata"]["resourceVersion"] if live is not None else None
             after = server_side_apply(api, manifest)["metadata"]["resourceVersion"]
         except ApiException as e:
             result.error = f"applying {ref(manifest)}: {_error_text(e)}"
@@ -154,6 +189,29 @@ def ensure_internal_secret(api: client.ApiClient, secret: dict) -> ApplyResult:
     except Exception as e:  # connection errors and the like: retry later
         return ApplyResult(error=f"creating {ref(secret)}: {e}", retryable=True)
     return ApplyResult(created=[ref(secret)])
+
+
+def mark_for_removal(api: client.ApiClient, namespace: str, pods: list[dict], chosen: tuple[str, ...],
+                     stamp: str) -> list[str]:
+    """Makes the ReplicaSet remove exactly the `chosen` pods (in that order) when replicas drop: the
+    lowest pod-deletion-cost, and the CHOSEN annotation with the time. Pods marked before and not
+    chosen now lose both. Returns what could not be patched (a pod gone meanwhile is no error)."""
+    patches = {name: {DELETION_COST: str(i - 1000), CHOSEN: stamp} for i, name in enumerate(chosen)}
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        if name not in patches and CHOSEN in (pod["metadata"].get("annotations") or {}):
+            patches[name] = {DELETION_COST: None, CHOSEN: None}
+    errors = []
+    for name, marks in patches.items():
+        try:
+            request(api, "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}",
+                    body={"metadata": {"annotations": marks}}, content_type="application/merge-patch+json")
+        except ApiException as e:
+            if e.status != 404:
+                errors.append(f"pod {name}: {_error_text(e)}")
+        except Exception as e:  # connection errors and the like
+            errors.append(f"pod {name}: {e}")
+    return errors
 
 
 def _list(api: client.ApiClient, path: str, selector: str) -> list[dict]:

@@ -7,6 +7,7 @@ Deploy exactly one replica (Deployment strategy Recreate): kopf runs standalone,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 
@@ -52,19 +53,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kv-probe-timeout-seconds", type=float, default=None, metavar="S",
         help="time limit of one worker's KV health probe ($TANDEM_KV_PROBE_TIMEOUT_SECONDS, default 3)",
     )
+    parser.add_argument(
+        "--metrics-timeout-seconds", type=float, default=None, metavar="S",
+        help="time limit of the planner's GET of one pod's /metrics ($TANDEM_METRICS_TIMEOUT_SECONDS, default 3)",
+    )
 
 
 def operator_config(args: argparse.Namespace) -> OperatorConfig:
-    """Flags over environment over built-in defaults."""
+    """Flags over environment over built-in defaults (what no flag sets, e.g. the operator pod's own
+    namespace and labels, comes from the environment)."""
     base = OperatorConfig.from_env()
     repo, tag = split_image(args.worker_image)
-    return OperatorConfig(
+    return dataclasses.replace(
+        base,
         image_repository=repo or base.image_repository,
         image_tag=tag or base.image_tag,
         pull_policy=args.image_pull_policy or base.pull_policy,
         resync_seconds=args.resync_seconds,
         kv_probe=base.kv_probe if args.kv_probe is None else args.kv_probe,
         kv_probe_timeout_s=args.kv_probe_timeout_seconds or base.kv_probe_timeout_s,
+        metrics_timeout_s=args.metrics_timeout_seconds or base.metrics_timeout_s,
     )
 
 

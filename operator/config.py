@@ -11,12 +11,15 @@ from dataclasses import dataclass
 
 # One field manager for every server-side apply the operator makes.
 FIELD_MANAGER = "tandem-operator"
+# Co-owns a Deployment's replicas for a moment while the operator hands them to an HPA or KEDA.
+HANDOVER_MANAGER = "tandem-operator-handover"
 
 DEFAULT_IMAGE_REPOSITORY = "ghcr.io/tandem-dev/tandem-worker"
 DEFAULT_IMAGE_TAG = "0.1.0"
 DEFAULT_PULL_POLICY = "IfNotPresent"
 DEFAULT_RESYNC_SECONDS = 30.0
 DEFAULT_KV_PROBE_TIMEOUT_SECONDS = 3.0
+DEFAULT_METRICS_TIMEOUT_SECONDS = 3.0
 DEFAULT_API_TIMEOUT_SECONDS = 30.0
 
 
@@ -36,6 +39,7 @@ class OperatorConfig:
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     kv_probe: bool = True  # GET each ready worker's /internal/kv/health for KVTransferReady
     kv_probe_timeout_s: float = DEFAULT_KV_PROBE_TIMEOUT_SECONDS
+    metrics_timeout_s: float = DEFAULT_METRICS_TIMEOUT_SECONDS  # the planner's GET of one pod's /metrics
     # Where the operator's own pods run and their labels: the NetworkPolicy lets them reach the
     # workers' http port (KV probe, metrics). None when the operator runs outside the cluster.
     namespace: str | None = None
@@ -44,7 +48,8 @@ class OperatorConfig:
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
         """TANDEM_WORKER_IMAGE (repo[:tag]), TANDEM_IMAGE_PULL_POLICY, TANDEM_RESYNC_SECONDS,
-        TANDEM_KV_PROBE (0 turns probing off), TANDEM_KV_PROBE_TIMEOUT_SECONDS, POD_NAMESPACE and
+        TANDEM_KV_PROBE (0 turns probing off), TANDEM_KV_PROBE_TIMEOUT_SECONDS,
+        TANDEM_METRICS_TIMEOUT_SECONDS, POD_NAMESPACE and
         TANDEM_OPERATOR_POD_LABELS (a JSON object: the operator pods' labels, set by the chart).
         TANDEM_API_TIMEOUT_SECONDS bounds every API call (read in tandem.operator.apply)."""
         env = dict(os.environ if env is None else env)
@@ -57,6 +62,9 @@ class OperatorConfig:
             kv_probe=_env_flag(env.get("TANDEM_KV_PROBE"), True),
             kv_probe_timeout_s=float(
                 env.get("TANDEM_KV_PROBE_TIMEOUT_SECONDS") or DEFAULT_KV_PROBE_TIMEOUT_SECONDS
+            ),
+            metrics_timeout_s=float(
+                env.get("TANDEM_METRICS_TIMEOUT_SECONDS") or DEFAULT_METRICS_TIMEOUT_SECONDS
             ),
             namespace=env.get("POD_NAMESPACE") or None,
             pod_labels=tuple(sorted(json.loads(env.get("TANDEM_OPERATOR_POD_LABELS") or "{}").items())),

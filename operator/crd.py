@@ -41,6 +41,14 @@ PRINTER_COLUMNS = [
     {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
     {"name": "Reason", "type": "string", "priority": 1,
      "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+    {"name": "Prefill-Desired", "type": "integer", "priority": 1, "jsonPath": ".status.prefill.replicas",
+     "description": "prefill pods wanted (the planner's count when autoscaled)"},
+    {"name": "Prefill-Scaling", "type": "string", "priority": 1, "jsonPath": ".status.prefill.reason",
+     "description": "why the autoscaled prefill pool has its size"},
+    {"name": "Decode-Desired", "type": "integer", "priority": 1, "jsonPath": ".status.decode.replicas",
+     "description": "decode pods wanted (the planner's count when autoscaled)"},
+    {"name": "Decode-Scaling", "type": "string", "priority": 1, "jsonPath": ".status.decode.reason",
+     "description": "why the autoscaled decode pool has its size"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -56,13 +64,25 @@ def _int64() -> dict[str, str]:
 
 
 def status_schema() -> dict[str, Any]:
-    """What tandem.operator.status writes: conditions, replicas per component, endpoint."""
+    """What tandem.operator.status writes: conditions, replicas per component (and why, for an
+    autoscaled role), endpoint."""
 
     def component() -> dict[str, Any]:
         return {"type": "object", "properties": {
-            "replicas": {"type": "integer", "description": "Desired pods."},
+            "replicas": {"type": "integer", "description": "Desired pods (the planner's count for an autoscaled "
+                         "role in Operator mode, the Deployment's in External mode)."},
+            "currentReplicas": {"type": "integer", "description": "Pods the Deployment asks for now."},
             "readyReplicas": {"type": "integer", "description": "Pods that pass readiness."},
             "summary": {"type": "string", "description": "ready/desired, for kubectl get."},
+            "mode": {"type": "string", "enum": ["Operator", "External"],
+                     "description": "Autoscaled roles only: who decides the replicas."},
+            "reason": {"type": "string", "maxLength": 64,
+                       "description": "Autoscaled roles only: why the desired replicas are what they are, in a word."},
+            "message": {"type": "string", "maxLength": 4096,
+                        "description": "Autoscaled roles only: the signals behind the decision."},
+            "lastScaleTime": {"type": "string", "format": "date-time",
+                              "description": "Autoscaled roles only: when the planner last changed the desired "
+                                             "replicas."},
         }}
 
     condition = {"type": "object", "required": ["type", "status"], "properties": {

@@ -3,14 +3,16 @@
 - InferenceService created / updated / found at startup -> reconcile (render, apply, status)
 - every --resync-seconds, every InferenceService            -> reconcile (drift correction)
 - a child Deployment or pod changed                          -> refresh the owner's status
+- every spec.autoscaling.intervalSeconds, each autoscaled one -> plan replicas, write status, reconcile
+                                                                (tandem.operator.autoscaler)
 
 Before each of these writes status, probe_kv asks the ready workers for their KV transfer
 health (tandem.operator.probe; concurrent, short timeout) for KVTransferReady.
 
 No kopf finalizer is ever added: there is no on.delete handler and no kopf timer or daemon
 (kopf adds a finalizer for those, which would block deletion while the operator is down).
-The periodic resync is one operator-wide task instead. Children go away with the CR through
-their ownerReferences and the garbage collector.
+The periodic resync and the autoscaler are operator-wide tasks instead. Children go away with
+the CR through their ownerReferences and the garbage collector.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tandem.contracts.names import (
     VERSION,
 )
 from tandem.operator import apply, probe
+from tandem.operator.autoscaler import Autoscaler
 from tandem.operator.reconcile import reconcile, refresh_status
 from tandem.operator.status import KVProbe
 
@@ -55,12 +58,15 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         kube_config.load_kube_config()
     memo.api = client.ApiClient()
     memo.refresher = Refresher(memo)
+    memo.autoscaler = Autoscaler(memo.api, memo.config)
     memo.resync_task = asyncio.create_task(resync_forever(memo))
+    memo.autoscale_task = asyncio.create_task(memo.autoscaler.run_forever())
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     memo.resync_task.cancel()
+    memo.autoscale_task.cancel()
     memo.api.close()
 
 
@@ -69,6 +75,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.update(GROUP, VERSION, PLURAL)
 async def reconcile_service(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Render and apply the children, then write status; retry only what retrying can fix."""
+    memo.autoscaler.track(dict(body))
     kv = await probe_kv(memo, body["metadata"]["namespace"], body["metadata"]["name"])
     result = await asyncio.to_thread(reconcile, memo.api, dict(body), memo.config, False, kv)
     if result.error and result.retryable:
@@ -126,6 +133,8 @@ async def resync_forever(memo: kopf.Memo) -> None:
             log.exception("listing InferenceServices failed; retrying at the next resync")
             continue
         items = [b for b in items if not b["metadata"].get("deletionTimestamp")]
+        for body in items:
+            memo.autoscaler.track(body)
         # Every service's workers at once: a slow probe delays no one by more than its timeout.
         probes = await asyncio.gather(
             *(probe_kv(memo, b["metadata"]["namespace"], b["metadata"]["name"]) for b in items),

@@ -1,14 +1,17 @@
-"""Probing the workers' KV transfer health for KVTransferReady: the operator's only pod traffic.
+"""The operator's traffic to pods: KV transfer health for KVTransferReady, and /metrics for the planner.
 
-GET http://<podIP>:<worker port>/internal/kv/health on every ready prefill and decode pod, all at
-once, each bounded by a short timeout, so one wedged worker never delays the others (or the
-reconciliation of other InferenceServices). Plain HTTP to pods: no Kubernetes API, no RBAC.
-What the answers mean is decided in status.kv_condition; this module only does the I/O.
+GET http://<podIP>:<http port>/internal/kv/health on every ready prefill and decode pod (and
+/metrics on those and the router pods, tandem.operator.autoscaler), all at once, each bounded by a
+short timeout, so one wedged pod never delays the others (or the reconciliation of other
+InferenceServices). Plain HTTP to pods: no Kubernetes API, no RBAC, no secret (neither endpoint
+needs one). What the answers mean is decided elsewhere (status.kv_condition, the planner); this
+module only does the I/O.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 
 import aiohttp
@@ -41,26 +44,38 @@ def targets(obs: Observation) -> list[Target]:
     return sorted(out, key=lambda t: (t.role, t.pod))
 
 
-async def _probe(session: aiohttp.ClientSession, target: Target) -> KVProbe:
+async def _get(session: aiohttp.ClientSession, url: str) -> tuple[str | None, str | None]:
+    """(body, None) for a 200, else (None, why): never raises for what a pod answers or does not."""
     try:
-        async with session.get(target.url) as resp:
+        async with session.get(url) as resp:
             if resp.status != 200:
-                return KVProbe(target.pod, target.role, error=f"HTTP {resp.status} from {target.url}")
-            health = await resp.json(content_type=None)
+                return None, f"HTTP {resp.status} from {url}"
+            return await resp.text(), None
     except TimeoutError:
-        return KVProbe(target.pod, target.role, error=f"no answer from {target.url} in time")
+        return None, f"no answer from {url} in time"
     except (aiohttp.ClientError, OSError, ValueError) as e:
-        return KVProbe(target.pod, target.role, error=f"{target.url}: {e or type(e).__name__}")
+        return None, f"{url}: {e or type(e).__name__}"
+
+
+async def get_all(urls: list[str], timeout_s: float) -> list[tuple[str | None, str | None]]:
+    """GET every URL concurrently, each within timeout_s: (body, None) or (None, why) per URL."""
+    if not urls:
+        return []
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session:
+        return list(await asyncio.gather(*(_get(session, url) for url in urls)))
+
+
+def _kv_probe(target: Target, body: str | None, error: str | None) -> KVProbe:
+    if body is None:
+        return KVProbe(target.pod, target.role, error=error)
     try:
-        return KVProbe(target.pod, target.role, health=KVHealth.from_dict(health))
+        return KVProbe(target.pod, target.role, health=KVHealth.from_dict(json.loads(body)))
     except (TypeError, ValueError, AttributeError):
         return KVProbe(target.pod, target.role, error=f"{target.url} answered no KV health document")
 
 
 async def probe_all(found: list[Target], timeout_s: float) -> list[KVProbe]:
     """One probe per target, concurrently; a probe that fails says why instead of raising."""
-    if not found:
-        return []
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session:
-        return list(await asyncio.gather(*(_probe(session, t) for t in found)))
+    answers = await get_all([t.url for t in found], timeout_s)
+    return [_kv_probe(t, body, error) for t, (body, error) in zip(found, answers, strict=True)]

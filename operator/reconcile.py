@@ -1,21 +1,31 @@
 """One reconcile of one InferenceService: render, apply, observe, write status, report events.
 
 Level-triggered: every caller (create/update/resume handlers, the periodic resync, child
-events) ends up here or in refresh_status, and running it twice changes nothing the second time.
-The spec is parsed once per pass into the typed InferenceServiceSpec; one the operator cannot
-use (a CRD older than the operator lets more through) applies nothing and says why in Ready.
+events, the autoscaler) ends up here or in refresh_status, and running it twice changes nothing
+the second time. The spec is parsed once per pass into the typed InferenceServiceSpec; one the
+operator cannot use (a CRD older than the operator lets more through) applies nothing and says
+why in Ready.
+
+Status holds state: the planner's desired replicas for an autoscaled role (see
+tandem.operator.autoscaling.status). So every pass reads the InferenceService afresh under a lock
+per service, and the autoscaler writes its decisions under the same lock: no pass applies, or
+writes back, a status older than the newest decision.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
 import threading
 import time
+from collections.abc import Iterator
 
 from kubernetes import client
 from tandem.operator import apply
+from tandem.operator.autoscaling.planner import Decision
+from tandem.operator.autoscaling.status import render_replicas, scaling_status
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render import endpoint, generation_hash, internal_secret, render
 from tandem.operator.spec import InferenceServiceSpec, SpecError
@@ -26,6 +36,19 @@ log = logging.getLogger(__name__)
 
 def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_locks: dict[tuple[str, str], threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def service_lock(namespace: str, name: str) -> Iterator[None]:
+    """One pass at a time per InferenceService (reconciles run in threads, the autoscaler too)."""
+    with _locks_guard:
+        lock = _locks.setdefault((namespace, name), threading.Lock())
+    with lock:
+        yield
 
 
 def _ready(body: dict) -> dict:
@@ -67,9 +90,11 @@ def parse_spec(body: dict) -> tuple[InferenceServiceSpec | None, str | None]:
 
 
 def _status(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None,
-            config: OperatorConfig, generation: int | None, **findings: object) -> dict:
+            config: OperatorConfig, generation: int | None, decision: Decision | None = None,
+            **findings: object) -> dict:
     """Observes the children and computes status; `findings` are Observation fields
-    (apply_error, spec_error, kv_probes) that the caller knows and the API server does not."""
+    (apply_error, spec_error, kv_probes) that the caller knows and the API server does not;
+    `decision` is the planner's, when one was just made."""
     meta = body["metadata"]
     obs = dataclasses.replace(apply.observe(api, meta["namespace"], meta["name"]), **findings)
     old = body.get("status") or {}
@@ -79,19 +104,34 @@ def _status(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None
         url, label = old.get("endpoint"), old.get("generation")
     else:
         url, label = endpoint(meta["name"], meta["namespace"], spec), generation_hash(spec, config)
-    return compute_status(spec, obs, old, now(), generation, url, label)
+    stamp = now()
+    scaling = scaling_status(spec, obs, old, stamp, decision)
+    return compute_status(spec, obs, old, stamp, generation, url, label, scaling)
 
 
 def reconcile(api: client.ApiClient, body: dict, config: OperatorConfig,
               drift: bool = False, kv_probes: list[KVProbe] | None = None) -> apply.ApplyResult:
     """Applies every child and writes status; `drift` marks a periodic pass (event wording);
-    `kv_probes` are the workers' KV health answers (None: not probed)."""
+    `kv_probes` are the workers' KV health answers (None: not probed). `body` names the
+    InferenceService; it is read afresh (its status may hold a newer decision of the planner)."""
+    meta = body["metadata"]
+    with service_lock(meta["namespace"], meta["name"]):
+        fresh = apply.get_service(api, meta["namespace"], meta["name"])
+        if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+            return apply.ApplyResult()
+        return reconcile_locked(api, fresh, config, drift, kv_probes)
+
+
+def reconcile_locked(api: client.ApiClient, body: dict, config: OperatorConfig, drift: bool = False,
+                     kv_probes: list[KVProbe] | None = None, announce: bool = True) -> apply.ApplyResult:
+    """reconcile() for a caller that holds service_lock and has just read `body`; `announce` False
+    posts no Created/Updated events (the autoscaler posts its own for a change of replicas)."""
     meta = body["metadata"]
     spec, spec_error = parse_spec(body)
     if spec is None:
         result = apply.ApplyResult(error=spec_error)
     else:
-        result = _apply(api, body, spec, config, drift)
+        result = _apply(api, body, spec, config, drift, announce)
     if result.error and _ready(body).get("message") != result.error:
         # Once per distinct failure, not per resync.
         reason = "InvalidSpec" if spec is None else "ApplyFailed"
@@ -108,14 +148,15 @@ def reconcile(api: client.ApiClient, body: dict, config: OperatorConfig,
 
 
 def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config: OperatorConfig,
-           drift: bool) -> apply.ApplyResult:
+           drift: bool, announce: bool = True) -> apply.ApplyResult:
     """Renders and applies every child; posts Created/Updated/DriftCorrected events."""
     meta = body["metadata"]
     t0 = time.monotonic()
     secret = internal_secret(meta)
     result = apply.ensure_internal_secret(api, secret)
     if not result.error:  # the Secret exists before any pod that mounts it
-        applied = apply.apply_all(api, render(meta, spec, config))
+        manifests = render(meta, spec, config, render_replicas(spec, body.get("status")))
+        applied = apply.apply_all(api, manifests)
         result = dataclasses.replace(applied, created=result.created + applied.created)
     if result.created or result.updated or result.error:
         log.info("applied %s/%s in %.2fs: %d created, %d updated%s", meta["namespace"], meta["name"],
@@ -125,7 +166,8 @@ def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config
     drift = drift and (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
 
     def event(type_: str, reason: str, message: str) -> None:
-        apply.post_event(api, body, type_, reason, message)
+        if announce:
+            apply.post_event(api, body, type_, reason, message)
 
     if result.created:
         reason = "DriftCorrected" if drift else "Created"
@@ -139,15 +181,24 @@ def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config
 def refresh_status(api: client.ApiClient, namespace: str, name: str, config: OperatorConfig,
                    kv_probes: list[KVProbe] | None = None) -> None:
     """Re-reads the CR and its children and writes status if it changed (after a child event)."""
-    body = apply.get_service(api, namespace, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
-        return
-    old = body.get("status") or {}
+    with service_lock(namespace, name):
+        body = apply.get_service(api, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        write_status(api, body, config, kv_probes)
+
+
+def write_status(api: client.ApiClient, body: dict, config: OperatorConfig,
+                 kv_probes: list[KVProbe] | None = None, decision: Decision | None = None) -> dict:
+    """Status recomputed from `body` (read under service_lock) and the children, with the planner's
+    `decision` when one was just made; written if it changed. Returns the status."""
+    meta, old = body["metadata"], body.get("status") or {}
     ready = _ready(body)
     apply_error = ready["message"] if ready.get("reason") == "ApplyFailed" else None
     spec, spec_error = parse_spec(body)
-    status = _status(api, body, spec, config, None,
+    status = _status(api, body, spec, config, None, decision,
                      apply_error=apply_error, spec_error=spec_error, kv_probes=kv_probes)
     _kv_event(api, body, status)
     if not same_status(old, status):
-        apply.write_status(api, namespace, name, status, old)
+        apply.write_status(api, meta["namespace"], meta["name"], status, old)
+    return status

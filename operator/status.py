@@ -14,7 +14,14 @@ Conditions (type, status, CamelCase reason, message, lastTransitionTime, observe
                                           (the roles then report against what is running)
                                           KVTransferReady does not feed it: Ready is about serving
                                           capacity (a fallen-back path still serves, slowly)
+  Autoscaling                             only with spec.autoscaling (tandem.operator.autoscaling.status):
+                                          Active / LimitedByMax / LimitedByMin / MetricsUnavailable /
+                                          CollectingMetrics / External
 lastTransitionTime changes only when a condition's status changes.
+
+Per component status says the desired pods (`replicas`), what its Deployment asks for now
+(`currentReplicas`) and how many are ready; an autoscaled role adds who decides (`mode`), why (a
+one-word `reason` and a `message`) and when the desired count last changed (`lastScaleTime`).
 """
 
 from __future__ import annotations
@@ -58,6 +65,26 @@ class Observation:
     kv_probes: list[KVProbe] | None = None  # None: the operator does not probe (--no-kv-probe)
 
 
+@dataclass(frozen=True)
+class ScaledRole:
+    """An autoscaled role's desired pods and why: the planner's decision, or the external autoscaler's
+    count in External mode."""
+
+    desired: int
+    mode: str  # Operator | External
+    reason: str
+    message: str
+    last_scale_time: str | None = None
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """What status says of spec.autoscaling: per autoscaled role, and the Autoscaling condition."""
+
+    roles: dict[str, ScaledRole]
+    condition: dict[str, str]
+
+
 def condition(type_: str, status: str, reason: str, message: str) -> dict[str, str]:
     return {"type": type_, "status": status, "reason": reason, "message": message}
 
@@ -94,6 +121,9 @@ def role_condition(role: str, obs: RoleObservation, desired: int) -> dict[str, s
     type_ = CONDITION_FOR[role]
     if not obs.exists:
         return condition(type_, "False", "DeploymentMissing", f"the {role} Deployment does not exist yet")
+    if desired == 0 and role == Role.PREFILL.value:
+        # A valid way to serve (the autoscaler may choose it): decode workers prefill themselves.
+        return condition(type_, "True", "ScaledToZero", "no prefill pods wanted: decode workers prefill prompts")
     if desired == 0:
         return condition(type_, "False", "ScaledToZero", f"{role}.replicas is 0")
     if obs.ready >= desired:
@@ -123,16 +153,21 @@ def _urgency(reason: str) -> int:
     return 50
 
 
-def desired_replicas(spec: InferenceServiceSpec | None, obs: Observation) -> dict[str, int]:
-    """Pods per component: as the spec asks, or as the Deployments say when the spec is unreadable."""
+def desired_replicas(spec: InferenceServiceSpec | None, obs: Observation,
+                     scaling: Scaling | None = None) -> dict[str, int]:
+    """Pods per component: as the spec (or, for an autoscaled role, `scaling`) asks, or as the
+    Deployments say when the spec is unreadable."""
     if spec is not None:
-        return spec.replicas()
+        planned = {role: sr.desired for role, sr in (scaling.roles if scaling else {}).items()}
+        return spec.replicas() | planned
     return {c: obs.roles[c].replicas if c in obs.roles else 0 for c in COMPONENTS}
 
 
-def compute_conditions(spec: InferenceServiceSpec | None, obs: Observation) -> list[dict[str, str]]:
-    """All conditions, without timestamps: Ready first, then per role, then KVTransferReady."""
-    desired = desired_replicas(spec, obs)
+def compute_conditions(spec: InferenceServiceSpec | None, obs: Observation,
+                       scaling: Scaling | None = None) -> list[dict[str, str]]:
+    """All conditions, without timestamps: Ready first, then per role, then KVTransferReady, then
+    Autoscaling when the spec asks for autoscaling."""
+    desired = desired_replicas(spec, obs, scaling)
     roles = [role_condition(r, obs.roles.get(r, RoleObservation()), desired[r]) for r in COMPONENTS]
     if obs.spec_error:
         ready = condition("Ready", "False", "InvalidSpec", obs.spec_error)
@@ -146,7 +181,8 @@ def compute_conditions(spec: InferenceServiceSpec | None, obs: Observation) -> l
             # The reason a person can act on wins (a pod that cannot be placed over one starting).
             reason = min((c["reason"] for c in failing), key=_urgency)
             ready = condition("Ready", "False", reason, "; ".join(c["message"] for c in failing))
-    return [ready, *roles, kv_condition(spec, obs.kv_probes)]
+    autoscaling = [scaling.condition] if scaling is not None else []
+    return [ready, *roles, kv_condition(spec, obs.kv_probes), *autoscaling]
 
 
 def _plural(n: int, word: str) -> str:
@@ -229,15 +265,17 @@ def compute_status(
     observed_generation: int | None,
     endpoint: str | None,
     generation_label: str | None,
+    scaling: Scaling | None = None,
 ) -> dict[str, Any]:
     """The whole status object to write; equal to old_status when nothing changed.
 
     spec is None when the operator cannot read it (obs.spec_error says why); endpoint and
-    generation_label None leave those fields out.
+    generation_label None leave those fields out; scaling is None without spec.autoscaling.
     """
     old_status = old_status or {}
-    desired = desired_replicas(spec, obs)
-    conditions = stamp(compute_conditions(spec, obs), old_status.get("conditions"), now, observed_generation)
+    desired = desired_replicas(spec, obs, scaling)
+    conditions = stamp(compute_conditions(spec, obs, scaling), old_status.get("conditions"), now,
+                       observed_generation)
     status: dict[str, Any] = {"conditions": conditions}
     if observed_generation is not None:
         status["observedGeneration"] = observed_generation
@@ -248,6 +286,13 @@ def compute_status(
             "readyReplicas": ro.ready,
             "summary": f"{ro.ready}/{desired[role]}",
         }
+        if ro.exists:
+            status[role]["currentReplicas"] = ro.replicas
+        sr = scaling.roles.get(role) if scaling is not None else None
+        if sr is not None:
+            status[role] |= {"mode": sr.mode, "reason": sr.reason, "message": sr.message}
+            if sr.last_scale_time:
+                status[role]["lastScaleTime"] = sr.last_scale_time
     if obs.router_service and endpoint is not None:
         status["endpoint"] = endpoint
     if generation_label is not None:

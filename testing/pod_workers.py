@@ -49,12 +49,13 @@ class ProcessGroup(Supervisor):
         return out
 
     def worker_for_pod(self, pod: dict[str, Any], model: Path, kv_backend: str = "tcp",
-                       env: dict[str, str] | None = None) -> ManagedProcess:
-        """`tandem worker` as the pod would run it: its role, IP, port, name and generation."""
+                       env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> ManagedProcess:
+        """`tandem worker` as the pod would run it: its role, IP, port, name and generation (`args`:
+        more flags, e.g. the engine settings its config file would give)."""
         meta, ip = pod["metadata"], pod["status"]["podIP"]
         role, port = meta["labels"]["tandem.dev/role"], pod_port(pod)
         argv = [TANDEM, "worker", "--role", role, "--model", str(model), "--host", ip,
-                "--port", str(port), "--kv-backend", kv_backend, "--threads", "1"]
+                "--port", str(port), "--kv-backend", kv_backend, "--threads", "1", *args]
         full_env = os.environ | {
             "POD_IP": ip, "POD_NAME": meta["name"],
             "TANDEM_GENERATION": meta["labels"].get("tandem.dev/generation", ""),
@@ -62,11 +63,18 @@ class ProcessGroup(Supervisor):
         } | self._secret_env(pod) | (env or {})
         return self.start(ManagedProcess(meta["name"], argv, full_env, url=f"http://{ip}:{port}", role=role))
 
-    def router(self, namespace: str, service: str, port: int, kubeconfig: Path) -> ManagedProcess:
+    def router(self, namespace: str, service: str, port: int, kubeconfig: Path,
+               host: str = "127.0.0.1") -> ManagedProcess:
         """`tandem router --kubernetes` on loopback, finding the workers through the API server."""
         argv = [TANDEM, "router", "--kubernetes", "--namespace", namespace, "--service", service,
-                "--host", "127.0.0.1", "--port", str(port)]
+                "--host", host, "--port", str(port)]
         env = os.environ | {"KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
         if self.api is not None:  # the router pod's env names the service's internal Secret
             env[SECRET_ENV] = self._secret(namespace, f"{service}-internal", "secret")
-        return self.start(ManagedProcess("router", argv, env, url=f"http://127.0.0.1:{port}", role="router"))
+        return self.start(ManagedProcess("router", argv, env, url=f"http://{host}:{port}", role="router"))
+
+    def router_for_pod(self, pod: dict[str, Any], kubeconfig: Path) -> ManagedProcess:
+        """The router at its pod's IP and port, where the operator's planner reads its /metrics."""
+        meta = pod["metadata"]
+        return self.router(meta["namespace"], meta["labels"]["tandem.dev/service"], pod_port(pod), kubeconfig,
+                           host=pod["status"]["podIP"])

@@ -36,7 +36,8 @@ from tandem.operator.autoscaling.snapshot import PodWindow, RoleWindow, Snapshot
 from tandem.operator.autoscaling.spec import AutoscalingSpec, Mode, RoleScaling
 from tandem.operator.status import condition
 
-__all__ = ["Decision", "PlannerState", "Reason", "RoleDecision", "Seats", "choose_removals", "plan"]
+__all__ = ["CONDITION_TYPE", "Decision", "PlannerState", "Reason", "RoleDecision", "Seats", "choose_removals",
+           "condition_of", "plan"]
 
 CONDITION_TYPE = "Autoscaling"
 
@@ -170,7 +171,8 @@ def _explain(role: str, current: int, desired: int, wanted: int, recommended: in
     return RoleDecision(role, current, desired, reason, msg, recommended, remove, limited)
 
 
-def _condition(decisions: Mapping[str, RoleDecision]) -> dict[str, str]:
+def condition_of(decisions: Mapping[str, RoleDecision]) -> dict[str, str]:
+    """The Autoscaling condition: external, unable to read metrics, collecting, limited or active."""
     owned = [d for d in decisions.values() if d.owned]
     if not owned:
         return condition(CONDITION_TYPE, "False", "External",
@@ -206,4 +208,4 @@ def plan(snapshot: Snapshot, current: Mapping[str, int], spec: AutoscalingSpec, 
     decisions: dict[str, RoleDecision] = {}
     for role, rs in spec.roles.items():
         decisions[role], state = _decide_role(role, snapshot, int(current.get(role, 0)), spec, rs, state, now, mu)
-    return Decision(now, decisions, _condition(decisions)), state
+    return Decision(now, decisions, condition_of(decisions)), state

@@ -18,6 +18,8 @@ A new kind of child is one builder here plus its (apiVersion, kind) in apply.PAT
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render.config_files import (
     config_files,
@@ -46,8 +48,14 @@ __all__ = [
 ]
 
 
-def render(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig) -> list[Manifest]:
-    """Every child of one InferenceService, in apply order (config and RBAC before pods)."""
+def render(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig,
+           replicas: Mapping[str, int | None] | None = None) -> list[Manifest]:
+    """Every child of one InferenceService, in apply order (config and RBAC before pods).
+
+    `replicas` overrides a worker role's spec.<role>.replicas: the planner's count for an autoscaled
+    role, or None to leave the field out (External mode: an HPA or KEDA owns it).
+    """
+    counts = {role: spec.role(role).replicas for role in WORKER_ROLES} | dict(replicas or {})
     files = config_files(meta["name"], meta["namespace"], spec)
     # Each pod template carries the hash of its own file: a change rolls that component only.
     hashes = {key: short_hash(text, 16) for key, text in files.items()}
@@ -58,6 +66,7 @@ def render(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig) -> li
         *(worker_service(meta, role) for role in WORKER_ROLES),
         router_service(meta, spec),
         *policy,
-        *(worker_deployment(meta, spec, role, config, hashes[f"{role}.yaml"]) for role in WORKER_ROLES),
+        *(worker_deployment(meta, spec, role, config, hashes[f"{role}.yaml"], counts[role])
+          for role in WORKER_ROLES),
         router_deployment(meta, spec, config, hashes[f"{ROUTER}.yaml"]),
     ]

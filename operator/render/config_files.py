@@ -10,11 +10,23 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
-from tandem.contracts.names import KV_PORT, ROUTER_PORT, WORKER_PORT
+from tandem.contracts.names import KV_PORT, ROUTER_PORT, WORKER_PORT, Role
 from tandem.operator.render.objects import Manifest, metadata, names
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
+from tandem.operator.spec.inference_service import EXIT_MARGIN_S
 
 MODEL_DIR = "/models"  # where a hostPath or PVC model is mounted
+KV_LEASE_S = 30  # how long prefill keeps KV no decode worker has pulled (the worker's own default)
+
+
+def drain_times(spec: InferenceServiceSpec, role: str) -> dict[str, int]:
+    """drain_s (and prefill's kv_lease_s) within the pod's grace period: a pod being removed stays
+    until its sequences finish and every KV block it leased is pulled or expired, then exits
+    before the kubelet kills it."""
+    drain = max(0, spec.role(role).termination_grace_period_seconds - EXIT_MARGIN_S)
+    if role == Role.PREFILL:
+        return {"drain_s": drain, "kv_lease_s": min(KV_LEASE_S, drain)}
+    return {"drain_s": drain}
 
 
 def model_arg(spec: InferenceServiceSpec) -> str:
@@ -44,6 +56,7 @@ def worker_config(name: str, role: str, spec: InferenceServiceSpec) -> dict[str,
         "max_num_seqs": engine.max_num_seqs,
         "max_batched_tokens": engine.max_batched_tokens,
         "log_format": "json",
+        **drain_times(spec, role),
     }
     if engine.kv_blocks is not None:
         cfg["num_blocks"] = engine.kv_blocks

@@ -73,17 +73,18 @@ def metadata(meta: dict, name: str, component: str, extra: dict | None = None) -
     }
 
 
-def deployment(meta: dict, component: str, replicas: int, pod_labels: dict[str, str],
+def deployment(meta: dict, component: str, replicas: int | None, pod_labels: dict[str, str],
                config_hash: str, pod_spec: dict[str, Any],
                rollout: dict[str, Any] | None = None) -> Manifest:
-    """A component's Deployment; the config hash on the pod template rolls it when its file changes."""
+    """A component's Deployment; the config hash on the pod template rolls it when its file changes.
+    Without `replicas` the field is left out: whoever else sets it (an HPA, KEDA) owns it."""
     name = meta["name"]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata(meta, names(name)[component], component, {LABEL_ROLE: component}),
         "spec": {
-            "replicas": replicas,
+            **({} if replicas is None else {"replicas": replicas}),
             "selector": {"matchLabels": selector_labels(name, component)},
             **(rollout or {}),
             "revisionHistoryLimit": 3,

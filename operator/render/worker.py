@@ -49,8 +49,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 
 def worker_deployment(meta: dict, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
-                      config_hash: str) -> Manifest:
-    """The prefill or decode Deployment: never below the desired capacity during a rollout."""
+                      config_hash: str, replicas: int | None) -> Manifest:
+    """The prefill or decode Deployment: never below the desired capacity during a rollout.
+    `replicas` None leaves the field out (an external autoscaler owns it)."""
     generation = generation_hash(spec, config)
     pod_labels = common_labels(meta["name"], role) | {LABEL_ROLE: role, LABEL_GENERATION: generation}
     # New pods come up before old ones go: a rollout needs room for one more pod in the pool.
@@ -59,7 +60,7 @@ def worker_deployment(meta: dict, spec: InferenceServiceSpec, role: str, config:
         "progressDeadlineSeconds": 3600,
     }
     pod = worker_pod_spec(meta["name"], spec, role, config, generation)
-    return deployment(meta, role, spec.role(role).replicas, pod_labels, config_hash, pod, rollout)
+    return deployment(meta, role, replicas, pod_labels, config_hash, pod, rollout)
 
 
 def worker_service(meta: dict, role: str) -> Manifest:

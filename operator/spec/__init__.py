@@ -1,5 +1,6 @@
 """The InferenceService API, typed: one declaration per field gives the parser and the CRD schema."""
 
+from tandem.operator.spec.autoscaling import AutoscalingSpec, Mode, RoleScaling
 from tandem.operator.spec.fields import SpecError, to_json
 from tandem.operator.spec.inference_service import (
     COMPONENTS,
@@ -19,6 +20,9 @@ from tandem.operator.spec.inference_service import (
 )
 
 __all__ = [
+    "AutoscalingSpec",
+    "Mode",
+    "RoleScaling",
     "COMPONENTS",
     "RESERVED_ENV",
     "ROUTER",

@@ -6,18 +6,22 @@ tandem.operator.spec.openapi writes the CRD's schema from the very same declarat
 typed spec and the schema `kubectl apply` validates against cannot drift apart.
 
 Parsing enforces the OpenAPI part of each declaration (types, enums, bounds, lengths, patterns)
-and fills in declared defaults; the CEL rules (`Rule`) are the API server's to check. A spec the
-parser refuses raises SpecError naming the field, never anything else.
+and fills in declared defaults; the CEL rules (`Rule`) are the API server's to check, except a rule
+that carries its Python twin (`check`): the parser enforces that one too, with the same message,
+where the operator cannot work without it (a CRD older than the operator lets more through).
+A spec the parser refuses raises SpecError naming the field, never anything else.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import functools
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NewType
 
@@ -63,10 +67,14 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class Rule:
-    """A CEL rule (x-kubernetes-validations); `{role}` in the message is filled in per role."""
+    """A CEL rule (x-kubernetes-validations); `{role}` in the message is filled in per role.
+
+    `check`, when given, is the same rule in Python (True: the value passes): the parser enforces it.
+    """
 
     rule: str
     message: str
+    check: Callable[[Any], bool] | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -168,12 +176,24 @@ def parse(cls: type, value: Any, path: str, context: dict[str, str] | None = Non
             kwargs[attr] = None
             continue
         kwargs[attr] = _parse_value(inner, raw, sub, decl, dict(context or {}))
-    return cls(**kwargs)
+    obj = cls(**kwargs)
+    _check_rules(rules_of(cls), obj, path, context or {})
+    return obj
+
+
+def _check_rules(rules: tuple[Rule, ...], obj: Any, path: str, context: dict[str, str]) -> None:
+    """The rules with a Python twin; the first one broken raises SpecError with the rule's message."""
+    for rule in rules:
+        if rule.check is not None and not rule.check(obj):
+            raise SpecError(path, fill(rule.message, context))
 
 
 def _parse_value(tp: Any, raw: Any, path: str, decl: Decl, context: dict[str, str]) -> Any:
     if dataclasses.is_dataclass(tp):
-        return parse(tp, raw, path, context | decl.context, decl.overrides)
+        context = context | decl.context
+        obj = parse(tp, raw, path, context, decl.overrides)
+        _check_rules(decl.rules, obj, path, context)
+        return obj
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is tuple:
         if not isinstance(raw, list):
@@ -215,6 +235,11 @@ def _scalar(tp: Any, raw: Any, path: str) -> Any:
     elif tp is str:
         if isinstance(raw, str):
             return raw
+    elif isinstance(tp, type) and issubclass(tp, enum.Enum):
+        values = [m.value for m in tp]
+        if raw in values:
+            return tp(raw)
+        raise SpecError(path, f"must be one of {', '.join(map(str, values))}, got {_show(raw)}")
     else:
         raise TypeError(f"{path}: no JSON mapping for {tp!r}")
     return _wrong_type(tp, raw, path)
@@ -263,4 +288,6 @@ def to_json(obj: Any) -> Any:
         return [to_json(v) for v in obj]
     if isinstance(obj, dict):
         return {k: to_json(v) for k, v in obj.items()}
+    if isinstance(obj, enum.Enum):
+        return obj.value
     return obj

@@ -19,6 +19,7 @@ from tandem.contracts.routing import (
     PREFIX_SEQUENCE_COST_TOKENS,
     RoutingPolicy,
 )
+from tandem.operator.spec.autoscaling import AutoscalingSpec
 from tandem.operator.spec.fields import FreeForm, Quantity, Rule, api_field, parse, to_json
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -29,6 +30,11 @@ RESERVED_ENV = ("POD_IP", "POD_NAME", "TANDEM_GENERATION", SECRET_ENV)
 WORKER_ROLES: tuple[str, ...] = (Role.PREFILL.value, Role.DECODE.value)
 ROUTER = "router"
 COMPONENTS: tuple[str, ...] = (*WORKER_ROLES, ROUTER)
+# A stopping worker drains (running sequences finish, leased KV gets pulled) for its grace period
+# less EXIT_MARGIN_S, left for the process to exit before the kubelet's SIGKILL. Prefill's grace
+# covers at least one whole KV pull (the worker's 10 s pull timeout) on top of that margin.
+EXIT_MARGIN_S = 5
+PREFILL_MIN_GRACE_S = EXIT_MARGIN_S + 10
 # Spec types are values: immutable, and built by keyword (parse does it from JSON).
 api_type = dataclass(frozen=True, kw_only=True)
 
@@ -328,7 +334,10 @@ class InferenceServiceSpec:
         Role.PREFILL, "The prefill workers (read the whole prompt, compute-bound). Same shape as decode.",
         terminationGracePeriodSeconds={
             "default": 120,
-            "description": "Time a stopping worker gets to finish its requests and hand off its KV blocks.",
+            "constraints": {"minimum": PREFILL_MIN_GRACE_S, "maximum": 86400},
+            "description": "Time a stopping worker gets to finish its requests and hand off its KV blocks "
+            f"(its KV leases last at most this less {EXIT_MARGIN_S} s, so a pod being removed stays until "
+            "every block it leased is pulled or expired).",
         })
     decode: WorkerRole = _role(
         Role.DECODE, "The decode workers (one token per step, memory-bound). Same shape as prefill.")
@@ -341,6 +350,9 @@ class InferenceServiceSpec:
         "operator's configuration.")
     network_policy: NetworkPolicySpec = api_field(
         "networkPolicy", default={}, description="Who may reach the worker pods.")
+    autoscaling: AutoscalingSpec | None = api_field(
+        "autoscaling", description="Scale prefill and decode apart against latency targets (the operator's "
+        "planner, or an external autoscaler per role). A role left out keeps its fixed replicas.")
 
     RULES: ClassVar[tuple[Rule, ...]] = (
         Rule("!has(self.router.limits.maxPromptTokens) || self.router.limits.maxPromptTokens < "

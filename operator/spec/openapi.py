@@ -7,6 +7,7 @@ declarations drive the parser (fields.parse), so the CRD and the typed spec cann
 from __future__ import annotations
 
 import dataclasses
+import enum
 import typing
 from typing import Any
 
@@ -90,4 +91,6 @@ def _type_schema(tp: Any, decl: Decl, context: dict[str, str]) -> dict[str, Any]
         return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     if tp in _SCALARS:
         return {"type": _SCALARS[tp]}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return {"type": "string", "enum": [m.value for m in tp]}
     raise TypeError(f"{decl.name}: no OpenAPI type for {tp!r}")

@@ -1,5 +1,6 @@
 """The chart's RBAC grants exactly the operator's calls: cluster-wide by default, per watched
-namespace when asked, never a wildcard, a Secret read, a delete or a pod write. (That nothing is
+namespace when asked, never a wildcard, a Secret read, a delete, or a pod made or removed (pods
+are only annotated: the pods a scale-down removes). (That nothing is
 missing is proved by the end-to-end test, which runs the operator with these rules.)"""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ EXPECTED = {
     ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"},
     ("", "secrets"): {"create"},  # each service's internal secret, created once; never read
-    ("", "pods"): {"get", "list", "watch"},
+    ("", "pods"): {"get", "list", "watch", "patch"},  # patch: the scale-down's pod-deletion-cost
     ("apps", "replicasets"): {"get"},  # held to grant the router's Role (owner-chain discovery)
     ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
     ("", "events"): {"create"},
@@ -84,7 +85,7 @@ def test_nothing_beyond_the_operators_calls(helm_bin: Path) -> None:
             assert "delete" not in verbs and "deletecollection" not in verbs
             assert not {"escalate", "bind", "impersonate"} & verbs
             if resource == "pods":
-                assert verbs == {"get", "list", "watch"}  # the operator never makes pods
+                assert verbs == {"get", "list", "watch", "patch"}  # never makes or removes pods
 
 
 def test_rbac_can_be_left_to_the_user(helm_bin: Path) -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import copy
 import os
+import re
+import secrets
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from tandem.operator.spec import InferenceServiceSpec
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "inferenceservices.tandem.dev.yaml"
 EXAMPLES = ROOT / "examples"
+RBAC_MD = ROOT / "operator" / "RBAC.md"
 
 
 def _apply_defaults(schema: dict, value: Any) -> Any:
@@ -144,3 +147,44 @@ def start_operator(k8s, crd_installed, tmp_path_factory):
     finally:
         for op in started:
             op.stop()
+
+
+@pytest.fixture(scope="session")
+def documented_rules() -> list[dict]:
+    """operator/RBAC.md's table, one PolicyRule per row: | `group` | `res`, `res` | verb, verb | why |."""
+    rules = []
+    for line in RBAC_MD.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or not cells[0].startswith("`"):
+            continue
+        group = re.findall(r"`([^`]*)`", cells[0])[0]
+        group = "" if group == '""' else group
+        resources = re.findall(r"`([^`]+)`", cells[1])
+        verbs = [v.strip() for v in cells[2].split(",")]
+        rules.append({"apiGroups": [group], "resources": resources, "verbs": verbs})
+    return rules
+
+
+@pytest.fixture(scope="module")
+def documented_rbac_kubeconfig(k8s, documented_rules, tmp_path_factory) -> Iterator[Path]:
+    """A kubeconfig of a ServiceAccount bound cluster-wide to exactly RBAC.md's rules (for an operator
+    that must do its job with them); removed at the end of the module."""
+    import yaml
+
+    name = f"tandem-operator-{secrets.token_hex(3)}"
+    meta = {"name": name}
+    objs = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": "default"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": meta,
+         "rules": documented_rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}]},
+    ]
+    k8s.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
+    try:
+        token = k8s.kubectl("create", "token", name, "-n", "default", "--duration=1h").stdout.strip()
+        yield k8s.kubeconfig_for_token(token, tmp_path_factory.mktemp("rbac") / "operator.kubeconfig")
+    finally:
+        k8s.kubectl("delete", "clusterrolebinding,clusterrole", name, "--ignore-not-found", check=False)
+        k8s.kubectl("delete", "serviceaccount", name, "-n", "default", "--ignore-not-found", check=False)

@@ -30,7 +30,8 @@ def test_flags_override_environment(monkeypatch):
 
 def test_defaults_without_environment(monkeypatch):
     for var in ("TANDEM_WORKER_IMAGE", "TANDEM_IMAGE_PULL_POLICY", "TANDEM_RESYNC_SECONDS",
-                "TANDEM_KV_PROBE", "TANDEM_KV_PROBE_TIMEOUT_SECONDS"):
+                "TANDEM_KV_PROBE", "TANDEM_KV_PROBE_TIMEOUT_SECONDS", "TANDEM_METRICS_TIMEOUT_SECONDS",
+                "POD_NAMESPACE", "TANDEM_OPERATOR_POD_LABELS"):
         monkeypatch.delenv(var, raising=False)
     assert operator_config(_parse(["-n", "a", "-n", "b"])) == OperatorConfig()
 
@@ -44,6 +45,18 @@ def test_kv_probe_is_on_by_default_and_can_be_turned_off(monkeypatch):
     assert (cfg.kv_probe, cfg.kv_probe_timeout_s) == (False, 0.5)
     monkeypatch.setenv("TANDEM_KV_PROBE", "0")
     assert operator_config(_parse(["-A"])).kv_probe is False
+
+
+def test_the_operator_pods_namespace_labels_and_metrics_timeout_come_through(monkeypatch):
+    """The chart sets POD_NAMESPACE and the pod labels: the NetworkPolicy admits the operator (its
+    KV probe and the planner's /metrics reads) only when they reach the config."""
+    monkeypatch.setenv("POD_NAMESPACE", "tandem-system")
+    monkeypatch.setenv("TANDEM_OPERATOR_POD_LABELS", '{"app.kubernetes.io/name": "tandem"}')
+    monkeypatch.setenv("TANDEM_METRICS_TIMEOUT_SECONDS", "4")
+    cfg = operator_config(_parse(["-A"]))
+    assert cfg.namespace == "tandem-system" and cfg.pod_labels == (("app.kubernetes.io/name", "tandem"),)
+    assert cfg.metrics_timeout_s == 4
+    assert operator_config(_parse(["-A", "--metrics-timeout-seconds", "1.5"])).metrics_timeout_s == 1.5
 
 
 def test_namespace_and_all_namespaces_exclude_each_other():

@@ -1,15 +1,13 @@
 """operator/RBAC.md is honest: the operator does its whole job with exactly the rules it lists.
 
-The table in RBAC.md is parsed into a ClusterRole; the operator runs as a ServiceAccount bound
+The table in RBAC.md is parsed into a ClusterRole (conftest's documented_rules); the operator runs as a ServiceAccount bound
 to it (a real token, real RBAC in the API server) and must reconcile to Ready without a single
 Forbidden in its log.
 """
 
 from __future__ import annotations
 
-import re
 import secrets
-from pathlib import Path
 
 import pytest
 import yaml
@@ -19,26 +17,8 @@ from tandem.testing.rbac import rbac_denials
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-RBAC_MD = Path(__file__).resolve().parents[2] / "operator" / "RBAC.md"
-
-
-def documented_rules() -> list[dict]:
-    """One PolicyRule per table row: | `group` | `res`, `res` | verb, verb | why |."""
-    rules = []
-    for line in RBAC_MD.read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 4 or not cells[0].startswith("`"):
-            continue
-        group = re.findall(r"`([^`]*)`", cells[0])[0]
-        group = "" if group == '""' else group
-        resources = re.findall(r"`([^`]+)`", cells[1])
-        verbs = [v.strip() for v in cells[2].split(",")]
-        rules.append({"apiGroups": [group], "resources": resources, "verbs": verbs})
-    return rules
-
-
-def test_the_table_parses_into_rules():
-    rules = documented_rules()
+def test_the_table_parses_into_rules(documented_rules):
+    rules = documented_rules
     groups = {r["apiGroups"][0] for r in rules}
     assert {"tandem.dev", "apps", "", "rbac.authorization.k8s.io"} <= groups
     assert not any("delete" in r["verbs"] or "*" in r["verbs"] for r in rules)
@@ -50,13 +30,14 @@ CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces"}
 
 
 @pytest.mark.parametrize("scope", ["all-namespaces", "one-namespace"])
-def test_operator_reconciles_with_only_the_documented_rules(k8s, start_operator, namespace, tmp_path, scope):
+def test_operator_reconciles_with_only_the_documented_rules(k8s, start_operator, namespace, tmp_path, scope,
+                                                            documented_rules):
     """all-namespaces: a ClusterRole with every row. one-namespace: `--namespace NS` and only a
     Role in NS without the optional cluster-scoped rows, as RBAC.md says is enough."""
     suffix = secrets.token_hex(3)
     sa_ns, name = namespace, f"tandem-operator-{suffix}"
     cluster = scope == "all-namespaces"
-    rules = documented_rules()
+    rules = documented_rules
     if not cluster:
         rules = [r for r in rules if not set(r["resources"]) & CLUSTER_SCOPED]
     kind = "ClusterRole" if cluster else "Role"

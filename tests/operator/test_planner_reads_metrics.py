@@ -18,13 +18,17 @@ from tandem.worker.server.metrics import WorkerMetrics
 class FakeEngine:
     """The attributes the worker's EngineCollector reads, settable by the test."""
 
-    def __init__(self, running=0, waiting=0, leases=0, used=0, total=100, prompt=0, generated=0):
+    def __init__(self, running=0, waiting=0, leases=0, used=0, total=100, prompt=0, generated=0, outstanding=0):
         self.stats = SimpleNamespace(prompt_tokens_total=prompt, generation_tokens_total=generated,
                                      preemptions_total=0, steps_total=0, requests_finished={})
         self.num_running, self.num_waiting = running, waiting
         self.leases = dict.fromkeys(range(leases))
         self.allocator = SimpleNamespace(num_used=used, num_blocks=total)
         self.layout = SimpleNamespace(block_size=16)
+        self.outstanding = outstanding
+
+    def outstanding_prompt_tokens(self) -> int:
+        return self.outstanding
 
 
 def text(registry) -> str:
@@ -32,7 +36,8 @@ def text(registry) -> str:
 
 
 def test_worker_text_reads_into_typed_fields():
-    eng = FakeEngine(running=3, waiting=1, leases=2, used=40, total=100, prompt=5000, generated=700)
+    eng = FakeEngine(running=3, waiting=1, leases=2, used=40, total=100, prompt=5000, generated=700,
+                     outstanding=1234)
     m = WorkerMetrics(lambda: eng)
     m.observe_step(0.25, 512)
     m.observe_step(0.05, 3)
@@ -40,13 +45,14 @@ def test_worker_text_reads_into_typed_fields():
     assert (r.running, r.waiting, r.leased, r.kv_blocks_used, r.kv_blocks_total) == (3, 1, 2, 40, 100)
     assert (r.prompt_tokens, r.generation_tokens) == (5000, 700)
     assert math.isclose(r.busy_seconds, 0.3) and r.steps == 2 and r.step_tokens == 515
-    assert r.outstanding_prompt_tokens is None, "not exported by this worker: unknown, not 0"
+    assert r.outstanding_prompt_tokens == 1234
 
 
-def test_outstanding_prompt_tokens_are_read_when_a_worker_exports_them():
-    m = WorkerMetrics(lambda: FakeEngine())
-    extra = "# TYPE tandem_worker_outstanding_prompt_tokens gauge\ntandem_worker_outstanding_prompt_tokens 1234\n"
-    assert parse_worker(text(m.registry) + extra).outstanding_prompt_tokens == 1234
+def test_a_worker_without_the_outstanding_prompt_gauge_reads_as_unknown_not_zero():
+    """Workers older than the gauge: the planner goes without the prefill backlog."""
+    m = WorkerMetrics(lambda: FakeEngine(outstanding=99))
+    older = "\n".join(line for line in text(m.registry).splitlines() if "outstanding_prompt" not in line)
+    assert parse_worker(older + "\n").outstanding_prompt_tokens is None
 
 
 def test_a_worker_still_loading_its_model_is_unreadable_not_idle():
@@ -135,7 +141,7 @@ def test_role_window_rates_sums_and_what_could_not_be_read():
     assert math.isclose(pre.step_tokens_rate, 100 / 60), "tokens the steps processed, apart from those added"
     assert (dec.ready, dec.readable, dec.unreadable) == (2, 1, 1)
     assert dec.running == 4 and math.isclose(dec.kv_usage, 0.3) and math.isclose(dec.generation_tokens_rate, 20.0)
-    assert dec.outstanding_prompt_tokens is None
+    assert dec.outstanding_prompt_tokens == 0 and pre.outstanding_prompt_tokens == 0
     assert snap.problems == ("decode pod d-1: timed out",), "a pod not ready yet is no problem"
     assert [p.name for p in dec.pods] == ["d-0", "d-1", "d-2"], "every pod is listed, read or not"
 

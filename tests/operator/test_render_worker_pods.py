@@ -141,7 +141,7 @@ def test_engine_settings_land_in_the_role_config_file(typed, meta):
         "role": "prefill", "model": "/m", "served_name": "m", "dtype": "bfloat16",
         "max_model_len": 8192, "host": "0.0.0.0", "port": 8000, "kv_backend": "tcp", "kv_port": 5601,
         "block_size": 32, "max_num_seqs": 64, "max_batched_tokens": 16384, "num_blocks": 4096,
-        "log_format": "json",
+        "log_format": "json", "drain_s": 115, "kv_lease_s": 30,
     }
     assert decode["max_num_seqs"] == 128 and decode["kv_memory_fraction"] == 0.5
     assert "num_blocks" not in decode

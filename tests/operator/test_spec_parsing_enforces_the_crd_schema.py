@@ -40,6 +40,16 @@ FULL = {
                "apiKeySecretRef": {"name": "s", "key": "k"}, "cpu": 1, "memory": "1Gi"},
     "image": {"repository": "reg.io/x", "tag": "1.0", "pullPolicy": "Always"},
     "networkPolicy": {"enabled": False, "metricsFrom": [{"podSelector": {}}]},
+    "autoscaling": {
+        "intervalSeconds": 10, "windowSeconds": 30, "tolerance": 0.2,
+        "targets": {"ttft": {"seconds": 1.5, "percentile": 95}, "itl": {"seconds": 0.05, "percentile": 99}},
+        "prefill": {"mode": "Operator", "minReplicas": 0, "maxReplicas": 4, "targetUtilization": 0.7,
+                    "scaleUp": {"stabilizationWindowSeconds": 0, "maxStep": 2, "maxStepPercent": 50},
+                    "scaleDown": {"stabilizationWindowSeconds": 60, "maxStep": 1, "maxStepPercent": 10}},
+        "decode": {"mode": "External", "minReplicas": 1, "maxReplicas": 8,
+                   "scaleUp": {"stabilizationWindowSeconds": 0, "maxStep": 4, "maxStepPercent": 100},
+                   "scaleDown": {"stabilizationWindowSeconds": 300, "maxStep": 1, "maxStepPercent": 20}},
+    },
 }
 
 Path = tuple[str | int, ...]

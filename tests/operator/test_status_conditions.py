@@ -40,7 +40,8 @@ def test_all_ready():
         assert _cond(st, t)["status"] == "True" and _cond(st, t)["observedGeneration"] == 3
     assert _cond(st, "KVTransferReady")["status"] == "Unknown"
     assert st["endpoint"] == EP and st["observedGeneration"] == 3
-    assert st["prefill"] == {"replicas": 1, "readyReplicas": 1, "summary": "1/1"}
+    assert st["prefill"] == {"replicas": 1, "currentReplicas": 1, "readyReplicas": 1, "summary": "1/1"}
+    assert not any(c["type"] == "Autoscaling" for c in st["conditions"]), "only with spec.autoscaling"
 
 
 def test_unschedulable_pod_surfaces_with_the_scheduler_message():
@@ -63,6 +64,15 @@ def test_missing_deployment_and_scaled_to_zero():
     assert _cond(st, "RouterReady")["reason"] == "ScaledToZero"
     assert _cond(st, "Ready")["reason"] == "DeploymentMissing"
     assert "decode" in _cond(st, "Ready")["message"] and "router" in _cond(st, "Ready")["message"]
+
+
+def test_prefill_at_zero_still_serves():
+    """Prefill may be scaled to 0 (by hand or by the autoscaler): decode prefills, the service is Ready."""
+    obs = _ready_obs()
+    obs.roles["prefill"] = RoleObservation(exists=True, replicas=0, ready=0)
+    st = compute_status(_spec(prefill=0), obs, None, T0, 1, EP, "g")
+    assert (_cond(st, "PrefillReady")["status"], _cond(st, "PrefillReady")["reason"]) == ("True", "ScaledToZero")
+    assert _cond(st, "Ready")["status"] == "True"
 
 
 def test_ready_reason_is_the_most_actionable_one():
@@ -129,6 +139,6 @@ def test_an_unreadable_spec_is_ready_false_invalid_spec_judged_against_what_runs
     assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
     assert ready["message"] == obs.spec_error and ready["lastTransitionTime"] == T1
     assert _cond(st, "DecodeReady")["message"] == "1/3 decode pods ready"
-    assert st["decode"] == {"replicas": 3, "readyReplicas": 1, "summary": "1/3"}
+    assert st["decode"] == {"replicas": 3, "currentReplicas": 3, "readyReplicas": 1, "summary": "1/3"}
     assert "endpoint" not in st and "generation" not in st
     assert _cond(st, "KVTransferReady")["reason"] == "NotProbed"

@@ -27,6 +27,9 @@ class EngineCollector(Collector):
         yield GaugeMetricFamily("tandem_worker_waiting_sequences", "Sequences queued", value=eng.num_waiting)
         yield GaugeMetricFamily("tandem_worker_leased_sequences", "Prefilled sequences whose KV awaits a pull",
                                 value=len(eng.leases))
+        yield GaugeMetricFamily("tandem_worker_outstanding_prompt_tokens",
+                                "Prompt tokens admitted and not yet prefilled (queued or part-way)",
+                                value=eng.outstanding_prompt_tokens())
         yield GaugeMetricFamily("tandem_worker_kv_blocks_used", "KV pool blocks in use", value=eng.allocator.num_used)
         yield GaugeMetricFamily("tandem_worker_kv_blocks_total", "KV pool blocks", value=eng.allocator.num_blocks)
         yield GaugeMetricFamily("tandem_worker_kv_block_size_tokens", "Tokens per KV block", value=eng.layout.block_size)

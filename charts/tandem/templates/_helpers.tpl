@@ -121,13 +121,16 @@ InferenceService through owner references and the garbage collector.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create"]
-# Pods are only read: readiness and scheduling failures become status conditions. The
-# router's Role grants pods and EndpointSlices get/list/watch, and Kubernetes lets the
-# operator write (and bind) a Role only with every permission it grants (no `escalate`
-# or `bind` verbs here), so the operator holds them too.
+# Pods: readiness and scheduling failures become status conditions. The router's Role grants
+# pods and EndpointSlices get/list/watch, and Kubernetes lets the operator write (and bind) a
+# Role only with every permission it grants (no `escalate` or `bind` verbs here), so the
+# operator holds them too. `patch` is for annotations only: before the autoscaler lowers a
+# worker role's replicas it marks the pods it chose to remove (the lowest
+# controller.kubernetes.io/pod-deletion-cost), so the ReplicaSet removes exactly those. Never
+# create or delete: the ReplicaSet does both.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["get", "list", "watch"]

@@ -1,0 +1,198 @@
+"""The planner in the operator, on the real control plane, with real worker and router processes
+standing in for the pods (KWOK gives them loopback IPs; each process listens at its pod's IP).
+
+The operator runs with exactly the RBAC that operator/RBAC.md documents. Under load the planner
+raises decode from 1 to 2 and status and an Event say why; when the load stops it lowers decode
+again after the stabilisation window, and the pod the ReplicaSet removes is the one it chose.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import openai
+import pytest
+from kubernetes import client
+from tandem.operator.apply import CHOSEN
+from tandem.operator.autoscaling.planner import Reason
+from tandem.testing.cluster import POOL_LABEL, wait_until
+from tandem.testing.pod_workers import ProcessGroup
+from tandem.testing.rbac import rbac_denials
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
+
+GVP = ("tandem.dev", "v1alpha1", "inferenceservices")
+STREAMS = 4
+# The toy model steps in a few milliseconds: an ITL target of 2 ms is what this small load misses.
+ITL_TARGET_S = 0.002
+UP = {r.value for r in (Reason.QUEUE_BUILDING, Reason.ITL_ABOVE_TARGET, Reason.KV_SATURATED)}
+
+
+def spec(model: str) -> dict:
+    role = {"replicas": 1, "gpus": 0, "cpu": "100m", "memory": "1Gi", "nodeSelector": {POOL_LABEL: "cpu"}}
+    return {
+        "model": {"path": model, "dtype": "float32", "maxModelLen": 512},
+        "prefill": dict(role), "decode": dict(role),
+        "kvTransfer": {"backend": "tcp"},
+        "router": {"cpu": "50m", "memory": "128Mi"},
+        # The shortest windows the CRD allows: a decision every 5 s over 10 s of metrics.
+        "autoscaling": {"intervalSeconds": 5, "windowSeconds": 10, "targets": {"itl": {"seconds": ITL_TARGET_S}},
+                        "decode": {"minReplicas": 1, "maxReplicas": 2,
+                                   "scaleDown": {"stabilizationWindowSeconds": 10}}},
+    }
+
+
+@pytest.fixture(scope="module")
+def api(k8s):
+    with k8s.api_client() as api:
+        yield api
+
+
+@pytest.fixture
+def procs(api):
+    group = ProcessGroup(api)
+    try:
+        yield group
+    finally:
+        group.stop()
+
+
+def ready_pods(api, ns: str, name: str, role: str) -> list[dict]:
+    """The role's Ready pods with an IP, not being deleted, by name."""
+    pods = client.CoreV1Api(api).list_namespaced_pod(
+        ns, label_selector=f"tandem.dev/service={name},tandem.dev/role={role}").items
+    out = []
+    for pod in api.sanitize_for_serialization(pods):
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+        if ready and pod["status"].get("podIP") and not pod["metadata"].get("deletionTimestamp"):
+            out.append(pod)
+    return sorted(out, key=lambda p: p["metadata"]["name"])
+
+
+def status(api, ns: str, name: str) -> dict:
+    tis = client.CustomObjectsApi(api).get_namespaced_custom_object(*GVP[:2], ns, GVP[2], name)
+    return tis.get("status") or {}
+
+
+def events(api, ns: str, name: str, reason: str) -> list:
+    found = client.CoreV1Api(api).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+    return [e for e in found if e.reason == reason]
+
+
+def table(text: str) -> dict[str, str]:
+    """kubectl's one-row table by column name (a column may be empty: cut at the header's offsets)."""
+    header, row = text.splitlines()[:2]
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    ends = [*starts[1:], None]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
+
+
+class Load:
+    """STREAMS chat streams at a time, each started again as it ends, until stop()."""
+
+    def __init__(self, url: str) -> None:
+        self.client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        self.model = self.client.models.list().data[0].id
+        self.done = threading.Event()
+        self.errors: list[str] = []
+        self.finished = 0
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(STREAMS)]
+        for t in self.threads:
+            t.start()
+
+    def _loop(self) -> None:
+        while not self.done.is_set():
+            try:
+                stream = self.client.chat.completions.create(
+                    model=self.model, messages=[{"role": "user", "content": "Count the sheep, slowly."}],
+                    max_tokens=48, temperature=0, stream=True, extra_body={"ignore_eos": True})
+                for _ in stream:
+                    pass
+                self.finished += 1
+            except Exception as e:  # every failure is reported by stop()
+                self.errors.append(repr(e))
+
+    def stop(self) -> None:
+        self.done.set()
+        for t in self.threads:
+            t.join(timeout=120)
+            assert not t.is_alive(), "a load stream did not end within 120 s"
+
+
+def test_load_raises_decode_and_idle_lowers_it_removing_the_pod_the_planner_chose(
+    k8s, api, start_operator, documented_rbac_kubeconfig, namespace, procs, toy_model_dir
+):
+    operator = start_operator(kubeconfig=documented_rbac_kubeconfig)
+    name = "auto"
+    body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
+            "spec": spec(str(toy_model_dir))}
+    client.CustomObjectsApi(api).create_namespaced_custom_object(*GVP[:2], namespace, GVP[2], body)
+    pods = {role: wait_until(lambda r=role: ready_pods(api, namespace, name, r) or None, timeout=60,
+                             what=f"a Ready {role} pod")[0] for role in ("prefill", "decode", "router")}
+    workers = [procs.worker_for_pod(pods[role], toy_model_dir) for role in ("prefill", "decode")]
+    procs.wait_ready(workers)
+    router = procs.router_for_pod(pods["router"], k8s.kubeconfig)
+    procs.wait_ready([router])
+
+    load = Load(router.url)
+    try:
+        def scaled_up():
+            s = status(api, namespace, name)
+            return s if (s.get("decode") or {}).get("replicas") == 2 else None
+
+        try:
+            up = wait_until(scaled_up, timeout=120, what="the planner raising decode to 2")
+        except TimeoutError:
+            raise AssertionError(f"decode was not raised; status: {status(api, namespace, name)}\n"
+                                 f"{operator.log()[-3000:]}") from None
+        assert up["decode"]["mode"] == "Operator" and up["decode"]["reason"] in UP, up["decode"]
+        assert up["decode"]["message"].startswith("1 -> 2: ") and up["decode"]["lastScaleTime"]
+        cond = next(c for c in up["conditions"] if c["type"] == "Autoscaling")
+        assert cond["status"] == "True" and cond["reason"] in ("Active", "LimitedByMax"), cond
+        (event,) = events(api, namespace, name, "ScaledUp")
+        assert event.message == f"decode {up['decode']['message']} [{up['decode']['reason']}]"
+
+        wide = k8s.kubectl("get", "tis", name, "-n", namespace, "-o", "wide").stdout
+        columns = table(wide)
+        assert columns["DECODE-DESIRED"] == "2" and columns["DECODE-SCALING"] == up["decode"]["reason"], wide
+        assert columns["PREFILL-SCALING"] == "", "prefill is not autoscaled"
+
+        # The second decode pod gets its worker; the router finds it and shares the load with it.
+        first = pods["decode"]["metadata"]["name"]
+        second = wait_until(lambda: [p for p in ready_pods(api, namespace, name, "decode")
+                                     if p["metadata"]["name"] != first] or None,
+                            timeout=60, what="the second decode pod")[0]
+        procs.wait_ready([procs.worker_for_pod(second, toy_model_dir)])
+
+        # A restarted operator keeps the planner's count: it lives in status, and reconcile reads it.
+        operator.stop()
+        operator = start_operator(kubeconfig=documented_rbac_kubeconfig)
+        wait_until(lambda: "Handler 'reconcile_service' succeeded" in operator.log(), timeout=60,
+                   what="the restarted operator's first reconcile")
+        assert status(api, namespace, name)["decode"]["replicas"] == 2
+        apps = client.AppsV1Api(api)
+        assert apps.read_namespaced_deployment(f"{name}-decode", namespace).spec.replicas == 2
+    finally:
+        load.stop()
+    assert not load.errors, load.errors[:5]
+    assert load.finished > 0
+
+    def scaled_down():
+        s = status(api, namespace, name)
+        return s if (s.get("decode") or {}).get("replicas") == 1 else None
+
+    try:
+        down = wait_until(scaled_down, timeout=120, what="the planner lowering decode to 1")
+    except TimeoutError:
+        raise AssertionError(f"decode was not lowered; status: {status(api, namespace, name)}\n"
+                             f"{operator.log()[-3000:]}") from None
+    assert down["decode"]["reason"] in (Reason.IDLE.value, Reason.LOAD_DROPPED.value), down["decode"]
+    (event,) = events(api, namespace, name, "ScaledDown")
+    chosen = re.search(r"; removing (\S+)", event.message)
+    assert chosen and chosen.group(1) in (first, second["metadata"]["name"]), event.message
+    left = wait_until(lambda: len(p := ready_pods(api, namespace, name, "decode")) == 1 and p, timeout=30,
+                      what="one decode pod left")
+    assert left[0]["metadata"]["name"] != chosen.group(1), "the ReplicaSet removed the pod the planner chose"
+    assert CHOSEN not in (left[0]["metadata"].get("annotations") or {})
+    assert not rbac_denials(operator.log()), "the documented RBAC lacks what the autoscaler does"
