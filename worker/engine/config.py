@@ -19,3 +19,4 @@ class EngineConfig:
     served_name: str | None = None  # name in /v1/models; None: the model folder's name
     threads: int | None = None  # torch.set_num_threads
     trust_remote_code: bool = False
+    compile: str = "auto"  # auto | on | off: torch.compile the decode step (auto: on a CPU with a C++ compiler)

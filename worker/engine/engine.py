@@ -19,6 +19,7 @@ import torch
 from tandem.contracts.protocol import FinishReason, GenerateRequest, SamplingParams
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.config import EngineConfig
+from tandem.worker.engine.decode_step import kernels_for, should_compile
 from tandem.worker.engine.detokenizer import IncrementalDetokenizer
 from tandem.worker.engine.errors import ModelLoadError, RequestError
 from tandem.worker.engine.loader import LoadedModel, load_model
@@ -26,6 +27,7 @@ from tandem.worker.engine.paged_forward import BatchItem, PagedForward, kv_layou
 from tandem.worker.engine.sampling import sample
 from tandem.worker.engine.scheduler import Scheduler
 from tandem.worker.engine.sequence import SeqOutput, SeqStatus, Sequence
+from tandem.worker.engine.weights import model_weights
 
 log = logging.getLogger("tandem.worker.engine")
 
@@ -101,7 +103,13 @@ class Engine:
             self.allocator, config.block_size, config.max_num_seqs, config.max_batched_tokens,
             on_preempt=self._on_preempt,
         )
-        self.runner = PagedForward(lm.model, self.pool, self.layout)
+        weights = model_weights(lm, self.max_model_len)
+        compiled, why = should_compile(config.compile, lm.device)
+        kernels = kernels_for(weights, compiled)
+        self.runner = PagedForward(weights, self.pool, self.layout, kernels)
+        log.info("engine: %s on %s, %d thread(s); decode step: %s", str(lm.dtype).removeprefix("torch."),
+                 lm.device, torch.get_num_threads(), why)
+        kernels.warm_up(self.pool)
         self.lock = threading.RLock()
         self.seqs: dict[str, Sequence] = {}  # waiting or running, by request id
         self.leases: dict[str, Lease] = {}  # prefill role: blocks kept for a peer to pull
