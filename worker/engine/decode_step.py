@@ -129,4 +129,4 @@ class CompiledKernels:
         for t, dim in dynamic:
             torch._dynamo.mark_dynamic(t, dim)
         self.decode_step(ids, pos, tables, pool)
-        self.decode_attention(q, pool_layer, tables, lens, 1.0)
+        self.decode_attention(q, pool_layer, tables, lens, self.shape.scaling)

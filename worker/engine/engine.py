@@ -60,6 +60,8 @@ class Engine:
             torch.set_num_threads(config.threads)
         if config.block_size < 1 or config.max_num_seqs < 1 or config.max_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_batched_tokens must be >= 1")
+        if config.prefill_chunk_tokens is not None and config.prefill_chunk_tokens < 1:
+            raise ValueError("prefill_chunk_tokens must be >= 1 (or unset: max_batched_tokens)")
         if config.max_batched_tokens < config.max_num_seqs:
             raise ValueError(
                 f"max_batched_tokens ({config.max_batched_tokens}) must be >= max_num_seqs "
@@ -101,14 +103,15 @@ class Engine:
         self.allocator = BlockAllocator(num_blocks)
         self.scheduler = Scheduler(
             self.allocator, config.block_size, config.max_num_seqs, config.max_batched_tokens,
-            on_preempt=self._on_preempt,
+            on_preempt=self._on_preempt, prefill_chunk_tokens=config.prefill_chunk_tokens,
         )
         weights = model_weights(lm, self.max_model_len)
         compiled, why = should_compile(config.compile, lm.device)
         kernels = kernels_for(weights, compiled)
         self.runner = PagedForward(weights, self.pool, self.layout, kernels)
-        log.info("engine: %s on %s, %d thread(s); decode step: %s", str(lm.dtype).removeprefix("torch."),
-                 lm.device, torch.get_num_threads(), why)
+        log.info("engine: %s on %s, %d thread(s); decode step: %s; prefill up to %d prompt tokens per step",
+                 str(lm.dtype).removeprefix("torch."), lm.device, torch.get_num_threads(), why,
+                 self.scheduler.prefill_chunk_tokens)
         kernels.warm_up(self.pool)
         self.lock = threading.RLock()
         self.seqs: dict[str, Sequence] = {}  # waiting or running, by request id

@@ -18,6 +18,10 @@ from tandem.worker.engine.attention import chunk_attention, gather_context
 from tandem.worker.engine.decode_step import MIN_TABLE_WIDTH, CompiledKernels
 from tandem.worker.engine.weights import ModelWeights
 
+# After start-up a shape the warm-up did not compile runs eagerly rather than compiling inside a
+# request (tests set "fail_on_recompile" to prove the warm-up covers every shape).
+RECOMPILE_STANCE = "eager_on_recompile"
+
 
 @dataclass
 class BatchItem:
@@ -117,7 +121,7 @@ class PagedForward:
         """Logits (float32) for the last token of every item with sample=True, in order."""
         st = step_inputs(items, self.block_size, self.device)
         if st.decode_only and self.kernels.decode_step is not None:
-            with torch.compiler.set_stance("eager_on_recompile"):
+            with torch.compiler.set_stance(RECOMPILE_STANCE):
                 logits, new_kv = self.kernels.decode_step(st.ids, st.positions, st.tables, self.pool)
             self.pool[st.slot_blocks, :, :, st.slot_offsets] = new_kv
             if len(st.sample_rows) == len(items):
@@ -138,7 +142,7 @@ class PagedForward:
             pool_layer[st.slot_blocks, 1, st.slot_offsets] = v
             out = torch.empty_like(q)
             if dec is not None:
-                with torch.compiler.set_stance("eager_on_recompile"):
+                with torch.compiler.set_stance(RECOMPILE_STANCE):
                     out[dec] = self.kernels.decode_attention(q[dec], pool_layer, st.tables, lens, w.shape.scaling)
             for c in st.chunks:
                 rows = slice(c.offset, c.offset + c.num_tokens)
