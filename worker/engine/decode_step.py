@@ -73,13 +73,13 @@ def should_compile(setting: str, device: torch.device) -> tuple[bool, str]:
     return True, f"torch.compile (inductor, {cxx})"
 
 
-def kernels_for(weights: ModelWeights, enabled: bool) -> CompiledKernels:
-    """One set of kernels per model weights and setting: engines over the same loaded model
-    (tests build many) share the compiled graphs instead of compiling them again."""
+def kernels_for(weights: ModelWeights, enabled: bool, block_size: int) -> CompiledKernels:
+    """One set of kernels per model weights, setting and block size (the graphs are compiled for
+    one): engines over the same loaded model (tests build many) share them, compiled once."""
     cache = weights.__dict__.setdefault("_kernels", {})
-    if enabled not in cache:
-        cache[enabled] = CompiledKernels(weights, enabled)
-    return cache[enabled]
+    if (enabled, block_size) not in cache:
+        cache[enabled, block_size] = CompiledKernels(weights, enabled)
+    return cache[enabled, block_size]
 
 
 class CompiledKernels:
@@ -106,10 +106,10 @@ class CompiledKernels:
         if not self.enabled or self.warm:
             return
         t0 = time.monotonic()
-        # Freezing makes the weights graph constants, so inductor calls oneDNN on our prepacked
-        # matrices as they are. No duck sizing: two dynamic sizes that happen to be equal while
-        # tracing must not become one symbol.
-        with inductor_config.patch(freezing=True, realize_opcount_threshold=4), fx_config.patch(use_duck_shape=False):
+        # No duck sizing: two dynamic sizes that happen to be equal while tracing must not become
+        # one symbol. A low realize threshold keeps a norm or an activation from being recomputed
+        # inside every row of the matrix-vector product that reads it (batch 1).
+        with inductor_config.patch(realize_opcount_threshold=4), fx_config.patch(use_duck_shape=False):
             for batch in (1, 2):
                 self._trace(pool, batch)
         self.warm = True

@@ -105,9 +105,9 @@ class Engine:
             self.allocator, config.block_size, config.max_num_seqs, config.max_batched_tokens,
             on_preempt=self._on_preempt, prefill_chunk_tokens=config.prefill_chunk_tokens,
         )
-        weights = model_weights(lm, self.max_model_len)
+        weights = model_weights(lm)
         compiled, why = should_compile(config.compile, lm.device)
-        kernels = kernels_for(weights, compiled)
+        kernels = kernels_for(weights, compiled, config.block_size)
         self.runner = PagedForward(weights, self.pool, self.layout, kernels)
         log.info("engine: %s on %s, %d thread(s); decode step: %s; prefill up to %d prompt tokens per step",
                  str(lm.dtype).removeprefix("torch."), lm.device, torch.get_num_threads(), why,

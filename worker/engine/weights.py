@@ -7,6 +7,7 @@ plain row-major weight here. Built once per loaded model and shared by its engin
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,29 +23,53 @@ def _use_mkldnn(weight: torch.Tensor) -> bool:
         torch.float32, torch.bfloat16)
 
 
-class PackedLinear(nn.Module):
-    """y = x W^T (+ b), with W kept plain and, on a CPU, also reordered for oneDNN.
+# A plain weight's address -> its oneDNN-prepacked copy. The compiled graph then holds only the
+# plain weights (ordinary tensors its on-disk cache can store; the packed ones cannot be pickled).
+_PACKED: dict[int, torch.Tensor] = {}
 
-    A module with buffers (not a closure) so that a frozen torch.compile graph sees both as
-    constants: batches of several tokens call oneDNN on the packed weight; a single token (batch
-    1, where a matmul kernel streams weights at half the DRAM rate) becomes a dot product per row
-    that inductor generates and fuses, at 22-25 GB/s here (bench/engine_decode.py)."""
+
+@torch.library.custom_op("tandem::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x W^T (+ b) by oneDNN on W's prepacked copy."""
+    return torch.ops.mkldnn._linear_pointwise(x, _PACKED[weight.data_ptr()], bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _packed_linear_shape(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def _forget(key: int, packed: torch.Tensor) -> None:
+    if _PACKED.get(key) is packed:
+        del _PACKED[key]
+
+
+class PackedLinear(nn.Module):
+    """y = x W^T (+ b), with W kept plain and, on a CPU, also reordered once for oneDNN.
+
+    Batches of several tokens multiply with oneDNN on the packed copy (packed_linear). A single
+    token inside the compiled graph becomes a dot product per row that inductor generates and
+    fuses: matmul kernels stream a weight at about half the DRAM rate at batch 1, this at 22-25
+    GB/s (bench/engine_decode.py)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.register_buffer("weight", weight, persistent=False)
+        self.register_buffer("weight", weight.contiguous(), persistent=False)
         self.register_buffer("bias", bias, persistent=False)
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None) if _use_mkldnn(weight) else None
-        self.register_buffer("packed", packed, persistent=False)
+        self.packed = _use_mkldnn(weight)
+        if self.packed:
+            key, packed = self.weight.data_ptr(), torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+            _PACKED[key] = packed
+            weakref.finalize(self, _forget, key, packed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 1 and torch.compiler.is_compiling():
-            # Products and sums in float32 without a float32 copy of the weight (freezing would fold one)
+            # Products and sums in float32, reading the weight in its own dtype
             y = torch.sum(x[:, None, :] * self.weight[None], dim=-1, dtype=torch.float32).to(x.dtype)
             return y if self.bias is None else y + self.bias
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if self.packed:
+            return packed_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -122,12 +147,12 @@ def rotary_tables(rotary: Any, max_positions: int, like: torch.Tensor) -> tuple[
     return cos[0].contiguous(), sin[0].contiguous()
 
 
-def model_weights(loaded: Any, max_positions: int) -> ModelWeights:
+def model_weights(loaded: Any) -> ModelWeights:
     """The engine weights of a loaded model, built on first use and kept on it (engines share them)."""
     w = getattr(loaded, "engine_weights", None)
-    if w is None or w.cos.shape[0] < max_positions:
-        w = ModelWeights(loaded.model, max_positions)
+    if w is None:
+        w = ModelWeights(loaded.model, loaded.max_model_len)
         loaded.engine_weights = w
         log.info("engine weights: fused QKV and gate/up, %s linear kernels",
-                 "oneDNN prepacked" if w.lm_head.packed is not None else "plain")
+                 "oneDNN prepacked" if w.lm_head.packed else "plain")
     return w
