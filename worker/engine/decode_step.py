@@ -107,11 +107,13 @@ class CompiledKernels:
             return
         t0 = time.monotonic()
         # No duck sizing: two dynamic sizes that happen to be equal while tracing must not become
-        # one symbol. A low realize threshold keeps a norm or an activation from being recomputed
-        # inside every row of the matrix-vector product that reads it (batch 1).
-        with inductor_config.patch(realize_opcount_threshold=4), fx_config.patch(use_duck_shape=False):
-            for batch in (1, 2):
-                self._trace(pool, batch)
+        # one symbol. At batch 1, a low realize threshold keeps a norm or an activation from being
+        # recomputed inside every row of the matrix-vector product that reads it; at batch > 1 the
+        # default keeps the attention's block gather fused into its loops.
+        with fx_config.patch(use_duck_shape=False):
+            with inductor_config.patch(realize_opcount_threshold=4):
+                self._trace(pool, 1)
+            self._trace(pool, 2)
         self.warm = True
         log.info("compiled the decode step in %.1fs", time.monotonic() - t0)
 
