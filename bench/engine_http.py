@@ -1,11 +1,12 @@
 """Decode throughput over HTTP, as a client sees it: N concurrent streams (64 prompt tokens, 64 out,
 greedy, ignore_eos) to one colocated `tandem worker` pinned to one core with one thread, against
 transformers' `generate` with a batch of N on one thread pinned to the same core, same model; fp32
-and bf16, A/B interleaved (transformers, then Tandem, per dtype, the order alternating per
-repetition), repeated, median and range reported. One stream alone gives the batch-1 gap.
+and bf16, interleaved (the arm that goes first rotates per repetition), repeated, median and
+range reported. One stream alone gives the batch-1 gap.
 
     .venv/bin/python -m bench.engine_http [--dtypes float32,bfloat16] [--reps 3]
         [--profile-dir DIR]   # also py-spy the worker under the N-stream load (bench/profile_summary.py)
+        [--baseline DIR]      # also a worker from another tree (before/after in one run)
         [--worker-arg=--prefill-chunk-tokens=256 ...]
 
 The load generator runs on the other core. Throughput = N x 64 / (first send to last token),
@@ -89,15 +90,25 @@ class HF:
 
 # ---- Tandem over HTTP ----------------------------------------------------------------------------
 
-def start_worker(model_dir: Path, dtype: str, log_dir: Path, extra: list[str]) -> Proc:
+def start_worker(model_dir: Path, dtype: str, log_dir: Path, extra: list[str], name: str = "tandem",
+                 env: dict[str, str] | None = None) -> Proc:
+    """`tandem worker --role colocated` pinned to WORKER_CPU (env PYTHONPATH=... runs another tree)."""
     port = free_port()
     cmd = [*tandem_exe(), "worker", "--role", "colocated", "--model", str(model_dir), "--dtype", dtype,
            "--host", "127.0.0.1", "--port", str(port), "--threads", "1", "--num-blocks", "1024",
            "--kv-backend", "none", *extra]
-    p = Proc(f"worker-{dtype}", "colocated", f"http://127.0.0.1:{port}", cmd, WORKER_CPU,
-             log_dir / f"worker-{dtype}.log")
-    p.start(os.environ | ENV)
+    p = Proc(f"{name}-{dtype}", "colocated", f"http://127.0.0.1:{port}", cmd, WORKER_CPU,
+             log_dir / f"{name}-{dtype}.log")
+    p.start(os.environ | ENV | (env or {}))
     return p
+
+
+def worker_arms(args: argparse.Namespace) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """name -> (extra worker flags, extra env): this tree, and optionally a baseline tree."""
+    arms = {"tandem": (list(args.worker_arg), {})}
+    if args.baseline:
+        arms["baseline"] = ([], {"PYTHONPATH": args.baseline})
+    return arms
 
 
 async def wait_ready(p: Proc, timeout_s: float = 600.0) -> None:
@@ -178,57 +189,60 @@ async def main_async(args: argparse.Namespace) -> dict:
     model_dir = Path(args.model_dir) if args.model_dir else engine_model_dir()
     log_dir = Path(args.out).parent / "engine_http_logs"
     dtypes = args.dtypes.split(",")
-    extra = [a for a in args.worker_arg]
-    workers = {d: start_worker(model_dir, d, log_dir, extra) for d in dtypes}
+    arms = worker_arms(args)
+    workers = {(a, d): start_worker(model_dir, d, log_dir, extra, a, env)
+               for a, (extra, env) in arms.items() for d in dtypes}
     hf = HF(dtypes, model_dir, log_dir)
     res: dict = {"streams": args.streams, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-                 "worker_args": extra, "runs": []}
+                 "worker_args": args.worker_arg, "baseline": args.baseline, "runs": []}
     try:
         for w in workers.values():
             await wait_ready(w)
             await tandem_run(w.url, args.streams, args.prompt_len, 8, 1)  # warm-up
         for d in dtypes:
             hf.run(d, 2, args.prompt_len, 4, 1)
+        names = ["hf", *arms]
         for rep in range(args.reps):
             for d in dtypes:
-                order = ("hf", "tandem") if rep % 2 == 0 else ("tandem", "hf")
-                for arm in order:
-                    seed = 100 + rep
-                    if arm == "hf":
-                        r = hf.run(d, args.streams, args.prompt_len, args.new_tokens, seed)
-                    else:
-                        r = await tandem_run(workers[d].url, args.streams, args.prompt_len, args.new_tokens, seed)
-                    one = None
-                    if arm == "tandem":
-                        one = await tandem_run(workers[d].url, 1, args.prompt_len, args.new_tokens, seed)
-                    res["runs"].append({"rep": rep, "dtype": d, "arm": arm, **r,
-                                        **({"single_step_s": one["step_s"]} if one else {})})
-                    print(f"rep {rep} {d:8s} {arm:6s} {r['tokens_per_s']:7.1f} tok/s  step {r['step_s'] * 1e3:6.1f} ms"
-                          + (f"  alone {one['step_s'] * 1e3:5.1f} ms" if one else ""), flush=True)
+                for arm in names[rep % len(names):] + names[: rep % len(names)]:  # the first arm rotates
+                    res["runs"].append(await one_arm(arm, d, rep, hf, workers, args))
         if args.profile_dir:
-            pdir = Path(args.profile_dir)
-            for d, w in workers.items():
-                await profile(w, pdir / f"worker-{d}-{args.streams}streams.txt", args)
+            for (a, d), w in workers.items():
+                await profile(w, Path(args.profile_dir) / f"{a}-{d}-{args.streams}streams.txt", args)
     finally:
         hf.stop()
         for w in workers.values():
             w.stop()
-    res["summary"] = summarize(res["runs"], dtypes)
+    res["summary"] = summarize(res["runs"], dtypes, list(arms))
     return res
 
 
-def summarize(runs: list[dict], dtypes: list[str]) -> dict:
-    out = {}
+async def one_arm(arm: str, dtype: str, rep: int, hf: HF, workers: dict, args: argparse.Namespace) -> dict:
+    seed = 100 + rep
+    if arm == "hf":
+        r = hf.run(dtype, args.streams, args.prompt_len, args.new_tokens, seed)
+    else:
+        url = workers[arm, dtype].url
+        r = await tandem_run(url, args.streams, args.prompt_len, args.new_tokens, seed)
+        r["single_step_s"] = (await tandem_run(url, 1, args.prompt_len, args.new_tokens, seed))["step_s"]
+    print(f"rep {rep} {dtype:8s} {arm:8s} {r['tokens_per_s']:7.1f} tok/s  step {r['step_s'] * 1e3:6.1f} ms"
+          + (f"  alone {r['single_step_s'] * 1e3:5.1f} ms" if "single_step_s" in r else ""), flush=True)
+    return {"rep": rep, "dtype": dtype, "arm": arm, **r}
+
+
+def summarize(runs: list[dict], dtypes: list[str], arms: list[str]) -> dict:
+    """Per dtype and arm: tokens/s and steps, and the ratio to transformers within each repetition."""
+    out: dict = {}
     for d in dtypes:
-        td = [r for r in runs if r["dtype"] == d and r["arm"] == "tandem"]
-        hf = [r for r in runs if r["dtype"] == d and r["arm"] == "hf"]
-        ratios = [t["tokens_per_s"] / h["tokens_per_s"] for t, h in zip(td, hf, strict=True)]
-        out[d] = {"tandem_tokens_per_s": spread([r["tokens_per_s"] for r in td]),
-                  "hf_tokens_per_s": spread([r["tokens_per_s"] for r in hf]),
-                  "ratio_tandem_over_hf": spread(ratios),
-                  "tandem_step_s": spread([r["step_s"] for r in td]),
-                  "hf_step_s": spread([r["step_s"] for r in hf]),
-                  "tandem_single_stream_step_s": spread([r["single_step_s"] for r in td])}
+        hf = {r["rep"]: r for r in runs if r["dtype"] == d and r["arm"] == "hf"}
+        out[d] = {"hf_tokens_per_s": spread([r["tokens_per_s"] for r in hf.values()]),
+                  "hf_step_s": spread([r["step_s"] for r in hf.values()])}
+        for a in arms:
+            rs = [r for r in runs if r["dtype"] == d and r["arm"] == a]
+            out[d][a] = {"tokens_per_s": spread([r["tokens_per_s"] for r in rs]),
+                         "ratio_over_hf": spread([r["tokens_per_s"] / hf[r["rep"]]["tokens_per_s"] for r in rs]),
+                         "step_s": spread([r["step_s"] for r in rs]),
+                         "single_stream_step_s": spread([r["single_step_s"] for r in rs])}
     return out
 
 
@@ -243,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", default=None)
     ap.add_argument("--profile-dir", default=None)
     ap.add_argument("--worker-arg", action="append", default=[], help="extra `tandem worker` argument")
+    ap.add_argument("--baseline", default=None, help="PYTHONPATH of another Tandem tree to run beside this one "
+                    "(a folder holding tandem/{cli,contracts,worker,...}), e.g. the commit before a change")
     ap.add_argument("--hf-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.hf_child:
@@ -253,11 +269,15 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
     res = asyncio.run(main_async(args))
     for d, s in res["summary"].items():
-        r, t, h = s["ratio_tandem_over_hf"], s["tandem_tokens_per_s"], s["hf_tokens_per_s"]
-        print(f"{d:8s}: Tandem {t['median']:.0f} tok/s [{t['min']:.0f}-{t['max']:.0f}], transformers "
-              f"{h['median']:.0f} [{h['min']:.0f}-{h['max']:.0f}], ratio {r['median']:.2f}x "
-              f"[{r['min']:.2f}-{r['max']:.2f}]; step {s['tandem_step_s']['median'] * 1e3:.1f} ms vs "
-              f"{s['hf_step_s']['median'] * 1e3:.1f} ms; alone {s['tandem_single_stream_step_s']['median'] * 1e3:.1f} ms")
+        h = s["hf_tokens_per_s"]
+        print(f"{d}: transformers {h['median']:.0f} tok/s [{h['min']:.0f}-{h['max']:.0f}], step "
+              f"{s['hf_step_s']['median'] * 1e3:.1f} ms")
+        for a, v in s.items():
+            if isinstance(v, dict) and "ratio_over_hf" in v:
+                t, r = v["tokens_per_s"], v["ratio_over_hf"]
+                print(f"  {a:8s} {t['median']:.0f} tok/s [{t['min']:.0f}-{t['max']:.0f}], {r['median']:.2f}x "
+                      f"[{r['min']:.2f}-{r['max']:.2f}] transformers; step {v['step_s']['median'] * 1e3:.1f} ms, "
+                      f"alone {v['single_stream_step_s']['median'] * 1e3:.1f} ms")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
