@@ -63,6 +63,32 @@ def tandem_step(engine, prompts: list[list[int]], new_tokens: int, tag: str) -> 
     return statistics.median(s for s, n in steps[1:] if n == len(prompts))
 
 
+def prefill_times(torch, engine, hf, prompt: list[int], tag: str) -> tuple[float, float]:
+    """Seconds to prefill one prompt (to its first token): the engine in one step, transformers
+    in one forward pass (logits for the last position only, as the engine computes)."""
+    from tandem.testing.engine_helpers import greedy, run_to_completion, submit
+
+    steps: list[float] = []
+    engine.on_step = lambda s, n: steps.append(s)
+    submit(engine, tag, prompt, greedy(1))
+    run_to_completion(engine)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        hf(ids, logits_to_keep=1)
+        hf_s = time.perf_counter() - t0
+    return steps[0], hf_s
+
+
+def matmul_rate(torch, dtype: str, m: int = 1024, k: int = 512, n: int = 1536) -> float:
+    """FLOP/s of the engine's matmul (oneDNN, prepacked) at a prefill-sized batch: the hardware's rate."""
+    from tandem.worker.engine.weights import PackedLinear
+
+    lin = PackedLinear(torch.randn(n, k, dtype=getattr(torch, dtype)))
+    x = torch.randn(m, k, dtype=getattr(torch, dtype))
+    return 2 * m * k * n / best_of(lambda: lin(x), 5)
+
+
 def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict) -> dict:
     from tandem.worker.engine.config import EngineConfig
     from tandem.worker.engine.engine import Engine
@@ -71,12 +97,12 @@ def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict) -> dict
     batches = [int(b) for b in args.batches.split(",")]
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())  # tied: counted once
-    engine = Engine(EngineConfig(model=str(model_dir), dtype=dtype, num_blocks=max(batches) * 12 + 16,
-                                 max_num_seqs=max(batches), max_batched_tokens=max(batches) * args.prompt_len,
-                                 compile=args.compile))
+    tokens = max(max(batches) * args.prompt_len, args.prefill_len)
+    engine = Engine(EngineConfig(model=str(model_dir), dtype=dtype, num_blocks=max(batches) * 12 + args.prefill_len // 16 + 16,
+                                 max_num_seqs=max(batches), max_batched_tokens=tokens, compile=args.compile))
     gen = torch.Generator().manual_seed(0)
     rand = lambda b: [torch.randint(3, 600, (args.prompt_len,), generator=gen).tolist() for _ in range(b)]  # noqa: E731
-    tandem_step(engine, rand(2), 4, "warm")
+    tandem_step(engine, rand(min(2, max(batches))), 4, "warm")
     hf_step(torch, hf, rand(2), 3)
     out: dict = {"weight_bytes": weight_bytes, "kv_bytes_per_token": engine.layout.bytes_per_token, "batches": {}}
     for b in batches:
@@ -99,7 +125,26 @@ def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict) -> dict
               f"[{min(td) * 1e3:.2f}-{max(td) * 1e3:.2f}], transformers {statistics.median(hs) * 1e3:6.2f} ms; "
               f"bound {bound * 1e3:.2f} ms -> Tandem/bound {statistics.median(td) / bound:.2f}x "
               f"[{min(td) / bound:.2f}-{max(td) / bound:.2f}]", flush=True)
+    out["prefill"] = prefill_section(torch, engine, hf, dtype, args)
     return out
+
+
+def prefill_section(torch, engine, hf, dtype: str, args) -> dict:
+    """One prompt of --prefill-len tokens in one step, against transformers' forward and the
+    FLOP count at the matmul rate measured here (how close prefill gets to the hardware)."""
+    cfg = hf.config
+    n = args.prefill_len
+    layer_params = sum(p.numel() for name, p in hf.named_parameters() if ".layers." in name and p.dim() == 2)
+    attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads) * n * n / 2
+    flops = 2 * n * layer_params + attn
+    rate = matmul_rate(torch, dtype)
+    prompt = [3 + (i * 7919) % 590 for i in range(n)]
+    rows = [prefill_times(torch, engine, hf, prompt, f"p{dtype}{r}") for r in range(args.reps)]
+    td, hs = [r[0] for r in rows], [r[1] for r in rows]
+    print(f"{dtype:8s} prefill {n} tokens: Tandem {statistics.median(td):.3f} s, transformers "
+          f"{statistics.median(hs):.3f} s; {flops / 1e9:.0f} GFLOP at the matmul rate {rate / 1e9:.0f} GFLOP/s "
+          f"= {flops / rate:.3f} s -> Tandem at {flops / rate / statistics.median(td):.0%} of it", flush=True)
+    return {"tokens": n, "tandem_s": td, "hf_s": hs, "flops": flops, "matmul_flops_per_s": rate}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--prefill-len", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--compile", default="auto", choices=("auto", "on", "off"))
     args = ap.parse_args(argv)

@@ -36,7 +36,8 @@ class DecodeStep(nn.Module):
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor, pool: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids, positions [B]; tables [B, width] covering positions < positions[b].
-        Returns logits [B, vocab] (float32) and new K/V [B, layers, 2, kv_heads, d]."""
+        Returns logits [B, vocab] (float32), their argmax [B] (greedy rows need nothing else)
+        and the new K/V [B, layers, 2, kv_heads, d]."""
         w = self.w
         h = w.embed[ids]
         cos, sin = w.cos[positions], w.sin[positions]
@@ -46,7 +47,8 @@ class DecodeStep(nn.Module):
             attn = paged_decode_attention(q, pool[:, li], tables, positions, w.shape.scaling, k, v)
             h = layers.finish(w, layer, h, attn)
             new_kv.append(torch.stack([k, v], dim=1))
-        return layers.logits(w, h), torch.stack(new_kv, dim=1)
+        logits = layers.logits(w, h)
+        return logits, logits.argmax(-1), torch.stack(new_kv, dim=1)
 
 
 def compiler_found() -> str | None:

@@ -303,11 +303,11 @@ class Engine:
             ]
             self._in_flight = {c.seq.request_id for c in chunks}
         try:
-            logits = self.runner.forward(items)
+            out = self.runner.forward(items)
             sampled = [c for c in chunks if c.sample]
             tokens = sample(
-                logits, [c.seq.params for c in sampled], [c.seq.seed for c in sampled],
-                [len(c.seq.output_ids) for c in sampled])
+                out.logits, [c.seq.params for c in sampled], [c.seq.seed for c in sampled],
+                [len(c.seq.output_ids) for c in sampled], out.argmax)
         except Exception as e:  # noqa: BLE001 - fail the batch, keep serving
             log.exception("forward pass failed; failing %d sequences", len(chunks))
             self._fail(chunks, e)

@@ -10,6 +10,7 @@ tokens then attend by block table, and each chunk with SDPA over its context.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from tandem.contracts.kv_layout import KVLayout
@@ -107,6 +108,11 @@ def step_inputs(items: list[BatchItem], block_size: int, device: torch.device) -
     return st
 
 
+class StepLogits(NamedTuple):
+    logits: torch.Tensor  # [sampled rows, vocab], float32
+    argmax: torch.Tensor | None = None  # their argmax, when the step computed it
+
+
 class PagedForward:
     def __init__(self, weights: ModelWeights, pool: torch.Tensor, layout: KVLayout, kernels: CompiledKernels):
         self.w = weights
@@ -117,17 +123,18 @@ class PagedForward:
         self.device = pool.device
 
     @torch.inference_mode()
-    def forward(self, items: list[BatchItem]) -> torch.Tensor:
+    def forward(self, items: list[BatchItem]) -> StepLogits:
         """Logits (float32) for the last token of every item with sample=True, in order."""
         st = step_inputs(items, self.block_size, self.device)
         if st.decode_only and self.kernels.decode_step is not None:
             with torch.compiler.set_stance(RECOMPILE_STANCE):
-                logits, new_kv = self.kernels.decode_step(st.ids, st.positions, st.tables, self.pool)
+                logits, argmax, new_kv = self.kernels.decode_step(st.ids, st.positions, st.tables, self.pool)
             self.pool[st.slot_blocks, :, :, st.slot_offsets] = new_kv
             if len(st.sample_rows) == len(items):
-                return logits
-            return logits[torch.tensor(st.sample_rows, device=self.device)]
-        return self._eager(st)
+                return StepLogits(logits, argmax)
+            rows = torch.tensor(st.sample_rows, device=self.device)
+            return StepLogits(logits[rows], argmax[rows])
+        return StepLogits(self._eager(st))
 
     def _eager(self, st: StepInputs) -> torch.Tensor:
         w, pool = self.w, self.pool
