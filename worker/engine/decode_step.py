@@ -26,6 +26,7 @@ log = logging.getLogger("tandem.worker.engine")
 
 COMPILE_SETTINGS = ("auto", "on", "off")
 MIN_TABLE_WIDTH = 2  # block tables are padded to this many columns: a width of 1 would compile apart
+LONG_SUM = 4096  # inductor's CPU code sums more float32 values than this in chunks (another graph)
 
 
 class DecodeStep(nn.Module):
@@ -75,6 +76,23 @@ def should_compile(setting: str, device: torch.device) -> tuple[bool, str]:
     return True, f"torch.compile (inductor, {cxx})"
 
 
+def prepare_kernels(weights: ModelWeights, setting: str, pool: torch.Tensor, max_context: int
+                    ) -> tuple[CompiledKernels, str]:
+    """The kernels for an engine, compiled now when the setting asks for it (and why, for the log).
+    With compile: auto, a compile that fails leaves the engine eager with a warning, not down."""
+    enabled, why = should_compile(setting, pool.device)
+    kernels = kernels_for(weights, enabled, pool.shape[3])
+    try:
+        kernels.warm_up(pool, max_context)
+    except Exception as e:  # noqa: BLE001 - any compiler failure means the same: run eagerly
+        if setting == "on":
+            raise
+        log.warning("torch.compile failed (%s: %s); the decode step runs eagerly", type(e).__name__, e)
+        kernels = kernels_for(weights, False, pool.shape[3])
+        why = "eager (torch.compile failed)"
+    return kernels, why
+
+
 def kernels_for(weights: ModelWeights, enabled: bool, block_size: int) -> CompiledKernels:
     """One set of kernels per model weights, setting and block size (the graphs are compiled for
     one): engines over the same loaded model (tests build many) share them, compiled once."""
@@ -89,7 +107,7 @@ class CompiledKernels:
 
     def __init__(self, weights: ModelWeights, enabled: bool):
         self.enabled = enabled
-        self.warm = False
+        self.traced: set[int] = set()  # table widths traced (one per range of context lengths)
         self.shape = weights.shape
         step = DecodeStep(weights).eval()
         self.decode_step: Callable | None = None
@@ -102,10 +120,16 @@ class CompiledKernels:
             self.decode_attention = torch.compile(paged_decode_attention, dynamic=False, fullgraph=True)
 
     @torch.inference_mode()
-    def warm_up(self, pool: torch.Tensor) -> None:
+    def warm_up(self, pool: torch.Tensor, max_context: int) -> None:
         """Compile every graph the step will need: batch 1, and any batch > 1, each with any
-        table width and pool size (dimensions marked dynamic; the rest stay static)."""
-        if not self.enabled or self.warm:
+        table width and pool size (dimensions marked dynamic; the rest stay static). Inductor sums
+        more than 4096 floats with a different loop, so contexts beyond that get their own graphs."""
+        bs = pool.shape[3]
+        widths = {MIN_TABLE_WIDTH + 1}  # != batch: sizes equal while tracing risk a specialisation
+        if -(-max_context // bs) * bs + 1 > LONG_SUM:
+            widths.add(LONG_SUM // bs + 1)
+        widths -= self.traced
+        if not self.enabled or not widths:
             return
         t0 = time.monotonic()
         # No duck sizing: two dynamic sizes that happen to be equal while tracing must not become
@@ -113,15 +137,15 @@ class CompiledKernels:
         # recomputed inside every row of the matrix-vector product that reads it; at batch > 1 the
         # default keeps the attention's block gather fused into its loops.
         with fx_config.patch(use_duck_shape=False):
-            with inductor_config.patch(realize_opcount_threshold=4):
-                self._trace(pool, 1)
-            self._trace(pool, 2)
-        self.warm = True
+            for width in sorted(widths):
+                with inductor_config.patch(realize_opcount_threshold=4):
+                    self._trace(pool, 1, width)
+                self._trace(pool, 2, width)
+        self.traced |= widths
         log.info("compiled the decode step in %.1fs", time.monotonic() - t0)
 
-    def _trace(self, pool: torch.Tensor, batch: int) -> None:
+    def _trace(self, pool: torch.Tensor, batch: int, width: int) -> None:
         dev = pool.device
-        width = MIN_TABLE_WIDTH + 1  # != batch: sizes equal while tracing risk a specialisation
         ids = torch.zeros(batch, dtype=torch.long, device=dev)
         pos = torch.ones(batch, dtype=torch.long, device=dev)
         tables = torch.zeros(batch, width, dtype=torch.long, device=dev)

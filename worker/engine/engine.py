@@ -19,7 +19,7 @@ import torch
 from tandem.contracts.protocol import FinishReason, GenerateRequest, SamplingParams
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.config import EngineConfig
-from tandem.worker.engine.decode_step import kernels_for, should_compile
+from tandem.worker.engine.decode_step import prepare_kernels
 from tandem.worker.engine.detokenizer import IncrementalDetokenizer
 from tandem.worker.engine.errors import ModelLoadError, RequestError
 from tandem.worker.engine.loader import LoadedModel, load_model
@@ -106,13 +106,11 @@ class Engine:
             on_preempt=self._on_preempt, prefill_chunk_tokens=config.prefill_chunk_tokens,
         )
         weights = model_weights(lm)
-        compiled, why = should_compile(config.compile, lm.device)
-        kernels = kernels_for(weights, compiled, config.block_size)
+        kernels, why = prepare_kernels(weights, config.compile, self.pool, self.max_model_len)
         self.runner = PagedForward(weights, self.pool, self.layout, kernels)
         log.info("engine: %s on %s, %d thread(s); decode step: %s; prefill up to %d prompt tokens per step",
                  str(lm.dtype).removeprefix("torch."), lm.device, torch.get_num_threads(), why,
                  self.scheduler.prefill_chunk_tokens)
-        kernels.warm_up(self.pool)
         self.lock = threading.RLock()
         self.seqs: dict[str, Sequence] = {}  # waiting or running, by request id
         self.leases: dict[str, Lease] = {}  # prefill role: blocks kept for a peer to pull
