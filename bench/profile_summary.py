@@ -28,6 +28,21 @@ ENGINE_RULES: list[tuple[str, str]] = [
     ("waking the event loop (per output)", r"call_soon_threadsafe|_write_to_self"),
     ("scheduling, bookkeeping", r"scheduler\.py|engine\.py|sequence\.py|async_engine\.py"),
 ]
+# The engine before this work (commit 9fdebca) ran every layer inline in one function of
+# paged_forward.py, so its time is told apart by line (`--before-9fdebca`).
+BEFORE_9FDEBCA_RULES: list[tuple[str, str]] = [
+    ("matmuls (q/k/v/o, MLP, output head)", r"^Linear\.forward|^LlamaMLP"),
+    ("decode attention: SDPA with a mask", r"paged_forward\.py:13[23]\)"),
+    ("decode attention: gather a padded KV copy", r"paged_forward\.py:127\)"),
+    ("decode attention: reshapes and indexing", r"paged_forward\.py:1(28|29|30|31|34)\)"),
+    ("prefill attention", r"paged_forward\.py:1(3[5-9]|4[0-6])\)"),
+    ("norms, rotary", r"LlamaRMSNorm|apply_rotary|rotary|paged_forward\.py:11[23]\)"),
+    ("pool writes, step set-up", r"paged_forward\.py:(12[3-5]|1[01]\d|[6-9]\d)\)"),
+    ("sampling", r"sampling\.py"),
+    ("detokenize, stop checks", r"detokenizer\.py"),
+    ("waking the event loop (per output)", r"call_soon_threadsafe|_write_to_self"),
+    ("scheduling, bookkeeping", r"scheduler\.py|engine\.py|sequence\.py|async_engine\.py"),
+]
 LOOP_IDLE = r"\.select \(selectors\.py"
 
 
@@ -43,21 +58,21 @@ def parse(path: Path) -> list[tuple[str, list[str], int]]:
     return out
 
 
-def engine_category(frames: list[str]) -> str:
+def engine_category(frames: list[str], rules: list[tuple[str, str]] = ENGINE_RULES) -> str:
     for frame in reversed(frames):
-        for name, rx in ENGINE_RULES:
+        for name, rx in rules:
             if re.search(rx, frame):
                 return name
     return "other"
 
 
-def summarize(path: Path) -> dict:
+def summarize(path: Path, rules: list[tuple[str, str]] = ENGINE_RULES) -> dict:
     threads: Counter[str] = Counter()
     engine: Counter[str] = Counter()
     for thread, frames, n in parse(path):
         if thread == "tandem-engine":
             threads["engine thread"] += n
-            engine[engine_category(frames)] += n
+            engine[engine_category(frames, rules)] += n
         elif thread == "MainThread":
             idle = frames and re.search(LOOP_IDLE, frames[-1])
             threads["HTTP event loop: waiting" if idle else "HTTP event loop: working"] += n
@@ -73,10 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("profiles", nargs="+", type=Path)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--before-9fdebca", action="store_true", help="profiles of the engine as of commit 9fdebca")
     args = ap.parse_args(argv)
+    rules = BEFORE_9FDEBCA_RULES if args.before_9fdebca else ENGINE_RULES
     result = {}
     for p in args.profiles:
-        s = result[p.name] = summarize(p)
+        s = result[p.name] = summarize(p, rules)
         print(f"{p.name}: {s['samples']} samples")
         for k, v in s["threads"].items():
             print(f"  {k:48s} {100 * v:5.1f}%")
