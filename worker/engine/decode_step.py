@@ -36,7 +36,7 @@ class DecodeStep(nn.Module):
         self.w = weights
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor, pool: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """ids, positions [B]; tables [B, width] covering positions < positions[b].
         Returns logits [B, vocab] (float32), their argmax [B] (greedy rows need nothing else)
         and the new K/V [B, layers, 2, kv_heads, d]."""
