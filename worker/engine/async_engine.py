@@ -26,6 +26,9 @@ class AsyncEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: list[tuple[asyncio.Queue[SeqOutput], SeqOutput]] = []
+        self._pending_lock = threading.Lock()
+        self._flush_scheduled = False
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -58,15 +61,27 @@ class AsyncEngine:
 
     def _attach(self, seq: Sequence) -> asyncio.Queue[SeqOutput]:
         q: asyncio.Queue[SeqOutput] = asyncio.Queue()
-        loop = self._loop
-        assert loop is not None, "AsyncEngine.start() first"
-
-        def sink(out: SeqOutput) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closing: nobody is listening
-                loop.call_soon_threadsafe(q.put_nowait, out)
-
-        seq.sink = sink
+        assert self._loop is not None, "AsyncEngine.start() first"
+        seq.sink = lambda out: self._deliver(q, out)
         return q
+
+    def _deliver(self, q: asyncio.Queue[SeqOutput], out: SeqOutput) -> None:
+        """Hand an output to the event loop. A step's outputs (one per running sequence) share
+        one wake-up of the loop: waking it costs a syscall, 32 per step were 4-7% of the engine."""
+        with self._pending_lock:
+            self._pending.append((q, out))
+            if self._flush_scheduled:
+                return
+            self._flush_scheduled = True
+        with contextlib.suppress(RuntimeError):  # the loop is closing: nobody is listening
+            self._loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+            self._flush_scheduled = False
+        for q, out in pending:
+            q.put_nowait(out)
 
     def submit(self, seq: Sequence, *, kv_blocks: list[int] | None = None) -> AsyncIterator[SeqOutput]:
         """Add a sequence now (raising RequestError at once, e.g. for a duplicate id) and return its

@@ -8,14 +8,20 @@ from dataclasses import dataclass
 @dataclass
 class EngineConfig:
     model: str  # a Hugging Face model folder or a hub id (needs HF_HOME with a cache)
-    dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (auto: the model's, float32 on CPU)
+    # auto | float32 | float16 | bfloat16. auto: the checkpoint's dtype; on a CPU, bf16/fp16
+    # checkpoints run in bfloat16 where the CPU has AVX512-BF16 or AMX, else float32 (loader.py)
+    dtype: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     block_size: int = 16  # tokens per KV block
     num_blocks: int | None = None  # KV pool size; None: from kv_memory_fraction
     kv_memory_fraction: float | None = None  # of free device memory after loading (CUDA: 0.9, CPU: 0.25)
     max_num_seqs: int = 64  # running sequences at most
     max_batched_tokens: int = 2048  # tokens in one forward pass (prefill chunks + decode tokens)
+    # Prompt tokens one step may prefill, all prompts together: decoding sequences wait at most
+    # one such chunk per step. None: max_batched_tokens (the worker sets a per-role default).
+    prefill_chunk_tokens: int | None = None
     max_model_len: int | None = None  # context length; None: the model's max_position_embeddings
     served_name: str | None = None  # name in /v1/models; None: the model folder's name
     threads: int | None = None  # torch.set_num_threads
     trust_remote_code: bool = False
+    compile: str = "auto"  # auto | on | off: torch.compile the decode step (auto: on a CPU with a C++ compiler)

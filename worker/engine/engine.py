@@ -21,6 +21,7 @@ import torch
 from tandem.contracts.protocol import FinishReason, GenerateRequest, SamplingParams
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.config import EngineConfig
+from tandem.worker.engine.decode_step import prepare_kernels
 from tandem.worker.engine.detokenizer import IncrementalDetokenizer
 from tandem.worker.engine.errors import ModelLoadError, RequestError
 from tandem.worker.engine.loader import LoadedModel, load_model
@@ -28,6 +29,7 @@ from tandem.worker.engine.paged_forward import BatchItem, PagedForward, kv_layou
 from tandem.worker.engine.sampling import sample
 from tandem.worker.engine.scheduler import Scheduler
 from tandem.worker.engine.sequence import SeqOutput, SeqStatus, Sequence
+from tandem.worker.engine.weights import model_weights
 
 log = logging.getLogger("tandem.worker.engine")
 
@@ -67,6 +69,8 @@ class Engine:
             torch.set_num_threads(config.threads)
         if config.block_size < 1 or config.max_num_seqs < 1 or config.max_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_batched_tokens must be >= 1")
+        if config.prefill_chunk_tokens is not None and config.prefill_chunk_tokens < 1:
+            raise ValueError("prefill_chunk_tokens must be >= 1 (or unset: max_batched_tokens)")
         if config.max_batched_tokens < config.max_num_seqs:
             raise ValueError(
                 f"max_batched_tokens ({config.max_batched_tokens}) must be >= max_num_seqs "
@@ -108,9 +112,14 @@ class Engine:
         self.allocator = BlockAllocator(num_blocks)
         self.scheduler = Scheduler(
             self.allocator, config.block_size, config.max_num_seqs, config.max_batched_tokens,
-            on_preempt=self._on_preempt,
+            on_preempt=self._on_preempt, prefill_chunk_tokens=config.prefill_chunk_tokens,
         )
-        self.runner = PagedForward(lm.model, self.pool, self.layout)
+        weights = model_weights(lm)
+        kernels, why = prepare_kernels(weights, config.compile, self.pool, self.max_model_len)
+        self.runner = PagedForward(weights, self.pool, self.layout, kernels)
+        log.info("engine: %s on %s, %d thread(s); decode step: %s; prefill up to %d prompt tokens per step",
+                 str(lm.dtype).removeprefix("torch."), lm.device, torch.get_num_threads(), why,
+                 self.scheduler.prefill_chunk_tokens)
         self.lock = threading.RLock()
         self.seqs: dict[str, Sequence] = {}  # waiting or running, by request id
         self.leases: dict[str, Lease] = {}  # prefill role: blocks kept for a peer to pull
@@ -351,11 +360,11 @@ class Engine:
             ]
             self._in_flight = {c.seq.request_id for c in chunks}
         try:
-            logits = self.runner.forward(items)
+            out = self.runner.forward(items)
             sampled = [c for c in chunks if c.sample]
             tokens = sample(
-                logits, [c.seq.params for c in sampled], [c.seq.seed for c in sampled],
-                [len(c.seq.output_ids) for c in sampled])
+                out.logits, [c.seq.params for c in sampled], [c.seq.seed for c in sampled],
+                [len(c.seq.output_ids) for c in sampled], out.argmax)
         except Exception as e:  # noqa: BLE001 - fail the batch, keep serving
             log.exception("forward pass failed; failing %d sequences", len(chunks))
             self._fail(chunks, e)

@@ -44,18 +44,37 @@ def resolve_device(device: str) -> Any:
     return dev
 
 
-def resolve_dtype(dtype: str, config: Any, device: Any) -> Any:
+def cpu_bf16_features() -> list[str]:
+    """The CPU features that make bf16 matmuls native here (AVX512-BF16, AMX-BF16), from
+    /proc/cpuinfo; empty elsewhere or without them (bf16 would then be emulated, slower than fp32)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [name for name in ("avx512_bf16", "amx_bf16") if name in flags]
+
+
+def resolve_dtype(dtype: str, config: Any, device: Any) -> tuple[Any, str]:
+    """The dtype to serve in, and why (for the start-up log)."""
     import torch
 
-    if dtype == "auto":
-        if device.type == "cpu":
-            return torch.float32  # half-precision matmuls on CPU are slow and less exact
-        cfg = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-        name = str(cfg).removeprefix("torch.") if cfg is not None else "bfloat16"
-        return getattr(torch, name) if name in DTYPES else torch.bfloat16
-    if dtype not in DTYPES:
-        raise ModelLoadError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)} or auto")
-    return getattr(torch, dtype)
+    if dtype != "auto":
+        if dtype not in DTYPES:
+            raise ModelLoadError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)} or auto")
+        return getattr(torch, dtype), "asked for"
+    cfg = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    name = str(cfg).removeprefix("torch.") if cfg is not None else None
+    if device.type != "cpu":
+        if name in DTYPES:
+            return getattr(torch, name), f"auto: the checkpoint's {name}"
+        return torch.bfloat16, "auto: bfloat16 (the checkpoint names no dtype)"
+    if name in ("bfloat16", "float16"):
+        native = cpu_bf16_features()
+        if native:
+            return torch.bfloat16, f"auto: {name} checkpoint, and this CPU has {' and '.join(native)}"
+        return torch.float32, f"auto: {name} checkpoint, but this CPU has no native bf16 (AVX512-BF16 or AMX)"
+    return torch.float32, f"auto: the checkpoint's {name or 'float32'} (served as saved, exact)"
 
 
 def _sliding_window(config: Any) -> int | None:
@@ -145,8 +164,9 @@ def load_model(
         raise ModelLoadError(f"cannot read the model config at {src!r}: {e}") from e
     limit = check_config(config, max_model_len)
     dev = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, config, dev)
-    log.info("loading %s weights (%s, %s) onto %s", config.model_type, src, torch_dtype, dev)
+    torch_dtype, why = resolve_dtype(dtype, config, dev)
+    log.info("loading %s weights (%s) onto %s as %s (%s)", config.model_type, src, dev,
+             str(torch_dtype).removeprefix("torch."), why)
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(
             src, dtype=torch_dtype, trust_remote_code=trust_remote_code

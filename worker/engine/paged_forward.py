@@ -1,19 +1,27 @@
 """The forward pass over the paged KV pool: a flat batch of tokens from many sequences (prefill
-chunks and decode tokens mixed) through the loaded model's own modules.
+chunks and decode tokens mixed) through the model's fused weights (weights.py).
 
-New K/V are written into the pool at each token's slot; attention then reads each sequence's
-blocks. Decode tokens are attended in one padded batch; prefill chunks one sequence at a time
-(a prompt that starts at position 0 attends to its own fresh K/V without a gather).
+A step of decode tokens only runs the compiled decode graph (decode_step.py), which reads the
+pool and returns the new K/V; they are written into their slots with one indexed copy after it.
+A step carrying prompt chunks runs eagerly, layer by layer: its K/V are written first, decode
+tokens then attend by block table, and each chunk with SDPA over its context.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from tandem.contracts.kv_layout import KVLayout
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+from tandem.worker.engine import layers
+from tandem.worker.engine.attention import chunk_attention, gather_context
+from tandem.worker.engine.decode_step import MIN_TABLE_WIDTH, CompiledKernels
+from tandem.worker.engine.weights import ModelWeights
+
+# After start-up a shape the warm-up did not compile runs eagerly rather than compiling inside a
+# request (tests set "fail_on_recompile" to prove the warm-up covers every shape).
+RECOMPILE_STANCE = "eager_on_recompile"
 
 
 @dataclass
@@ -36,117 +44,121 @@ def kv_layout_for(config, num_blocks: int, block_size: int, dtype: torch.dtype) 
     )
 
 
+@dataclass
+class Chunk:
+    offset: int  # first row in the flat batch
+    num_tokens: int
+    start: int  # position of its first token
+    table: torch.Tensor | None  # its blocks, when it continues a sequence (start > 0)
+
+
+@dataclass
+class StepInputs:
+    """The index tensors of one step, built once and shared by every layer."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    slot_blocks: torch.Tensor
+    slot_offsets: torch.Tensor
+    sample_rows: list[int]
+    decode_rows: list[int] = field(default_factory=list)  # rows of single-token items
+    tables: torch.Tensor | None = None  # [decode rows, width]
+    chunks: list[Chunk] = field(default_factory=list)
+
+    @property
+    def decode_only(self) -> bool:
+        return not self.chunks
+
+
+def step_inputs(items: list[BatchItem], block_size: int, device: torch.device) -> StepInputs:
+    bs = block_size
+    ids: list[int] = []
+    pos: list[int] = []
+    slot_blocks: list[int] = []
+    sample_rows: list[int] = []
+    decode_rows: list[int] = []
+    decode_tables: list[list[int]] = []
+    chunk_specs: list[tuple[int, int, int, list[int]]] = []
+    for it in items:
+        row, n = len(ids), len(it.token_ids)
+        ids.extend(it.token_ids)
+        if n == 1:
+            p = it.start
+            pos.append(p)
+            slot_blocks.append(it.block_table[p // bs])
+            decode_rows.append(row)
+            decode_tables.append(it.block_table[: p // bs + 1])
+        else:
+            pos.extend(range(it.start, it.start + n))
+            table = it.block_table
+            slot_blocks.extend(table[p // bs] for p in range(it.start, it.start + n))
+            chunk_specs.append((row, n, it.start, table[: (it.start + n - 1) // bs + 1]))
+        if it.sample:
+            sample_rows.append(row + n - 1)
+    positions = torch.tensor(pos, dtype=torch.long, device=device)
+    st = StepInputs(
+        ids=torch.tensor(ids, dtype=torch.long, device=device), positions=positions,
+        slot_blocks=torch.tensor(slot_blocks, dtype=torch.long, device=device),
+        slot_offsets=positions % bs, sample_rows=sample_rows, decode_rows=decode_rows)
+    if decode_tables:
+        width = max(MIN_TABLE_WIDTH, max(len(t) for t in decode_tables))
+        st.tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long, device=device)
+    st.chunks = [Chunk(row, n, start, torch.tensor(table, dtype=torch.long, device=device) if start else None)
+                 for row, n, start, table in chunk_specs]
+    return st
+
+
+class StepLogits(NamedTuple):
+    logits: torch.Tensor  # [sampled rows, vocab], float32
+    argmax: torch.Tensor | None = None  # their argmax, when the step computed it
+
+
 class PagedForward:
-    def __init__(self, model, pool: torch.Tensor, layout: KVLayout):
-        self.model = model
-        inner = model.model
-        self.embed = inner.embed_tokens
-        self.layers = inner.layers
-        self.norm = inner.norm
-        self.rotary = inner.rotary_emb
-        self.lm_head = model.lm_head
+    def __init__(self, weights: ModelWeights, pool: torch.Tensor, layout: KVLayout, kernels: CompiledKernels):
+        self.w = weights
         self.pool = pool
         self.layout = layout
         self.block_size = layout.block_size
-        cfg = model.config
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = layout.head_dim
-        self.scaling = self.layers[0].self_attn.scaling
+        self.kernels = kernels
         self.device = pool.device
 
     @torch.inference_mode()
-    def forward(self, items: list[BatchItem]) -> torch.Tensor:
+    def forward(self, items: list[BatchItem]) -> StepLogits:
         """Logits (float32) for the last token of every item with sample=True, in order."""
-        dev, bs = self.device, self.block_size
-        ids: list[int] = []
-        pos: list[int] = []
-        slot_blocks: list[int] = []
-        slot_offsets: list[int] = []
-        sample_idx: list[int] = []
-        decode: list[int] = []  # item indexes of single-token items
-        prefill: list[int] = []
-        offsets: list[int] = []
-        for i, it in enumerate(items):
-            offsets.append(len(ids))
-            n = len(it.token_ids)
-            ids.extend(it.token_ids)
-            for p in range(it.start, it.start + n):
-                pos.append(p)
-                slot_blocks.append(it.block_table[p // bs])
-                slot_offsets.append(p % bs)
-            if it.sample:
-                sample_idx.append(len(ids) - 1)
-            (decode if n == 1 else prefill).append(i)
-        T = len(ids)
-        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
-        positions = torch.tensor(pos, dtype=torch.long, device=dev)
-        sb = torch.tensor(slot_blocks, dtype=torch.long, device=dev)
-        so = torch.tensor(slot_offsets, dtype=torch.long, device=dev)
+        st = step_inputs(items, self.block_size, self.device)
+        if st.decode_only and self.kernels.decode_step is not None:
+            with torch.compiler.set_stance(RECOMPILE_STANCE):
+                logits, argmax, new_kv = self.kernels.decode_step(st.ids, st.positions, st.tables, self.pool)
+            self.pool[st.slot_blocks, :, :, st.slot_offsets] = new_kv
+            if len(st.sample_rows) == len(items):
+                return StepLogits(logits, argmax)
+            rows = torch.tensor(st.sample_rows, device=self.device)
+            return StepLogits(logits[rows], argmax[rows])
+        return StepLogits(self._eager(st))
 
-        if decode:
-            lens = [items[i].start + 1 for i in decode]
-            max_blocks = max(-(-n // bs) for n in lens)
-            tables = torch.tensor(
-                [items[i].block_table[:max_blocks] + [0] * (max_blocks - len(items[i].block_table[:max_blocks]))
-                 for i in decode], dtype=torch.long, device=dev)
-            dec_tok = torch.tensor([offsets[i] for i in decode], dtype=torch.long, device=dev)
-            key_pos = torch.arange(max_blocks * bs, device=dev)
-            dec_mask = (key_pos[None, :] < torch.tensor(lens, device=dev)[:, None])[:, None, None, :]
-
-        # Per prefill chunk: where its queries sit, and (when it continues a sequence) the blocks
-        # to gather and the causal mask offset by what is already cached.
-        chunks = []
-        for i in prefill:
-            it, s, n = items[i], offsets[i], len(items[i].token_ids)
-            if it.start == 0:
-                chunks.append((s, n, 0, None, None))
-                continue
-            total = it.start + n
-            table = torch.tensor(it.block_table[: -(-total // bs)], dtype=torch.long, device=dev)
-            qpos = torch.arange(it.start, total, device=dev)
-            mask = torch.arange(total, device=dev)[None, :] <= qpos[:, None]
-            chunks.append((s, n, total, table, mask))
-
-        h = self.embed(input_ids[None])  # [1, T, H]
-        cos, sin = self.rotary(h, positions[None])
-        cos, sin = cos[0], sin[0]  # [T, D]
-        h = h[0]
-        nh, nkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        for li, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(T, nh, d)
-            k = attn.k_proj(x).view(T, nkv, d)
-            v = attn.v_proj(x).view(T, nkv, d)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
-            self.pool[sb, li, 0, so] = k
-            self.pool[sb, li, 1, so] = v
-            out = torch.empty(T, nh, d, dtype=q.dtype, device=dev)
-            if decode:
-                kv = self.pool[tables, li]  # [B, nb, 2, bs, nkv, d]
-                B = kv.shape[0]
-                kd = kv[:, :, 0].reshape(B, -1, nkv, d).transpose(1, 2)
-                vd = kv[:, :, 1].reshape(B, -1, nkv, d).transpose(1, 2)
-                qd = q[dec_tok][:, :, None, :]  # [B, nh, 1, d]
-                o = F.scaled_dot_product_attention(
-                    qd, kd, vd, attn_mask=dec_mask, scale=self.scaling, enable_gqa=nh != nkv)
-                out[dec_tok] = o[:, :, 0, :]
-            for s, n, total, table, mask in chunks:
-                qs = q[s : s + n].transpose(0, 1)[None]
-                if table is None:  # the chunk is the whole sequence so far: its own K/V suffice
-                    ks, vs = k[s : s + n], v[s : s + n]
+    def _eager(self, st: StepInputs) -> torch.Tensor:
+        w, pool = self.w, self.pool
+        h = w.embed[st.ids]
+        cos, sin = w.cos[st.positions], w.sin[st.positions]
+        dec = torch.tensor(st.decode_rows, dtype=torch.long, device=self.device) if st.decode_rows else None
+        lens = st.positions[dec] + 1 if dec is not None else None
+        for li, layer in enumerate(w.layers):
+            q, k, v = layers.qkv(w, layer, h, cos, sin)
+            pool_layer = pool[:, li]
+            pool_layer[st.slot_blocks, 0, st.slot_offsets] = k
+            pool_layer[st.slot_blocks, 1, st.slot_offsets] = v
+            out = torch.empty_like(q)
+            if dec is not None:
+                with torch.compiler.set_stance(RECOMPILE_STANCE):
+                    out[dec] = self.kernels.decode_attention(q[dec], pool_layer, st.tables, lens, w.shape.scaling)
+            for c in st.chunks:
+                rows = slice(c.offset, c.offset + c.num_tokens)
+                if c.table is None:  # the chunk is the whole sequence so far: its own K/V suffice
+                    ks, vs = k[rows], v[rows]
                 else:
-                    kv = self.pool[table, li]
-                    ks = kv[:, 0].reshape(-1, nkv, d)[:total]
-                    vs = kv[:, 1].reshape(-1, nkv, d)[:total]
-                o = F.scaled_dot_product_attention(
-                    qs, ks.transpose(0, 1)[None], vs.transpose(0, 1)[None], attn_mask=mask,
-                    is_causal=table is None, scale=self.scaling, enable_gqa=nh != nkv)
-                out[s : s + n] = o[0].transpose(0, 1)
-            h = h + attn.o_proj(out.view(T, nh * d))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        if not sample_idx:
-            return torch.empty(0, self.lm_head.out_features, device=dev)
-        last = self.norm(h[torch.tensor(sample_idx, device=dev)])
-        return self.lm_head(last).float()
+                    ks, vs = gather_context(pool_layer, c.table, c.start + c.num_tokens)
+                out[rows] = chunk_attention(q[rows], ks, vs, c.start, w.shape.scaling)
+            h = layers.finish(w, layer, h, out)
+        if not st.sample_rows:
+            return torch.empty(0, w.shape.vocab, device=self.device)
+        return layers.logits(w, h[torch.tensor(st.sample_rows, device=self.device)])

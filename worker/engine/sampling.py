@@ -31,10 +31,12 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], indices: list[int]
+    logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], indices: list[int],
+    argmax: torch.Tensor | None = None,
 ) -> list[int]:
-    """The next token for each row: argmax for greedy rows, a seeded draw for the others."""
-    chosen = torch.argmax(logits, dim=-1)
+    """The next token for each row: the argmax (computed for the whole batch at once, or given:
+    the compiled decode step computes it) for greedy rows, a seeded draw for the others."""
+    chosen = torch.argmax(logits, dim=-1) if argmax is None else argmax.clone()
     for i, p in enumerate(params):
         if p.temperature <= 0.0:
             continue

@@ -2,8 +2,10 @@
 
 Every step the running sequences go first (decoding ones, one token each, then the next chunk of
 each long prompt being prefilled), then waiting ones are admitted while the token budget, the
-sequence limit and the free blocks allow. When blocks run out the newest running sequence is
-preempted: its blocks are freed and it is recomputed later, so its output does not change.
+prefill budget, the sequence limit and the free blocks allow. The prefill budget caps the prompt
+tokens of one step, so a long prompt is prefilled in chunks and the decoding sequences beside it
+wait one chunk per step, never the whole prompt. When blocks run out the newest running sequence
+is preempted: its blocks are freed and it is recomputed later, so its output does not change.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ class Scheduler:
         max_num_seqs: int,
         max_batched_tokens: int,
         on_preempt: Callable[[Sequence], None] | None = None,
+        prefill_chunk_tokens: int | None = None,
     ):
         self.allocator = allocator
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_batched_tokens = max_batched_tokens
+        self.prefill_chunk_tokens = prefill_chunk_tokens or max_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.on_preempt = on_preempt or (lambda seq: None)
@@ -85,13 +89,16 @@ class Scheduler:
 
     def schedule(self) -> list[ScheduledChunk]:
         budget = self.max_batched_tokens
+        prefill_budget = self.prefill_chunk_tokens
         chunks: list[ScheduledChunk] = []
         # Decoding sequences first (one token each, so a long prompt's chunk never delays them),
         # then prompts being prefilled; each group oldest first. Preemption victims come off the end.
         queue = [s for s in self.running if s.num_pending == 1] + [s for s in self.running if s.num_pending > 1]
         while queue and budget > 0:
             seq = queue.pop(0)
-            n = min(seq.num_pending, budget)
+            n = self._tokens(seq, budget, prefill_budget)
+            if n == 0:
+                continue  # this step's prefill budget is spent: the prompt continues next step
             need = self.blocks_for(seq.num_computed + n) - len(seq.block_table)
             while need > self.allocator.num_free and queue:
                 self.preempt(queue.pop())
@@ -103,10 +110,11 @@ class Scheduler:
             self._grow(seq, n)
             chunks.append(ScheduledChunk(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
             budget -= n
+            prefill_budget -= n if seq.num_pending > 1 else 0
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = min(seq.num_pending, budget)
-            if self.blocks_for(n) > self.allocator.num_free:
+            n = self._tokens(seq, budget, prefill_budget)
+            if n == 0 or self.blocks_for(n) > self.allocator.num_free:
                 break  # first come, first served: don't let later requests overtake the head
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
@@ -114,4 +122,12 @@ class Scheduler:
             self._grow(seq, n)
             chunks.append(ScheduledChunk(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
             budget -= n
+            prefill_budget -= n if seq.num_pending > 1 else 0
         return chunks
+
+    @staticmethod
+    def _tokens(seq: Sequence, budget: int, prefill_budget: int) -> int:
+        """Tokens to run for seq this step: its next token when decoding, else a prompt chunk."""
+        if seq.num_pending == 1:
+            return 1
+        return max(0, min(seq.num_pending, budget, prefill_budget))

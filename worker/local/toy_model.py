@@ -82,8 +82,14 @@ def make_toy_model(
     vocab_size: int = 512,
     max_position_embeddings: int = 2048,
     seed: int = 0,
+    tie_word_embeddings: bool = False,
 ) -> Path:
     """Create (once) a random Llama model + tokenizer folder at `path` and return it.
+
+    `vocab_size` may exceed what the tokenizer learns from its small corpus (a few hundred
+    tokens): the model then has the larger embedding and output head (the cost of a real
+    vocabulary) and the ids past the tokenizer's decode to no text. `tie_word_embeddings` shares
+    the embedding with the output head, as small Llamas do.
 
     Idempotent and safe under concurrent callers: it is built in a temporary sibling folder and
     renamed into place, so nobody sees half a model.
@@ -109,7 +115,7 @@ def make_toy_model(
             bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
-            tie_word_embeddings=False,
+            tie_word_embeddings=tie_word_embeddings,
             # Larger than Llama's 0.02 so logits spread out: no near-ties, varied greedy output.
             initializer_range=0.15,
         )
@@ -123,7 +129,7 @@ def make_toy_model(
             do_sample=False,
         ).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / MARKER).write_text(json.dumps({"seed": seed, "num_layers": num_layers}))
+        (tmp / MARKER).write_text(json.dumps({"seed": seed, "num_layers": num_layers, "tied": tie_word_embeddings}))
         try:
             os.rename(tmp, path)  # atomic; also replaces an empty existing folder
         except OSError:

@@ -48,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--max-num-seqs", type=int, default=None, help="running sequences at most (default 64)")
     a("--max-batched-tokens", type=int, default=None, help="tokens per forward pass (default 2048)")
     a("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    a("--prefill-chunk-tokens", type=int, default=None, help="prompt tokens prefilled per step, all "
+      "prompts together: running streams wait at most one chunk (default 256 for colocated and decode, "
+      "--max-batched-tokens for prefill)")
+    a("--compile", choices=("auto", "on", "off"), default=None, help="torch.compile the decode step at "
+      "start-up (default auto: on a CPU with a C++ compiler; never for --role prefill)")
     a("--kv-backend", choices=BACKENDS, default=None,
       help="KV transfer backend (default nixl for prefill/decode, none for colocated)")
     a("--kv-timeout-s", type=float, default=None, help="a KV pull that takes longer fails (default 10)")

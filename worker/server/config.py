@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 
 _ENUMS = (Role, KVBackend)
 
+# A colocated or decode worker prefills in small chunks so the streams it is decoding wait one
+# chunk per step (about 60-150 ms on one CPU core), not a whole prompt; a prefill worker has no
+# streams to protect and takes whole prompts up to max_batched_tokens (None).
+ROLE_PREFILL_CHUNK: dict[Role, int | None] = {Role.COLOCATED: 256, Role.DECODE: 256, Role.PREFILL: None}
+
 
 @dataclass
 class WorkerConfig:
@@ -41,6 +46,9 @@ class WorkerConfig:
     block_size: int = 16
     max_num_seqs: int = 64
     max_batched_tokens: int = 2048
+    # Prompt tokens per step, all prompts together; None: the role's default (ROLE_PREFILL_CHUNK)
+    prefill_chunk_tokens: int | None = None
+    compile: str = "auto"  # auto | on | off: torch.compile the decode step at start-up
     kv_backend: KVBackend | None = None  # None: nixl for prefill/decode, none for colocated
     threads: int | None = None
     served_name: str | None = None
@@ -67,6 +75,10 @@ class WorkerConfig:
             raise ValueError(f"kv_port must be a TCP port (0-65535), got {self.kv_port}")
         if self.internal_secret is None:
             self.internal_secret = load_secret(os.environ, self.internal_secret_file)
+        if self.compile not in ("auto", "on", "off"):
+            raise ValueError(f"compile must be auto, on or off, got {self.compile!r}")
+        if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
+            raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
 
     @classmethod
     def from_values(cls, values: dict[str, Any], source: str) -> WorkerConfig:
@@ -94,7 +106,16 @@ class WorkerConfig:
             num_blocks=self.num_blocks, kv_memory_fraction=self.kv_memory_fraction,
             max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens,
             max_model_len=self.max_model_len, served_name=self.served_name, threads=self.threads,
+            prefill_chunk_tokens=self.effective_prefill_chunk_tokens(),
+            # A prefill worker never runs a decode step: nothing to compile there.
+            compile="off" if self.role is Role.PREFILL and self.compile == "auto" else self.compile,
         )
+
+    def effective_prefill_chunk_tokens(self) -> int | None:
+        if self.prefill_chunk_tokens is not None:
+            return self.prefill_chunk_tokens
+        default = ROLE_PREFILL_CHUNK[self.role]
+        return None if default is None else min(default, self.max_batched_tokens)
 
     def kv_transfer_config(self, host: str, extra: dict[str, Any] | None = None) -> KVTransferConfig:
         from tandem.worker.kv.base import KVTransferConfig

@@ -74,3 +74,27 @@ def test_decodes_are_scheduled_before_an_older_prompts_chunk():
     s.add_running(pulled)
     chunks = s.schedule()
     assert [(c.seq.request_id, c.start, c.num_tokens) for c in chunks] == [("pulled", 5, 1), ("old", 8, 7)]
+
+
+def test_prefill_budget_caps_prompt_tokens_per_step_never_decodes():
+    """A colocated worker's prefill budget: each step prefills at most that many prompt tokens
+    (all prompts together), while every decoding sequence still gets its token."""
+    s = Scheduler(BlockAllocator(100), block_size=4, max_num_seqs=8, max_batched_tokens=64,
+                  prefill_chunk_tokens=6)
+    a = _seq("a", 3)
+    s.add(a)
+    _advance(s.schedule())
+    b, c = _seq("b", 20), _seq("c", 5)
+    s.add(b)
+    s.add(c)
+    chunks = s.schedule()
+    assert [(x.seq.request_id, x.start, x.num_tokens) for x in chunks] == [("a", 3, 1), ("b", 0, 6)]
+    assert c.status == SeqStatus.WAITING  # the budget is spent: c waits although tokens remain
+    _advance(chunks)
+    chunks = s.schedule()
+    assert [(x.seq.request_id, x.start, x.num_tokens) for x in chunks] == [("a", 4, 1), ("b", 6, 6)]
+    for _ in range(2):
+        _advance(chunks)
+        chunks = s.schedule()
+    # b's last 2 prompt tokens, then c's first 4 share one step's budget of 6
+    assert [(x.seq.request_id, x.start, x.num_tokens) for x in chunks] == [("a", 6, 1), ("b", 18, 2), ("c", 0, 4)]

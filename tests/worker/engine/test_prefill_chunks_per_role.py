@@ -1,0 +1,53 @@
+"""The per-step prefill budget: a colocated (or decode) worker prefills a long prompt in chunks
+while its running streams keep getting a token every step, with outputs unchanged; a prefill
+worker takes whole prompts. Defaults come from the role and a setting overrides them."""
+
+from __future__ import annotations
+
+import pytest
+from tandem.contracts.names import Role
+from tandem.testing.engine_helpers import greedy, submit, tokens_of
+from tandem.worker.server.config import WorkerConfig
+
+LONG = ("Once upon a time there was a little model that wanted to speak every language. Prefill reads the "
+        "whole prompt at once; decode writes one token at a time. ") * 2
+
+
+def test_running_stream_gets_a_token_every_step_while_a_long_prompt_is_chunked(make_engine, loaded_toy,
+                                                                                reference):
+    eng = make_engine(block_size=4, prefill_chunk_tokens=8)
+    tok = loaded_toy.tokenizer
+    short, long_ids = tok("Hello, world!")["input_ids"], tok(LONG)["input_ids"]
+    assert len(long_ids) > 40
+    first = submit(eng, "short", short, greedy(30))
+    eng.step()  # the short prompt is in and decoding
+    second = submit(eng, "long", long_ids, greedy(6))
+    steps, batches = 0, []
+    eng.on_step = lambda seconds, n: batches.append(n)
+    while not second or not second[0].token_ids:
+        before = len(tokens_of(first))
+        eng.step()
+        steps += 1
+        assert len(tokens_of(first)) == before + 1, "the running stream missed a step"
+    assert steps == -(-len(long_ids) // 8), "the prompt was meant to take one 8-token chunk per step"
+    assert max(batches) <= 8 + 1
+    while eng.has_work():
+        eng.step()
+    assert tokens_of(first) == reference(short, 30)
+    assert tokens_of(second) == reference(long_ids, 6)
+
+
+@pytest.mark.parametrize(("role", "expected"), [(Role.COLOCATED, 256), (Role.DECODE, 256), (Role.PREFILL, None)])
+def test_role_defaults(role, expected):
+    cfg = WorkerConfig(role=role, model="m").engine_config()
+    assert cfg.prefill_chunk_tokens == expected  # None: whole prompts up to max_batched_tokens
+
+
+def test_setting_overrides_the_role_default_and_bad_values_are_refused():
+    assert WorkerConfig(model="m", prefill_chunk_tokens=64).engine_config().prefill_chunk_tokens == 64
+    assert WorkerConfig(model="m", max_batched_tokens=128).engine_config().prefill_chunk_tokens == 128
+    assert WorkerConfig.from_values({"model": "m", "prefill-chunk-tokens": 512}, "flags").prefill_chunk_tokens == 512
+    with pytest.raises(ValueError, match="prefill_chunk_tokens"):
+        WorkerConfig(model="m", prefill_chunk_tokens=0)
+    with pytest.raises(ValueError, match="compile"):
+        WorkerConfig(model="m", compile="sometimes")

@@ -1,0 +1,79 @@
+"""Attention over the paged KV pool.
+
+Decode tokens attend with `paged_decode_attention`, written as gathers, products and reductions
+that torch.compile (inductor) fuses into one loop reading each K/V block where it lies in the
+pool: no padded per-layer copy, no mask tensor. Prompt chunks attend with SDPA (flash kernels),
+causally over their own K/V, plus the cached context when the chunk continues a sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def paged_decode_attention(
+    q: torch.Tensor, pool_layer: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, scale: float,
+    k_self: torch.Tensor | None = None, v_self: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One query token per sequence over its cached keys, read from the pool by block table.
+
+    q [B, heads, d]; pool_layer [blocks, 2, block_size, kv_heads, d] (one layer of the pool);
+    tables [B, max_blocks] (padding any valid block id); lens [B]: cached positions to attend.
+    With k_self/v_self [B, kv_heads, d] the token also attends to its own new K/V, which is not in
+    the pool yet. Softmax in float32; returns [B, heads, d] in q's dtype."""
+    B, max_blocks = tables.shape
+    bs, nkv, d = pool_layer.shape[2], pool_layer.shape[3], pool_layer.shape[4]
+    g = q.shape[1] // nkv
+    kv = pool_layer[tables]  # [B, max_blocks, 2, bs, nkv, d]; fused into the loops below when compiled
+    k = kv[:, :, 0].reshape(B, max_blocks * bs, nkv, d).permute(0, 2, 1, 3)[:, :, None]  # [B, nkv, 1, L, d]
+    v = kv[:, :, 1].reshape(B, max_blocks * bs, nkv, d).permute(0, 2, 1, 3)[:, :, None]
+    qf = q.float().view(B, nkv, g, 1, d)
+    s = (qf * k.float()).sum(-1) * scale  # [B, nkv, g, L]
+    pos = torch.arange(max_blocks * bs, device=q.device)
+    s = s.masked_fill((pos[None, :] >= lens[:, None])[:, None, None, :], float("-inf"))
+    if k_self is not None:
+        s_self = (qf[..., 0, :] * k_self.float()[:, :, None, :]).sum(-1, keepdim=True) * scale  # [B, nkv, g, 1]
+        s = torch.cat([s, s_self], dim=-1)
+    p = torch.softmax(s, dim=-1)
+    o = (p[..., : max_blocks * bs, None] * v.float()).sum(-2)  # [B, nkv, g, d]
+    if v_self is not None:
+        o = o + p[..., -1:] * v_self.float()[:, :, None, :]
+    return o.reshape(B, nkv * g, d).to(q.dtype)
+
+
+def gather_context(pool_layer: torch.Tensor, block_table: torch.Tensor, num_tokens: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V [num_tokens, kv_heads, d] of one sequence, copied out of its blocks."""
+    kv = pool_layer[block_table]  # [nb, 2, bs, nkv, d]
+    nkv, d = kv.shape[-2], kv.shape[-1]
+    return kv[:, 0].reshape(-1, nkv, d)[:num_tokens], kv[:, 1].reshape(-1, nkv, d)[:num_tokens]
+
+
+def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float) -> torch.Tensor:
+    """A prompt chunk's queries q [n, heads, d] at positions start..start+n-1 over keys k, v
+    [start+n, kv_heads, d] (the cached context, then the chunk itself), causally."""
+    total = k.shape[0]
+    mask = None
+    if start:
+        qpos = torch.arange(start, total, device=q.device)
+        mask = torch.arange(total, device=q.device)[None, :] <= qpos[:, None]
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask,
+        is_causal=not start, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return o[0].transpose(0, 1)
+
+
+def sdpa_decode_attention(q: torch.Tensor, pool_layer: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+                          scale: float) -> torch.Tensor:
+    """paged_decode_attention's eager stand-in (no compiler): gathers a padded copy of each
+    sequence's blocks and runs SDPA with a length mask, which is faster than the unfused loops."""
+    B, max_blocks = tables.shape
+    nkv, d = pool_layer.shape[3], pool_layer.shape[4]
+    kv = pool_layer[tables]  # [B, max_blocks, 2, bs, nkv, d]
+    k = kv[:, :, 0].reshape(B, -1, nkv, d).transpose(1, 2)
+    v = kv[:, :, 1].reshape(B, -1, nkv, d).transpose(1, 2)
+    mask = (torch.arange(k.shape[2], device=q.device)[None, :] < lens[:, None])[:, None, None, :]
+    o = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask, scale=scale,
+                                       enable_gqa=q.shape[1] != nkv)
+    return o[:, :, 0, :]

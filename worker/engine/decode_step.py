@@ -1,0 +1,167 @@
+"""The decode step as one graph: a batch of single tokens through every layer, attending to the
+pool read-only plus their own new K/V, returning the logits and the new K/V to write afterwards.
+
+Without writes inside, the whole step compiles (torch.compile, inductor) into fused C++ loops
+around oneDNN matmuls, with the batch size and the block-table width dynamic: compiled once at
+start-up, never inside a request. Steps that carry prompt chunks run eagerly (paged_forward.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import types
+from collections.abc import Callable
+
+import torch
+import torch._inductor.config as inductor_config
+import torch.fx.experimental._config as fx_config
+from tandem.worker.engine import layers
+from tandem.worker.engine.attention import paged_decode_attention, sdpa_decode_attention
+from tandem.worker.engine.weights import ModelWeights
+from torch import nn
+
+log = logging.getLogger("tandem.worker.engine")
+
+COMPILE_SETTINGS = ("auto", "on", "off")
+MIN_TABLE_WIDTH = 2  # block tables are padded to this many columns: a width of 1 would compile apart
+LONG_SUM = 4096  # inductor's CPU code sums more float32 values than this in chunks (another graph)
+
+
+class DecodeStep(nn.Module):
+    def __init__(self, weights: ModelWeights):
+        super().__init__()
+        self.w = weights
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor, pool: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """ids, positions [B]; tables [B, width] covering positions < positions[b].
+        Returns logits [B, vocab] (float32), their argmax [B] (greedy rows need nothing else)
+        and the new K/V [B, layers, 2, kv_heads, d]."""
+        w = self.w
+        h = w.embed[ids]
+        cos, sin = w.cos[positions], w.sin[positions]
+        new_kv = []
+        for li, layer in enumerate(w.layers):
+            q, k, v = layers.qkv(w, layer, h, cos, sin)
+            attn = paged_decode_attention(q, pool[:, li], tables, positions, w.shape.scaling, k, v)
+            h = layers.finish(w, layer, h, attn)
+            new_kv.append(torch.stack([k, v], dim=1))
+        logits = layers.logits(w, h)
+        return logits, logits.argmax(-1), torch.stack(new_kv, dim=1)
+
+
+def compiler_found() -> str | None:
+    """The C++ compiler inductor would use, or None (then the engine runs eagerly)."""
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def should_compile(setting: str, device: torch.device) -> tuple[bool, str]:
+    """(compile or not, why) for the `compile` setting: auto compiles on a CPU with a C++ compiler."""
+    if setting not in COMPILE_SETTINGS:
+        raise ValueError(f"compile must be one of {', '.join(COMPILE_SETTINGS)}, got {setting!r}")
+    if setting == "off":
+        return False, "compile: off"
+    if device.type != "cpu":
+        return False, f"no compiled step on {device.type} yet (eager kernels)"
+    cxx = compiler_found()
+    if cxx is None:
+        if setting == "on":
+            raise ValueError("compile: on needs a C++ compiler (g++ or clang++; or set CXX)")
+        return False, "no C++ compiler found for torch.compile"
+    return True, f"torch.compile (inductor, {cxx})"
+
+
+def prepare_kernels(weights: ModelWeights, setting: str, pool: torch.Tensor, max_context: int
+                    ) -> tuple[CompiledKernels, str]:
+    """The kernels for an engine, compiled now when the setting asks for it (and why, for the log).
+    With compile: auto, a compile that fails leaves the engine eager with a warning, not down."""
+    enabled, why = should_compile(setting, pool.device)
+    kernels = kernels_for(weights, enabled, pool.shape[3])
+    try:
+        kernels.warm_up(pool, max_context)
+    except Exception as e:  # noqa: BLE001 - any compiler failure means the same: run eagerly
+        if setting == "on":
+            raise
+        log.warning("torch.compile failed (%s: %s); the decode step runs eagerly", type(e).__name__, e)
+        kernels = kernels_for(weights, False, pool.shape[3])
+        why = "eager (torch.compile failed)"
+    return kernels, why
+
+
+def kernels_for(weights: ModelWeights, enabled: bool, block_size: int) -> CompiledKernels:
+    """One set of kernels per model weights, setting and block size (the graphs are compiled for
+    one): engines over the same loaded model (tests build many) share them, compiled once."""
+    cache = weights.__dict__.setdefault("_kernels", {})
+    if (enabled, block_size) not in cache:
+        cache[enabled, block_size] = CompiledKernels(weights, enabled)
+    return cache[enabled, block_size]
+
+
+class CompiledKernels:
+    """The decode step and the decode attention, compiled or eager, and their warm-up."""
+
+    def __init__(self, weights: ModelWeights, enabled: bool):
+        self.enabled = enabled
+        self.traced: set[int] = set()  # table widths traced (one per range of context lengths)
+        self.shape = weights.shape
+        step = DecodeStep(weights).eval()
+        self.decode_step: Callable | None = None
+        self.decode_attention: Callable = sdpa_decode_attention
+        if enabled:
+            # Each model compiles two graphs (batch 1 and batch > 1) per function; a process that
+            # loads several models (tests) would pass dynamo's default limit of 8 per function.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            # A code object of its own for this step's forward: dynamo keeps compiled graphs per
+            # code object, so no other model's graphs sit beside these, and the guards on module
+            # attributes (0.3 ms a call, 5% of a batch-1 step) can go: this module never changes.
+            own = DecodeStep.forward.__code__.replace()
+            step.forward = types.MethodType(types.FunctionType(own, DecodeStep.forward.__globals__), step)
+            self.decode_step = torch.compile(step, dynamic=False, fullgraph=True, options={
+                "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+            self.decode_attention = torch.compile(paged_decode_attention, dynamic=False, fullgraph=True)
+
+    @torch.inference_mode()
+    def warm_up(self, pool: torch.Tensor, max_context: int) -> None:
+        """Compile every graph the step will need: batch 1, and any batch > 1, each with any
+        table width and pool size (dimensions marked dynamic; the rest stay static). Inductor sums
+        more than 4096 floats with a different loop, so contexts beyond that get their own graphs."""
+        bs = pool.shape[3]
+        widths = {MIN_TABLE_WIDTH + 1}  # != batch: sizes equal while tracing risk a specialisation
+        if -(-max_context // bs) * bs + 1 > LONG_SUM:
+            widths.add(LONG_SUM // bs + 1)
+        widths -= self.traced
+        if not self.enabled or not widths:
+            return
+        t0 = time.monotonic()
+        # No duck sizing: two dynamic sizes that happen to be equal while tracing must not become
+        # one symbol. At batch 1, a low realize threshold keeps a norm or an activation from being
+        # recomputed inside every row of the matrix-vector product that reads it; at batch > 1 the
+        # default keeps the attention's block gather fused into its loops.
+        with fx_config.patch(use_duck_shape=False):
+            for width in sorted(widths):
+                with inductor_config.patch(realize_opcount_threshold=4):
+                    self._trace(pool, 1, width)
+                self._trace(pool, 2, width)
+        self.traced |= widths
+        log.info("compiled the decode step in %.1fs", time.monotonic() - t0)
+
+    def _trace(self, pool: torch.Tensor, batch: int, width: int) -> None:
+        dev = pool.device
+        ids = torch.zeros(batch, dtype=torch.long, device=dev)
+        pos = torch.ones(batch, dtype=torch.long, device=dev)
+        tables = torch.zeros(batch, width, dtype=torch.long, device=dev)
+        q = torch.zeros(batch, self.shape.num_heads, self.shape.head_dim, dtype=pool.dtype, device=dev)
+        pool_layer, lens = pool[:, 0], pos + 1
+        dynamic = [(tables, 1), (pool, 0), (pool_layer, 0)]
+        if batch > 1:
+            dynamic += [(ids, 0), (pos, 0), (tables, 0), (q, 0), (lens, 0)]
+        for t, dim in dynamic:
+            torch._dynamo.mark_dynamic(t, dim)
+        self.decode_step(ids, pos, tables, pool)
+        self.decode_attention(q, pool_layer, tables, lens, self.shape.scaling)
