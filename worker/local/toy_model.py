@@ -71,6 +71,12 @@ def _build_tokenizer(vocab_size: int):
     return fast
 
 
+def toy_tokenizer():
+    """The toy models' tokenizer (byte-level BPE with a chat template), for a model built elsewhere
+    (the GPU benchmark draws its weights on the device)."""
+    return _build_tokenizer(512)
+
+
 def make_toy_model(
     path: str | os.PathLike,
     *,
