@@ -75,15 +75,19 @@ RUN pip install --no-cache-dir '.[worker]' \
 FROM base AS worker
 # rdma-core's user-space verbs libraries: UCX (inside NIXL) loads them to reach the RDMA
 # NIC (mlx5 for InfiniBand and RoCE). The kernel driver and the device plugin live on the node.
+# g++: torch.compile (inductor) builds the CPU decode step's kernels with it at start-up; without
+# a compiler a CPU worker runs the slower eager step (`compile: auto` falls back and says so).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
+       g++=4:12.2.0-3 \
        ibverbs-providers=44.0-2 \
        libibverbs1=44.0-2 \
        librdmacm1=44.0-2 \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=worker-build /opt/tandem /opt/tandem
 # Model weights from a hub (where the cluster has internet) are cached here; mount a volume.
-ENV HF_HOME=/home/tandem/.cache/huggingface
+ENV HF_HOME=/home/tandem/.cache/huggingface \
+    TORCHINDUCTOR_CACHE_DIR=/home/tandem/.cache/torchinductor
 USER 10001:10001
 WORKDIR /home/tandem
 # The worker and router HTTP port (the operator sets --port to the same value).

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from pathlib import Path
 from typing import Any
 
 from tandem.contracts.names import KVBackend, Role
@@ -234,5 +235,9 @@ def run(args: argparse.Namespace) -> int:
     if cfg.log_format == "json":
         # Keep stderr one JSON object per line: no tqdm bars from weight loading.
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # Compiled decode steps are cached across restarts (inductor keys them by torch version and
+    # code): a worker's second start takes seconds, not a minute. The image sets its own.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                          str(Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem")) / "inductor"))
     logging.getLogger("tandem.worker").info("starting worker", extra={"settings": cfg.public()})
     return asyncio.run(serve(cfg))
