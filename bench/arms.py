@@ -228,7 +228,8 @@ def worker_cmd(role: str, port: int, model_dir: Path, kv_backend: str) -> list[s
     return [*tandem_exe(), "worker", "--role", role, "--model", str(model_dir),
             "--host", "127.0.0.1", "--port", str(port), "--threads", "1",
             # 1024 blocks of 16 tokens: 16k tokens (256 MiB) of KV, more than any workload holds.
-            "--num-blocks", "1024", "--kv-backend", "none" if role == "colocated" else kv_backend]
+            "--num-blocks", "1024", "--kv-backend", "none" if role == "colocated" else kv_backend,
+            "--kv-port", "0"]  # any free port: several prefill workers may share the machine
 
 
 def router_cmd(port: int, workers: list[tuple[str, str]]) -> list[str]:
