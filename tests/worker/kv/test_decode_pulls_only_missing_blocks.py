@@ -122,3 +122,46 @@ async def all_blocks_free(w: WorkerProcess, within_s: float = 10.0) -> None:
             return
         assert loop.time() < end, f"blocks not returned: {info}"
         await asyncio.sleep(0.05)
+
+
+async def test_small_decode_pool_preempts_and_evicts_and_keeps_outputs(backend: str, toy_model_dir: Path,
+                                                                       peer_process: list) -> None:
+    """Handoffs into a decode pool too small for them all: pulled sequences are preempted and
+    recomputed (from what the cache still holds), cached blocks are evicted, and every output
+    still equals transformers' generate."""
+    from transformers import AutoModelForCausalLM
+
+    small = ("--num-blocks", "24", "--block-size", str(BS), "--kv-timeout-s", "20", "--drain-s", "1",
+             "--max-num-seqs", "4")
+    procs = [WorkerProcess(toy_model_dir, "prefill", "--kv-backend", backend, *FLAGS),
+             WorkerProcess(toy_model_dir, "decode", "--kv-backend", backend, *small)]
+    peer_process.extend(procs)
+    for w in procs:
+        w.start()
+    pw, dw = procs
+    hf = AutoModelForCausalLM.from_pretrained(toy_model_dir, dtype=torch.float32).eval()
+    shared = [0] + ids(23, 4)  # 3 blocks every prompt starts with
+    prompts = [shared + ids(17 + 3 * i, 10 + i) for i in range(6)]  # 40-55 tokens, + 24 generated
+    sampling = dict(GREEDY, max_tokens=24)
+    async with aiohttp.ClientSession() as s:
+        async def one(i: int, prompt: list[int]) -> list[int]:
+            async with s.post(f"{pw.url}/internal/prefill", json={"request_id": f"s{i}", "prompt_token_ids": prompt,
+                                                                  "sampling": sampling}) as r:
+                res = await r.json()
+                assert r.status == 200, res
+            body = {"request_id": f"s{i}", "prompt_token_ids": prompt, "sampling": sampling,
+                    "kv_source": res["kv"], "first_token_id": res["first_token_id"]}
+            async with s.post(f"{dw.url}/internal/generate", json=body) as r:
+                assert r.status == 200, await r.text()
+                return [res["first_token_id"]] + stream_tokens(await ndjson_events(r))
+
+        got = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    for p, toks in zip(prompts, got, strict=True):
+        assert toks == reference_generate(hf, p, 24)
+    metrics = {s.name: s.value for fam in text_string_to_metric_families(dw.get_text("/metrics"))
+               for s in fam.samples}
+    assert metrics["tandem_worker_preemptions_total"] > 0, "the pool was meant to be too small for all six"
+    assert metrics["tandem_worker_prefix_cache_evictions_total"] > 0
+    assert metrics["tandem_worker_kv_pull_saved_bytes_total"] > 0
+    for w in procs:
+        await all_blocks_free(w)
