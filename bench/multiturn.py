@@ -75,8 +75,8 @@ def workload(quick: bool) -> ChatSpec:
     if quick:
         return ChatSpec("chat-quick", conversations=2, turns=2, system_tokens=96, user_tokens=(16, 32),
                         output_len=8, rate=1.0, think_s=0.2, seed=1)
-    return ChatSpec("chat", conversations=8, turns=4, system_tokens=320, user_tokens=(32, 96),
-                    output_len=32, rate=0.4, think_s=1.0, seed=1)
+    return ChatSpec("chat", conversations=12, turns=4, system_tokens=320, user_tokens=(32, 96),
+                    output_len=32, rate=0.5, think_s=1.0, seed=1)
 
 
 async def run_chat(url: str, model: str, plan: ChatPlan, timeout_s: float) -> tuple[list[RequestRecord], dict]:
