@@ -48,8 +48,11 @@ class EngineCollector(Collector):
 
 
 def _prefix_cache(eng: Any) -> Iterator[Any]:
-    """Prefix-cache lookups and hits in tokens, what it holds, what it evicted."""
-    pc, alloc = eng.prefix_cache, eng.allocator
+    """Prefix-cache lookups and hits in tokens, what it holds, what it evicted (nothing for an
+    engine without a prefix cache)."""
+    pc, alloc = getattr(eng, "prefix_cache", None), eng.allocator
+    if pc is None:
+        return
     yield CounterMetricFamily("tandem_worker_prefix_cache_query_tokens", "Tokens of the sequences that "
                               "looked up a cached prefix (prompts computed here, prompts pulled)",
                               value=pc.stats.query_tokens_total)
