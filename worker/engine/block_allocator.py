@@ -155,13 +155,6 @@ class BlockAllocator:
         else:
             self._removed.add(h)
 
-    def clear_cache(self) -> None:
-        """Forget every cached prefix (blocks in use keep their data, but are no longer shared)."""
-        for b in list(self._by_hash.values()):
-            self._uncache(b)
-        self._plain.extend(self._evictable)
-        self._evictable.clear()
-
     def cached_hashes(self) -> list[bytes]:
         """Every hash cached as of the last take_events() (what subscribers have been told)."""
         return [h for h in self._by_hash if h not in self._stored] + list(self._removed)
