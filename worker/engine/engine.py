@@ -278,11 +278,6 @@ class Engine:
                                status=409, param="request_id", code="duplicate_request_id")
         self.seqs[seq.request_id] = seq
 
-    def reserve_blocks(self, num_tokens: int) -> list[int] | None:
-        """Blocks to receive a pulled prompt's KV, or None when the pool is too full right now."""
-        with self.lock:
-            return self.allocator.try_allocate(self.layout.blocks_for(num_tokens))
-
     def reserve_for_pull(self, seq: Sequence) -> PullReservation | None:
         """Blocks for the prompt's KV before a pull: the leading blocks this pool already caches
         (at least the last block is still pulled: the pull also ends the peer's lease), then new
@@ -293,10 +288,7 @@ class Engine:
             need = self.layout.blocks_for(n) - len(hit)
             if need + self.allocator.num_to_take(hit) > self.allocator.num_free:
                 return None
-            self.allocator.take(hit)
-            if self.prefix_cache.enabled:
-                self.prefix_cache.stats.query_tokens_total += n
-                self.prefix_cache.stats.hit_tokens_total += len(hit) * self.layout.block_size
+            self.prefix_cache.hit(hit, n)
             return PullReservation(cached=hit, fresh=self.allocator.allocate(need))
 
     def free_blocks(self, block_ids: list[int]) -> None:

@@ -68,14 +68,18 @@ class PrefixCache:
         """match() for a sequence about to be computed: at least its last token stays to run."""
         return self.match(seq, seq.num_tokens - 1)
 
-    def take(self, seq: Sequence, blocks: list[int], query_tokens: int) -> None:
-        """Start seq's block table with the hit `blocks` and count the lookup."""
+    def hit(self, blocks: list[int], query_tokens: int) -> None:
+        """Take a reference to each of the found `blocks` and count the lookup."""
         self.allocator.take(blocks)
-        seq.block_table = list(blocks)
-        seq.num_registered_blocks = len(blocks)
         if self.enabled:
             self.stats.query_tokens_total += query_tokens
             self.stats.hit_tokens_total += len(blocks) * self.block_size
+
+    def take(self, seq: Sequence, blocks: list[int], query_tokens: int) -> None:
+        """Start seq's block table with the found `blocks` (hit())."""
+        self.hit(blocks, query_tokens)
+        seq.block_table = list(blocks)
+        seq.num_registered_blocks = len(blocks)
 
     def commit(self, seq: Sequence) -> None:
         """Name seq's blocks that are now full and computed (called after each step)."""
