@@ -44,6 +44,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.multiturn
 
 clean:
 	rm -rf $(VENV) .cluster

@@ -126,6 +126,9 @@ class Arm:
     model_dir: Path
     log_dir: Path
     procs: list[Proc] = field(default_factory=list)
+    layout: str | None = None  # one of ARMS (default: the name)
+    worker_args: tuple[str, ...] = ()  # extra `tandem worker` flags for every worker
+    router_args: tuple[str, ...] = ()  # extra `tandem router` flags
 
     @property
     def router(self) -> Proc:
@@ -141,27 +144,28 @@ class Arm:
 
     @property
     def kv_backend(self) -> str | None:
-        return {"disagg-nixl": "nixl", "disagg-tcp": "tcp"}.get(self.name)
+        return {"disagg-nixl": "nixl", "disagg-tcp": "tcp"}.get(self.layout or self.name)
 
     def plan_processes(self) -> None:
-        if self.name not in ARMS:
-            raise ValueError(f"unknown arm {self.name!r}; choose from {ARMS}")
+        layout = self.layout or self.name
+        if layout not in ARMS:
+            raise ValueError(f"unknown arm layout {layout!r}; choose from {ARMS}")
         self.procs = []
-        if self.name == "colocated":
+        if layout == "colocated":
             roles = [("colocated-0", "colocated", 0), ("colocated-1", "colocated", 1)]
         else:
             roles = [("prefill", "prefill", 0), ("decode", "decode", 1)]
         for name, role, cpu in roles:
             port = free_port()
             self.procs.append(Proc(
-                name, role, f"http://127.0.0.1:{port}", worker_cmd(role, port, self.model_dir,
-                                                                   self.kv_backend or "tcp"),
+                name, role, f"http://127.0.0.1:{port}", [*worker_cmd(role, port, self.model_dir,
+                                                                     self.kv_backend or "tcp"), *self.worker_args],
                 cpu, self.log_dir / f"{self.name}-{name}.log",
             ))
         port = free_port()
         self.procs.append(Proc(
             "router", "router", f"http://127.0.0.1:{port}",
-            router_cmd(port, [(w.role, w.url) for w in self.workers]), None,
+            [*router_cmd(port, [(w.role, w.url) for w in self.workers]), *self.router_args], None,
             self.log_dir / f"{self.name}-router.log",
         ))
 
@@ -224,7 +228,8 @@ def worker_cmd(role: str, port: int, model_dir: Path, kv_backend: str) -> list[s
     return [*tandem_exe(), "worker", "--role", role, "--model", str(model_dir),
             "--host", "127.0.0.1", "--port", str(port), "--threads", "1",
             # 1024 blocks of 16 tokens: 16k tokens (256 MiB) of KV, more than any workload holds.
-            "--num-blocks", "1024", "--kv-backend", "none" if role == "colocated" else kv_backend]
+            "--num-blocks", "1024", "--kv-backend", "none" if role == "colocated" else kv_backend,
+            "--kv-port", "0"]  # any free port: several prefill workers may share the machine
 
 
 def router_cmd(port: int, workers: list[tuple[str, str]]) -> list[str]:

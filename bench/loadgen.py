@@ -41,12 +41,15 @@ async def stream_one(
     timeout_s: float,
 ) -> RequestRecord:
     rec = RequestRecord(req.index, req.prompt_tokens_target, req.max_tokens, scheduled_s=req.at_s)
+    return await stream_into(session, f"{url}/v1/completions", request_body(model, req), rec, t0, timeout_s)
+
+
+async def stream_into(session: aiohttp.ClientSession, endpoint: str, body: dict[str, Any], rec: RequestRecord,
+                      t0: float, timeout_s: float) -> RequestRecord:
+    """POST a streaming completion or chat completion and record its chunks into rec."""
     rec.send_s = time.perf_counter() - t0
     try:
-        async with session.post(
-            f"{url}/v1/completions", json=request_body(model, req),
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        ) as resp:
+        async with session.post(endpoint, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
                 rec.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                 return rec
@@ -62,10 +65,9 @@ async def stream_one(
                 if "error" in obj:
                     rec.error = f"stream error: {json.dumps(obj['error'])[:300]}"
                     break
-                choices = obj.get("choices") or []
                 # A token is what carries text: the router sends no empty deltas, and the last
                 # chunk (finish_reason, empty text) is no token.
-                text = (choices[0].get("text") or "") if choices else ""
+                text = chunk_text(obj)
                 if text:
                     rec.chunk_times_s.append(now)
                     rec.text += text
@@ -79,6 +81,15 @@ async def stream_one(
     if rec.error is None and not rec.chunk_times_s:
         rec.error = "stream ended without a token"
     return rec
+
+
+def chunk_text(obj: dict[str, Any]) -> str:
+    """The text of a completions chunk (choices[0].text) or a chat chunk (choices[0].delta.content)."""
+    choices = obj.get("choices") or []
+    if not choices:
+        return ""
+    c = choices[0]
+    return c.get("text") or (c.get("delta") or {}).get("content") or ""
 
 
 async def run_open_loop(url: str, model: str, reqs: list[PlannedRequest],

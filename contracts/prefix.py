@@ -16,15 +16,19 @@ HASH_BYTES = 16  # 128 bits of SHA-256: collisions stay out of practical reach
 ROOT = b"tandem-prefix-v1"
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int, salt: bytes = b"") -> list[bytes]:
+def block_hashes(token_ids: Sequence[int], block_size: int, salt: bytes = b"",
+                 parent: bytes | None = None) -> list[bytes]:
     """One hash per full block of token_ids, each chained over every block before it.
 
     `salt` separates caches that must never share blocks (another model, dtype or layout).
+    `parent`: continue a chain (token_ids start right after the block whose hash it is), so a
+    sequence that grows hashes only its new blocks; the salt is then already in the chain.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     out: list[bytes] = []
-    parent = hashlib.sha256(ROOT + salt).digest()[:HASH_BYTES]
+    if parent is None:
+        parent = hashlib.sha256(ROOT + salt).digest()[:HASH_BYTES]
     pack = struct.Struct(f"<{block_size}q").pack
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = hashlib.sha256(parent + pack(*token_ids[start : start + block_size])).digest()[:HASH_BYTES]

@@ -68,3 +68,28 @@ def stream_tokens(events: list[dict[str, Any]]) -> list[int]:
 
 def stream_text(events: list[dict[str, Any]]) -> str:
     return "".join(e.get("text", "") for e in events if e["type"] == "token")
+
+
+def check_blocks_accounted(engine: Any) -> None:
+    """The KV pool's books balance: every block's reference count equals the block tables (running,
+    waiting, leased) that hold it; in use + cached-free + never-cached-free = total; a block two
+    tables share is a cached block named by the same prefix hash in both (so an evicted block,
+    which loses its name, is in no table)."""
+    alloc = engine.allocator
+    holders: dict[int, list[Any]] = {}
+    seqs = list(engine.seqs.values()) + [lease.seq for lease in engine.leases.values()]
+    for seq in seqs:
+        for i, b in enumerate(seq.block_table):
+            holders.setdefault(b, []).append((seq, i))
+    for b in range(alloc.num_blocks):
+        held = holders.get(b, [])
+        assert alloc.refcount(b) == len(held), f"block {b}: refcount {alloc.refcount(b)}, {len(held)} holders"
+        if len(held) > 1:
+            for seq, i in held:
+                assert i < len(seq.block_hashes) and alloc.hash_of(b) == seq.block_hashes[i], \
+                    f"block {b} shared by {seq.request_id} at {i} without its prefix hash"
+    plain_free = alloc.num_free - alloc.num_cached_free
+    assert alloc.num_used + alloc.num_cached_free + plain_free == alloc.num_blocks
+    assert alloc.num_used == sum(1 for b in range(alloc.num_blocks) if alloc.refcount(b) > 0)
+    assert alloc.num_cached_free == sum(1 for b in range(alloc.num_blocks)
+                                        if alloc.refcount(b) == 0 and alloc.hash_of(b) is not None)

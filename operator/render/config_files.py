@@ -55,6 +55,7 @@ def worker_config(name: str, role: str, spec: InferenceServiceSpec) -> dict[str,
         "block_size": kv.block_size,
         "max_num_seqs": engine.max_num_seqs,
         "max_batched_tokens": engine.max_batched_tokens,
+        "prefix_caching": engine.prefix_caching,
         "log_format": "json",
         **drain_times(spec, role),
     }

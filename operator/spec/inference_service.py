@@ -128,6 +128,10 @@ class Engine:
     kv_memory_fraction: float | None = api_field(
         "kvMemoryFraction", minimum=0, exclusive_minimum=True, maximum=1,
         description="Fraction of free accelerator memory for the KV cache (instead of kvBlocks).")
+    prefix_caching: bool = api_field(
+        "prefixCaching", default=True,
+        description="Keep KV blocks after their request and reuse them for prompts that share a prefix "
+        "(and, on decode, pull only what is not held already).")
 
     RULES: ClassVar[tuple[Rule, ...]] = (Rule("!(has(self.kvBlocks) && has(self.kvMemoryFraction))",
                             "{role}.engine: set kvBlocks or kvMemoryFraction, not both"),)

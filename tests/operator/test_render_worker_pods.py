@@ -131,7 +131,7 @@ def test_engine_settings_land_in_the_role_config_file(typed, meta):
     spec = typed({
         "model": {"path": "/m", "dtype": "bfloat16", "maxModelLen": 8192, "servedName": "m"},
         "prefill": {"engine": {"maxBatchedTokens": 16384, "kvBlocks": 4096}},
-        "decode": {"engine": {"maxNumSeqs": 128, "kvMemoryFraction": 0.5}},
+        "decode": {"engine": {"maxNumSeqs": 128, "kvMemoryFraction": 0.5, "prefixCaching": False}},
         "kvTransfer": {"backend": "tcp", "blockSize": 32},
     })
     cm = _by(render(meta, spec, CONFIG), "ConfigMap", "llama-config")
@@ -141,9 +141,10 @@ def test_engine_settings_land_in_the_role_config_file(typed, meta):
         "role": "prefill", "model": "/m", "served_name": "m", "dtype": "bfloat16",
         "max_model_len": 8192, "host": "0.0.0.0", "port": 8000, "kv_backend": "tcp", "kv_port": 5601,
         "block_size": 32, "max_num_seqs": 64, "max_batched_tokens": 16384, "num_blocks": 4096,
-        "log_format": "json", "drain_s": 115, "kv_lease_s": 30,
+        "prefix_caching": True, "log_format": "json", "drain_s": 115, "kv_lease_s": 30,
     }
     assert decode["max_num_seqs"] == 128 and decode["kv_memory_fraction"] == 0.5
+    assert decode["prefix_caching"] is False
     assert "num_blocks" not in decode
     # each role mounts only its own file, as config.yaml
     pod = _pod(render(meta, spec, CONFIG), "decode")["spec"]

@@ -21,7 +21,8 @@ ROLE = {
                      "tolerationSeconds": 5}],
     "affinity": {"nodeAffinity": {}},
     "env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}],
-    "engine": {"maxBatchedTokens": 8, "maxNumSeqs": 2, "kvBlocks": 10, "kvMemoryFraction": 0.5},
+    "engine": {"maxBatchedTokens": 8, "maxNumSeqs": 2, "kvBlocks": 10, "kvMemoryFraction": 0.5,
+               "prefixCaching": False},
     "terminationGracePeriodSeconds": 30,
 }
 # Every field set (CEL rules are the API server's, so all model sources at once parse here).

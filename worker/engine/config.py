@@ -24,4 +24,7 @@ class EngineConfig:
     served_name: str | None = None  # name in /v1/models; None: the model folder's name
     threads: int | None = None  # torch.set_num_threads
     trust_remote_code: bool = False
+    # Keep full KV blocks after their sequence ends and start new sequences from the longest
+    # cached prefix (prefix_cache.py); off: every prompt is computed whole.
+    prefix_caching: bool = True
     compile: str = "auto"  # auto | on | off: torch.compile the decode step (auto: on a CPU with a C++ compiler)

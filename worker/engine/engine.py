@@ -12,7 +12,6 @@ import logging
 import os
 import random
 import secrets
-import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from tandem.worker.engine.detokenizer import IncrementalDetokenizer
 from tandem.worker.engine.errors import ModelLoadError, RequestError
 from tandem.worker.engine.loader import LoadedModel, load_model
 from tandem.worker.engine.paged_forward import BatchItem, PagedForward, kv_layout_for
+from tandem.worker.engine.prefix_cache import PrefixCache, PublishingLock, prefix_salt
 from tandem.worker.engine.sampling import sample
 from tandem.worker.engine.scheduler import Scheduler
 from tandem.worker.engine.sequence import SeqOutput, SeqStatus, Sequence
@@ -41,6 +41,19 @@ class EngineStats:
     preemptions_total: int = 0
     steps_total: int = 0
     requests_finished: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class PullReservation:
+    """Blocks held for a pulled prompt: `cached` already hold its leading blocks, `fresh` receive
+    the rest from the prefill worker."""
+
+    cached: list[int]
+    fresh: list[int]
+
+    @property
+    def blocks(self) -> list[int]:
+        return self.cached + self.fresh
 
 
 @dataclass
@@ -110,17 +123,26 @@ class Engine:
         log.info("KV pool: %d blocks of %d tokens, %.1f MiB", num_blocks, config.block_size,
                  self.pool.numel() * self.pool.element_size() / 2**20)
         self.allocator = BlockAllocator(num_blocks)
+        self.prefix_hash_salt = prefix_salt(self.layout, str(lm.config.model_type), self.vocab_size)
+        self.prefix_cache = PrefixCache(self.allocator, config.block_size, self.prefix_hash_salt,
+                                        enabled=config.prefix_caching)
         self.scheduler = Scheduler(
             self.allocator, config.block_size, config.max_num_seqs, config.max_batched_tokens,
             on_preempt=self._on_preempt, prefill_chunk_tokens=config.prefill_chunk_tokens,
+            prefix_cache=self.prefix_cache,
         )
         weights = model_weights(lm)
         kernels, why = prepare_kernels(weights, config.compile, self.pool, self.max_model_len)
         self.runner = PagedForward(weights, self.pool, self.layout, kernels)
-        log.info("engine: %s on %s, %d thread(s); decode step: %s; prefill up to %d prompt tokens per step",
-                 str(lm.dtype).removeprefix("torch."), lm.device, torch.get_num_threads(), why,
-                 self.scheduler.prefill_chunk_tokens)
-        self.lock = threading.RLock()
+        log.info("engine: %s on %s, %d thread(s); decode step: %s; prefill up to %d prompt tokens per step; "
+                 "prefix caching %s", str(lm.dtype).removeprefix("torch."), lm.device, torch.get_num_threads(),
+                 why, self.scheduler.prefill_chunk_tokens, "on" if config.prefix_caching else "off")
+        # Guards all sequence and block state; publishes the prefix cache's changes on release.
+        self.lock = PublishingLock(self._publish_kv_events)
+        if config.prefix_caching:
+            # Only an engine that caches has the hook, so the KV event stream sees one that does
+            # not as having no prefix cache (worker/server/kv_events.py: KVEventSource).
+            self.on_kv_event: Callable[[list[bytes], list[bytes]], None] = lambda stored, removed: None
         self.seqs: dict[str, Sequence] = {}  # waiting or running, by request id
         self.leases: dict[str, Lease] = {}  # prefill role: blocks kept for a peer to pull
         self.lease_s = lease_s
@@ -256,21 +278,33 @@ class Engine:
                                status=409, param="request_id", code="duplicate_request_id")
         self.seqs[seq.request_id] = seq
 
-    def reserve_blocks(self, num_tokens: int) -> list[int] | None:
-        """Blocks to receive a pulled prompt's KV, or None when the pool is too full right now."""
-        return self.allocator.try_allocate(self.layout.blocks_for(num_tokens))
+    def reserve_for_pull(self, seq: Sequence) -> PullReservation | None:
+        """Blocks for the prompt's KV before a pull: the leading blocks this pool already caches
+        (at least the last block is still pulled: the pull also ends the peer's lease), then new
+        blocks for the rest; None when the pool is too full right now."""
+        n = len(seq.prompt_ids)
+        with self.lock:
+            hit = self.prefix_cache.match(seq, n - 1)
+            need = self.layout.blocks_for(n) - len(hit)
+            if need + self.allocator.num_to_take(hit) > self.allocator.num_free:
+                return None
+            self.prefix_cache.hit(hit, n)
+            return PullReservation(cached=hit, fresh=self.allocator.allocate(need))
 
     def free_blocks(self, block_ids: list[int]) -> None:
-        self.allocator.free(block_ids)
+        with self.lock:
+            self.allocator.free(block_ids)
         self.on_blocks_freed()
 
     def add_prefilled(self, seq: Sequence, block_ids: list[int]) -> None:
         """Join the running batch with the prompt's KV already in block_ids (pulled from a prefill
-        worker); the prefill's first token, replayed by make_sequence, is the next one to run."""
+        worker, or cached here); the prefill's first token, replayed by make_sequence, is the
+        next one to run."""
         with self.lock:
             self._register(seq)
             seq.block_table = list(block_ids)
             seq.num_computed = len(seq.prompt_ids)
+            self.prefix_cache.commit(seq)
             self.stats.prompt_tokens_total += len(seq.prompt_ids)
             self.scheduler.add_running(seq)
 
@@ -323,8 +357,7 @@ class Engine:
             if lease is None or (lease_token is not None and not _same_token(lease.token, lease_token)):
                 return False
             del self.leases[request_id]
-            self.allocator.free(lease.seq.block_table)
-            lease.seq.block_table = []
+            self.scheduler.free_blocks(lease.seq)
             lease.seq.status = SeqStatus.FINISHED
         self.on_blocks_freed()
         return True
@@ -376,6 +409,7 @@ class Engine:
             for c in chunks:
                 seq = c.seq
                 seq.num_computed += c.num_tokens
+                self.prefix_cache.commit(seq)
                 if not c.sample:
                     continue
                 tok = next(it)
@@ -475,6 +509,19 @@ class Engine:
     def _emit(seq: Sequence, out: SeqOutput) -> None:
         if seq.sink is not None:
             seq.sink(out)
+
+    # ---- the prefix cache as the KV event stream sees it (worker/server/kv_events.py) -----------
+
+    def cached_block_hashes(self) -> list[bytes]:
+        """Every block hash this engine caches, as its on_kv_event calls have told so far."""
+        with self.lock:
+            return self.allocator.cached_hashes()
+
+    def _publish_kv_events(self) -> None:
+        """Called by self.lock as its outermost holder lets go: the cache's changes, one call."""
+        stored, removed = self.allocator.take_events()
+        if stored or removed:
+            self.on_kv_event(stored, removed)
 
     # ---- views ---------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ prefill budget, the sequence limit and the free blocks allow. The prefill budget
 tokens of one step, so a long prompt is prefilled in chunks and the decoding sequences beside it
 wait one chunk per step, never the whole prompt. When blocks run out the newest running sequence
 is preempted: its blocks are freed and it is recomputed later, so its output does not change.
+A sequence admitted starts from the longest prefix the prefix cache holds (prefix_cache.py) and
+computes only the rest; a recomputed one finds the blocks it computed before, unless evicted.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tandem.worker.engine.block_allocator import BlockAllocator
+from tandem.worker.engine.prefix_cache import PrefixCache
 from tandem.worker.engine.sequence import SeqStatus, Sequence
 
 
@@ -35,8 +38,10 @@ class Scheduler:
         max_batched_tokens: int,
         on_preempt: Callable[[Sequence], None] | None = None,
         prefill_chunk_tokens: int | None = None,
+        prefix_cache: PrefixCache | None = None,
     ):
         self.allocator = allocator
+        self.cache = prefix_cache or PrefixCache(allocator, block_size, b"", enabled=False)
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_batched_tokens = max_batched_tokens
@@ -69,9 +74,7 @@ class Scheduler:
         self.free_blocks(seq)
 
     def free_blocks(self, seq: Sequence) -> None:
-        if seq.block_table:
-            self.allocator.free(seq.block_table)
-            seq.block_table = []
+        self.cache.release(seq)
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -96,7 +99,7 @@ class Scheduler:
         queue = [s for s in self.running if s.num_pending == 1] + [s for s in self.running if s.num_pending > 1]
         while queue and budget > 0:
             seq = queue.pop(0)
-            n = self._tokens(seq, budget, prefill_budget)
+            n = self._tokens(seq.num_pending, budget, prefill_budget)
             if n == 0:
                 continue  # this step's prefill budget is spent: the prompt continues next step
             need = self.blocks_for(seq.num_computed + n) - len(seq.block_table)
@@ -113,12 +116,17 @@ class Scheduler:
             prefill_budget -= n if seq.num_pending > 1 else 0
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = self._tokens(seq, budget, prefill_budget)
-            if n == 0 or self.blocks_for(n) > self.allocator.num_free:
+            hit = self.cache.match_to_compute(seq)
+            cached = len(hit) * self.block_size
+            n = self._tokens(seq.num_tokens - cached, budget, prefill_budget)
+            need = self.blocks_for(cached + n) - len(hit) + self.allocator.num_to_take(hit)
+            if n == 0 or need > self.allocator.num_free:
                 break  # first come, first served: don't let later requests overtake the head
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
+            self.cache.take(seq, hit, seq.num_tokens)
+            seq.num_computed = cached
             self._grow(seq, n)
             chunks.append(ScheduledChunk(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
             budget -= n
@@ -126,8 +134,9 @@ class Scheduler:
         return chunks
 
     @staticmethod
-    def _tokens(seq: Sequence, budget: int, prefill_budget: int) -> int:
-        """Tokens to run for seq this step: its next token when decoding, else a prompt chunk."""
-        if seq.num_pending == 1:
+    def _tokens(pending: int, budget: int, prefill_budget: int) -> int:
+        """Tokens to run this step for a sequence with `pending` to go: its next token when
+        decoding, else a prompt chunk."""
+        if pending == 1:
             return 1
-        return max(0, min(seq.num_pending, budget, prefill_budget))
+        return max(0, min(pending, budget, prefill_budget))

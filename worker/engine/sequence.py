@@ -49,6 +49,10 @@ class Sequence:
     sink: Callable[[SeqOutput], None] | None = None
     finish_reason: FinishReason | None = None
     num_resumed: int = 0  # generated tokens given by the request (resume); not emitted again
+    # Prefix cache (prefix_cache.py): hashes of the full blocks of all_ids computed so far, and
+    # how many leading blocks of block_table are named in the cache (or were tried).
+    block_hashes: list[bytes] = field(default_factory=list, repr=False)
+    num_registered_blocks: int = 0
 
     @property
     def all_ids(self) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -151,24 +152,28 @@ async def info(request: web.Request) -> web.Response:
     ).to_dict()
     if eng is not None:
         doc |= {"kv_blocks_free": eng.allocator.num_free, "kv_blocks_total": eng.allocator.num_blocks,
+                "kv_blocks_cached": eng.allocator.num_cached,
                 "kv_layout": eng.layout.to_dict(), "leased": len(eng.leases), "url": s.advertise_url}
     return web.json_response(doc)
 
 
 # ---- generate --------------------------------------------------------------------------------
 
-async def _reserve_blocks(state: WorkerState, num_tokens: int) -> list[int] | None:
+async def _reserve_blocks(state: WorkerState, seq: Any) -> Any:
+    """The engine's PullReservation for seq's prompt, waiting up to pull_wait_s for room; or None."""
     eng = state.engine.engine
     deadline = time.monotonic() + state.settings.pull_wait_s
     while True:
-        blocks = eng.reserve_blocks(num_tokens)
-        if blocks is not None or time.monotonic() >= deadline:
-            return blocks
+        res = eng.reserve_for_pull(seq)
+        if res is not None or time.monotonic() >= deadline:
+            return res
         await asyncio.sleep(0.02)
 
 
 async def _pull(state: WorkerState, req: GenerateRequest, seq: Any) -> list[int] | web.Response:
-    """Allocate local blocks and pull the prompt's KV into them; an error response on failure."""
+    """Allocate local blocks and pull the prompt's KV into them; an error response on failure.
+    Leading blocks this worker's prefix cache already holds are taken from it, and only the rest
+    is read from the prefill worker's lease (a subset of its blocks)."""
     from tandem.worker.kv.base import KVTransferError
 
     rid, src, eng = req.request_id, req.kv_source, state.engine.engine
@@ -189,23 +194,27 @@ async def _pull(state: WorkerState, req: GenerateRequest, seq: Any) -> list[int]
                               f"but the prompt here is {expected} tokens: prefill and decode workers "
                               "disagree on the tokenization", param="kv_source", code="kv_mismatch",
                               request_id=rid)
-    blocks = await _reserve_blocks(state, src.num_tokens)
-    if blocks is None:
+    res = await _reserve_blocks(state, seq)
+    if res is None:
         return error_response(503, "the KV cache is full: no blocks free to receive the prompt's KV",
                               "service_unavailable", code="kv_cache_full", request_id=rid)
+    held = len(res.cached)
+    missing = dataclasses.replace(src, block_ids=src.block_ids[held:],
+                                  num_tokens=src.num_tokens - held * eng.layout.block_size)
     t0 = time.monotonic()
     try:
-        await state.transport.pull(rid, src, blocks)
+        await state.transport.pull(rid, missing, res.fresh)
     except KVTransferError as e:
-        eng.free_blocks(blocks)
+        eng.free_blocks(res.blocks)
         log.warning("KV pull failed: %s", e, extra={"request_id": rid, "state": str(e.state)})
         return error_response(503, f"KV transfer from {src.url} failed ({e.state}): {e}", "service_unavailable",
                               code="kv_transfer_failed", request_id=rid)
     except BaseException:
-        eng.free_blocks(blocks)
+        eng.free_blocks(res.blocks)
         raise
     state.metrics.kv_pull_seconds.observe(time.monotonic() - t0)
-    return blocks
+    state.metrics.kv_pull_saved_bytes.inc(held * eng.layout.block_bytes)
+    return res.blocks
 
 
 def _line(ev: StreamEvent) -> bytes:

@@ -54,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "--max-batched-tokens for prefill)")
     a("--compile", choices=("auto", "on", "off"), default=None, help="torch.compile the decode step at "
       "start-up (default auto: on a CPU with a C++ compiler; never for --role prefill)")
+    a("--prefix-caching", action=argparse.BooleanOptionalAction, default=None, help="keep KV blocks after "
+      "their request and start prompts that share a prefix from them (default on)")
     a("--kv-backend", choices=BACKENDS, default=None,
       help="KV transfer backend (default nixl for prefill/decode, none for colocated)")
     a("--kv-timeout-s", type=float, default=None, help="a KV pull that takes longer fails (default 10)")

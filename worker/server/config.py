@@ -49,6 +49,7 @@ class WorkerConfig:
     # Prompt tokens per step, all prompts together; None: the role's default (ROLE_PREFILL_CHUNK)
     prefill_chunk_tokens: int | None = None
     compile: str = "auto"  # auto | on | off: torch.compile the decode step at start-up
+    prefix_caching: bool = True  # keep KV blocks after their request and reuse them for equal prefixes
     kv_backend: KVBackend | None = None  # None: nixl for prefill/decode, none for colocated
     threads: int | None = None
     served_name: str | None = None
@@ -106,7 +107,7 @@ class WorkerConfig:
             num_blocks=self.num_blocks, kv_memory_fraction=self.kv_memory_fraction,
             max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens,
             max_model_len=self.max_model_len, served_name=self.served_name, threads=self.threads,
-            prefill_chunk_tokens=self.effective_prefill_chunk_tokens(),
+            prefill_chunk_tokens=self.effective_prefill_chunk_tokens(), prefix_caching=self.prefix_caching,
             # A prefill worker never runs a decode step: nothing to compile there.
             compile="off" if self.role is Role.PREFILL and self.compile == "auto" else self.compile,
         )

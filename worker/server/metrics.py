@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -30,7 +30,8 @@ class EngineCollector(Collector):
         yield GaugeMetricFamily("tandem_worker_outstanding_prompt_tokens",
                                 "Prompt tokens admitted and not yet prefilled (queued or part-way)",
                                 value=eng.outstanding_prompt_tokens())
-        yield GaugeMetricFamily("tandem_worker_kv_blocks_used", "KV pool blocks in use", value=eng.allocator.num_used)
+        yield GaugeMetricFamily("tandem_worker_kv_blocks_used", "KV pool blocks in use (cached blocks nobody "
+                                "holds are free)", value=eng.allocator.num_used)
         yield GaugeMetricFamily("tandem_worker_kv_blocks_total", "KV pool blocks", value=eng.allocator.num_blocks)
         yield GaugeMetricFamily("tandem_worker_kv_block_size_tokens", "Tokens per KV block", value=eng.layout.block_size)
         yield CounterMetricFamily("tandem_worker_prompt_tokens", "Prompt tokens admitted", value=s.prompt_tokens_total)
@@ -38,11 +39,31 @@ class EngineCollector(Collector):
         yield CounterMetricFamily("tandem_worker_preemptions", "Sequences preempted for recompute",
                                   value=s.preemptions_total)
         yield CounterMetricFamily("tandem_worker_steps", "Engine forward steps", value=s.steps_total)
+        yield from _prefix_cache(eng)
         fin = CounterMetricFamily("tandem_worker_requests_finished", "Finished sequences by reason",
                                   labels=["finish_reason"])
         for reason, n in sorted(s.requests_finished.items()):
             fin.add_metric([reason], n)
         yield fin
+
+
+def _prefix_cache(eng: Any) -> Iterator[Any]:
+    """Prefix-cache lookups and hits in tokens, what it holds, what it evicted (nothing for an
+    engine without a prefix cache)."""
+    pc, alloc = getattr(eng, "prefix_cache", None), eng.allocator
+    if pc is None:
+        return
+    yield CounterMetricFamily("tandem_worker_prefix_cache_query_tokens", "Tokens of the sequences that "
+                              "looked up a cached prefix (prompts computed here, prompts pulled)",
+                              value=pc.stats.query_tokens_total)
+    yield CounterMetricFamily("tandem_worker_prefix_cache_hit_tokens", "Of those, tokens found cached "
+                              "(not computed, not pulled)", value=pc.stats.hit_tokens_total)
+    yield GaugeMetricFamily("tandem_worker_prefix_cache_blocks", "KV blocks named in the prefix cache, "
+                            "in use or not", value=alloc.num_cached)
+    yield GaugeMetricFamily("tandem_worker_prefix_cache_evictable_blocks", "Cached KV blocks no sequence "
+                            "holds (counted free: a new allocation evicts them)", value=alloc.num_cached_free)
+    yield CounterMetricFamily("tandem_worker_prefix_cache_evictions", "Cached KV blocks evicted for reuse",
+                              value=alloc.evictions_total)
 
 
 class WorkerMetrics:
@@ -61,6 +82,10 @@ class WorkerMetrics:
         self.kv_pull_seconds = Histogram(
             "tandem_worker_kv_pull_seconds", "Time to pull a prompt's KV from a prefill worker",
             registry=self.registry,
+        )
+        self.kv_pull_saved_bytes = Counter(
+            "tandem_worker_kv_pull_saved_bytes", "KV bytes a handoff did not move: the prompt's leading "
+            "blocks this worker's prefix cache already held", registry=self.registry,
         )
 
     def observe_step(self, seconds: float, num_tokens: int) -> None:

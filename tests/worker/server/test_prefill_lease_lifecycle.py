@@ -77,7 +77,9 @@ async def test_prefill_waits_for_leased_blocks_then_proceeds(start_worker, serve
     import asyncio
 
     per_prompt = -(-len(server_loaded_toy.tokenizer(PROMPT)["input_ids"]) // 8)
-    w = await start_worker(role="prefill", kv_backend="memory", num_blocks=2 * per_prompt, max_model_len=8 * per_prompt)
+    # Without prefix caching: the three equal prompts would otherwise share their full blocks.
+    w = await start_worker(role="prefill", kv_backend="memory", num_blocks=2 * per_prompt, max_model_len=8 * per_prompt,
+                           prefix_caching=False)
     first = await _prefill(w, "full")
     second = await _prefill(w, "full2")
     assert w.engine.allocator.num_free == 0

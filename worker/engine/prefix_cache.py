@@ -1,0 +1,134 @@
+"""Automatic prefix caching: a sequence starts from the longest run of its full blocks that the
+pool already holds, and every block it completes is named for the next one.
+
+Blocks are named by tandem.contracts.prefix.block_hashes over the sequence's tokens (prompt and
+output), chained, with a salt that separates pools whose KV could differ. A block is named once
+all its tokens are computed, so a sequence never writes into a named block and sharing needs no
+copy. At least one token is always left to compute (its logits give the next sample), so a hit
+stops a block short of a prompt that is all full blocks. With caching off nothing is ever named
+and every lookup misses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tandem.contracts.kv_layout import KVLayout
+from tandem.contracts.prefix import block_hashes
+from tandem.worker.engine.block_allocator import BlockAllocator
+from tandem.worker.engine.sequence import Sequence
+
+
+def prefix_salt(layout: KVLayout, model_type: str, vocab_size: int) -> bytes:
+    """What must match for two pools' blocks of equal tokens to hold the same KV (the pool size
+    need not): the model's shape, the dtype and the block size."""
+    shape = {k: v for k, v in layout.to_dict().items() if k != "num_blocks"}
+    doc = json.dumps({"layout": shape, "model_type": model_type, "vocab": vocab_size}, sort_keys=True)
+    return hashlib.sha256(doc.encode()).digest()[:8]
+
+
+@dataclass
+class PrefixCacheStats:
+    query_tokens_total: int = 0  # tokens of the sequences that looked up a prefix
+    hit_tokens_total: int = 0  # of those, the tokens found cached
+
+
+class PrefixCache:
+    """Looks prefixes up and names computed blocks, over the engine's BlockAllocator (under the
+    engine's lock, like the allocator itself)."""
+
+    def __init__(self, allocator: BlockAllocator, block_size: int, salt: bytes, enabled: bool = True):
+        self.allocator = allocator
+        self.block_size = block_size
+        self.salt = salt
+        self.enabled = enabled
+        self.stats = PrefixCacheStats()
+
+    def hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        """The hashes of seq's first num_blocks full blocks, extending those it has already."""
+        have = seq.block_hashes
+        if len(have) < num_blocks:
+            bs = self.block_size
+            tokens = seq.all_ids[len(have) * bs: num_blocks * bs]
+            have.extend(block_hashes(tokens, bs, self.salt, parent=have[-1] if have else None))
+        return have[:num_blocks]
+
+    def match(self, seq: Sequence, num_tokens: int) -> list[int]:
+        """Cached blocks holding the longest prefix of seq's first num_tokens tokens (full blocks
+        only); nothing is taken yet."""
+        if not self.enabled:
+            return []
+        return self.allocator.lookup(self.hashes(seq, num_tokens // self.block_size))
+
+    def match_to_compute(self, seq: Sequence) -> list[int]:
+        """match() for a sequence about to be computed: at least its last token stays to run."""
+        return self.match(seq, seq.num_tokens - 1)
+
+    def hit(self, blocks: list[int], query_tokens: int) -> None:
+        """Take a reference to each of the found `blocks` and count the lookup."""
+        self.allocator.take(blocks)
+        if self.enabled:
+            self.stats.query_tokens_total += query_tokens
+            self.stats.hit_tokens_total += len(blocks) * self.block_size
+
+    def take(self, seq: Sequence, blocks: list[int], query_tokens: int) -> None:
+        """Start seq's block table with the found `blocks` (hit())."""
+        self.hit(blocks, query_tokens)
+        seq.block_table = list(blocks)
+        seq.num_registered_blocks = len(blocks)
+
+    def commit(self, seq: Sequence) -> None:
+        """Name seq's blocks that are now full and computed (called after each step)."""
+        if not self.enabled:
+            return
+        full = min(seq.num_computed // self.block_size, len(seq.block_table))
+        if full <= seq.num_registered_blocks:
+            return
+        hashes = self.hashes(seq, full)
+        for i in range(seq.num_registered_blocks, full):
+            self.allocator.register(seq.block_table[i], hashes[i])
+        seq.num_registered_blocks = full
+
+    def release(self, seq: Sequence) -> None:
+        """Give back seq's blocks (its tail first, so the shared prefix is evicted last)."""
+        if seq.block_table:
+            self.allocator.free(reversed(seq.block_table))
+            seq.block_table = []
+        seq.num_registered_blocks = 0
+
+
+class PublishingLock:
+    """The engine's lock (reentrant), which publishes the prefix cache's changes whenever its
+    outermost holder lets go: every path that changes the cache does so under this lock, so none
+    can forget to publish, and subscribers hear of each change while the lock is still held, as
+    worker/server/kv_events.py's KVEventSource asks."""
+
+    def __init__(self, publish: Callable[[], None]):
+        self._lock = threading.RLock()
+        self._depth = 0  # changed only by the thread that holds _lock
+        self._publish = publish
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        got = self._lock.acquire(blocking, timeout)
+        if got:
+            self._depth += 1
+        return got
+
+    def release(self) -> None:
+        try:
+            if self._depth == 1:
+                self._publish()
+        finally:
+            self._depth -= 1
+            self._lock.release()
+
+    def __enter__(self) -> PublishingLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
