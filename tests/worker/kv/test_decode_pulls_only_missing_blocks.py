@@ -142,22 +142,28 @@ async def test_small_decode_pool_preempts_and_evicts_and_keeps_outputs(backend: 
     hf = AutoModelForCausalLM.from_pretrained(toy_model_dir, dtype=torch.float32).eval()
     shared = [0] + ids(23, 4)  # 3 blocks every prompt starts with
     prompts = [shared + ids(17 + 3 * i, 10 + i) for i in range(6)]  # 40-55 tokens, + 24 generated
-    sampling = dict(GREEDY, max_tokens=24)
+    sampling = dict(GREEDY, max_tokens=40)
     async with aiohttp.ClientSession() as s:
-        async def one(i: int, prompt: list[int]) -> list[int]:
+        async def prefill(i: int, prompt: list[int]) -> dict:
             async with s.post(f"{pw.url}/internal/prefill", json={"request_id": f"s{i}", "prompt_token_ids": prompt,
                                                                   "sampling": sampling}) as r:
                 res = await r.json()
                 assert r.status == 200, res
+                return res
+
+        async def decode(i: int, prompt: list[int], res: dict) -> list[int]:
             body = {"request_id": f"s{i}", "prompt_token_ids": prompt, "sampling": sampling,
                     "kv_source": res["kv"], "first_token_id": res["first_token_id"]}
             async with s.post(f"{dw.url}/internal/generate", json=body) as r:
                 assert r.status == 200, await r.text()
                 return [res["first_token_id"]] + stream_tokens(await ndjson_events(r))
 
-        got = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        # Every prompt is prefilled (leased) before any handoff, so all six land on the decode
+        # worker at once: its pool cannot hold them as they grow, whatever the machine's speed.
+        results = [await prefill(i, p) for i, p in enumerate(prompts)]
+        got = await asyncio.gather(*(decode(i, p, r) for i, (p, r) in enumerate(zip(prompts, results, strict=True))))
     for p, toks in zip(prompts, got, strict=True):
-        assert toks == reference_generate(hf, p, 24)
+        assert toks == reference_generate(hf, p, 40)
     metrics = {s.name: s.value for fam in text_string_to_metric_families(dw.get_text("/metrics"))
                for s in fam.samples}
     assert metrics["tandem_worker_preemptions_total"] > 0, "the pool was meant to be too small for all six"
