@@ -73,6 +73,15 @@ class EventType(enum.StrEnum):
     HEARTBEAT = "heartbeat"
 
 
+# A temperature below this is greedy: dividing logits by it only overflows the softmax (vLLM's
+# epsilon). The worker's parsing and the engine both apply it.
+GREEDY_TEMPERATURE_BELOW = 1e-5
+# What a worker accepts in SamplingParams.stop (the router's own limits are lower by default):
+# the stop check's automaton grows with the total, its time per token does not.
+WORKER_MAX_STOP_STRINGS = 32
+WORKER_MAX_STOP_CHARS = 1024  # each
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 16

@@ -49,6 +49,7 @@ class Sequence:
     sink: Callable[[SeqOutput], None] | None = None
     finish_reason: FinishReason | None = None
     num_resumed: int = 0  # generated tokens given by the request (resume); not emitted again
+    stop_ids: frozenset[int] = frozenset()  # params.stop_token_ids, for a constant-time check per token
 
     @property
     def all_ids(self) -> list[int]:
