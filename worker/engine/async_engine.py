@@ -15,7 +15,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import TypeVar
 
 from tandem.worker.engine.engine import Engine
@@ -139,33 +139,53 @@ class AsyncEngine:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
 
-    def submit(self, seq: Sequence, *, kv_blocks: list[int] | None = None) -> AsyncIterator[SeqOutput]:
+    def submit(self, seq: Sequence, *, kv_blocks: list[int] | None = None) -> OutputStream:
         """Add a sequence now (raising RequestError at once, e.g. for a duplicate id or a full queue)
         and return its outputs until it finishes (or, for prefill_only, until its blocks are
         leased). With kv_blocks the prompt's KV is already in the pool (the prefill's first token
-        is in seq.output_ids). A caller that stops listening early must call abort(request_id)."""
+        is in seq.output_ids). A caller that stops listening early must close() the stream."""
         q = self._attach(seq)
         if kv_blocks is not None:
             self.engine.add_prefilled(seq, kv_blocks)
         else:
             self.engine.add(seq)
         self._wake.set()
-        return self._outputs(seq, q)
-
-    async def _outputs(self, seq: Sequence, q: asyncio.Queue[SeqOutput]) -> AsyncIterator[SeqOutput]:
-        done = False
-        try:
-            while True:
-                out = await q.get()
-                done = out.finished or out.kv_blocks is not None
-                yield out
-                if done:
-                    return
-        finally:
-            if not done:
-                self.abort(seq.request_id)
+        return OutputStream(self, seq.request_id, q)
 
     def abort(self, request_id: str, lease_token: str | None = None) -> bool:
         found = self.engine.abort(request_id, lease_token)
         self._wake.set()
         return found
+
+
+class OutputStream:
+    """One sequence's outputs as the engine delivers them, read in batches: whatever arrived while
+    the reader was busy comes at once (one write for a stream that lags), and a wait for the next
+    one has a timeout without a task of its own (the reader sends heartbeats meanwhile)."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, q: asyncio.Queue[SeqOutput]):
+        self._engine = engine
+        self.request_id = request_id
+        self._q = q
+        self.done = False  # the last output (finished, or the lease of a prefill) was read
+
+    async def get(self, timeout_s: float) -> list[SeqOutput]:
+        """The outputs that arrived, waiting up to timeout_s for the first; [] when none came."""
+        q = self._q
+        outs = []
+        if q.empty():
+            try:
+                async with asyncio.timeout(timeout_s):
+                    outs.append(await q.get())
+            except TimeoutError:
+                return []
+        while not q.empty():
+            outs.append(q.get_nowait())
+        self.done = self.done or any(o.finished or o.kv_blocks is not None for o in outs)
+        return outs
+
+    def close(self) -> None:
+        """Stop listening: a sequence not finished yet is aborted, which frees its blocks."""
+        if not self.done:
+            self.done = True
+            self._engine.abort(self.request_id)

@@ -71,7 +71,7 @@ async def start_worker(server_loaded_toy, toy_model_dir):
         eng = Engine(EngineConfig(**cfg), loaded=server_loaded_toy, lease_s=lease_s)
         engine_id = f"test-{role}-{uuid.uuid4().hex[:8]}"
         state = WorkerState(WorkerSettings(role=Role(role), advertise_url="", engine_id=engine_id,
-                                           generation="g1", pull_wait_s=2.0, internal_secret=secret))
+                                           generation="g1", reserve_wait_s=2.0, internal_secret=secret))
         client = TestClient(TestServer(create_app(state)))
         await client.start_server()
         state.settings.advertise_url = str(client.make_url("")).rstrip("/")
