@@ -65,7 +65,10 @@ class IncrementalDetokenizer:
         return full[len(prefix) :]
 
     def add(self, token_id: int) -> bool:
-        """Append a generated token; True when a stop string has now appeared (text is cut before it)."""
+        """Append a generated token; True when a stop string has now appeared (text is cut before it).
+        After that the text is final: further tokens add nothing."""
+        if self.stopped:
+            return True
         self.ids.append(token_id)
         if len(self.ids) - self.read_offset < _MAX_PENDING:
             prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])

@@ -212,9 +212,10 @@ class Engine(LeaseKeeping):
             raise RequestError(f"request {request_id!r} is already running here",
                                status=409, param="request_id", code="duplicate_request_id")
         queued = self.scheduler.num_queued + len(self._claims)
-        if queued >= self.max_waiting:
-            raise RequestError(f"this worker's queue is full ({queued} requests wait for one of "
-                               f"{self.config.max_num_seqs} seats): retry shortly or elsewhere",
+        free_seats = max(0, self.config.max_num_seqs - len(self.scheduler.running))
+        if queued >= free_seats + self.max_waiting:
+            raise RequestError(f"this worker is full: {len(self.scheduler.running)} sequences run and "
+                               f"{queued} wait (at most {self.max_waiting}): retry shortly or elsewhere",
                                status=429, type_="service_unavailable", code="queue_full", retry_after_s=1.0)
 
     def reserve_blocks(self, num_tokens: int) -> list[int] | None:
