@@ -41,6 +41,9 @@ class AsyncEngine:
         self._beat = time.monotonic()  # the loop's last turn
         self._last_error: str | None = None
         self._changed: asyncio.Event | None = None  # set (and replaced) after outputs or freed blocks
+        # Seconds from one step's end to the next one's start while there was work: what the loop,
+        # its locks and the GIL (the HTTP thread's turn) cost the model's cadence.
+        self.on_step_gap: Callable[[float], None] = lambda seconds: None
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -71,13 +74,20 @@ class AsyncEngine:
     def _run(self) -> None:
         eng = self.engine
         backoff = 0.0
+        last_step_end: float | None = None
         while not self._stopping:
             try:
                 self._wake.clear()
                 eng.expire_leases()
-                if eng.has_work() and eng.step():
-                    self._beat, backoff = time.monotonic(), 0.0
-                    continue
+                if eng.has_work():
+                    start = time.perf_counter()
+                    if eng.step():
+                        if last_step_end is not None:
+                            self.on_step_gap(start - last_step_end)
+                        last_step_end = time.perf_counter()
+                        self._beat, backoff = time.monotonic(), 0.0
+                        continue
+                last_step_end = None
                 self._beat = time.monotonic()
                 # Idle, or every waiting sequence needs blocks that leases hold: sleep until
                 # something changes (a request, an abort, freed blocks) or the next lease expires.

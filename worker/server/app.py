@@ -144,6 +144,7 @@ def attach_engine(state: WorkerState, engine: AsyncEngine, transport: KVTranspor
     state.engine = engine
     state.transport = transport
     engine.engine.on_step = state.metrics.observe_step
+    engine.on_step_gap = state.metrics.step_gap_seconds.observe
     if transport is not None:
         transport.leases = engine.engine
         state.settings.kv_backend = transport.name

@@ -63,6 +63,12 @@ class WorkerMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12),
             registry=self.registry,
         )
+        self.step_gap_seconds = Histogram(
+            "tandem_worker_step_gap_seconds", "Time between two engine steps while there was work "
+            "(the engine loop, its locks, waiting for the GIL while the HTTP side runs)",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16),
+            registry=self.registry,
+        )
         self.step_tokens = Histogram(
             "tandem_worker_step_tokens", "Tokens processed in one engine step",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192), registry=self.registry,
