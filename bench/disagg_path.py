@@ -67,8 +67,10 @@ def start_arm(name: str, model_dir: Path, log_dir: Path, pythonpath: str | None,
         p.start(env)
         procs.append(p)
     port = free_port()
+    # Every prompt goes through the prefill worker (no load-aware decode-side prefill): this bench
+    # measures the handoff path, not the routing policy.
     cmd = [*tandem_exe(), "router", "--host", "127.0.0.1", "--port", str(port),
-           "--prefill", procs[0].url, "--decode", procs[1].url]
+           "--prefill", procs[0].url, "--decode", procs[1].url, "--prefill-saturated-tokens", "0"]
     router = Proc(f"{name}-router", "router", f"http://127.0.0.1:{port}", cmd, None, log_dir / f"{name}-router.log")
     router.start(os.environ | ENV)
     return [*procs, router]
@@ -105,6 +107,14 @@ def cpu_delta(p: Proc, before: dict[int, float], after: dict[int, float]) -> dic
     d = {tid: t - before.get(tid, 0.0) for tid, t in after.items()}
     loop = d.pop(p.popen.pid, 0.0)
     return {"loop": loop, "other_max": max(d.values(), default=0.0), "total": loop + sum(d.values())}
+
+
+async def routes(url: str) -> dict[str, float]:
+    """The router's requests by route reason so far."""
+    async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+        text = await r.text()
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r'^tandem_router_routes_total\{reason="([^"]+)"\} (\S+)$', text, re.M)}
 
 
 async def scrape(url: str) -> dict[str, float]:
@@ -164,7 +174,7 @@ async def direct_loop(prefill: str, decode: str, reqs: list, concurrency: int) -
 async def run_workload(arm: list[Proc], name: str, reqs: list, model: str) -> dict:
     spec = WORKLOADS[name]
     prefill, decode, router = arm
-    m0 = await scrape(decode.url)
+    m0, r0 = await scrape(decode.url), await routes(router.url)
     cpu0 = {p.role: thread_cpu(p) for p in arm}
     split = {}
     if name == "handoff-direct":
@@ -181,7 +191,7 @@ async def run_workload(arm: list[Proc], name: str, reqs: list, model: str) -> di
         gaps, texts = [r.gaps for r in records], [r.text for r in records]
         ttft, tokens = [r.ttft for r in records], sum(r.output_tokens for r in records)
     cpu1 = {p.role: thread_cpu(p) for p in arm}
-    m1 = await scrape(decode.url)
+    m1, r1 = await scrape(decode.url), await routes(router.url)
     first = [g[0] for g in gaps if len(g) > 1]
     later = [x for g in gaps for x in g[1:]]
     cpu = {p.role: cpu_delta(p, cpu0[p.role], cpu1[p.role]) for p in arm}
@@ -193,6 +203,7 @@ async def run_workload(arm: list[Proc], name: str, reqs: list, model: str) -> di
         "step_gap_s_mean": _mean(m1, m0, "step_gap_seconds"), "decode_steps": m1["steps"] - m0["steps"],
         "cpu_s": cpu, "cpu_us_per_token": {role: {k: v / tokens * 1e6 for k, v in c.items()}
                                            for role, c in cpu.items()},
+        "routes": {k: v - r0.get(k, 0.0) for k, v in r1.items() if v > r0.get(k, 0.0)},
         "texts": texts,
     }
 
