@@ -187,16 +187,16 @@ class Engine(LeaseKeeping):
 
     def add(self, seq: Sequence) -> None:
         """Queue a sequence to be prefilled (locally) and decoded. RequestError 409 for an id in
-        use here, 429 (retry later) when the queue is full."""
+        use here, 429 (retry later) when the queue is full; its claim (if any) ends here."""
         with self.lock:
-            self._admit(seq.request_id)
+            self._take_claim(seq.request_id)
             self.seqs[seq.request_id] = seq
             self.stats.prompt_tokens_total += len(seq.prompt_ids)
             self.scheduler.add(seq)
 
     def claim(self, request_id: str) -> None:
-        """Take a place in the queue for a handoff before its KV is pulled, so a duplicate id or a
-        full queue is refused before any transfer; add_prefilled (or release_claim) ends it."""
+        """Take a place in the queue before any work for a request (tokenizing, a KV pull), so a
+        duplicate id or a full queue is refused first; add/add_prefilled (or release_claim) ends it."""
         with self.lock:
             self._admit(request_id)
             self._claims.add(request_id)
@@ -204,6 +204,13 @@ class Engine(LeaseKeeping):
     def release_claim(self, request_id: str) -> None:
         with self.lock:
             self._claims.discard(request_id)
+
+    def _take_claim(self, request_id: str) -> None:
+        """Under the lock: the request's claim ends, or (unclaimed) it is admitted now."""
+        if request_id in self._claims:
+            self._claims.discard(request_id)
+        else:
+            self._admit(request_id)
 
     def _admit(self, request_id: str) -> None:
         """Under the lock: refuse an id that is running, queued, leased or being pulled here, or
@@ -237,10 +244,7 @@ class Engine(LeaseKeeping):
         for a seat in the running batch; the prefill's first token, replayed by make_sequence, is
         the next one to run. Its claim (if any) ends here."""
         with self.lock:
-            if seq.request_id in self._claims:
-                self._claims.discard(seq.request_id)
-            else:
-                self._admit(seq.request_id)
+            self._take_claim(seq.request_id)
             self.seqs[seq.request_id] = seq
             seq.block_table = list(block_ids)
             seq.num_computed = len(seq.prompt_ids)

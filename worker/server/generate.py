@@ -80,31 +80,39 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return resp
     aeng = state.engine
     try:
+        aeng.engine.claim(rid)  # a duplicate or a full queue is refused before any work
+    except RequestError as e:
+        return refused(state, e, rid)
+    try:
+        started = await _queue(state, req)
+    finally:
+        aeng.engine.release_claim(rid)  # a no-op once the sequence took its claim over
+    if isinstance(started, web.Response):
+        return started
+    seq, outputs, pulled = started
+    return await _stream(request, state, seq, outputs, pulled)
+
+
+async def _queue(state: WorkerState, req: Any) -> tuple[Any, Any, bool] | web.Response:
+    """Tokenize, pull a handoff's KV and queue the sequence (its id claimed already): the sequence,
+    its outputs and whether it was pulled, or the error to answer."""
+    from tandem.worker.engine.errors import RequestError
+
+    rid, aeng = req.request_id, state.engine
+    try:
         seq = aeng.engine.make_sequence(req)
     except RequestError as e:
         return from_request_error(e, rid)
     if seq.finished:  # the worker that sampled the last of them died before it could say so
-        return await _stream(request, state, seq, _Replayed(seq), pulled=False)
-    if req.kv_source is None:
-        try:
-            outputs = aeng.submit(seq)
-        except RequestError as e:
-            return refused(state, e, rid)
-        return await _stream(request, state, seq, outputs, pulled=False)
-    if (resp := check_source(state, req, seq)) is not None:
-        return resp
-    try:
-        aeng.engine.claim(rid)  # a duplicate or a full queue is refused before any transfer
-    except RequestError as e:
-        return refused(state, e, rid)
-    try:
+        return seq, _Replayed(seq), False
+    blocks = None
+    if req.kv_source is not None:
+        if (resp := check_source(state, req, seq)) is not None:
+            return resp
         blocks = await pull(state, req)
         if isinstance(blocks, web.Response):
             return blocks
-        outputs = aeng.submit(seq, kv_blocks=blocks)  # takes the claim over
-    finally:
-        aeng.engine.release_claim(rid)
-    return await _stream(request, state, seq, outputs, pulled=True)
+    return seq, aeng.submit(seq, kv_blocks=blocks), blocks is not None  # submit takes the claim over
 
 
 def _lines(seq: Any, outs: list[Any]) -> tuple[list[bytes], bool]:

@@ -61,13 +61,16 @@ async def prefill(request: web.Request) -> web.Response:
                               "act as a prefill peer", param=None, code="kv_backend_mismatch", request_id=rid)
     aeng = state.engine
     try:
-        seq = aeng.engine.make_sequence(req, prefill_only=True)
+        aeng.engine.claim(rid)  # a duplicate or a full queue is refused before any work
     except RequestError as e:
         return refused(state, e, rid)
     try:
-        outputs = aeng.submit(seq)
+        seq = aeng.engine.make_sequence(req, prefill_only=True)
+        outputs = aeng.submit(seq)  # takes the claim over
     except RequestError as e:
         return refused(state, e, rid)
+    finally:
+        aeng.engine.release_claim(rid)
     handed_out = False
     try:
         out = await _first_output(state, outputs, rid)

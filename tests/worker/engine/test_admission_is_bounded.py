@@ -42,9 +42,11 @@ def test_ids_are_unique_across_queued_leased_and_claimed(make_engine):
     eng.add(prefill)
     run_to_completion(eng)  # "q" finished; "l" leased
     assert "l" in eng.leases
-    for rid in ("c", "l"):
-        _refused(lambda rid=rid: submit(eng, rid, IDS, greedy(3)), 409, "duplicate_request_id")
-    _refused(lambda: eng.claim("l"), 409, "duplicate_request_id")
+    _refused(lambda: submit(eng, "l", IDS, greedy(3)), 409, "duplicate_request_id")
+    for rid in ("c", "l"):  # a claim or a lease holds its id; a submit takes over its own claim
+        _refused(lambda rid=rid: eng.claim(rid), 409, "duplicate_request_id")
+    eng.claim("q")  # "q" finished: its id is free
+    eng.release_claim("q")
     eng.release_claim("c")
     eng.release("l")
     submit(eng, "l", IDS, greedy(2))  # every id is free again
