@@ -39,6 +39,14 @@ Every request carries the router's request id in the `X-Request-Id` header and
 in the body. Errors are HTTP 4xx/5xx with an OpenAI-format body
 ({"error": {"message", "type", "param", "code"}}); the router passes 4xx bodies
 through to the client unchanged.
+
+A request id is unique on a worker: one that is running, queued, leased or being
+pulled there gets 409 `duplicate_request_id`. A worker that is alive but full says
+so with Retry-After, which callers treat as busy, never as a dead worker: 429
+`queue_full` (more requests would wait than its queue allows), 429
+`prefill_queue_timeout` (a prefill that could not start in time), 503
+`kv_cache_full` (no blocks to receive a handoff's KV). A worker whose engine
+thread died or stalls answers 503 `engine_unhealthy` and fails /health.
 """
 
 from __future__ import annotations
@@ -71,6 +79,15 @@ class EventType(enum.StrEnum):
     # request waits in its queue, or a step is slow). The router's between-line timeout starts
     # again at every line, so a request that waits is never taken for a hung worker.
     HEARTBEAT = "heartbeat"
+
+
+# A temperature below this is greedy: dividing logits by it only overflows the softmax (vLLM's
+# epsilon). The worker's parsing and the engine both apply it.
+GREEDY_TEMPERATURE_BELOW = 1e-5
+# What a worker accepts in SamplingParams.stop (the router's own limits are lower by default):
+# the stop check's automaton grows with the total, its time per token does not.
+WORKER_MAX_STOP_STRINGS = 32
+WORKER_MAX_STOP_CHARS = 1024  # each
 
 
 @dataclass

@@ -16,6 +16,9 @@ class EngineConfig:
     num_blocks: int | None = None  # KV pool size; None: from kv_memory_fraction
     kv_memory_fraction: float | None = None  # of free device memory after loading (CUDA: 0.9, CPU: 0.25)
     max_num_seqs: int = 64  # running sequences at most
+    # Sequences that may wait for a seat (new prompts, handoffs being pulled or pulled) beyond the
+    # free seats; one more is refused with 429 and Retry-After. None: 2 x max_num_seqs.
+    max_waiting: int | None = None
     max_batched_tokens: int = 2048  # tokens in one forward pass (prefill chunks + decode tokens)
     # Prompt tokens one step may prefill, all prompts together: decoding sequences wait at most
     # one such chunk per step. None: max_batched_tokens (the worker sets a per-role default).

@@ -7,28 +7,28 @@ drive `Engine` directly.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import random
-import secrets
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from tandem.contracts.protocol import FinishReason, GenerateRequest, SamplingParams
+from tandem.worker.engine.batch import run_batch
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.config import EngineConfig
 from tandem.worker.engine.decode_step import prepare_kernels
 from tandem.worker.engine.detokenizer import IncrementalDetokenizer
 from tandem.worker.engine.errors import ModelLoadError, RequestError
+from tandem.worker.engine.leases import Lease, LeaseKeeping
 from tandem.worker.engine.loader import LoadedModel, load_model
 from tandem.worker.engine.paged_forward import BatchItem, PagedForward, kv_layout_for
 from tandem.worker.engine.prefix_cache import PrefixCache, PublishingLock, prefix_salt
-from tandem.worker.engine.sampling import sample
-from tandem.worker.engine.scheduler import Scheduler
+from tandem.worker.engine.scheduler import ScheduledChunk, Scheduler
 from tandem.worker.engine.sequence import SeqOutput, SeqStatus, Sequence
+from tandem.worker.engine.validation import check_sampling, generated_ids, tokenize
 from tandem.worker.engine.weights import model_weights
 
 log = logging.getLogger("tandem.worker.engine")
@@ -56,19 +56,6 @@ class PullReservation:
         return self.cached + self.fresh
 
 
-@dataclass
-class Lease:
-    seq: Sequence
-    expires: float  # time.monotonic()
-    # Handed out with the prefill result (KVSource.lease_token); reads and releases must quote it.
-    token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
-
-
-def _same_token(expected: str, given: str) -> bool:
-    """Constant-time token comparison (a wrong token must not tell how much of it was right)."""
-    return isinstance(given, str) and hmac.compare_digest(expected.encode(), given.encode())
-
-
 def _available_memory(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -76,7 +63,7 @@ def _available_memory(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-class Engine:
+class Engine(LeaseKeeping):
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, lease_s: float = 30.0):
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -84,6 +71,8 @@ class Engine:
             raise ValueError("block_size, max_num_seqs and max_batched_tokens must be >= 1")
         if config.prefill_chunk_tokens is not None and config.prefill_chunk_tokens < 1:
             raise ValueError("prefill_chunk_tokens must be >= 1 (or unset: max_batched_tokens)")
+        if config.max_waiting is not None and config.max_waiting < 0:
+            raise ValueError("max_waiting must be >= 0 (or unset: 2 x max_num_seqs)")
         if config.max_batched_tokens < config.max_num_seqs:
             raise ValueError(
                 f"max_batched_tokens ({config.max_batched_tokens}) must be >= max_num_seqs "
@@ -146,6 +135,8 @@ class Engine:
         self.seqs: dict[str, Sequence] = {}  # waiting or running, by request id
         self.leases: dict[str, Lease] = {}  # prefill role: blocks kept for a peer to pull
         self.lease_s = lease_s
+        self.max_waiting = config.max_waiting if config.max_waiting is not None else 2 * config.max_num_seqs
+        self._claims: set[str] = set()  # request ids of handoffs being pulled: queued, not added yet
         self.stats = EngineStats()
         self.on_step: Callable[[float, int], None] = lambda seconds, num_tokens: None
         # Called when blocks come back from outside the step (a lease released, a pull given up),
@@ -157,48 +148,10 @@ class Engine:
     # ---- requests in ----------------------------------------------------------------------
 
     def tokenize(self, req: GenerateRequest) -> list[int]:
-        given = [x is not None for x in (req.prompt, req.messages, req.prompt_token_ids)]
-        if sum(given) != 1:
-            raise RequestError("give exactly one of prompt, messages or prompt_token_ids", param="prompt")
-        if req.prompt_token_ids is not None:
-            ids = req.prompt_token_ids
-            if not isinstance(ids, list) or not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
-                raise RequestError(
-                    f"prompt_token_ids must be a list of token ids in [0, {self.vocab_size})", param="prompt")
-            return list(ids)
-        if req.prompt is not None:
-            if not isinstance(req.prompt, str):
-                raise RequestError("prompt must be a string", param="prompt")
-            return list(self.tokenizer(req.prompt)["input_ids"])
-        if not isinstance(req.messages, list) or not all(isinstance(m, dict) for m in req.messages):
-            raise RequestError("messages must be a list of objects with role and content", param="messages")
-        try:
-            enc = self.tokenizer.apply_chat_template(
-                req.messages, add_generation_prompt=True, tokenize=True, return_dict=True)
-        except Exception as e:  # noqa: BLE001 - template errors come in many types
-            raise RequestError(f"cannot apply the chat template to messages: {e}", param="messages") from e
-        return list(enc["input_ids"])
+        return tokenize(self.tokenizer, req, self.vocab_size)
 
     def validate_sampling(self, p: SamplingParams) -> None:
-        def bad(msg: str, param: str) -> RequestError:
-            return RequestError(msg, param=param, code="invalid_value")
-
-        if isinstance(p.max_tokens, bool) or not isinstance(p.max_tokens, int) or p.max_tokens < 1:
-            raise bad(f"max_tokens must be an integer >= 1, got {p.max_tokens!r}", "max_tokens")
-        if not isinstance(p.temperature, int | float) or p.temperature < 0:
-            raise bad(f"temperature must be >= 0, got {p.temperature!r}", "temperature")
-        if not isinstance(p.top_p, int | float) or not 0 < p.top_p <= 1:
-            raise bad(f"top_p must be in (0, 1], got {p.top_p!r}", "top_p")
-        if not isinstance(p.top_k, int) or (p.top_k < 1 and p.top_k not in (-1, 0)):
-            raise bad(f"top_k must be -1 (off) or >= 1, got {p.top_k!r}", "top_k")
-        if p.seed is not None and not isinstance(p.seed, int):
-            raise bad("seed must be an integer", "seed")
-        if isinstance(p.stop, str):
-            p.stop = [p.stop]
-        if not isinstance(p.stop, list) or not all(isinstance(s, str) for s in p.stop):
-            raise bad("stop must be a string or a list of strings", "stop")
-        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in p.stop_token_ids):
-            raise bad(f"stop_token_ids must be token ids in [0, {self.vocab_size})", "stop_token_ids")
+        check_sampling(p, self.vocab_size)
 
     def make_sequence(self, req: GenerateRequest, *, prefill_only: bool = False) -> Sequence:
         """Tokenize and validate a request; raises RequestError (a 4xx) for anything wrong with it."""
@@ -210,7 +163,7 @@ class Engine:
         prompt = self.tokenize(req)
         if not prompt:
             raise RequestError("the prompt is empty", param="prompt")
-        resumed = self._generated_ids(req)
+        resumed = generated_ids(req, self.vocab_size)
         if len(prompt) + len(resumed) >= self.max_model_len:
             raise RequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your "
@@ -227,24 +180,11 @@ class Engine:
             request_id=req.request_id, prompt_ids=prompt, params=p, max_total_len=self.max_model_len,
             seed=p.seed if p.seed is not None else random.getrandbits(62), eos_ids=self.loaded.eos_ids,
             prefill_only=prefill_only, arrival=time.monotonic(), num_resumed=len(resumed),
+            stop_ids=frozenset(p.stop_token_ids),
         )
         seq.detok = IncrementalDetokenizer(self.tokenizer, prompt, p.stop)
         self._replay(seq, resumed, req.emitted_chars)
         return seq
-
-    def _generated_ids(self, req: GenerateRequest) -> list[int]:
-        """generated_token_ids, or [first_token_id] (its older spelling), checked to be token ids."""
-        resumed = [] if req.generated_token_ids is None else req.generated_token_ids
-        if req.first_token_id is not None and isinstance(resumed, list) and not resumed:
-            resumed = [req.first_token_id]
-        if not isinstance(resumed, list) or not all(self._is_token(t) for t in resumed):
-            raise RequestError("generated_token_ids must be token ids", param="generated_token_ids")
-        if req.first_token_id is not None and resumed[0] != req.first_token_id:
-            raise RequestError("first_token_id differs from generated_token_ids[0]", param="first_token_id")
-        return list(resumed)
-
-    def _is_token(self, t: object) -> bool:
-        return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab_size
 
     def _replay(self, seq: Sequence, resumed: list[int], emitted_chars: int | None) -> None:
         """Run tokens generated elsewhere through the stop rules and the detokenizer, as the worker
@@ -265,28 +205,59 @@ class Engine:
             except ValueError as e:
                 raise RequestError(f"emitted_chars: {e}", param="emitted_chars") from e
 
+    # ---- admission: unique ids, a bounded queue ----------------------------------------------
+
     def add(self, seq: Sequence) -> None:
-        """Queue a sequence to be prefilled (locally) and decoded."""
+        """Queue a sequence to be prefilled (locally) and decoded. RequestError 409 for an id in
+        use here, 429 (retry later) when the queue is full; its claim (if any) ends here."""
         with self.lock:
-            self._register(seq)
+            self._take_claim(seq.request_id)
+            self.seqs[seq.request_id] = seq
             self.stats.prompt_tokens_total += len(seq.prompt_ids)
             self.scheduler.add(seq)
 
-    def _register(self, seq: Sequence) -> None:
-        if seq.request_id in self.seqs:
-            raise RequestError(f"request {seq.request_id!r} is already running here",
+    def claim(self, request_id: str) -> None:
+        """Take a place in the queue before any work for a request (tokenizing, a KV pull), so a
+        duplicate id or a full queue is refused first; add/add_prefilled (or release_claim) ends it."""
+        with self.lock:
+            self._admit(request_id)
+            self._claims.add(request_id)
+
+    def release_claim(self, request_id: str) -> None:
+        with self.lock:
+            self._claims.discard(request_id)
+
+    def _take_claim(self, request_id: str) -> None:
+        """Under the lock: the request's claim ends, or (unclaimed) it is admitted now."""
+        if request_id in self._claims:
+            self._claims.discard(request_id)
+        else:
+            self._admit(request_id)
+
+    def _admit(self, request_id: str) -> None:
+        """Under the lock: refuse an id that is running, queued, leased or being pulled here, or
+        any request while the queue is full."""
+        if request_id in self.seqs or request_id in self.leases or request_id in self._claims:
+            raise RequestError(f"request {request_id!r} is already running here",
                                status=409, param="request_id", code="duplicate_request_id")
-        self.seqs[seq.request_id] = seq
+        queued = self.scheduler.num_queued + len(self._claims)
+        free_seats = max(0, self.config.max_num_seqs - len(self.scheduler.running))
+        if queued >= free_seats + self.max_waiting:
+            raise RequestError(f"this worker is full: {len(self.scheduler.running)} sequences run and "
+                               f"{queued} wait (at most {self.max_waiting}): retry shortly or elsewhere",
+                               status=429, type_="service_unavailable", code="queue_full", retry_after_s=1.0)
 
     def reserve_for_pull(self, seq: Sequence) -> PullReservation | None:
         """Blocks for the prompt's KV before a pull: the leading blocks this pool already caches
         (at least the last block is still pulled: the pull also ends the peer's lease), then new
-        blocks for the rest; None when the pool is too full right now."""
+        blocks for the rest; None when the pool is too full right now. Under the engine's lock (so
+        a step never finds fewer free blocks than it just counted), and leaving a block per running
+        sequence for their next tokens."""
         n = len(seq.prompt_ids)
         with self.lock:
             hit = self.prefix_cache.match(seq, n - 1)
             need = self.layout.blocks_for(n) - len(hit)
-            if need + self.allocator.num_to_take(hit) > self.allocator.num_free:
+            if self.allocator.num_free - need - self.allocator.num_to_take(hit) < len(self.scheduler.running):
                 return None
             self.prefix_cache.hit(hit, n)
             return PullReservation(cached=hit, fresh=self.allocator.allocate(need))
@@ -297,16 +268,28 @@ class Engine:
         self.on_blocks_freed()
 
     def add_prefilled(self, seq: Sequence, block_ids: list[int]) -> None:
-        """Join the running batch with the prompt's KV already in block_ids (pulled from a prefill
-        worker, or cached here); the prefill's first token, replayed by make_sequence, is the
-        next one to run."""
+        """Queue a sequence whose prompt KV is already in block_ids (pulled from a prefill worker,
+        or cached here) for a seat in the running batch; the prefill's first token, replayed by make_sequence, is
+        the next one to run. Its claim (if any) ends here."""
         with self.lock:
-            self._register(seq)
+            self._take_claim(seq.request_id)
+            self.seqs[seq.request_id] = seq
             seq.block_table = list(block_ids)
             seq.num_computed = len(seq.prompt_ids)
             self.prefix_cache.commit(seq)
             self.stats.prompt_tokens_total += len(seq.prompt_ids)
-            self.scheduler.add_running(seq)
+            self.scheduler.add_ready(seq)
+
+    def withdraw(self, request_id: str) -> bool:
+        """Take a request out of the queue if it has not started (its caller will not wait longer);
+        False when it is running or gone."""
+        with self.lock:
+            seq = self.seqs.get(request_id)
+            if seq is None or request_id in self._in_flight or not self.scheduler.withdraw(seq):
+                return False
+            del self.seqs[request_id]
+            seq.status = SeqStatus.FINISHED
+            return True
 
     def abort(self, request_id: str, lease_token: str | None = None) -> bool:
         """Cancel a request and free what it holds here: a running sequence, and its KV lease
@@ -319,61 +302,14 @@ class Engine:
             if request_id in self._in_flight:
                 self._abort_after_step.add(request_id)
                 return True
-            self._finish(seq, FinishReason.ABORT)
-            out = SeqOutput(request_id, text=seq.detok.take(final=True), finished=True,
-                            finish_reason=FinishReason.ABORT)
+            out = self._aborted(seq)
         self._emit(seq, out)
         return True
 
-    # ---- leases (prefill role) ------------------------------------------------------------
-
-    def release(self, request_id: str) -> bool:
-        """Free the blocks a prefill result leased (expired, or its result never handed out).
-        In-process callers only: peers go through release_lease, which wants the token."""
-        return self._drop_lease(request_id, None)
-
-    def release_lease(self, request_id: str, lease_token: str) -> bool:
-        """LeaseKeeper: free a lease whose token a peer quoted (pulled, released or given up);
-        False, freeing nothing, for a wrong token or a lease already gone."""
-        return self._drop_lease(request_id, lease_token)
-
-    def check_read(self, request_id: str, lease_token: str, block_ids: Collection[int]) -> bool:
-        """LeaseKeeper: whether a peer may read these blocks: a live lease of request_id, proven
-        by its token, holds every one of them."""
-        with self.lock:
-            lease = self.leases.get(request_id)
-            return (lease is not None and _same_token(lease.token, lease_token)
-                    and lease.expires > time.monotonic() and set(block_ids) <= set(lease.seq.block_table))
-
-    def lease_token(self, request_id: str) -> str | None:
-        """The token of request_id's live lease, to hand out with its prefill result."""
-        with self.lock:
-            lease = self.leases.get(request_id)
-            return None if lease is None else lease.token
-
-    def _drop_lease(self, request_id: str, lease_token: str | None) -> bool:
-        with self.lock:
-            lease = self.leases.get(request_id)
-            if lease is None or (lease_token is not None and not _same_token(lease.token, lease_token)):
-                return False
-            del self.leases[request_id]
-            self.scheduler.free_blocks(lease.seq)
-            lease.seq.status = SeqStatus.FINISHED
-        self.on_blocks_freed()
-        return True
-
-    def expire_leases(self, now: float | None = None) -> list[str]:
-        now = time.monotonic() if now is None else now
-        with self.lock:
-            expired = [rid for rid, lease in self.leases.items() if lease.expires <= now]
-        for rid in expired:
-            log.warning("KV lease expired before a peer pulled it", extra={"request_id": rid})
-            self.release(rid)
-        return expired
-
-    def next_lease_expiry(self) -> float | None:
-        with self.lock:
-            return min((lease.expires for lease in self.leases.values()), default=None)
+    def _aborted(self, seq: Sequence) -> SeqOutput:
+        self._finish(seq, FinishReason.ABORT)
+        return SeqOutput(seq.request_id, text=self._final_text(seq), finished=True,
+                         finish_reason=FinishReason.ABORT)
 
     # ---- the step ---------------------------------------------------------------------------
 
@@ -381,7 +317,8 @@ class Engine:
         return self.scheduler.has_work()
 
     def step(self) -> int:
-        """Run one forward pass over the scheduled batch; returns the number of tokens processed."""
+        """Run one forward pass over the scheduled batch; returns the number of tokens processed.
+        A failure caused by one sequence ends that sequence alone (batch.py)."""
         t0 = time.perf_counter()
         with self.lock:
             chunks = self.scheduler.schedule()
@@ -392,36 +329,18 @@ class Engine:
                 for c in chunks
             ]
             self._in_flight = {c.seq.request_id for c in chunks}
-        try:
-            out = self.runner.forward(items)
-            sampled = [c for c in chunks if c.sample]
-            tokens = sample(
-                out.logits, [c.seq.params for c in sampled], [c.seq.seed for c in sampled],
-                [len(c.seq.output_ids) for c in sampled], out.argmax)
-        except Exception as e:  # noqa: BLE001 - fail the batch, keep serving
-            log.exception("forward pass failed; failing %d sequences", len(chunks))
-            self._fail(chunks, e)
-            return 0
+        results = run_batch(self.runner, chunks, items)
         emits: list[tuple[Sequence, SeqOutput]] = []
         with self.lock:
             self._in_flight = set()
-            it = iter(tokens)
-            for c in chunks:
-                seq = c.seq
-                seq.num_computed += c.num_tokens
-                self.prefix_cache.commit(seq)
-                if not c.sample:
-                    continue
-                tok = next(it)
-                if seq.finished:
-                    continue
-                emits.append((seq, self._append_token(seq, tok)))
+            for c, result in zip(chunks, results, strict=True):
+                out = self._advance(c, result)
+                if out is not None:
+                    emits.append((c.seq, out))
             for rid in self._abort_after_step:
                 seq = self.seqs.get(rid)
                 if seq is not None:
-                    self._finish(seq, FinishReason.ABORT)
-                    emits.append((seq, SeqOutput(rid, text=seq.detok.take(final=True), finished=True,
-                                                 finish_reason=FinishReason.ABORT)))
+                    emits.append((seq, self._aborted(seq)))
             self._abort_after_step = set()
             self.stats.steps_total += 1
         n = sum(c.num_tokens for c in chunks)
@@ -430,6 +349,26 @@ class Engine:
             self._emit(seq, out)
         return n
 
+    def _advance(self, c: ScheduledChunk, result: int | None | Exception) -> SeqOutput | None:
+        """Under the lock: what one chunk's result does to its sequence; its output, if any."""
+        seq = c.seq
+        if seq.finished:
+            return None
+        if isinstance(result, Exception):
+            self._finish(seq, FinishReason.ERROR)
+            return self._error_output(seq, result)
+        seq.num_computed += c.num_tokens
+        self.prefix_cache.commit(seq)
+        if result is None:
+            return None
+        try:
+            return self._append_token(seq, result)
+        except Exception as e:  # noqa: BLE001 - detokenizing or a stop check failed for this sequence
+            log.exception("failed to take a token", extra={"request_id": seq.request_id})
+            if not seq.finished:
+                self._finish(seq, FinishReason.ERROR)
+            return self._error_output(seq, e)
+
     def _append_token(self, seq: Sequence, tok: int) -> SeqOutput:
         """Add a sampled token, apply the stop rules, finish or lease the sequence; under the lock."""
         seq.output_ids.append(tok)
@@ -437,11 +376,13 @@ class Engine:
         reason = self._finish_reason(seq, tok)
         out = SeqOutput(seq.request_id, token_ids=[tok])
         if reason is not None:
-            self._finish(seq, reason)
             out.text, out.finished, out.finish_reason = seq.detok.take(final=True), True, reason
+            self._finish(seq, reason)
         else:
             out.text = seq.detok.take()
             if seq.prefill_only:
+                self.scheduler.running.remove(seq)
+                del self.seqs[seq.request_id]
                 self._lease(seq)
                 out.kv_blocks = list(seq.block_table)
         return out
@@ -450,17 +391,11 @@ class Engine:
     def _finish_reason(seq: Sequence, tok: int) -> FinishReason | None:
         """The stop rules for `tok`, just appended to seq.output_ids (it also feeds the detokenizer)."""
         p = seq.params
-        if (tok in seq.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids or seq.detok.add(tok):
+        if (tok in seq.eos_ids and not p.ignore_eos) or tok in seq.stop_ids or seq.detok.add(tok):
             return FinishReason.STOP
         if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= seq.max_total_len:
             return FinishReason.LENGTH
         return None
-
-    def _lease(self, seq: Sequence) -> None:
-        self.scheduler.running.remove(seq)
-        del self.seqs[seq.request_id]
-        seq.status = SeqStatus.LEASED
-        self.leases[seq.request_id] = Lease(seq, time.monotonic() + self.lease_s)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.stats.requests_finished[reason.value] = self.stats.requests_finished.get(reason.value, 0) + 1
@@ -469,37 +404,20 @@ class Engine:
         self.seqs.pop(seq.request_id, None)
         self.scheduler.remove(seq)
 
-    def _fail(self, chunks, error: Exception) -> None:
-        """A forward pass raised: fail the sequences it carried (the rest keep running)."""
-        emits = []
-        with self.lock:
-            self._in_flight = set()
-            self._abort_after_step = set()
-            for c in chunks:
-                if not c.seq.finished:
-                    self._finish(c.seq, FinishReason.ERROR)
-                    emits.append((c.seq, self._error_output(c.seq, error)))
-        for seq, out in emits:
-            self._emit(seq, out)
+    @staticmethod
+    def _final_text(seq: Sequence) -> str:
+        """The text a sequence still holds back, or "" when its detokenizer is what failed."""
+        try:
+            return seq.detok.take(final=True)
+        except Exception:  # noqa: BLE001 - the sequence ends either way
+            log.exception("could not detokenize the end of the text", extra={"request_id": seq.request_id})
+            return ""
 
     @staticmethod
     def _error_output(seq: Sequence, error: Exception) -> SeqOutput:
         return SeqOutput(seq.request_id, finished=True, finish_reason=FinishReason.ERROR,
-                         error={"message": f"the engine failed: {error}", "type": "internal_error",
-                                "param": None, "code": "engine_error"})
-
-    def fail_all(self, error: Exception) -> None:
-        """End every waiting and running sequence with an error (the step loop itself broke), so
-        no client waits on a sequence the engine can no longer advance."""
-        emits = []
-        with self.lock:
-            self._in_flight = set()
-            self._abort_after_step = set()
-            for seq in list(self.seqs.values()):
-                self._finish(seq, FinishReason.ERROR)
-                emits.append((seq, self._error_output(seq, error)))
-        for seq, out in emits:
-            self._emit(seq, out)
+                         error={"message": f"the engine failed on this request: {error}",
+                                "type": "internal_error", "param": None, "code": "engine_error"})
 
     def _on_preempt(self, seq: Sequence) -> None:
         self.stats.preemptions_total += 1
@@ -507,8 +425,12 @@ class Engine:
 
     @staticmethod
     def _emit(seq: Sequence, out: SeqOutput) -> None:
-        if seq.sink is not None:
+        if seq.sink is None:
+            return
+        try:
             seq.sink(out)
+        except Exception:  # noqa: BLE001 - one listener's failure must not stop the others' outputs
+            log.exception("delivering an output failed", extra={"request_id": seq.request_id})
 
     # ---- the prefix cache as the KV event stream sees it (worker/server/kv_events.py) -----------
 
@@ -531,7 +453,8 @@ class Engine:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        """Queued for a seat: prompts, pulled handoffs, and handoffs being pulled."""
+        return self.scheduler.num_queued + len(self._claims)
 
     def outstanding_prompt_tokens(self) -> int:
         with self.lock:

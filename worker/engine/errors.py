@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 class RequestError(ValueError):
-    """A request the engine refuses; the server turns it into a 4xx/5xx OpenAI-format error."""
+    """A request the engine refuses; the server turns it into a 4xx/5xx OpenAI-format error
+    (with Retry-After when `retry_after_s` says the refusal is temporary: a full queue)."""
 
     def __init__(
         self,
@@ -14,12 +15,14 @@ class RequestError(ValueError):
         type_: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        retry_after_s: float | None = None,
     ):
         super().__init__(message)
         self.status = status
         self.type = type_
         self.param = param
         self.code = code
+        self.retry_after_s = retry_after_s
 
 
 class ModelLoadError(RuntimeError):

@@ -110,12 +110,18 @@ class PublishingLock:
     def __init__(self, publish: Callable[[], None]):
         self._lock = threading.RLock()
         self._depth = 0  # changed only by the thread that holds _lock
+        self._owner: int | None = None
         self._publish = publish
+
+    def held_here(self) -> bool:
+        """Whether the calling thread holds the lock."""
+        return self._owner == threading.get_ident()
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         got = self._lock.acquire(blocking, timeout)
         if got:
             self._depth += 1
+            self._owner = threading.get_ident()
         return got
 
     def release(self) -> None:
@@ -124,6 +130,8 @@ class PublishingLock:
                 self._publish()
         finally:
             self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
             self._lock.release()
 
     def __enter__(self) -> PublishingLock:

@@ -8,6 +8,13 @@ wait one chunk per step, never the whole prompt. When blocks run out the newest 
 is preempted: its blocks are freed and it is recomputed later, so its output does not change.
 A sequence admitted starts from the longest prefix the prefix cache holds (prefix_cache.py) and
 computes only the rest; a recomputed one finds the blocks it computed before, unless evicted.
+
+Sequences whose prompt KV was pulled from a prefill worker wait in `ready` for a seat
+(max_num_seqs holds for them too); a free seat goes to them first, and they decode in the step
+that seats them, holding their blocks while they wait. When blocks run out, a ready sequence
+gives its blocks back (it is recomputed from its prompt later) before any running stream is
+preempted. Every allocation (here, and a pull's reservation) happens under the engine's lock
+after checking the free count, so it never fails halfway through a step.
 """
 
 from __future__ import annotations
@@ -46,7 +53,8 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_batched_tokens = max_batched_tokens
         self.prefill_chunk_tokens = prefill_chunk_tokens or max_batched_tokens
-        self.waiting: deque[Sequence] = deque()
+        self.waiting: deque[Sequence] = deque()  # prompts to prefill: new, or preempted
+        self.ready: deque[Sequence] = deque()  # KV in the pool already (pulled): waiting for a seat
         self.running: list[Sequence] = []
         self.on_preempt = on_preempt or (lambda seq: None)
 
@@ -54,16 +62,20 @@ class Scheduler:
         return -(-num_tokens // self.block_size)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.ready or self.running)
+
+    @property
+    def num_queued(self) -> int:
+        return len(self.waiting) + len(self.ready)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
-    def add_running(self, seq: Sequence) -> None:
+    def add_ready(self, seq: Sequence) -> None:
         """A sequence whose KV is already in the pool (pulled from a prefill worker)."""
-        seq.status = SeqStatus.RUNNING
-        self.running.append(seq)
+        seq.status = SeqStatus.WAITING
+        self.ready.append(seq)
 
     def remove(self, seq: Sequence) -> None:
         """Take a sequence out of the queues and free its blocks (finish, abort, error)."""
@@ -71,13 +83,23 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        elif seq in self.ready:
+            self.ready.remove(seq)
         self.free_blocks(seq)
+
+    def withdraw(self, seq: Sequence) -> bool:
+        """Take a sequence out of the queue if it has not started running (a caller that waited
+        long enough); False when it runs already."""
+        if seq in self.waiting and seq.num_computed == 0 and not seq.output_ids:
+            self.waiting.remove(seq)
+            self.free_blocks(seq)
+            return True
+        return False
 
     def free_blocks(self, seq: Sequence) -> None:
         self.cache.release(seq)
 
-    def preempt(self, seq: Sequence) -> None:
-        self.running.remove(seq)
+    def _recompute_later(self, seq: Sequence) -> None:
         self.free_blocks(seq)
         seq.num_computed = 0
         seq.num_preemptions += 1
@@ -85,15 +107,32 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.on_preempt(seq)
 
-    def _grow(self, seq: Sequence, num_tokens: int) -> None:
-        need = self.blocks_for(seq.num_computed + num_tokens) - len(seq.block_table)
-        if need > 0:
-            seq.block_table.extend(self.allocator.allocate(need))
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._recompute_later(seq)
+
+    def _need(self, seq: Sequence, num_tokens: int) -> int:
+        return max(0, self.blocks_for(seq.num_computed + num_tokens) - len(seq.block_table))
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> bool:
+        need = self._need(seq, num_tokens)
+        if need == 0:
+            return True
+        ids = self.allocator.try_allocate(need)
+        if ids is None:
+            return False
+        seq.block_table.extend(ids)
+        return True
 
     def schedule(self) -> list[ScheduledChunk]:
         budget = self.max_batched_tokens
         prefill_budget = self.prefill_chunk_tokens
         chunks: list[ScheduledChunk] = []
+        # Pulled sequences take the free seats first: they decode in this very step.
+        while self.ready and len(self.running) < self.max_num_seqs:
+            seq = self.ready.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
         # Decoding sequences first (one token each, so a long prompt's chunk never delays them),
         # then prompts being prefilled; each group oldest first. Preemption victims come off the end.
         queue = [s for s in self.running if s.num_pending == 1] + [s for s in self.running if s.num_pending > 1]
@@ -102,15 +141,16 @@ class Scheduler:
             n = self._tokens(seq.num_pending, budget, prefill_budget)
             if n == 0:
                 continue  # this step's prefill budget is spent: the prompt continues next step
-            need = self.blocks_for(seq.num_computed + n) - len(seq.block_table)
+            need = self._need(seq, n)
+            while need > self.allocator.num_free and self.ready:
+                self._recompute_later(self.ready.pop())  # newest pulled one, before any stream
             while need > self.allocator.num_free and queue:
                 self.preempt(queue.pop())
-            if need > self.allocator.num_free:
+            if need > self.allocator.num_free or not self._grow(seq, n):
                 # Nothing left to preempt but the sequences already scheduled this step: wait.
                 if not chunks:
                     self.preempt(seq)
                 break
-            self._grow(seq, n)
             chunks.append(ScheduledChunk(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
             budget -= n
             prefill_budget -= n if seq.num_pending > 1 else 0
@@ -127,7 +167,7 @@ class Scheduler:
             self.running.append(seq)
             self.cache.take(seq, hit, seq.num_tokens)
             seq.num_computed = cached
-            self._grow(seq, n)
+            self._grow(seq, n)  # room checked above, under the engine's lock
             chunks.append(ScheduledChunk(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
             budget -= n
             prefill_budget -= n if seq.num_pending > 1 else 0

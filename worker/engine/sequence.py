@@ -53,6 +53,7 @@ class Sequence:
     # how many leading blocks of block_table are named in the cache (or were tried).
     block_hashes: list[bytes] = field(default_factory=list, repr=False)
     num_registered_blocks: int = 0
+    stop_ids: frozenset[int] = frozenset()  # params.stop_token_ids, for a constant-time check per token
 
     @property
     def all_ids(self) -> list[int]:

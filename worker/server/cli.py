@@ -19,6 +19,7 @@ from tandem.contracts.names import KVBackend, Role
 from tandem.worker.server.config import WorkerConfig
 
 ROLES = tuple(r.value for r in Role)
+SHUTDOWN_GRACE_S = 5.0
 BACKENDS = tuple(b.value for b in KVBackend)
 
 
@@ -47,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--kv-memory-fraction", type=float, default=None, help="fraction of free memory for the KV pool")
     a("--block-size", type=int, default=None, help="tokens per KV block (default 16)")
     a("--max-num-seqs", type=int, default=None, help="running sequences at most (default 64)")
+    a("--max-waiting", type=int, default=None, help="requests queued for a seat at most; one more is "
+      "answered 429 with Retry-After (default 2 x --max-num-seqs)")
     a("--max-batched-tokens", type=int, default=None, help="tokens per forward pass (default 2048)")
     a("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     a("--prefill-chunk-tokens", type=int, default=None, help="prompt tokens prefilled per step, all "
@@ -59,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--kv-backend", choices=BACKENDS, default=None,
       help="KV transfer backend (default nixl for prefill/decode, none for colocated)")
     a("--kv-timeout-s", type=float, default=None, help="a KV pull that takes longer fails (default 10)")
+    a("--kv-reserve-wait-s", type=float, default=None, help="decode: a handoff waits this long for free "
+      "KV blocks, then answers 503 with Retry-After (default 2)")
+    a("--prefill-queue-s", type=float, default=None, help="a prefill still queued after this is answered "
+      "429 with Retry-After, well before the router's prefill timeout (default 10)")
+    a("--engine-stall-s", type=float, default=None, help="an engine thread without progress this long "
+      "(or dead) turns /health and /ready to 503 (default 120)")
     a("--kv-lease-s", type=float, default=None, help="prefill: free unpulled KV blocks after this (default 30)")
     a("--kv-port", type=int, default=None, help="tcp KV backend: the port prefill serves KV on "
       "(default 5601; 0 picks a free one)")
@@ -140,13 +149,15 @@ async def serve(cfg: WorkerConfig) -> int:
     engine_id, _ = engine_identity()
     settings = WorkerSettings(role=cfg.role, advertise_url="", engine_id=engine_id, generation=cfg.generation or "",
                               kv_backend=str(cfg.kv_backend), served_name=cfg.served_name,
-                              pull_wait_s=cfg.kv_timeout_s, internal_secret=cfg.internal_secret,
-                              heartbeat_s=cfg.heartbeat_s)
+                              reserve_wait_s=cfg.kv_reserve_wait_s, prefill_queue_s=cfg.prefill_queue_s,
+                              internal_secret=cfg.internal_secret, heartbeat_s=cfg.heartbeat_s)
     if cfg.internal_secret is None:
         log.warning("no internal secret ($TANDEM_INTERNAL_SECRET or --internal-secret-file): /internal/* "
                     "and the KV transfer accept anyone who can reach this worker")
     state = WorkerState(settings)
-    runner = web.AppRunner(create_app(state), handler_cancellation=True, access_log=None)
+    # After the drain, streams still open get SHUTDOWN_GRACE_S to send their last line.
+    runner = web.AppRunner(create_app(state), handler_cancellation=True, access_log=None,
+                           shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port)
     await site.start()
@@ -186,7 +197,7 @@ async def serve(cfg: WorkerConfig) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             # again: a transfer library may have replaced the handlers while it started
             loop.add_signal_handler(sig, stop.set)
-        aeng = AsyncEngine(engine)
+        aeng = AsyncEngine(engine, stall_s=cfg.engine_stall_s)
         aeng.start()
         attach_engine(state, aeng, transport)
         log.info("ready: serving %s (max_model_len %d, %d KV blocks of %d tokens, kv backend %s)",
@@ -195,6 +206,8 @@ async def serve(cfg: WorkerConfig) -> int:
         await stop.wait()
         state.ready = False  # /ready turns 503: the router and the Service stop sending work
         await drain(engine, cfg.drain_s, log)
+        for rid in list(engine.seqs):  # their streams end with finish_reason abort: the router resumes them
+            aeng.abort(rid)
         log.info("shutting down")
         return 0
     finally:

@@ -45,6 +45,7 @@ class WorkerConfig:
     kv_memory_fraction: float | None = None
     block_size: int = 16
     max_num_seqs: int = 64
+    max_waiting: int | None = None  # queued requests at most, then 429 + Retry-After; None: 2 x max_num_seqs
     max_batched_tokens: int = 2048
     # Prompt tokens per step, all prompts together; None: the role's default (ROLE_PREFILL_CHUNK)
     prefill_chunk_tokens: int | None = None
@@ -57,6 +58,9 @@ class WorkerConfig:
     log_format: str = "text"
     log_level: str = "info"
     kv_timeout_s: float = 10.0
+    kv_reserve_wait_s: float = 2.0  # a handoff waits this long for free blocks, then 503 + Retry-After
+    prefill_queue_s: float = 10.0  # a prefill not started after this is answered 429 + Retry-After
+    engine_stall_s: float = 120.0  # an engine thread without progress this long fails /health
     kv_lease_s: float = 30.0
     kv_extra: dict[str, Any] = field(default_factory=dict)  # backend options (UCX settings, limits)
     kv_port: int = KV_PORT  # tcp backend: where prefill serves KV (0: any free port)
@@ -80,6 +84,11 @@ class WorkerConfig:
             raise ValueError(f"compile must be auto, on or off, got {self.compile!r}")
         if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
+        if self.max_waiting is not None and self.max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        for key in ("kv_reserve_wait_s", "prefill_queue_s", "engine_stall_s", "drain_s", "heartbeat_s"):
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"{key} must be a number of seconds >= 0, got {getattr(self, key)}")
 
     @classmethod
     def from_values(cls, values: dict[str, Any], source: str) -> WorkerConfig:
@@ -105,7 +114,8 @@ class WorkerConfig:
         return EngineConfig(
             model=self.model, dtype=self.dtype, device=self.device, block_size=self.block_size,
             num_blocks=self.num_blocks, kv_memory_fraction=self.kv_memory_fraction,
-            max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens,
+            max_num_seqs=self.max_num_seqs, max_waiting=self.max_waiting,
+            max_batched_tokens=self.max_batched_tokens,
             max_model_len=self.max_model_len, served_name=self.served_name, threads=self.threads,
             prefill_chunk_tokens=self.effective_prefill_chunk_tokens(), prefix_caching=self.prefix_caching,
             # A prefill worker never runs a decode step: nothing to compile there.

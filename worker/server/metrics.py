@@ -15,13 +15,17 @@ from prometheus_client.registry import Collector
 
 
 class EngineCollector(Collector):
-    def __init__(self, get_engine: Callable[[], Any]):
+    def __init__(self, get_engine: Callable[[], Any], get_problem: Callable[[], str | None] = lambda: None):
         self.get_engine = get_engine  # returns the Engine, or None while the model loads
+        self.get_problem = get_problem  # why the engine thread cannot serve (died, stalled), or None
 
     def collect(self) -> Iterator[Any]:
         eng = self.get_engine()
         if eng is None:
             return
+        yield GaugeMetricFamily("tandem_worker_engine_healthy", "1 while the engine thread is alive and making "
+                                "progress, 0 once it died or stalled (then /health fails)",
+                                value=0 if self.get_problem() else 1)
         s = eng.stats
         yield GaugeMetricFamily("tandem_worker_running_sequences", "Sequences in the running batch", value=eng.num_running)
         yield GaugeMetricFamily("tandem_worker_waiting_sequences", "Sequences queued", value=eng.num_waiting)
@@ -67,12 +71,23 @@ def _prefix_cache(eng: Any) -> Iterator[Any]:
 
 
 class WorkerMetrics:
-    def __init__(self, get_engine: Callable[[], Any]):
+    def __init__(self, get_engine: Callable[[], Any], get_problem: Callable[[], str | None] = lambda: None):
         self.registry = CollectorRegistry()
-        self.registry.register(EngineCollector(get_engine))
+        self.registry.register(EngineCollector(get_engine, get_problem))
+        self.refused = Counter(
+            "tandem_worker_requests_refused", "Requests refused because the worker was full, by reason "
+            "(queue_full, kv_cache_full, prefill_queue_timeout); answered 429/503 with Retry-After",
+            ["reason"], registry=self.registry,
+        )
         self.step_seconds = Histogram(
             "tandem_worker_step_seconds", "Duration of one engine step (forward + sampling)",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12),
+            registry=self.registry,
+        )
+        self.step_gap_seconds = Histogram(
+            "tandem_worker_step_gap_seconds", "Time between two engine steps while there was work "
+            "(the engine loop, its locks, waiting for the GIL while the HTTP side runs)",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16),
             registry=self.registry,
         )
         self.step_tokens = Histogram(

@@ -2,9 +2,11 @@
 and every field of a GenerateRequest checked for its type before the engine sees it, so a malformed
 call is a 4xx in OpenAI's format, never a 500 from deep inside the engine.
 
-Ranges that depend on the model (token ids below the vocabulary, the context length) stay with the
-engine's own checks; here: types, signs, the fields a KV handoff needs, and unknown keys inside
-`sampling` and `kv_source` (a typo there would otherwise be silently ignored or crash later).
+Ranges stay with the engine's own checks (engine/validation.py: finite numbers, a temperature
+below 1e-5 taken as greedy, stop-string limits, token ids below the vocabulary, the context
+length), so one rule serves every caller; here: types, the fields a KV handoff needs, and
+unknown keys inside `sampling` and `kv_source` (a typo there would otherwise be silently ignored
+or crash later).
 Unknown top-level keys are ignored, so a newer router can talk to an older worker.
 """
 
@@ -25,8 +27,6 @@ from tandem.contracts.protocol import (
 )
 
 MAX_REQUEST_ID_CHARS = 256
-# Below this a temperature only overflows the softmax: it is greedy (vLLM's epsilon).
-GREEDY_BELOW = 1e-5
 
 
 class RequestRefused(Exception):
@@ -144,8 +144,6 @@ def parse_generate(body: dict[str, Any], request: web.Request) -> GenerateReques
     _check(body, _TOP, "", rid)
     sampling = dict(body.get("sampling") or {})
     _check(sampling, _SAMPLING, "sampling", rid)
-    if 0 <= sampling.get("temperature", 1.0) < GREEDY_BELOW:
-        sampling["temperature"] = 0.0  # e.g. 1e-300: dividing logits by it gives inf
     kv = body.get("kv_source")
     if kv is not None:
         _check(kv, _KV_SOURCE, "kv_source", rid, frozenset({"url", "engine_id", "backend", "block_ids",

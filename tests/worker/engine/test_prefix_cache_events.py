@@ -39,7 +39,7 @@ class Subscriber:
 
 
 def test_snapshot_plus_events_equal_the_cache(make_engine):
-    eng = make_engine(block_size=BS, num_blocks=28, max_num_seqs=3, max_batched_tokens=64)
+    eng = make_engine(block_size=BS, max_waiting=64, num_blocks=28, max_num_seqs=3, max_batched_tokens=64)
     system = ids(25, 1)
     submit(eng, "before", system + ids(9, 2), greedy(6))
     for _ in range(3):
@@ -64,7 +64,7 @@ def test_snapshot_plus_events_equal_the_cache(make_engine):
 
 
 def test_hashes_are_the_shared_block_hash_of_the_tokens(make_engine):
-    eng = make_engine(block_size=BS)
+    eng = make_engine(block_size=BS, max_waiting=64)
     sub = Subscriber(eng)
     prompt = ids(30, 5)
     out = submit(eng, "h", prompt, greedy(9))
@@ -76,7 +76,7 @@ def test_hashes_are_the_shared_block_hash_of_the_tokens(make_engine):
 
 
 def test_events_come_one_call_per_step(make_engine):
-    eng = make_engine(block_size=BS, max_batched_tokens=256)
+    eng = make_engine(block_size=BS, max_waiting=64, max_batched_tokens=256)
     sub = Subscriber(eng)
     for i in range(4):
         submit(eng, f"b{i}", ids(40, 60 + i), greedy(2))

@@ -37,7 +37,7 @@ def generate(engine, prompts: list[list[int]], n: int, tag: str) -> list[list[in
 
 
 def test_repeated_prompt_computes_only_its_tail(make_engine, reference):
-    eng = make_engine(block_size=BS)
+    eng = make_engine(block_size=BS, max_waiting=64)
     for n in (45, 48):  # a partial last block, and a prompt of full blocks only
         p = ids(n, n)
         first = generate(eng, [p], 8, f"a{n}-")[0]
@@ -51,7 +51,7 @@ def test_repeated_prompt_computes_only_its_tail(make_engine, reference):
 
 
 def test_shared_prefix_batched_equals_cache_off_and_transformers(make_engine, reference):
-    on, off = make_engine(block_size=BS), make_engine(block_size=BS, prefix_caching=False)
+    on, off = make_engine(block_size=BS, max_waiting=64), make_engine(block_size=BS, prefix_caching=False)
     warm = SYSTEM + ids(9, 50)
     prompts = [SYSTEM + ids(k, 60 + k) for k in (2, 5, 11, 20)] + [warm, SYSTEM[:30]]
     want = [reference(p, 10) for p in prompts]
@@ -65,7 +65,7 @@ def test_shared_prefix_batched_equals_cache_off_and_transformers(make_engine, re
 
 def test_next_turn_reuses_the_previous_turns_output(make_engine, reference):
     """A chat's next turn resends prompt + answer + a new message: the answer's KV is reused too."""
-    eng = make_engine(block_size=BS)
+    eng = make_engine(block_size=BS, max_waiting=64)
     turn1 = SYSTEM + ids(12, 7)
     answer = generate(eng, [turn1], 12, "t1-")[0]
     turn2 = turn1 + answer + ids(10, 8)[1:]
@@ -76,7 +76,7 @@ def test_next_turn_reuses_the_previous_turns_output(make_engine, reference):
 
 
 def test_chunked_prefill_with_cache(make_engine, reference):
-    eng = make_engine(block_size=BS, max_batched_tokens=8, max_num_seqs=4)
+    eng = make_engine(block_size=BS, max_waiting=64, max_batched_tokens=8, max_num_seqs=4)
     prompts = [SYSTEM + ids(k, 80 + k) for k in (6, 13)]
     assert generate(eng, prompts[:1], 6, "c") == [reference(prompts[0], 6)]
     assert generate(eng, prompts, 6, "d") == [reference(p, 6) for p in prompts]
@@ -85,7 +85,7 @@ def test_chunked_prefill_with_cache(make_engine, reference):
 
 def test_preemption_with_shared_blocks_keeps_outputs(make_engine, reference):
     # Four sequences of ~45 prompt + 24 new tokens, sharing a 37-token prefix, in 30 blocks of 4.
-    eng = make_engine(block_size=BS, num_blocks=30, max_num_seqs=4, max_batched_tokens=128)
+    eng = make_engine(block_size=BS, max_waiting=64, num_blocks=30, max_num_seqs=4, max_batched_tokens=128)
     prompts = [SYSTEM + ids(k, 90 + k) for k in (4, 7, 9, 12)]
     assert generate(eng, prompts, 24, "p") == [reference(p, 24) for p in prompts]
     assert eng.stats.preemptions_total > 0, "the pool was meant to be too small for all four"
@@ -93,7 +93,7 @@ def test_preemption_with_shared_blocks_keeps_outputs(make_engine, reference):
 
 
 def test_evicted_blocks_are_recomputed_never_read(make_engine, reference):
-    eng = make_engine(block_size=BS, num_blocks=24, max_num_seqs=1, max_batched_tokens=128)
+    eng = make_engine(block_size=BS, max_waiting=64, num_blocks=24, max_num_seqs=1, max_batched_tokens=128)
     first = ids(40, 3)
     assert generate(eng, [first], 6, "e0-") == [reference(first, 6)]
     held = set(eng.cached_block_hashes())
@@ -113,7 +113,7 @@ def test_evicted_blocks_are_recomputed_never_read(make_engine, reference):
 def test_leased_prefill_blocks_are_cached_once_released(make_engine, loaded_toy):
     from tandem.contracts.protocol import GenerateRequest
 
-    eng = make_engine(block_size=BS)
+    eng = make_engine(block_size=BS, max_waiting=64)
     p = SYSTEM + ids(8, 4)
     firsts = []
     for rid in ("l1", "l2"):
@@ -138,7 +138,7 @@ def test_books_balance_after_mixed_traffic(make_engine):
     reference is given back, and what stays is cached and free."""
     from tandem.contracts.protocol import GenerateRequest
 
-    eng = make_engine(block_size=BS, num_blocks=40, max_num_seqs=4, max_batched_tokens=32)
+    eng = make_engine(block_size=BS, max_waiting=64, num_blocks=40, max_num_seqs=4, max_batched_tokens=32)
     for i in range(3):
         submit(eng, f"run{i}", SYSTEM + ids(10 + i, 200 + i), greedy(20))
     submit(eng, "abort-waiting", SYSTEM + ids(5, 210), greedy(20))
@@ -163,10 +163,10 @@ def test_books_balance_after_mixed_traffic(make_engine):
 def test_cache_off_computes_everything(make_engine, reference):
     from tandem.worker.server.kv_events import KVEventSource
 
-    eng = make_engine(block_size=BS, prefix_caching=False)
+    eng = make_engine(block_size=BS, max_waiting=64, prefix_caching=False)
     p = ids(30, 9)
     assert generate(eng, [p, p], 5, "o") == [reference(p, 5)] * 2
     assert eng.prefix_cache.stats.query_tokens_total == eng.prefix_cache.stats.hit_tokens_total == 0
     assert eng.allocator.num_cached == 0 and not eng.cached_block_hashes()
     assert not isinstance(eng, KVEventSource)  # its KV event stream says it has no cache
-    assert isinstance(make_engine(block_size=BS), KVEventSource)
+    assert isinstance(make_engine(block_size=BS, max_waiting=64), KVEventSource)

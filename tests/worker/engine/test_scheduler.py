@@ -71,7 +71,7 @@ def test_decodes_are_scheduled_before_an_older_prompts_chunk():
     assert old.num_computed == 8
     pulled = _seq("pulled", 5)  # KV for 5 prompt tokens pulled into 2 blocks, first token known
     pulled.output_ids, pulled.num_computed, pulled.block_table = [9], 5, alloc.allocate(2)
-    s.add_running(pulled)
+    s.add_ready(pulled)
     chunks = s.schedule()
     assert [(c.seq.request_id, c.start, c.num_tokens) for c in chunks] == [("pulled", 5, 1), ("old", 8, 7)]
 

@@ -64,18 +64,19 @@ async def start_worker(server_loaded_toy, toy_model_dir):
     started: list[tuple[Worker, AsyncEngine, object]] = []
 
     async def start(role: str = "colocated", kv_backend: str | None = None, lease_s: float = 30.0,
-                    attach: bool = True, secret: str | None = None, **overrides) -> Worker:
+                    attach: bool = True, secret: str | None = None, stall_s: float = 120.0,
+                    **overrides) -> Worker:
         cfg = dict(model=str(toy_model_dir), num_blocks=128, block_size=8, max_num_seqs=8,
                    max_batched_tokens=256)
         cfg.update(overrides)
         eng = Engine(EngineConfig(**cfg), loaded=server_loaded_toy, lease_s=lease_s)
         engine_id = f"test-{role}-{uuid.uuid4().hex[:8]}"
         state = WorkerState(WorkerSettings(role=Role(role), advertise_url="", engine_id=engine_id,
-                                           generation="g1", pull_wait_s=2.0, internal_secret=secret))
+                                           generation="g1", reserve_wait_s=2.0, internal_secret=secret))
         client = TestClient(TestServer(create_app(state)))
         await client.start_server()
         state.settings.advertise_url = str(client.make_url("")).rstrip("/")
-        aeng = AsyncEngine(eng)
+        aeng = AsyncEngine(eng, stall_s=stall_s)
         transport = None
         if kv_backend is not None:
             from tandem.worker.kv.base import KVTransferConfig

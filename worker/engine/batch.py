@@ -1,0 +1,65 @@
+"""One step's forward pass and sampling, with a failure kept to the sequences that caused it.
+
+A batch shares its forward pass and its sampling call, so one sequence whose input breaks them
+would fail every sequence beside it. When the forward pass raises, the batch runs again in halves
+(writing the same K/V into the same slots, so a retry changes nothing) until the failing items are
+alone; when sampling raises, each row is sampled on its own. What fails is the result of those
+items only; the rest of the batch goes on. A fault of the device itself fails every half the same
+way, and so every sequence of the batch, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from tandem.worker.engine.paged_forward import BatchItem, PagedForward
+from tandem.worker.engine.sampling import sample
+from tandem.worker.engine.scheduler import ScheduledChunk
+
+log = logging.getLogger("tandem.worker.engine")
+
+# For each chunk: the sampled token, None when the chunk samples nothing, or what failed it.
+Result = int | None | Exception
+
+
+def run_batch(runner: PagedForward, chunks: Seq[ScheduledChunk], items: Seq[BatchItem]) -> list[Result]:
+    """Forward pass and sampling for `chunks` (their `items`); never raises."""
+    try:
+        out = runner.forward(list(items))
+    except Exception as e:  # noqa: BLE001 - kept to the items that cause it, below
+        if len(items) == 1:
+            log.warning("forward pass failed for %s: %s", chunks[0].seq.request_id, e)
+            return [e]
+        half = len(items) // 2
+        log.warning("forward pass of %d sequences failed (%s): running them in halves to find the cause",
+                    len(items), e)
+        return run_batch(runner, chunks[:half], items[:half]) + run_batch(runner, chunks[half:], items[half:])
+    rows = [i for i, c in enumerate(chunks) if c.sample]
+    results: list[Result] = [None] * len(chunks)
+    for i, tok in zip(rows, sample_rows(out.logits, out.argmax, [chunks[i] for i in rows]), strict=True):
+        results[i] = tok
+    return results
+
+
+def sample_rows(logits: Any, argmax: Any, chunks: list[ScheduledChunk]) -> list[int | Exception]:
+    """The next token of each sampled chunk; a row whose sampling raises gets its exception."""
+    if not chunks:
+        return []
+    params = [c.seq.params for c in chunks]
+    seeds = [c.seq.seed for c in chunks]
+    indices = [len(c.seq.output_ids) for c in chunks]
+    try:
+        return list(sample(logits, params, seeds, indices, argmax))
+    except Exception as e:  # noqa: BLE001 - find the row that raised, below
+        log.warning("sampling %d rows failed (%s): sampling each row alone", len(chunks), e)
+    out: list[int | Exception] = []
+    for i in range(len(chunks)):
+        try:
+            row_argmax = None if argmax is None else argmax[i : i + 1]
+            out.append(sample(logits[i : i + 1], params[i : i + 1], seeds[i : i + 1], indices[i : i + 1],
+                              row_argmax)[0])
+        except Exception as e:  # noqa: BLE001 - this row's failure is this sequence's alone
+            out.append(e)
+    return out

@@ -1,0 +1,169 @@
+"""POST /internal/generate: a sequence streamed as NDJSON (START, TOKEN..., FINISH or ERROR).
+
+Tokens given in generated_token_ids (a handoff's first token, a resume's tokens so far) are
+replayed by make_sequence, never streamed: the stream starts after them. With a kv_source the
+prompt's KV is pulled first (handoff.py). While nothing comes (queued, or a slow step) a HEARTBEAT
+line goes out every `heartbeat_s`; if the engine thread has died or stalls meanwhile, the stream
+ends with an ERROR instead (code engine_unhealthy), so the router resumes the request elsewhere.
+
+Cheap per token: the outputs a lagging stream has accumulated go out in one write, and a token
+line is encoded from a plain dict with one prebuilt JSON encoder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+from tandem.contracts.names import Role
+from tandem.contracts.protocol import NDJSON, REQUEST_ID_HEADER, EventType, StreamEvent
+from tandem.worker.server.handoff import check_source, pull
+from tandem.worker.server.parsing import parse_generate, read_json
+from tandem.worker.server.responses import from_request_error, need_engine, wrong_role
+from tandem.worker.server.state import STATE_KEY, WorkerState
+
+log = logging.getLogger("tandem.worker.server")
+
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+_HEARTBEAT = b'{"type":"heartbeat"}\n'
+
+
+def _line(ev: StreamEvent) -> bytes:
+    return (_encode(ev.to_dict()) + "\n").encode()
+
+
+def _token_line(token_ids: list[int], text: str) -> bytes:
+    """StreamEvent(TOKEN, token_ids, text).to_dict(), without building the dataclass per token."""
+    doc: dict[str, Any] = {"type": "token", "token_ids": token_ids}
+    if text:
+        doc["text"] = text
+    return (_encode(doc) + "\n").encode()
+
+
+def refused(state: WorkerState, e: Any, request_id: str) -> web.Response:
+    """The engine's refusal as an answer; a full worker's is counted by reason."""
+    if e.retry_after_s is not None:
+        state.metrics.refused.labels(e.code).inc()
+    return from_request_error(e, request_id)
+
+
+class _Replayed:
+    """The outputs of a request whose replayed tokens already end it: the held-back text, if any."""
+
+    def __init__(self, seq: Any) -> None:
+        from tandem.worker.engine.sequence import SeqOutput
+
+        self.out = [SeqOutput(seq.request_id, text=seq.detok.take(final=True), finished=True,
+                              finish_reason=seq.finish_reason)]
+
+    async def get(self, timeout_s: float) -> list[Any]:
+        out, self.out = self.out, []
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    from tandem.worker.engine.errors import RequestError
+
+    state = request.app[STATE_KEY]
+    body = await read_json(request)
+    req = parse_generate(body, request)
+    rid = req.request_id
+    if state.settings.role == Role.PREFILL:
+        return wrong_role(state, "/internal/generate", rid)
+    if (resp := need_engine(state, rid)) is not None:
+        return resp
+    aeng = state.engine
+    try:
+        aeng.engine.claim(rid)  # a duplicate or a full queue is refused before any work
+    except RequestError as e:
+        return refused(state, e, rid)
+    try:
+        started = await _queue(state, req)
+    finally:
+        aeng.engine.release_claim(rid)  # a no-op once the sequence took its claim over
+    if isinstance(started, web.Response):
+        return started
+    seq, outputs, pulled = started
+    return await _stream(request, state, seq, outputs, pulled)
+
+
+async def _queue(state: WorkerState, req: Any) -> tuple[Any, Any, bool] | web.Response:
+    """Tokenize, pull a handoff's KV and queue the sequence (its id claimed already): the sequence,
+    its outputs and whether it was pulled, or the error to answer."""
+    from tandem.worker.engine.errors import RequestError
+
+    rid, aeng = req.request_id, state.engine
+    try:
+        seq = aeng.engine.make_sequence(req)
+    except RequestError as e:
+        return from_request_error(e, rid)
+    if seq.finished:  # the worker that sampled the last of them died before it could say so
+        return seq, _Replayed(seq), False
+    blocks = None
+    if req.kv_source is not None:
+        if (resp := check_source(state, req, seq)) is not None:
+            return resp
+        blocks = await pull(state, req, seq)
+        if isinstance(blocks, web.Response):
+            return blocks
+    return seq, aeng.submit(seq, kv_blocks=blocks), blocks is not None  # submit takes the claim over
+
+
+def _lines(seq: Any, outs: list[Any]) -> tuple[list[bytes], bool]:
+    """The NDJSON lines for a batch of outputs, and whether the stream ends with them."""
+    lines = []
+    for out in outs:
+        if out.error is not None:
+            lines.append(_line(StreamEvent(EventType.ERROR, error=out.error)))
+            return lines, True
+        if out.token_ids or out.text:
+            lines.append(_token_line(out.token_ids, out.text))
+        if out.finished:
+            usage = {"prompt_tokens": len(seq.prompt_ids), "completion_tokens": len(seq.output_ids),
+                     "total_tokens": seq.num_tokens}
+            lines.append(_line(StreamEvent(EventType.FINISH, finish_reason=out.finish_reason, usage=usage)))
+            log.info("generate finished", extra={"request_id": seq.request_id,
+                                                  "completion_tokens": len(seq.output_ids),
+                                                  "finish_reason": str(out.finish_reason)})
+            return lines, True
+    return lines, False
+
+
+async def _stream(request: web.Request, state: WorkerState, seq: Any, outputs: Any,
+                  pulled: bool) -> web.StreamResponse:
+    """START, TOKEN lines (HEARTBEAT while there is none), then FINISH (or ERROR); a stream cut
+    short aborts the sequence (closing `outputs` does)."""
+    rid = seq.request_id
+    log.info("generate started", extra={"request_id": rid, "prompt_tokens": len(seq.prompt_ids),
+                                         "pulled": pulled, "replayed": seq.num_resumed})
+    try:
+        resp = web.StreamResponse(headers={"Content-Type": NDJSON, REQUEST_ID_HEADER: rid})
+        await resp.prepare(request)
+        await resp.write(_line(StreamEvent(EventType.START, prompt_tokens=len(seq.prompt_ids))))
+        ended = False
+        while not ended:
+            outs = await outputs.get(state.settings.heartbeat_s)
+            if outs:
+                lines, ended = _lines(seq, outs)
+                await resp.write(b"".join(lines))
+            elif (problem := state.engine_problem()) is not None:
+                log.error("ending a stream: %s", problem, extra={"request_id": rid})
+                await resp.write(_line(StreamEvent(EventType.ERROR, error={
+                    "message": f"this worker cannot finish the request: {problem}", "type": "internal_error",
+                    "param": None, "code": "engine_unhealthy"})))
+                ended = True
+            else:
+                await resp.write(_HEARTBEAT)
+        await resp.write_eof()
+        return resp
+    except (ConnectionResetError, asyncio.CancelledError):
+        log.info("client went away; aborting", extra={"request_id": rid})
+        raise
+    finally:
+        outputs.close()
