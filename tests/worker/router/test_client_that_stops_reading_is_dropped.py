@@ -9,21 +9,14 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import pytest
+from tandem.testing.cluster import wait_until
 from tandem.testing.hostile_json import dumps
 from tandem.testing.paced_worker import start_paced_worker
 from tandem.testing.router_process import RouterProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def _until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_a_client_that_stops_reading_is_dropped_and_its_request_aborted():
@@ -47,9 +40,9 @@ def test_a_client_that_stops_reading_is_dropped_and_its_request_aborted():
             got += sock.recv(256)
         assert got.startswith(b"HTTP/1.1 200")
         # From here on the client reads nothing, and stays connected.
-        _until(lambda: stats()["aborts"] >= 1, 15, "the router to abort the request on the worker")
+        wait_until(lambda: stats()["aborts"] >= 1, timeout=15, what="the router to abort the request on the worker", interval=0.05)
         assert stats()["finished"] == 0, "the stream must not have run to max_tokens"
-        _until(lambda: stats()["open"] == 0, 10, "the worker's stream to close")
+        wait_until(lambda: stats()["open"] == 0, timeout=10, what="the worker's stream to close", interval=0.05)
         assert router.metric('tandem_requests_total{status="499"}') == 1
     finally:
         sock.close()

@@ -9,21 +9,14 @@ from __future__ import annotations
 import http.client
 import json
 import signal
-import time
 
 import pytest
+from tandem.testing.cluster import wait_until
 from tandem.testing.hostile_json import dumps, post
 from tandem.testing.paced_worker import start_paced_worker
 from tandem.testing.router_process import RouterProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def _until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_a_20_s_stream_finishes_after_sigterm_and_then_the_router_exits():
@@ -38,7 +31,7 @@ def test_a_20_s_stream_finishes_after_sigterm_and_then_the_router_exits():
         first = resp.readline()
         assert first.startswith(b"data: ")
         r.signal(signal.SIGTERM)
-        _until(lambda: r.status("/ready") == 503, 10, "/ready to turn 503")
+        wait_until(lambda: r.status("/ready") == 503, timeout=10, what="/ready to turn 503", interval=0.05)
         refused = post(r.url, "/v1/completions", dumps({"model": "paced", "prompt": "late", "max_tokens": 1}))
         assert refused.status == 503 and refused.headers["retry-after"]
         assert r.alive(), "the router must wait for the stream in flight"
