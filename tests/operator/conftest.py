@@ -188,3 +188,10 @@ def documented_rbac_kubeconfig(k8s, documented_rules, tmp_path_factory) -> Itera
     finally:
         k8s.kubectl("delete", "clusterrolebinding,clusterrole", name, "--ignore-not-found", check=False)
         k8s.kubectl("delete", "serviceaccount", name, "-n", "default", "--ignore-not-found", check=False)
+
+
+@pytest.fixture(scope="module")
+def api(k8s):
+    """An API client on the test control plane, as cluster-admin."""
+    with k8s.api_client() as api:
+        yield api

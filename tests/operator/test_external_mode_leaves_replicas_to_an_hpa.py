@@ -23,12 +23,6 @@ def cpu_spec(decode: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def api(k8s):
-    with k8s.api_client() as api:
-        yield api
-
-
-@pytest.fixture(scope="module")
 def operator(start_operator):
     return start_operator("--no-kv-probe")
 

@@ -49,12 +49,6 @@ def gpu_roce_spec(model: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def api(k8s):
-    with k8s.api_client() as api:
-        yield api
-
-
-@pytest.fixture(scope="module")
 def operator(start_operator):
     return start_operator("--resync-seconds", "1", "--kv-probe-timeout-seconds", "2")
 

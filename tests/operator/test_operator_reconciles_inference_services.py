@@ -45,12 +45,6 @@ def body(name: str, spec: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def api(k8s):
-    with k8s.api_client() as api:
-        yield api
-
-
-@pytest.fixture(scope="module")
 def operator(start_operator):
     return start_operator()
 
