@@ -90,12 +90,18 @@ WORKER_MAX_STOP_STRINGS = 32
 WORKER_MAX_STOP_CHARS = 1024  # each
 
 
+def top_k_valid(k: int) -> bool:
+    """The one top_k rule of the router and the workers: -1 or 0 is off (as vLLM takes both),
+    any positive k keeps the k likeliest tokens."""
+    return k >= -1
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # -1: off
+    top_k: int = -1  # -1 or 0: off (top_k_valid)
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)

@@ -15,6 +15,7 @@ from tandem.contracts.protocol import (
     WORKER_MAX_STOP_STRINGS,
     GenerateRequest,
     SamplingParams,
+    top_k_valid,
 )
 from tandem.worker.engine.errors import RequestError
 
@@ -48,8 +49,8 @@ def check_sampling(p: SamplingParams, vocab_size: int) -> None:
         p.temperature = 0.0
     if not _real(p.top_p) or not 0 < p.top_p <= 1:
         raise _bad(f"top_p must be in (0, 1], got {p.top_p!r}", "top_p")
-    if not _int(p.top_k) or (p.top_k < 1 and p.top_k not in (-1, 0)):
-        raise _bad(f"top_k must be -1 (off) or >= 1, got {p.top_k!r}", "top_k")
+    if not _int(p.top_k) or not top_k_valid(p.top_k):
+        raise _bad(f"top_k must be -1 or 0 (off) or a positive integer, got {p.top_k!r}", "top_k")
     if p.seed is not None and (not _int(p.seed) or not SEED_RANGE[0] <= p.seed < SEED_RANGE[1]):
         raise _bad("seed must be an integer that fits in 64 bits", "seed")
     if isinstance(p.stop, str):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.contracts.json_body import INT_MAX, INT_MIN
-from tandem.contracts.protocol import SamplingParams
+from tandem.contracts.protocol import SamplingParams, top_k_valid
 from tandem.worker.router.errors import RouterError, bad_request
 
 
@@ -196,8 +196,8 @@ def _parse_sampling(body: dict[str, Any], endpoint: Endpoint, limits: Limits) ->
         s.top_p = float(p)
     k = body.get("top_k")
     if k is not None:
-        if not _is_int(k) or (k < 1 and k != -1) or k > INT_MAX:
-            raise bad_request("'top_k' must be a positive integer or -1.", "top_k")
+        if not _is_int(k) or not top_k_valid(k) or k > INT_MAX:
+            raise bad_request("'top_k' must be a positive integer, or -1 or 0 (off).", "top_k")
         s.top_k = k
     seed = body.get("seed")
     if seed is not None:

@@ -25,6 +25,7 @@ INF = float("inf")
     ({"top_p": float("nan")}, "top_p"),
     ({"top_p": INF}, "top_p"),
     ({"top_k": True}, "top_k"),
+    ({"top_k": -2}, "top_k"),
     ({"max_tokens": 2.5}, "max_tokens"),
     ({"seed": 2**64}, "seed"),
     ({"seed": -(2**63) - 1}, "seed"),
@@ -71,3 +72,13 @@ def test_a_prompt_the_tokenizer_refuses_is_a_400(make_engine):
     with pytest.raises(RequestError) as e:
         eng.make_sequence(GenerateRequest(request_id="tok", prompt="\U0010ffff"))
     assert (e.value.status, e.value.param) == (400, "prompt") and "text too strange" in str(e.value)
+
+
+def test_top_k_zero_is_off_like_minus_one(make_engine, loaded_toy):
+    """Both spellings of "off" (vLLM takes both, and so does the router) sample alike."""
+    eng = make_engine()
+    ids = loaded_toy.tokenizer(PROMPT)["input_ids"]
+    outs = [submit(eng, f"k{k}", ids, SamplingParams(max_tokens=12, temperature=1.5, top_k=k, seed=11,
+                                                      ignore_eos=True)) for k in (-1, 0)]
+    run_to_completion(eng)
+    assert tokens_of(outs[0]) == tokens_of(outs[1])

@@ -66,6 +66,8 @@ def test_completion_prompt_forms(prompt, text, ids):
         ({"temperature": 3}, "temperature"),
         ({"temperature": "hot"}, "temperature"),
         ({"top_p": 0}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"top_k": 1.5}, "top_k"),
         ({"seed": 1.5}, "seed"),
         ({"stop": 5}, "stop"),
         ({"stop": ["a"] * 17}, "stop"),
@@ -122,3 +124,12 @@ def test_prompt_over_the_limit_is_context_length_exceeded():
         check_prompt_tokens(51, req, LIMITS)
     assert info.value.status == 400
     assert info.value.body["error"]["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize("k", [-1, 0, 1, 40])
+def test_top_k_off_or_positive_passes_as_the_workers_accept_it(k):
+    """One rule (contracts.protocol.top_k_valid) on both sides: the router passes what a worker takes."""
+    from tandem.contracts.protocol import top_k_valid
+
+    assert parse_request(CHAT | {"top_k": k}, Endpoint.CHAT, LIMITS).sampling.top_k == k
+    assert top_k_valid(k)
