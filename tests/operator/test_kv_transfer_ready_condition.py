@@ -14,6 +14,7 @@ import openai
 import pytest
 from kubernetes import client
 from tandem.testing.cluster import POOL_LABEL, free_port, wait_until
+from tandem.testing.k8s_events import wait_events
 from tandem.testing.pod_workers import ProcessGroup
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
@@ -161,10 +162,6 @@ def test_rdma_spec_served_over_tcp_is_an_rdma_fallback_with_a_warning(
                 naming=tuple(pod["metadata"]["name"] for pod in pods.values()))
     assert "never uses RDMA" in c["message"]
 
-    def warning():
-        events = client.CoreV1Api(api).list_namespaced_event(
-            namespace, field_selector=f"involvedObject.name={name}").items
-        return [e for e in events if e.reason == "RDMAFallback" and e.type == "Warning"]
-
-    events = wait_until(warning, timeout=10, what="a Warning event RDMAFallback")
+    events = wait_events(api, namespace, name, lambda e: e.reason == "RDMAFallback" and e.type == "Warning",
+                         "a Warning event RDMAFallback")
     assert len(events) == 1 and (events[0].count or 1) == 1, "one event per transition, not per resync"

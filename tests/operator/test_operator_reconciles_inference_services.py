@@ -15,6 +15,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tandem.testing.cluster import GPU_TOLERATION, POOL_LABEL, wait_until
+from tandem.testing.k8s_events import wait_events
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -148,10 +149,8 @@ def test_apply_creates_children_placed_on_their_pools_and_reports_ready(k8s, api
     assert header.split() == ["NAME", "READY", "PREFILL", "DECODE", "ENDPOINT", "AGE"]
     assert row.split()[:5] == [name, "True", "2/2", "2/2", status["endpoint"]]
 
-    events = client.CoreV1Api(api).list_namespaced_event(
-        namespace, field_selector=f"involvedObject.name={name},involvedObject.kind=InferenceService").items
-    assert any(e.reason == "Created" and "Deployment/llama-prefill" in e.message for e in events), \
-        [(e.reason, e.message) for e in events]
+    wait_events(api, namespace, name, lambda e: e.reason == "Created" and "Deployment/llama-prefill" in e.message,
+                "a Created event naming Deployment/llama-prefill", kind="InferenceService")
 
 
 def test_not_enough_gpus_or_rdma_is_reported_with_a_reason(k8s, api, operator, namespace):
@@ -237,9 +236,7 @@ def test_drift_is_corrected(k8s, api, operator, namespace):
 
     wait_until(restored, timeout=60, what="deleted Deployment, ConfigMap and Service back, replicas restored")
     wait_ready(api, namespace, name)
-    events = client.CoreV1Api(api).list_namespaced_event(
-        namespace, field_selector=f"involvedObject.name={name}").items
-    assert any(e.reason == "DriftCorrected" for e in events), [(e.reason, e.message) for e in events]
+    wait_events(api, namespace, name, lambda e: e.reason == "DriftCorrected", "a DriftCorrected event")
 
 
 def test_a_child_the_api_server_refuses_is_a_condition_not_a_crash(k8s, api, operator, namespace):
@@ -257,9 +254,8 @@ def test_a_child_the_api_server_refuses_is_a_condition_not_a_crash(k8s, api, ope
     c = wait_until(apply_failed, timeout=60, what="Ready=False ApplyFailed")
     assert c["status"] == "False"
     assert f"Deployment/{name}-decode" in c["message"] and "nodeSelectorTerms" in c["message"]
-    events = client.CoreV1Api(api).list_namespaced_event(
-        namespace, field_selector=f"involvedObject.name={name}").items
-    assert any(e.reason == "ApplyFailed" and e.type == "Warning" for e in events)
+    wait_events(api, namespace, name, lambda e: e.reason == "ApplyFailed" and e.type == "Warning",
+                "a Warning event ApplyFailed")
     assert operator.proc.poll() is None, "the operator keeps running"
 
     apply_tis(k8s, namespace, body(name, gpu_spec()))  # fixed by the user

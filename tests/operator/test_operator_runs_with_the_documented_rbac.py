@@ -13,6 +13,7 @@ import pytest
 import yaml
 from kubernetes import client
 from tandem.testing.cluster import wait_until
+from tandem.testing.k8s_events import wait_events
 from tandem.testing.rbac import rbac_denials
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -88,9 +89,7 @@ def test_operator_reconciles_with_only_the_documented_rules(k8s, start_operator,
             again = wait_until(lambda: core.read_namespaced_secret("rbac-internal", namespace),
                                timeout=30, what="internal Secret created again")
             assert again.data["secret"] != first.data["secret"]
-            events = client.CoreV1Api(api).list_namespaced_event(
-                namespace, field_selector="involvedObject.name=rbac").items
-            assert any(e.reason == "Created" for e in events)
+            wait_events(api, namespace, "rbac", lambda e: e.reason == "Created", "a Created event")
         if cluster:
             denied = rbac_denials(op.log())
             assert not denied, "the operator hit missing permissions:\n" + "\n".join(denied)

@@ -17,6 +17,7 @@ from kubernetes import client
 from tandem.operator.apply import CHOSEN
 from tandem.operator.autoscaling.planner import Reason
 from tandem.testing.cluster import POOL_LABEL, wait_until
+from tandem.testing.k8s_events import wait_events
 from tandem.testing.pod_workers import ProcessGroup
 from tandem.testing.rbac import rbac_denials
 
@@ -75,9 +76,9 @@ def status(api, ns: str, name: str) -> dict:
     return tis.get("status") or {}
 
 
-def events(api, ns: str, name: str, reason: str) -> list:
-    found = client.CoreV1Api(api).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
-    return [e for e in found if e.reason == reason]
+def posted(api, ns: str, name: str, reason: str) -> list:
+    """The events of that reason, once there is one (posted after the status they go with)."""
+    return wait_events(api, ns, name, lambda e: e.reason == reason, f"a {reason} event")
 
 
 def table(text: str) -> dict[str, str]:
@@ -150,7 +151,7 @@ def test_load_raises_decode_and_idle_lowers_it_removing_the_pod_the_planner_chos
         assert up["decode"]["message"].startswith("1 -> 2: ") and up["decode"]["lastScaleTime"]
         cond = next(c for c in up["conditions"] if c["type"] == "Autoscaling")
         assert cond["status"] == "True" and cond["reason"] in ("Active", "LimitedByMax"), cond
-        (event,) = events(api, namespace, name, "ScaledUp")
+        (event,) = posted(api, namespace, name, "ScaledUp")
         assert event.message == f"decode {up['decode']['message']} [{up['decode']['reason']}]"
 
         wide = k8s.kubectl("get", "tis", name, "-n", namespace, "-o", "wide").stdout
@@ -188,7 +189,7 @@ def test_load_raises_decode_and_idle_lowers_it_removing_the_pod_the_planner_chos
         raise AssertionError(f"decode was not lowered; status: {status(api, namespace, name)}\n"
                              f"{operator.log()[-3000:]}") from None
     assert down["decode"]["reason"] in (Reason.IDLE.value, Reason.LOAD_DROPPED.value), down["decode"]
-    (event,) = events(api, namespace, name, "ScaledDown")
+    (event,) = posted(api, namespace, name, "ScaledDown")
     chosen = re.search(r"; removing (\S+)", event.message)
     assert chosen and chosen.group(1) in (first, second["metadata"]["name"]), event.message
     left = wait_until(lambda: len(p := ready_pods(api, namespace, name, "decode")) == 1 and p, timeout=30,
