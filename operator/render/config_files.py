@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
-from tandem.contracts.names import KV_PORT, ROUTER_PORT, WORKER_PORT, Role
+from tandem.contracts.names import KV_PORT, ROUTER_PORT, WORKER_PORT
 from tandem.operator.render.objects import Manifest, metadata, names
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
 from tandem.operator.spec.inference_service import EXIT_MARGIN_S

@@ -147,8 +147,10 @@ class _Migrating(Exception):
 
 @dataclass
 class _Move:
-    """A migration under way: from which worker, since when (until the next worker's first token)."""
+    """A migration under way: of which request, from which worker, since when (until the next
+    worker's first token)."""
 
+    request_id: str
     source: str
     since: float = field(default_factory=time.monotonic)
 
@@ -332,7 +334,7 @@ class Orchestrator:
                         yield ev
                     break
                 except _Migrating as m:
-                    move = move or _Move(url)
+                    move = move or _Move(ctx.request_id, url)
                     excluded.add(url)  # never back to the worker that is leaving
                     target, kv, holder = self._migrate(info, ctx, p, url, target.generation, m.event, excluded)
                 except WorkerBusy as exc:  # it refused before streaming: the KV lease is still there
@@ -410,9 +412,11 @@ class Orchestrator:
         return nxt, kv, source if kv is not None else None
 
     def _moved(self, move: _Move, outcome: str) -> None:
+        seconds = time.monotonic() - move.since
         self.metrics.migrations.labels(outcome).inc()
         if outcome != "failed":
-            self.metrics.migration_seconds.observe(time.monotonic() - move.since)
+            self.metrics.migration_seconds.observe(seconds)
+        log.info("request %s: migrated from %s in %.1f ms (%s)", move.request_id, move.source, seconds * 1e3, outcome)
 
     async def _after_busy(
         self, info: RequestInfo, ctx: RequestContext, p: _Progress, excluded: set[str], busy: _Busy

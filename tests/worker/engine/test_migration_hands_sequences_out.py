@@ -6,7 +6,13 @@ or expired. Another engine given those blocks' contents continues the sequence t
 from __future__ import annotations
 
 from tandem.contracts.protocol import GenerateRequest
-from tandem.testing.engine_helpers import check_blocks_accounted, greedy, run_to_completion, submit, tokens_of
+from tandem.testing.engine_helpers import (
+    check_blocks_accounted,
+    greedy,
+    run_to_completion,
+    submit,
+    tokens_of,
+)
 
 PROMPT = list(range(5, 45))  # 40 tokens: two and a half blocks of 16
 

@@ -12,7 +12,13 @@ from tandem.contracts.protocol import FinishReason
 from tandem.testing.fake_workers import FakeWorkers, fail, finish, migrate, prefilled, start, token
 from tandem.worker.router.errors import RouterError
 from tandem.worker.router.metrics import RouterMetrics
-from tandem.worker.router.orchestrator import Finished, Orchestrator, RequestContext, Started, Tokens
+from tandem.worker.router.orchestrator import (
+    Finished,
+    Orchestrator,
+    RequestContext,
+    Started,
+    Tokens,
+)
 from tandem.worker.router.policies.registry import create_policy
 from tandem.worker.router.pool import Target, WorkerPool
 from tandem.worker.router.validation import Endpoint, Limits, parse_request

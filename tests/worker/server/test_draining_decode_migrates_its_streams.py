@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import json
 
-from tandem.testing.engine_helpers import ndjson_events, reference_generate, stream_text, stream_tokens
+from tandem.testing.engine_helpers import (
+    ndjson_events,
+    reference_generate,
+    stream_text,
+    stream_tokens,
+)
 
 PROMPT = "Kubernetes schedules pods onto nodes, and an operator reconciles"
 MAX_TOKENS = 24
