@@ -12,7 +12,8 @@ Endpoints every worker serves (aiohttp, see worker/server/):
   GET  /internal/info           WorkerInfo (role, epoch, limits, load), for the router
   POST /internal/generate       GenerateRequest -> NDJSON stream of StreamEvent lines
                                 (decode and colocated roles; with `kv_source` set, the
-                                decode worker pulls the KV from the prefill worker first;
+                                decode worker pulls the KV from the prefill worker, or from
+                                the decode worker a migrated sequence leaves, first;
                                 `generated_token_ids` are replayed, never streamed again)
   POST /internal/prefill        GenerateRequest -> PrefillResult JSON (prefill and colocated roles);
                                 the KV blocks stay leased on the prefill worker until pulled,
@@ -45,7 +46,8 @@ pulled there gets 409 `duplicate_request_id`. A worker that is alive but full sa
 so with Retry-After, which callers treat as busy, never as a dead worker: 429
 `queue_full` (more requests would wait than its queue allows), 429
 `prefill_queue_timeout` (a prefill that could not start in time), 503
-`kv_cache_full` (no blocks to receive a handoff's KV). A worker whose engine
+`kv_cache_full` (no blocks to receive a handoff's KV), 503 `draining` (shutting down: it takes
+no new request). A worker whose engine
 thread died or stalls answers 503 `engine_unhealthy` and fails /health.
 """
 
@@ -79,6 +81,11 @@ class EventType(enum.StrEnum):
     # request waits in its queue, or a step is slow). The router's between-line timeout starts
     # again at every line, so a request that waits is never taken for a hung worker.
     HEARTBEAT = "heartbeat"
+    # Last line when the worker is shutting down (SIGTERM) and hands the sequence out instead of
+    # finishing it: `kv` (its KV leased here, as a prefill result's is: prompt + generated[:-1]
+    # tokens; None when it had none yet) and `generated_token_ids` (every token so far). The router
+    # continues it on another decode worker, pulling that KV, or recomputing without it.
+    MIGRATE = "migrate"
 
 
 # A temperature below this is greedy: dividing logits by it only overflows the softmax (vLLM's
@@ -147,6 +154,9 @@ class GenerateRequest:
     emitted_chars: int | None = None
     # Older spelling of generated_token_ids=[first_token_id] on a KV handoff.
     first_token_id: int | None = None
+    # Set by the router when kv_source is a migrated sequence's (the URL of the decode worker it
+    # leaves): counted and logged apart from prefill handoffs.
+    migrated_from: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -196,6 +206,8 @@ class StreamEvent:
     finish_reason: FinishReason | None = None  # on FINISH
     usage: dict[str, int] | None = None  # on FINISH: prompt_tokens, completion_tokens
     error: dict[str, Any] | None = None  # on ERROR: {"message", "type", "param", "code"}
+    kv: KVSource | None = None  # on MIGRATE: where the sequence's KV is leased, if it had any
+    generated_token_ids: list[int] = field(default_factory=list)  # on MIGRATE: every token so far
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, [], "")} | {
@@ -208,6 +220,8 @@ class StreamEvent:
         d["type"] = EventType(d["type"])
         if d.get("finish_reason") is not None:
             d["finish_reason"] = FinishReason(d["finish_reason"])
+        if d.get("kv") is not None:
+            d["kv"] = KVSource(**d["kv"])
         return cls(**d)
 
 

@@ -11,7 +11,9 @@ whichever service is due next. A tick:
      scale-down it first marks the pods the planner chose (lowest pod-deletion-cost: the ReplicaSet
      removes exactly those), then writes the decision into status (per role the desired replicas, a
      reason and a message; the Autoscaling condition), posts an Event for each change of desired
-     replicas, and reconciles, which applies the Deployments with the new counts.
+     replicas, and reconciles, which applies the Deployments with the new counts. A removed decode
+     pod's running streams are not lost: on the kubelet's SIGTERM its worker hands each sequence,
+     its KV leased, to another decode worker through the router (docs/autoscaling.md).
 
 The desired replicas live in status, so they survive a restart. What lives only here (the metrics
 window, the recent recommendations, what the planner learned) starts afresh: the first tick only
@@ -167,8 +169,9 @@ def act(api: client.ApiClient, namespace: str, name: str, decision: Decision, ob
             message = f"{role} {d.message} [{d.reason}]" if d.current == kept else (
                 f"{role} {kept} -> {d.desired} [{d.reason}]: {d.message}")
             if d.desired < kept and d.remove:
-                # The pods to go are known and marked before replicas drop: a step that moves their
-                # running sequences to other decode workers first belongs right here.
+                # The pods to go are known and marked before replicas drop. Their running streams
+                # move when the kubelet's SIGTERM reaches them: each decode worker hands its
+                # sequences (their KV leased) to other decode workers through the router.
                 problems = apply.mark_for_removal(api, namespace, obs.roles[role].pods, d.remove, now())
                 message += f"; removing {', '.join(d.remove)}"
                 if problems:

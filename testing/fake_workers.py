@@ -58,6 +58,13 @@ def finish(reason: FinishReason = FinishReason.STOP) -> StreamEvent:
     return StreamEvent(EventType.FINISH, finish_reason=reason)
 
 
+def migrate(url: str, generated: list[int], num_tokens: int, with_kv: bool = True) -> StreamEvent:
+    """A draining decode worker's last line: the sequence's KV leased at `url` (num_tokens: prompt
+    and generated tokens but the last), or none."""
+    kv = KVSource(url, url + "-1", "tcp", [0], num_tokens, lease_token=f"token-of-{url}") if with_kv else None
+    return StreamEvent(EventType.MIGRATE, kv=kv, generated_token_ids=list(generated))
+
+
 def prefilled(url: str, prompt_ids: list[int], first: int, text: str,
               finish_reason: FinishReason | None = None) -> PrefillResult:
     """A prefill worker's success: the first token and (unless it finished) the KV to pull."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,39 @@ class ProcessGroup(Supervisor):
     def __init__(self, api: Any = None) -> None:
         super().__init__()
         self.api = api
+        self._watching: threading.Event | None = None
+        self.terminated: list[str] = []  # pods whose stand-in got SIGTERM because the pod was deleted
+
+    def follow_deletions(self, namespace: str) -> None:
+        """Act as the kubelet for deleted pods: a stand-in whose pod gets a deletionTimestamp (or
+        disappears: KWOK deletes at once) gets SIGTERM and then its own drain time to exit."""
+        from kubernetes import client, watch
+
+        stop = self._watching = threading.Event()
+        core = client.CoreV1Api(self.api)
+
+        def run() -> None:
+            while not stop.is_set():
+                w = watch.Watch()
+                for ev in w.stream(core.list_namespaced_pod, namespace, timeout_seconds=2):
+                    pod = ev["object"]
+                    if ev["type"] == "DELETED" or pod.metadata.deletion_timestamp is not None:
+                        self._pod_deleted(pod.metadata.name)
+                    if stop.is_set():
+                        w.stop()
+
+        threading.Thread(target=run, name="pod-deletions", daemon=True).start()
+
+    def _pod_deleted(self, name: str) -> None:
+        for child in self.children:
+            if child.name == name and child.alive() and name not in self.terminated:
+                self.terminated.append(name)
+                child.terminate()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self._watching is not None:
+            self._watching.set()
+        super().stop(grace_s)
 
     def _secret(self, namespace: str, name: str, key: str) -> str:
         import base64

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
-from tandem.contracts.names import KV_PORT, ROUTER_PORT, WORKER_PORT, Role
+from tandem.contracts.names import KV_PORT, ROUTER_PORT, WORKER_PORT
 from tandem.operator.render.objects import Manifest, metadata, names
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
 from tandem.operator.spec.inference_service import EXIT_MARGIN_S
@@ -20,13 +20,11 @@ KV_LEASE_S = 30  # how long prefill keeps KV no decode worker has pulled (the wo
 
 
 def drain_times(spec: InferenceServiceSpec, role: str) -> dict[str, int]:
-    """drain_s (and prefill's kv_lease_s) within the pod's grace period: a pod being removed stays
-    until its sequences finish and every KV block it leased is pulled or expired, then exits
-    before the kubelet kills it."""
+    """drain_s and kv_lease_s within the pod's grace period: a pod being removed stays until every
+    KV block it leased (a prefill's prompts; a decode pod's running sequences, which it hands to
+    other decode pods on SIGTERM) is pulled or expired, then exits before the kubelet kills it."""
     drain = max(0, spec.role(role).termination_grace_period_seconds - EXIT_MARGIN_S)
-    if role == Role.PREFILL:
-        return {"drain_s": drain, "kv_lease_s": min(KV_LEASE_S, drain)}
-    return {"drain_s": drain}
+    return {"drain_s": drain, "kv_lease_s": min(KV_LEASE_S, drain)}
 
 
 def model_arg(spec: InferenceServiceSpec) -> str:

@@ -113,9 +113,10 @@ def worker_container(name: str, spec: InferenceServiceSpec, role: str, config: O
 
 
 def worker_ports(spec: InferenceServiceSpec, role: str) -> list[dict[str, Any]]:
-    """http (internal API, probes, metrics); a prefill worker of the tcp backend also serves KV."""
+    """http (internal API, probes, metrics); a worker of the tcp backend also serves KV (prefill: its
+    prompts' KV; decode: its running sequences' when it migrates them out on SIGTERM)."""
     ports = [{"name": WORKER_PORT_NAME, "containerPort": WORKER_PORT, "protocol": "TCP"}]
-    if spec.kv_transfer.backend == KVBackend.TCP and role == Role.PREFILL:
+    if spec.kv_transfer.backend == KVBackend.TCP and role in (Role.PREFILL, Role.DECODE):
         ports.append({"name": KV_PORT_NAME, "containerPort": KV_PORT, "protocol": "TCP"})
     return ports
 

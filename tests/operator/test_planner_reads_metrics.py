@@ -20,7 +20,8 @@ class FakeEngine:
 
     def __init__(self, running=0, waiting=0, leases=0, used=0, total=100, prompt=0, generated=0, outstanding=0):
         self.stats = SimpleNamespace(prompt_tokens_total=prompt, generation_tokens_total=generated,
-                                     preemptions_total=0, steps_total=0, requests_finished={})
+                                     preemptions_total=0, steps_total=0, requests_finished={},
+                                     prefill_tokens_computed_total=0, migrated_out={})
         self.num_running, self.num_waiting = running, waiting
         self.leases = dict.fromkeys(range(leases))
         self.allocator = SimpleNamespace(num_used=used, num_blocks=total)

@@ -3,7 +3,9 @@ standing in for the pods (KWOK gives them loopback IPs; each process listens at 
 
 The operator runs with exactly the RBAC that operator/RBAC.md documents. Under load the planner
 raises decode from 1 to 2 and status and an Event say why; when the load stops it lowers decode
-again after the stabilisation window, and the pod the ReplicaSet removes is the one it chose.
+again after the stabilisation window, and the pod the ReplicaSet removes is the one it chose; its
+worker gets SIGTERM (ProcessGroup acts as the kubelet) and drains to a clean exit. Streams running
+through such a scale-down: test_decode_scale_down_migrates_streams.py.
 """
 
 from __future__ import annotations
@@ -129,6 +131,7 @@ def test_load_raises_decode_and_idle_lowers_it_removing_the_pod_the_planner_chos
     body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
             "spec": spec(str(toy_model_dir))}
     client.CustomObjectsApi(api).create_namespaced_custom_object(*GVP[:2], namespace, GVP[2], body)
+    procs.follow_deletions(namespace)
     pods = {role: wait_until(lambda r=role: ready_pods(api, namespace, name, r) or None, timeout=60,
                              what=f"a Ready {role} pod")[0] for role in ("prefill", "decode", "router")}
     workers = [procs.worker_for_pod(pods[role], toy_model_dir) for role in ("prefill", "decode")]
@@ -196,4 +199,6 @@ def test_load_raises_decode_and_idle_lowers_it_removing_the_pod_the_planner_chos
                       what="one decode pod left")
     assert left[0]["metadata"]["name"] != chosen.group(1), "the ReplicaSet removed the pod the planner chose"
     assert CHOSEN not in (left[0]["metadata"].get("annotations") or {})
+    gone = next(c for c in procs.children if c.name == chosen.group(1))
+    assert gone.proc.wait(60) == 0 and procs.terminated == [chosen.group(1)], gone.log()[-3000:]
     assert not rbac_denials(operator.log()), "the documented RBAC lacks what the autoscaler does"

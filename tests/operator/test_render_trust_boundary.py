@@ -50,13 +50,14 @@ def test_a_role_cannot_override_the_secret(typed, meta):
         "secretKeyRef": {"name": "llama-internal", "key": "secret"}}}]
 
 
-def test_tcp_prefill_declares_the_kv_port_and_its_config_names_it(typed, meta):
+def test_tcp_workers_declare_the_kv_port_and_their_config_names_it(typed, meta):
+    """Prefill serves its prompts' KV there; decode its sequences' when it migrates them out."""
     import yaml
 
     out = render(meta, typed({"model": {"path": "/m"}, "kvTransfer": {"backend": "tcp"}}), OPERATOR)
-    ports = {p["name"]: p["containerPort"] for p in _container(out, "llama-prefill")["ports"]}
-    assert ports == {"http": 8000, "kv": KV_PORT}
-    assert [p["name"] for p in _container(out, "llama-decode")["ports"]] == ["http"]
+    for role in ("prefill", "decode"):
+        ports = {p["name"]: p["containerPort"] for p in _container(out, f"llama-{role}")["ports"]}
+        assert ports == {"http": 8000, "kv": KV_PORT}
     cfg = yaml.safe_load(_by(out, "ConfigMap", "llama-config")["data"]["prefill.yaml"])
     assert cfg["kv_port"] == KV_PORT
 

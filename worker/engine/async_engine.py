@@ -167,6 +167,11 @@ class AsyncEngine:
         self._wake.set()
         return found
 
+    def start_migration(self) -> None:
+        """Hand every sequence out at the start of the next step (Engine.start_migration)."""
+        self.engine.start_migration()
+        self._wake.set()
+
 
 class OutputStream:
     """One sequence's outputs as the engine delivers them, read in batches: whatever arrived while
@@ -177,7 +182,7 @@ class OutputStream:
         self._engine = engine
         self.request_id = request_id
         self._q = q
-        self.done = False  # the last output (finished, or the lease of a prefill) was read
+        self.done = False  # the last output (finished, migrated, or the lease of a prefill) was read
 
     async def get(self, timeout_s: float) -> list[SeqOutput]:
         """The outputs that arrived, waiting up to timeout_s for the first; [] when none came."""
@@ -191,7 +196,7 @@ class OutputStream:
                 return []
         while not q.empty():
             outs.append(q.get_nowait())
-        self.done = self.done or any(o.finished or o.kv_blocks is not None for o in outs)
+        self.done = self.done or any(o.finished or o.migrated or o.kv_blocks is not None for o in outs)
         return outs
 
     def close(self) -> None:

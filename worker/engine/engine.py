@@ -24,6 +24,7 @@ from tandem.worker.engine.detokenizer import IncrementalDetokenizer
 from tandem.worker.engine.errors import ModelLoadError, RequestError
 from tandem.worker.engine.leases import Lease, LeaseKeeping
 from tandem.worker.engine.loader import LoadedModel, load_model
+from tandem.worker.engine.migration import Migration
 from tandem.worker.engine.paged_forward import BatchItem, PagedForward, kv_layout_for
 from tandem.worker.engine.prefix_cache import PrefixCache, PublishingLock, prefix_salt
 from tandem.worker.engine.scheduler import ScheduledChunk, Scheduler
@@ -41,6 +42,11 @@ class EngineStats:
     preemptions_total: int = 0
     steps_total: int = 0
     requests_finished: dict[str, int] = field(default_factory=dict)
+    # Tokens run through the model other than one per decode step: prompts prefilled here, and
+    # sequences recomputed (after a preemption, or resumed without their KV).
+    prefill_tokens_computed_total: int = 0
+    # Sequences handed out by a draining engine: "kv" with their KV leased, "recompute" without.
+    migrated_out: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -63,7 +69,7 @@ def _available_memory(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-class Engine(LeaseKeeping):
+class Engine(LeaseKeeping, Migration):
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, lease_s: float = 30.0):
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -144,6 +150,7 @@ class Engine(LeaseKeeping):
         self.on_blocks_freed: Callable[[], None] = lambda: None
         self._in_flight: set[str] = set()
         self._abort_after_step: set[str] = set()
+        self._migrating = False  # draining: every sequence leaves at the start of the next step
 
     # ---- requests in ----------------------------------------------------------------------
 
@@ -248,12 +255,13 @@ class Engine(LeaseKeeping):
                                status=429, type_="service_unavailable", code="queue_full", retry_after_s=1.0)
 
     def reserve_for_pull(self, seq: Sequence) -> PullReservation | None:
-        """Blocks for the prompt's KV before a pull: the leading blocks this pool already caches
+        """Blocks for the KV of all but the last token (a handoff: the prompt; a migration: prompt
+        and generated tokens) before a pull: the leading blocks this pool already caches
         (at least the last block is still pulled: the pull also ends the peer's lease), then new
         blocks for the rest; None when the pool is too full right now. Under the engine's lock (so
         a step never finds fewer free blocks than it just counted), and leaving a block per running
         sequence for their next tokens."""
-        n = len(seq.prompt_ids)
+        n = seq.num_tokens - 1
         with self.lock:
             hit = self.prefix_cache.match(seq, n - 1)
             need = self.layout.blocks_for(n) - len(hit)
@@ -268,14 +276,15 @@ class Engine(LeaseKeeping):
         self.on_blocks_freed()
 
     def add_prefilled(self, seq: Sequence, block_ids: list[int]) -> None:
-        """Queue a sequence whose prompt KV is already in block_ids (pulled from a prefill worker,
-        or cached here) for a seat in the running batch; the prefill's first token, replayed by make_sequence, is
-        the next one to run. Its claim (if any) ends here."""
+        """Queue a sequence whose KV for all but its last token is already in block_ids (pulled
+        from a prefill worker or a draining decode worker, or cached here) for a seat in the
+        running batch; its last generated token, replayed by make_sequence, is the next one to run.
+        Its claim (if any) ends here."""
         with self.lock:
             self._take_claim(seq.request_id)
             self.seqs[seq.request_id] = seq
             seq.block_table = list(block_ids)
-            seq.num_computed = len(seq.prompt_ids)
+            seq.num_computed = seq.num_tokens - 1
             self.prefix_cache.commit(seq)
             self.stats.prompt_tokens_total += len(seq.prompt_ids)
             self.scheduler.add_ready(seq)
@@ -318,7 +327,10 @@ class Engine(LeaseKeeping):
 
     def step(self) -> int:
         """Run one forward pass over the scheduled batch; returns the number of tokens processed.
-        A failure caused by one sequence ends that sequence alone (batch.py)."""
+        A failure caused by one sequence ends that sequence alone (batch.py). A draining engine
+        first hands its sequences out (start_migration)."""
+        if self._migrating:
+            self._hand_out()
         t0 = time.perf_counter()
         with self.lock:
             chunks = self.scheduler.schedule()
@@ -329,6 +341,7 @@ class Engine(LeaseKeeping):
                 for c in chunks
             ]
             self._in_flight = {c.seq.request_id for c in chunks}
+            prefill_tokens = sum(c.num_tokens for c in chunks if c.num_tokens > 1 or not c.seq.output_ids)
         results = run_batch(self.runner, chunks, items)
         emits: list[tuple[Sequence, SeqOutput]] = []
         with self.lock:
@@ -343,6 +356,7 @@ class Engine(LeaseKeeping):
                     emits.append((seq, self._aborted(seq)))
             self._abort_after_step = set()
             self.stats.steps_total += 1
+            self.stats.prefill_tokens_computed_total += prefill_tokens
         n = sum(c.num_tokens for c in chunks)
         self.on_step(time.perf_counter() - t0, n)  # before the outputs: a reader sees its own step
         for seq, out in emits:
@@ -450,6 +464,11 @@ class Engine(LeaseKeeping):
     @property
     def num_running(self) -> int:
         return len(self.scheduler.running)
+
+    def idle(self) -> bool:
+        """Nothing here that a drain waits for: no sequence, no lease, no handoff being pulled."""
+        with self.lock:
+            return not (self.seqs or self.leases or self._claims)
 
     @property
     def num_waiting(self) -> int:

@@ -79,13 +79,17 @@ class Scheduler:
 
     def remove(self, seq: Sequence) -> None:
         """Take a sequence out of the queues and free its blocks (finish, abort, error)."""
+        self.take_out(seq)
+        self.free_blocks(seq)
+
+    def take_out(self, seq: Sequence) -> None:
+        """Take a sequence out of the queues, its blocks still held (a migration leases them)."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         elif seq in self.ready:
             self.ready.remove(seq)
-        self.free_blocks(seq)
 
     def withdraw(self, seq: Sequence) -> bool:
         """Take a sequence out of the queue if it has not started running (a caller that waited

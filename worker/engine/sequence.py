@@ -13,7 +13,7 @@ from tandem.contracts.protocol import FinishReason, SamplingParams
 class SeqStatus(enum.StrEnum):
     WAITING = "waiting"  # queued (new, or preempted and waiting to be recomputed)
     RUNNING = "running"  # in the running batch
-    LEASED = "leased"  # prefill role: first token out, blocks kept until a peer pulls them
+    LEASED = "leased"  # first token out (prefill) or migrated: blocks kept until a peer pulls them
     FINISHED = "finished"
 
 
@@ -27,7 +27,9 @@ class SeqOutput:
     finished: bool = False
     finish_reason: FinishReason | None = None
     error: dict[str, Any] | None = None
-    kv_blocks: list[int] | None = None  # prefill role: the leased blocks holding the prompt's KV
+    # The leased blocks holding the KV: a prefill's prompt, or a migrated sequence's computed tokens
+    kv_blocks: list[int] | None = None
+    migrated: bool = False  # the engine is draining: the sequence left it (kv_blocks: leased KV, if any)
 
 
 @dataclass(eq=False)  # identity: queues find and remove *this* sequence

@@ -96,6 +96,9 @@ def plan(args: argparse.Namespace, model: Path, secret: str | None = None) -> li
                 "--port", str(port), "--threads", str(args.threads),
                 *(["--kv-backend", args.kv_backend] if role != "colocated" else []),
                 "--kv-port", "0",  # several workers share this host: each takes a free KV port
+                # everything stops together here: a decode worker lets its streams finish instead of
+                # migrating them to a peer that is stopping too
+                *(["--no-migrate-on-drain"] if role == "decode" else []),
                 *(["--served-name", args.served_name] if args.served_name else []),
                 *args.worker_arg,
             ]

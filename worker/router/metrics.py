@@ -66,6 +66,17 @@ class RouterMetrics:
             "Sequences resumed on another decode worker after a failure.",
             registry=r,
         )
+        self.migrations = Counter(
+            "tandem_router_migrations",
+            "Streams whose decode worker shut down and handed them on, by outcome: kv (the next "
+            "worker pulled their KV), recompute (it recomputed them), failed (none could continue).",
+            ["outcome"], registry=r,
+        )
+        self.migration_seconds = Histogram(
+            "tandem_router_migration_seconds",
+            "Time from a leaving decode worker's MIGRATE line to the next worker's first token.",
+            registry=r, buckets=_ITL_BUCKETS,
+        )
         self.aborts = Counter(
             "tandem_router_aborts",
             "Abort calls sent to workers for requests that ended early.",

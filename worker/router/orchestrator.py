@@ -16,6 +16,13 @@ turns those into OpenAI responses. Faults:
   decode worker with the same KV lease; when every one is busy the client gets a 503 with
   Retry-After if it has nothing yet, else the router waits for the soonest Retry-After (at most
   `busy_wait_s` in all) and tries again;
+- a decode worker shuts down (SIGTERM: a scale-down, a rollout) and ends the stream with MIGRATE:
+  the request moves to another ready decode worker of the same generation, which pulls the KV
+  the leaving worker leased (prompt and generated tokens but the last) and continues the stream;
+  without that KV (none yet, none of the same generation, or the pull fails) it is resumed by
+  recompute. Not a failure: it counts neither against `max_resumes` nor the worker's health;
+  `tandem_router_migrations_total{outcome}` and the migration time (MIGRATE to the next token)
+  are measured;
 - the consumer stops early (client gone, an error): every worker the request touched is told
   to abort it, so nothing stays allocated.
 Handoff and resume are one mechanism: the next worker gets the tokens generated so far and how
@@ -40,6 +47,7 @@ from tandem.contracts.protocol import (
     GenerateRequest,
     KVSource,
     PrefillResult,
+    StreamEvent,
 )
 from tandem.contracts.routing import RouteReason
 from tandem.worker.router.errors import RouterError, no_worker, overloaded, upstream_failed
@@ -127,6 +135,24 @@ class _Busy:
 
     retry_after: dict[str, float] = field(default_factory=dict)
     deadline: float | None = None  # monotonic end of the waiting allowed to this request
+
+
+class _Migrating(Exception):
+    """The decode worker ended the stream with MIGRATE: it is leaving (the event says what to pull)."""
+
+    def __init__(self, event: StreamEvent) -> None:
+        super().__init__("the decode worker is shutting down and migrates the sequence")
+        self.event = event
+
+
+@dataclass
+class _Move:
+    """A migration under way: of which request, from which worker, since when (until the next
+    worker's first token)."""
+
+    request_id: str
+    source: str
+    since: float = field(default_factory=time.monotonic)
 
 
 def request_info(req: ParsedRequest, request_id: str) -> RequestInfo:
@@ -222,10 +248,11 @@ class Orchestrator:
                 self.abort(ctx)
 
     def _request(
-        self, req: ParsedRequest, ctx: RequestContext, p: _Progress | None = None, kv: KVSource | None = None
+        self, req: ParsedRequest, ctx: RequestContext, p: _Progress | None = None, kv: KVSource | None = None,
+        migrated_from: str | None = None,
     ) -> GenerateRequest:
         """The worker request: the client's prompt, or its token ids once a worker tokenized it, plus
-        (for decode) the tokens so far and the text the client has."""
+        (for decode) the tokens so far, the text the client has, and where their KV is."""
         greq = GenerateRequest(
             request_id=ctx.request_id, prompt=req.prompt, messages=req.messages,
             prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
@@ -234,6 +261,7 @@ class Orchestrator:
             if p.prompt_ids is not None:
                 greq.prompt, greq.messages, greq.prompt_token_ids = None, None, p.prompt_ids
             greq.generated_token_ids, greq.emitted_chars, greq.kv_source = list(p.generated), p.chars, kv
+            greq.migrated_from = migrated_from if kv is not None else None
         return greq
 
     async def _prefill(
@@ -278,59 +306,117 @@ class Orchestrator:
         p: _Progress, kv: KVSource | None,
     ) -> AsyncIterator[Event]:
         """Decode on `target`, resuming elsewhere after each failure until a finish or a 502; busy
-        workers are skipped (see `_after_busy`) without counting as failures."""
+        workers are skipped (see `_after_busy`) without counting as failures; a worker that leaves
+        hands the request on (`_migrate`)."""
         excluded: set[str] = set()
         busy = _Busy()
         failures = 0
-        while True:
-            url = target.url
-            ctx.touch(url)
-            ctx.decode_url = url
-            # a decode-side prefill: the prompt waits there until its first token (load-aware routing)
-            pending = info.prompt_tokens if kv is None and not p.generated else 0
-            self.pool.assign(url, pending)
-            self.metrics.worker_requests.labels("decode").inc()
-            try:
-                async for ev in self._stream(url, self._request(req, ctx, p, kv), req, p):
-                    if pending and isinstance(ev, Tokens):
-                        self.pool.prefilled(url, pending)
-                        pending = 0
-                    yield ev
-                break
-            except WorkerBusy as exc:  # it refused before streaming: the KV lease is still there
-                self._failed(url, "decode", exc)
-                busy.retry_after[url] = exc.retry_after_s
-                target = await self._after_busy(info, ctx, p, excluded, busy)
-            except WorkerFailed as exc:
-                self._failed(url, "decode", exc)
-                failures += 1
-                if exc.dead:
-                    self.abort(ctx, [url])
-                    excluded.add(url)
-                else:  # it may get the resume: its copy (same request id) must be gone first
-                    self.metrics.aborts.inc()
-                    await self.client.abort(url, ctx.request_id, ctx.lease_tokens.get(url))
-                if kv is not None and ctx.prefill_url is not None:
-                    self.abort(ctx, [ctx.prefill_url])  # free the lease the handoff did not pull
-                kv = None
-                if len(p.generated) >= req.sampling.max_tokens:
-                    # it died between its last token (whose text was final) and its finish line
-                    p.finish_reason = FinishReason.LENGTH.value
+        holder = ctx.prefill_url if kv is not None else None  # the worker whose lease `kv` is
+        move: _Move | None = None
+        try:
+            while True:
+                url = target.url
+                ctx.touch(url)
+                ctx.decode_url = url
+                # a decode-side prefill: the prompt waits there until its first token (load-aware routing)
+                pending = info.prompt_tokens if kv is None and not p.generated else 0
+                self.pool.assign(url, pending)
+                self.metrics.worker_requests.labels("decode").inc()
+                greq = self._request(req, ctx, p, kv, holder if move is not None else None)
+                try:
+                    async for ev in self._stream(url, greq, req, p):
+                        if pending and isinstance(ev, Tokens):
+                            self.pool.prefilled(url, pending)
+                            pending = 0
+                        if move is not None and isinstance(ev, Tokens):
+                            self._moved(move, "kv" if kv is not None else "recompute")
+                            move = None
+                        yield ev
                     break
-                nxt = self.policy.resume_decode(info, self.pool.views(), frozenset(excluded))
-                if failures > self.max_resumes or nxt is None:
-                    log.warning("request %s: giving up after %d decode failures: %s", ctx.request_id,
-                                failures, exc)
-                    raise upstream_failed(
-                        "the decode worker failed and no other could resume the request"
-                    ) from exc
-                self.metrics.resumes.inc()
-                log.info("request %s: resuming on %s after %d tokens", ctx.request_id, nxt.url, len(p.generated))
-                target = nxt
-            finally:
-                self.pool.release(url, pending)
+                except _Migrating as m:
+                    move = move or _Move(ctx.request_id, url)
+                    excluded.add(url)  # never back to the worker that is leaving
+                    target, kv, holder = self._migrate(info, ctx, p, url, target.generation, m.event, excluded)
+                except WorkerBusy as exc:  # it refused before streaming: the KV lease is still there
+                    self._failed(url, "decode", exc)
+                    busy.retry_after[url] = exc.retry_after_s
+                    target = await self._after_busy(info, ctx, p, excluded, busy)
+                except WorkerFailed as exc:
+                    self._failed(url, "decode", exc)
+                    failures += 1
+                    if exc.dead:
+                        self.abort(ctx, [url])
+                        excluded.add(url)
+                    else:  # it may get the resume: its copy (same request id) must be gone first
+                        self.metrics.aborts.inc()
+                        await self.client.abort(url, ctx.request_id, ctx.lease_tokens.get(url))
+                    if kv is not None and holder is not None:
+                        self.abort(ctx, [holder])  # free the lease the handoff did not pull
+                    kv = holder = None
+                    if len(p.generated) >= req.sampling.max_tokens:
+                        # it died between its last token (whose text was final) and its finish line
+                        p.finish_reason = FinishReason.LENGTH.value
+                        break
+                    nxt = self.policy.resume_decode(info, self.pool.views(), frozenset(excluded))
+                    if failures > self.max_resumes or nxt is None:
+                        log.warning("request %s: giving up after %d decode failures: %s", ctx.request_id,
+                                    failures, exc)
+                        raise upstream_failed(
+                            "the decode worker failed and no other could resume the request"
+                        ) from exc
+                    self.metrics.resumes.inc()
+                    log.info("request %s: resuming on %s after %d tokens", ctx.request_id, nxt.url,
+                             len(p.generated))
+                    target = nxt
+                finally:
+                    self.pool.release(url, pending)
+        except BaseException:
+            if move is not None:
+                self._moved(move, "failed")
+            raise
+        if move is not None:  # the next worker finished without a token of its own
+            self._moved(move, "kv" if kv is not None else "recompute")
         ctx.phase = Phase.FINISHED
         yield Finished(p.finish_reason, p.prompt_tokens or 0, len(p.generated))
+
+    def _migrate(
+        self, info: RequestInfo, ctx: RequestContext, p: _Progress, source: str, generation: str,
+        ev: StreamEvent, excluded: set[str],
+    ) -> tuple[WorkerView, KVSource | None, str | None]:
+        """Where a request goes when its decode worker leaves: another ready decode worker of the
+        same generation with the KV it leased, else any decode-capable one by recompute; (worker,
+        KV, the worker holding its lease). No worker left is a 502 (the stream has started)."""
+        kv = ev.kv
+        if kv is not None:
+            ctx.lease_tokens[source] = kv.lease_token  # an abort there (the request ends early) frees it
+            if ev.generated_token_ids != p.generated:
+                log.warning("request %s: MIGRATE from %s lists %d tokens, the client has %d: recomputing",
+                            ctx.request_id, source, len(ev.generated_token_ids), len(p.generated))
+                kv = None
+        views = self.pool.views()
+        exclude = frozenset(excluded | {source})
+        nxt = None
+        if kv is not None:
+            same = [v for v in views if v.generation == generation]
+            nxt = self.policy.resume_decode(info, same, exclude)
+        if nxt is None:
+            if kv is not None:
+                self.abort(ctx, [source])  # nobody will pull it: free the lease now
+            kv = None
+            nxt = self.policy.resume_decode(info, views, exclude)
+        if nxt is None:
+            raise upstream_failed("the decode worker serving this request shut down and no other is ready "
+                                  "to continue it")
+        log.info("request %s: %s is leaving; migrating to %s after %d tokens (%s)", ctx.request_id, source,
+                 nxt.url, len(p.generated), "pulling its KV" if kv is not None else "recomputing")
+        return nxt, kv, source if kv is not None else None
+
+    def _moved(self, move: _Move, outcome: str) -> None:
+        seconds = time.monotonic() - move.since
+        self.metrics.migrations.labels(outcome).inc()
+        if outcome != "failed":
+            self.metrics.migration_seconds.observe(seconds)
+        log.info("request %s: migrated from %s in %.1f ms (%s)", move.request_id, move.source, seconds * 1e3, outcome)
 
     async def _after_busy(
         self, info: RequestInfo, ctx: RequestContext, p: _Progress, excluded: set[str], busy: _Busy
@@ -369,6 +455,8 @@ class Orchestrator:
             async for ev in stream:
                 if ev.type is EventType.HEARTBEAT:  # queued there: alive, nothing to pass on
                     continue
+                if ev.type is EventType.MIGRATE:  # it is leaving: every token so far came before this
+                    raise _Migrating(ev)
                 if ev.type is EventType.ERROR:
                     err = ev.error or {}
                     if err.get("type") == "invalid_request_error" and not p.generated:

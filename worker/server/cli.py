@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--internal-secret", action=_RefuseSecretOnArgv, help=argparse.SUPPRESS)
     a("--drain-s", type=float, default=None, help="on SIGTERM: stop being ready, then wait this long at "
       "most for running sequences to finish and leased KV to be pulled (default 30)")
+    a("--migrate-on-drain", action=argparse.BooleanOptionalAction, default=None, help="on SIGTERM: hand "
+      "running sequences to other decode workers (their KV pulled from here; the router carries each "
+      "stream over) instead of waiting for them to finish (default on for decode, needs a kv backend)")
     a("--heartbeat-s", type=float, default=None, help="a generate stream silent this long (a queued "
       "request) gets a keep-alive line, so the router does not take it for a hang (default 5)")
     a("--threads", type=int, default=None, help="torch.set_num_threads")
@@ -204,7 +207,10 @@ async def serve(cfg: WorkerConfig) -> int:
                  engine.served_name, engine.max_model_len, engine.layout.num_blocks, engine.layout.block_size,
                  cfg.kv_backend.value)
         await stop.wait()
-        state.ready = False  # /ready turns 503: the router and the Service stop sending work
+        state.ready, state.draining = False, True  # /ready 503 and new requests 503 draining
+        if cfg.migrate_on_drain and transport is not None:
+            log.info("draining: handing %d sequences to other decode workers", len(engine.seqs))
+            aeng.start_migration()  # each stream ends with MIGRATE; the drain waits for the pulls
         await drain(engine, cfg.drain_s, log)
         for rid in list(engine.seqs):  # their streams end with finish_reason abort: the router resumes them
             aeng.abort(rid)
@@ -220,14 +226,14 @@ async def serve(cfg: WorkerConfig) -> int:
 
 
 async def drain(engine: Any, within: float, log: Any) -> None:
-    """Let running sequences finish and decode workers pull leased KV before the process exits,
-    so scaling a prefill pool down does not fail the handoffs in flight."""
+    """Let running sequences finish (or migrate) and other workers pull leased KV before the
+    process exits, so scaling a pool down does not fail the handoffs and migrations in flight."""
     import asyncio
     import time
 
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if not (engine.seqs or engine.leases):
+        if engine.idle():
             return
         await asyncio.sleep(0.05)  # the engine thread finishes them; nothing to await on here
     if engine.seqs or engine.leases:

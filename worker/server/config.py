@@ -66,6 +66,9 @@ class WorkerConfig:
     kv_port: int = KV_PORT  # tcp backend: where prefill serves KV (0: any free port)
     generation: str | None = None  # default $TANDEM_GENERATION
     drain_s: float = 30.0
+    # On SIGTERM, hand running sequences to other decode workers (their KV leased here for the
+    # pull) instead of waiting for them to finish. None: on for decode, off for the other roles.
+    migrate_on_drain: bool | None = None
     heartbeat_s: float = 5.0  # keep-alive line on a silent generate stream (below the router's 15 s)
     internal_secret_file: str | None = None  # a mounted Secret; wins over $TANDEM_INTERNAL_SECRET
     # Loaded in __post_init__ from the file or the environment, never from flags or YAML.
@@ -74,6 +77,11 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.kv_backend is None:
             self.kv_backend = KVBackend.NONE if self.role is Role.COLOCATED else KVBackend.NIXL
+        if self.migrate_on_drain is None:
+            self.migrate_on_drain = self.role is Role.DECODE
+        if self.migrate_on_drain and (self.role is Role.PREFILL or self.kv_backend is KVBackend.NONE):
+            raise ValueError("migrate_on_drain needs a decode or colocated worker with a kv_backend "
+                             f"(this one: role {self.role.value}, kv_backend {self.kv_backend.value})")
         if self.generation is None:
             self.generation = os.environ.get("TANDEM_GENERATION", "")
         if not 0 <= self.kv_port <= 65535:
@@ -131,10 +139,16 @@ class WorkerConfig:
     def kv_transfer_config(self, host: str, extra: dict[str, Any] | None = None) -> KVTransferConfig:
         from tandem.worker.kv.base import KVTransferConfig
 
+        options = dict(self.kv_extra) | (extra or {})
+        if self.role is Role.DECODE:
+            # A decode worker serves KV only while it migrates out (and then polls fast, as a
+            # prefill worker does once it hands a result out): idle, NIXL's notifications wait longer.
+            options.setdefault("nixl_idle_poll_s", 0.05)
         return KVTransferConfig(backend=str(self.kv_backend), timeout_s=self.kv_timeout_s,
-                                lease_s=self.kv_lease_s, host=host, extra=dict(self.kv_extra) | (extra or {}),
+                                lease_s=self.kv_lease_s, host=host, extra=options,
                                 secret=self.internal_secret, port=self.kv_port,
-                                serve=self.role is not Role.DECODE)
+                                # decode serves KV too when it migrates sequences out
+                                serve=self.role is not Role.DECODE or bool(self.migrate_on_drain))
 
     def public(self) -> dict[str, Any]:
         """What the start-up log line shows (backend options may hold addresses; the secret never)."""

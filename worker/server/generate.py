@@ -1,8 +1,11 @@
-"""POST /internal/generate: a sequence streamed as NDJSON (START, TOKEN..., FINISH or ERROR).
+"""POST /internal/generate: a sequence streamed as NDJSON (START, TOKEN..., FINISH, ERROR or MIGRATE).
 
 Tokens given in generated_token_ids (a handoff's first token, a resume's tokens so far) are
 replayed by make_sequence, never streamed: the stream starts after them. With a kv_source the
-prompt's KV is pulled first (handoff.py). While nothing comes (queued, or a slow step) a HEARTBEAT
+prompt's KV (a migrated sequence's: prompt and generated tokens but the last) is pulled first
+(handoff.py). A draining decode worker ends its streams with MIGRATE (engine/migration.py): the
+sequence's KV lease, if any, and its tokens so far, for the router to continue it elsewhere.
+While nothing comes (queued, or a slow step) a HEARTBEAT
 line goes out every `heartbeat_s`; if the engine thread has died or stalls meanwhile, the stream
 ends with an ERROR instead (code engine_unhealthy), so the router resumes the request elsewhere.
 
@@ -20,7 +23,7 @@ from typing import Any
 from aiohttp import web
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import NDJSON, REQUEST_ID_HEADER, EventType, StreamEvent
-from tandem.worker.server.handoff import check_source, pull
+from tandem.worker.server.handoff import check_source, leased_source, pull
 from tandem.worker.server.parsing import parse_generate, read_json
 from tandem.worker.server.responses import from_request_error, need_engine, wrong_role
 from tandem.worker.server.state import STATE_KEY, WorkerState
@@ -115,7 +118,17 @@ async def _queue(state: WorkerState, req: Any) -> tuple[Any, Any, bool] | web.Re
     return seq, aeng.submit(seq, kv_blocks=blocks), blocks is not None  # submit takes the claim over
 
 
-def _lines(seq: Any, outs: list[Any]) -> tuple[list[bytes], bool]:
+def _migrate_line(state: WorkerState, seq: Any, out: Any) -> bytes:
+    """MIGRATE: where the sequence's leased KV is (none: it is recomputed), and its tokens so far."""
+    kv = None
+    if out.kv_blocks is not None:
+        kv = leased_source(state, seq.request_id, out.kv_blocks, seq.num_computed)
+    log.info("generate migrating", extra={"request_id": seq.request_id, "completion_tokens": len(seq.output_ids),
+                                          "kv_tokens": kv.num_tokens if kv else 0})
+    return _line(StreamEvent(EventType.MIGRATE, kv=kv, generated_token_ids=list(seq.output_ids)))
+
+
+def _lines(state: WorkerState, seq: Any, outs: list[Any]) -> tuple[list[bytes], bool]:
     """The NDJSON lines for a batch of outputs, and whether the stream ends with them."""
     lines = []
     for out in outs:
@@ -124,6 +137,9 @@ def _lines(seq: Any, outs: list[Any]) -> tuple[list[bytes], bool]:
             return lines, True
         if out.token_ids or out.text:
             lines.append(_token_line(out.token_ids, out.text))
+        if out.migrated:
+            lines.append(_migrate_line(state, seq, out))
+            return lines, True
         if out.finished:
             usage = {"prompt_tokens": len(seq.prompt_ids), "completion_tokens": len(seq.output_ids),
                      "total_tokens": seq.num_tokens}
@@ -150,7 +166,7 @@ async def _stream(request: web.Request, state: WorkerState, seq: Any, outputs: A
         while not ended:
             outs = await outputs.get(state.settings.heartbeat_s)
             if outs:
-                lines, ended = _lines(seq, outs)
+                lines, ended = _lines(state, seq, outs)
                 await resp.write(b"".join(lines))
             elif (problem := state.engine_problem()) is not None:
                 log.error("ending a stream: %s", problem, extra={"request_id": rid})

@@ -1,7 +1,9 @@
-"""The decode side of a KV handoff: check the source, take a place in the queue, reserve blocks
-and pull the prompt's KV into them, all before the stream starts, so that every failure is a
-plain answer the router can act on (400 mismatch, 409 duplicate, 429 queue full, 503 busy with
-Retry-After, 503 transfer failed).
+"""Both ends of a KV handoff. The source (a prefill worker's result, or a draining decode worker's
+MIGRATE line) names its leased blocks in a KVSource (`leased_source`). The receiving decode worker
+checks the source, takes a place in the queue, reserves blocks and pulls the KV (of the prompt, or
+of prompt and generated tokens for a migrated sequence: all but the last token) into them, all
+before the stream starts, so that every failure is a plain answer the router can act on (400
+mismatch, 409 duplicate, 429 queue full, 503 busy with Retry-After, 503 transfer failed).
 
 Every wait is bounded: blocks are awaited for `reserve_wait_s` (woken by each step that finishes
 sequences, no polling), the pull by the transport's own timeout. A pulled sequence then queues
@@ -23,20 +25,32 @@ import time
 from typing import Any
 
 from aiohttp import web
-from tandem.contracts.protocol import GenerateRequest
+from tandem.contracts.protocol import GenerateRequest, KVSource
 from tandem.worker.server.responses import busy_response, error_response
 from tandem.worker.server.state import WorkerState
 
 log = logging.getLogger("tandem.worker.server")
 
 
+def leased_source(state: WorkerState, request_id: str, block_ids: list[int], num_tokens: int) -> KVSource | None:
+    """Where a peer finds the KV of `num_tokens` tokens this worker leased in `block_ids`, with the
+    lease's token; None when the lease has ended already (expired before it was handed out)."""
+    token = state.engine.engine.lease_token(request_id)
+    if token is None or state.transport is None:
+        return None
+    t = state.transport
+    return KVSource(url=state.settings.advertise_url, engine_id=state.settings.engine_id, backend=t.name,
+                    block_ids=block_ids, num_tokens=num_tokens, lease_token=token, extra=t.source_extra())
+
+
 def check_source(state: WorkerState, req: GenerateRequest, seq: Any) -> web.Response | None:
-    """A 400 when the KV source cannot belong to this request on this worker."""
+    """A 400 when the KV source cannot belong to this request on this worker: it must hold the KV
+    of every token but the last generated one (a handoff: the prompt, then the first token)."""
     rid, src, eng = req.request_id, req.kv_source, state.engine.engine
-    if len(seq.output_ids) != 1:
-        return error_response(400, "kv_source needs the prefill worker's first token: generated_token_ids "
-                              "with exactly one token id (or first_token_id)", param="generated_token_ids",
-                              request_id=rid)
+    if not seq.output_ids:
+        return error_response(400, "kv_source needs the tokens generated so far: generated_token_ids "
+                              "(a handoff: the prefill worker's first token, or first_token_id)",
+                              param="generated_token_ids", request_id=rid)
     if state.transport is None:
         return error_response(400, "this worker has no KV transport (--kv-backend none)", param="kv_source",
                               code="kv_backend_mismatch", request_id=rid)
@@ -44,20 +58,20 @@ def check_source(state: WorkerState, req: GenerateRequest, seq: Any) -> web.Resp
         return error_response(400, f"kv_source.backend is {src.backend!r}, this worker uses "
                               f"{state.transport.name!r}", param="kv_source", code="kv_backend_mismatch",
                               request_id=rid)
-    expected = len(seq.prompt_ids)
+    expected = seq.num_tokens - 1
     if src.num_tokens != expected or len(src.block_ids) != eng.layout.blocks_for(expected):
         return error_response(400, f"kv_source holds {src.num_tokens} tokens in {len(src.block_ids)} blocks, "
-                              f"but the prompt here is {expected} tokens: prefill and decode workers "
-                              "disagree on the tokenization", param="kv_source", code="kv_mismatch",
+                              f"but prompt and generated tokens but the last are {expected} here: the "
+                              "workers disagree on the tokenization", param="kv_source", code="kv_mismatch",
                               request_id=rid)
     return None
 
 
 async def pull(state: WorkerState, req: GenerateRequest, seq: Any) -> list[int] | web.Response:
-    """Reserve blocks and pull the prompt's KV into them (the request's claim is held by the
-    caller); the blocks, or an error response with nothing left allocated. Leading blocks this
-    worker's prefix cache already holds are taken from it, and only the rest is read from the
-    prefill worker's lease (a subset of its blocks)."""
+    """Reserve blocks and pull the KV into them (the request's claim is held by the caller); the
+    blocks, or an error response with nothing left allocated. Leading blocks this worker's prefix
+    cache already holds are taken from it, and only the rest is read from the source's lease (a
+    subset of its blocks)."""
     from tandem.worker.kv.base import KVTransferError
 
     rid, src, aeng = req.request_id, req.kv_source, state.engine
@@ -83,4 +97,9 @@ async def pull(state: WorkerState, req: GenerateRequest, seq: Any) -> list[int] 
         raise
     state.metrics.kv_pull_seconds.observe(time.monotonic() - t0)
     state.metrics.kv_pull_saved_bytes.inc(held * eng.layout.block_bytes)
+    if req.migrated_from is not None:
+        state.metrics.migrations_in.inc()
+        state.metrics.migration_pulled_tokens.inc(missing.num_tokens)
+        log.info("migrated in: %d KV tokens pulled, %d cached here", missing.num_tokens,
+                 src.num_tokens - missing.num_tokens, extra={"request_id": rid, "from": req.migrated_from})
     return res.blocks

@@ -43,6 +43,15 @@ class EngineCollector(Collector):
         yield CounterMetricFamily("tandem_worker_preemptions", "Sequences preempted for recompute",
                                   value=s.preemptions_total)
         yield CounterMetricFamily("tandem_worker_steps", "Engine forward steps", value=s.steps_total)
+        yield CounterMetricFamily("tandem_worker_prefill_tokens_computed", "Tokens run through the model "
+                                  "other than one per decode step: prompts prefilled here, sequences recomputed",
+                                  value=s.prefill_tokens_computed_total)
+        out = CounterMetricFamily("tandem_worker_migrations_out", "Sequences a draining worker handed to other "
+                                  "workers: kv (their KV leased for the pull) or recompute (none yet)",
+                                  labels=["how"])
+        for how in ("kv", "recompute"):
+            out.add_metric([how], s.migrated_out.get(how, 0))
+        yield out
         yield from _prefix_cache(eng)
         fin = CounterMetricFamily("tandem_worker_requests_finished", "Finished sequences by reason",
                                   labels=["finish_reason"])
@@ -95,12 +104,21 @@ class WorkerMetrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192), registry=self.registry,
         )
         self.kv_pull_seconds = Histogram(
-            "tandem_worker_kv_pull_seconds", "Time to pull a prompt's KV from a prefill worker",
+            "tandem_worker_kv_pull_seconds", "Time to pull a handoff's KV from a prefill worker (or a "
+            "migrated sequence's from a draining decode worker)",
             registry=self.registry,
         )
         self.kv_pull_saved_bytes = Counter(
             "tandem_worker_kv_pull_saved_bytes", "KV bytes a handoff did not move: the prompt's leading "
             "blocks this worker's prefix cache already held", registry=self.registry,
+        )
+        self.migrations_in = Counter(
+            "tandem_worker_migrations_in", "Sequences migrated here from a draining decode worker with "
+            "their KV (pulled, or found in this worker's prefix cache)", registry=self.registry,
+        )
+        self.migration_pulled_tokens = Counter(
+            "tandem_worker_migration_pulled_tokens", "Tokens whose KV was pulled from a draining decode "
+            "worker for the sequences migrated here (not recomputed)", registry=self.registry,
         )
 
     def observe_step(self, seconds: float, num_tokens: int) -> None:

@@ -17,8 +17,9 @@ from typing import Any
 from aiohttp import web
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.names import KVBackend, Role
-from tandem.contracts.protocol import REQUEST_ID_HEADER, KVSource, PrefillResult
+from tandem.contracts.protocol import REQUEST_ID_HEADER, PrefillResult
 from tandem.worker.server.generate import refused
+from tandem.worker.server.handoff import leased_source
 from tandem.worker.server.parsing import parse_generate, read_json, request_id_body
 from tandem.worker.server.responses import busy_response, error_response, need_engine, wrong_role
 from tandem.worker.server.state import STATE_KEY, WorkerState
@@ -91,15 +92,11 @@ def _result(state: WorkerState, seq: Any, out: Any) -> web.Response:
         return web.json_response({"error": out.error}, status=500, headers={REQUEST_ID_HEADER: rid})
     kv = None
     if out.kv_blocks is not None:
-        token = state.engine.engine.lease_token(rid)
-        if token is None:
+        kv = leased_source(state, rid, out.kv_blocks, seq.num_computed)
+        if kv is None:
             return error_response(503, "the KV lease ended before the prefill result was sent (lease_s "
                                   "too short?): retry", "service_unavailable", code="kv_lease_expired",
                                   request_id=rid)
-        t = state.transport
-        kv = KVSource(url=state.settings.advertise_url, engine_id=state.settings.engine_id, backend=t.name,
-                      block_ids=out.kv_blocks, num_tokens=seq.num_computed, lease_token=token,
-                      extra=t.source_extra())
     result = PrefillResult(request_id=rid, prompt_token_ids=seq.prompt_ids, first_token_id=out.token_ids[0],
                            first_token_text=out.text, finish_reason=out.finish_reason, kv=kv)
     log.info("prefill done", extra={"request_id": rid, "prompt_tokens": len(seq.prompt_ids),

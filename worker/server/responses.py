@@ -32,7 +32,11 @@ def from_request_error(e: Any, request_id: str | None) -> web.Response:
 
 
 def need_engine(state: WorkerState, request_id: str | None = None) -> web.Response | None:
-    """503 until the model is loaded, and once its engine thread died or stalls."""
+    """503 until the model is loaded, and once its engine thread died or stalls; 503 with
+    Retry-After while it drains (the router then sends the request, and its KV lease, elsewhere)."""
+    if state.draining:
+        return busy_response(503, "this worker is shutting down: send the request to another one",
+                             "draining", request_id)
     if state.engine is None or not state.ready:
         msg = state.load_error or "the model is still loading"
         return error_response(503, msg, "service_unavailable", code="not_ready", request_id=request_id)

@@ -42,6 +42,7 @@ class WorkerState:
     engine: AsyncEngine | None = None
     transport: KVTransport | None = None
     ready: bool = False
+    draining: bool = False  # SIGTERM came: new requests get 503 draining (busy: try another worker)
     load_error: str | None = None
     started: float = field(default_factory=time.time)
     metrics: WorkerMetrics = field(init=False)

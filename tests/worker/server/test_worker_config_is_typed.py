@@ -60,7 +60,7 @@ def test_secret_comes_from_the_environment_or_a_file_never_from_flags_or_yaml(tm
     assert SECRET_VALUE not in repr(cfg) and "internal_secret" not in cfg.public()
     kv = cfg.kv_transfer_config("10.0.0.1")
     assert kv.secret == SECRET_VALUE and kv.port == 5601 and kv.serve and SECRET_VALUE not in repr(kv)
-    assert not _load(tmp_path, "model: /m\nrole: decode\n").kv_transfer_config("h").serve
+    assert not _load(tmp_path, "model: /m\nrole: decode\nmigrate_on_drain: false\n").kv_transfer_config("h").serve
 
     mounted = tmp_path / "secret"
     mounted.write_text("from-a-mounted-secret-file-789\n")
@@ -81,3 +81,16 @@ def test_secret_comes_from_the_environment_or_a_file_never_from_flags_or_yaml(tm
     monkeypatch.delenv(SECRET_ENV)
     with pytest.raises(OSError):
         _load(tmp_path, "model: /m\n", "--internal-secret-file", str(tmp_path / "missing"))
+
+
+def test_decode_migrates_on_drain_by_default_and_then_serves_kv(tmp_path):
+    """A decode worker hands its sequences to other decode workers on SIGTERM unless told not to;
+    it then serves KV like a prefill worker. Only a worker with a KV backend, never prefill, can."""
+    decode = _load(tmp_path, "model: /m\nrole: decode\n")
+    assert decode.migrate_on_drain is True and decode.kv_transfer_config("h").serve
+    assert _load(tmp_path, "model: /m\n").migrate_on_drain is False, "colocated: off by default"
+    assert _load(tmp_path, "model: /m\nrole: decode\n", "--no-migrate-on-drain").migrate_on_drain is False
+    with pytest.raises(ValueError, match="migrate_on_drain needs a decode or colocated worker"):
+        _load(tmp_path, "model: /m\nrole: prefill\nmigrate_on_drain: true\n")
+    with pytest.raises(ValueError, match="kv_backend none"):
+        _load(tmp_path, "model: /m\nrole: colocated\nmigrate_on_drain: true\n")

@@ -1,0 +1,145 @@
+"""Scaling decode down on the real control plane while 20 streams run: no stream fails, each has
+exactly the text of an undisturbed run. Real worker and router processes stand in for the pods
+(KWOK gives them loopback IPs); ProcessGroup acts as the kubelet for a deleted pod (SIGTERM, then
+the worker's own drain). The operator runs with the RBAC operator/RBAC.md documents.
+
+The planner lowers decode from 2 to 1 because maxReplicas drops to 1 while the streams run (its
+idle scale-down needs the load gone first: test_planner_scales_decode_with_real_workers.py); the
+removed pod's worker hands its running sequences to the other decode pod by KV transfer, and the
+router carries each stream over.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import openai
+import pytest
+from kubernetes import client
+from tandem.testing.cluster import POOL_LABEL, wait_until
+from tandem.testing.pod_workers import ProcessGroup
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
+
+GVP = ("tandem.dev", "v1alpha1", "inferenceservices")
+STREAMS = 20
+PROMPTS = [f"Prompt {i}: the pool shrinks while the answers keep coming." for i in range(4)]
+MAX_TOKENS = 900  # long enough to outlast a planner interval (5 s) on a loaded machine
+TOKENS_BEFORE = 8
+
+
+def spec(model: str) -> dict:
+    role = {"replicas": 1, "gpus": 0, "cpu": "100m", "memory": "1Gi", "nodeSelector": {POOL_LABEL: "cpu"}}
+    return {
+        "model": {"path": model, "dtype": "float32", "maxModelLen": 1024},
+        "prefill": dict(role), "decode": dict(role),
+        "kvTransfer": {"backend": "tcp"},
+        "router": {"cpu": "50m", "memory": "128Mi", "policy": "round-robin"},
+        "autoscaling": {"intervalSeconds": 5, "windowSeconds": 10,
+                        "decode": {"minReplicas": 2, "maxReplicas": 2}},
+    }
+
+
+def ready_pods(api, ns: str, name: str, role: str) -> list[dict]:
+    pods = client.CoreV1Api(api).list_namespaced_pod(
+        ns, label_selector=f"tandem.dev/service={name},tandem.dev/role={role}").items
+    out = []
+    for pod in api.sanitize_for_serialization(pods):
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+        if ready and pod["status"].get("podIP") and not pod["metadata"].get("deletionTimestamp"):
+            out.append(pod)
+    return sorted(out, key=lambda p: p["metadata"]["name"])
+
+
+def metric(proc, series: str) -> float:
+    for line in proc.get_text("/metrics").splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+class Streams:
+    """STREAMS streams over the prompts, each on its own thread, counting the chunks they get."""
+
+    def __init__(self, oai: openai.OpenAI, model: str) -> None:
+        self.oai, self.model = oai, model
+        self.texts, self.chunks = [""] * STREAMS, [0] * STREAMS
+        self.finish: list[str | None] = [None] * STREAMS
+        self.errors: list[str] = []
+        self.changed = threading.Condition()
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(STREAMS)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, i: int) -> None:
+        try:
+            for chunk in self.oai.completions.create(model=self.model, prompt=PROMPTS[i % len(PROMPTS)],
+                                                     max_tokens=MAX_TOKENS, temperature=0, stream=True,
+                                                     extra_body={"ignore_eos": True}):
+                with self.changed:
+                    for c in chunk.choices:
+                        self.texts[i] += c.text or ""
+                        self.finish[i] = c.finish_reason or self.finish[i]
+                    self.chunks[i] += 1
+                    self.changed.notify_all()
+        except Exception as e:  # reported by the test
+            with self.changed:
+                self.errors.append(f"stream {i}: {e!r}")
+                self.changed.notify_all()
+
+
+@pytest.fixture
+def procs(k8s):
+    with k8s.api_client() as api:
+        group = ProcessGroup(api)
+        try:
+            yield group
+        finally:
+            group.stop()
+
+
+def test_streams_survive_a_decode_scale_down_by_migrating(
+    k8s, start_operator, documented_rbac_kubeconfig, namespace, procs, toy_model_dir
+):
+    api = procs.api
+    start_operator(kubeconfig=documented_rbac_kubeconfig)
+    name = "shrink"
+    body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
+            "spec": spec(str(toy_model_dir))}
+    crds = client.CustomObjectsApi(api)
+    crds.create_namespaced_custom_object(*GVP[:2], namespace, GVP[2], body)
+    procs.follow_deletions(namespace)
+    decode = wait_until(lambda: len(p := ready_pods(api, namespace, name, "decode")) == 2 and p, timeout=90,
+                        what="two Ready decode pods (minReplicas 2)")
+    pods = [wait_until(lambda r=r: ready_pods(api, namespace, name, r) or None, timeout=60, what=f"a {r} pod")[0]
+            for r in ("prefill", "router")]
+    workers = {p["metadata"]["name"]: procs.worker_for_pod(p, toy_model_dir) for p in [pods[0], *decode]}
+    procs.wait_ready(workers.values())
+    router = procs.router_for_pod(pods[1], k8s.kubeconfig)
+    procs.wait_ready([router])
+    wait_until(lambda: metric(router, 'tandem_router_workers{ready="true",role="decode"}') == 2, timeout=30,
+               what="the router seeing both decode workers")
+
+    oai = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    model = oai.models.list().data[0].id
+    expected = [oai.completions.create(model=model, prompt=p, max_tokens=MAX_TOKENS, temperature=0,
+                                       extra_body={"ignore_eos": True}).choices[0].text for p in PROMPTS]
+
+    streams = Streams(oai, model)
+    with streams.changed:
+        assert streams.changed.wait_for(lambda: min(streams.chunks) >= TOKENS_BEFORE or streams.errors, 120)
+    assert not streams.errors, streams.errors
+    patch = {"spec": {"autoscaling": {"decode": {"minReplicas": 1, "maxReplicas": 1}}}}
+    crds.patch_namespaced_custom_object(*GVP[:2], namespace, GVP[2], name, patch)
+    removed = wait_until(lambda: procs.terminated or None, timeout=60, what="a decode pod deleted (SIGTERM)")
+    for t in streams.threads:
+        t.join(300)
+        assert not t.is_alive(), "a stream did not end"
+    assert not streams.errors, streams.errors[:5]
+    assert all(f == "length" for f in streams.finish), streams.finish
+    for i, text in enumerate(streams.texts):
+        assert text == expected[i % len(PROMPTS)], f"stream {i} differs from the undisturbed run"
+    assert len(removed) == 1 and removed[0] in workers
+    assert workers[removed[0]].proc.wait(60) == 0, workers[removed[0]].log()[-3000:]
+    assert metric(router, 'tandem_router_migrations_total{outcome="kv"}') > 0, router.get_text("/metrics")
+    assert metric(router, 'tandem_router_migrations_total{outcome="failed"}') == 0
