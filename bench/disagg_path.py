@@ -33,7 +33,6 @@ import re
 import signal
 import statistics
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -209,10 +208,9 @@ async def run_workload(arm: list[Proc], name: str, reqs: list, model: str) -> di
 
 
 def pyspy(proc: Proc, out: Path) -> subprocess.Popen:
-    spy = os.environ.get("PY_SPY") or str(Path(sys.executable).with_name("py-spy"))
-    return subprocess.Popen([spy, "record", "--pid", str(proc.popen.pid), "--rate", "250", "--format", "raw",
-                             "--threads", "--nonblocking", "--output", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from bench.profile_summary import pyspy_exe, start_pyspy
+
+    return start_pyspy(pyspy_exe() or "py-spy", proc.pid, out)
 
 
 async def main_async(args: argparse.Namespace) -> dict:
