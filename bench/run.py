@@ -11,7 +11,7 @@ Writes bench/out/bench-<time>.json (+ latest.json, every request's chunk times);
 or --no-markdown, also bench/results/interference/summary.json, bench/figures/interference_*.png
 and the generated section of BENCHMARKS.md.
 
-    .venv/bin/python -m bench.run [--reps 3] [--budget-s 1740] [--arms ...] [--quick]
+    .venv/bin/python -m bench.run [--reps 3] [--budget-s 1800] [--arms ...] [--quick]
 """
 
 from __future__ import annotations
@@ -156,8 +156,8 @@ def _catalog() -> dict[str, ArmSpec]:
 CATALOG = _catalog()
 # The strongest colocated configurations, picked by measuring the candidates of CATALOG on this
 # load (BENCHMARKS.md, "Choosing the colocated arms"), and the disaggregated arms, in each dtype.
-DEFAULT_ARMS = ("disagg-fp32", "colo2-c128-fp32", "colo1-2t-c128-fp32",
-                "disagg-bf16", "colo2-c128-bf16", "colo1-2t-c128-bf16")
+DEFAULT_ARMS = ("disagg-fp32", "colo2-c128-fp32", "colo1-2t-c256-fp32",
+                "disagg-bf16", "colo2-c128-bf16", "colo1-2t-c256-bf16")
 PROFILE_ARMS = ("disagg-bf16",)
 
 
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=list(CATALOG), metavar="ARM",
                    help=f"from: {', '.join(CATALOG)} (default: %(default)s)")
     p.add_argument("--reps", type=int, default=3, help="repetitions, while the budget allows")
-    p.add_argument("--budget-s", type=float, default=1740.0,
+    p.add_argument("--budget-s", type=float, default=1800.0,
                    help="start no run past this (the first repetition always runs)")
     p.add_argument("--requests", type=int, default=0, help="requests per run (default: the issue's 40)")
     p.add_argument("--profile", nargs="*", default=list(PROFILE_ARMS), choices=list(CATALOG), metavar="ARM",
