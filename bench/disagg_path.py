@@ -7,7 +7,7 @@ beside it.
         [--profile-dir DIR]   # also py-spy the router and the decode worker under the 50 streams
 
 Arms: `tandem router` + `tandem worker --role prefill` pinned to core 0 + `--role decode` pinned
-to core 1, KV over TCP, fp32 (--dtype), `make bench`'s 40M model (bench/run.py: every token it generates has
+to core 1, KV over TCP, fp32 (--dtype), the multi-turn bench's 40M model (bench/run.py: every token it generates has
 text, so every token is its own chunk at the client). `after` is this tree;
 `before` (with --baseline DIR, a folder holding tandem/{cli,contracts,worker,...} of another commit)
 runs that tree's workers behind this tree's router. Both arms are up side by side and the one that

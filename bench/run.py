@@ -46,7 +46,8 @@ from bench.workload import PlannedRequest, WorkloadSpec, plan
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-# ~40M parameters: 8 x (attention 0.79M + MLP 4.13M) + embeddings and head 0.52M, fp32.
+# The multi-turn part (bench/multiturn.py), bench/disagg_path.py and the simulator's calibration use this
+# ~40M-parameter model: 8 x (attention 0.79M + MLP 4.13M) + embeddings and head 0.52M, fp32.
 MODEL = dict(num_layers=8, hidden_size=512, num_heads=8, num_kv_heads=4, intermediate_size=2688,
              vocab_size=512, max_position_embeddings=2048, seed=0)
 
@@ -323,7 +324,7 @@ class Bench:
                          "disaggregated": s.disaggregated, "description": s.describe()} for s in self.specs}
         return {
             "started_utc": self.stamp, "wall_s": self.elapsed(), "quick": self.args.quick,
-            "command": " ".join(sys.argv),
+            "command": " ".join(["python -m bench.run", *sys.argv[1:]]),
             "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                      "loadavg_at_start": self.loadavg_at_start, "loadavg_at_end": os.getloadavg()},
             "model": {"dir": str(self.model_dir), "params": model_params(ISSUE_MODEL), **ISSUE_MODEL,
