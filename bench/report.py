@@ -202,7 +202,8 @@ def _records(result: dict[str, Any], arm: str, rep: int | None = None) -> list[R
 
 
 def plot(result: dict[str, Any], fig_dir: Path) -> list[Path]:
-    """Small PNGs: TTFT and ITL CDFs per arm (all repetitions pooled), and one request's token timeline."""
+    """Small PNGs: per arm (all repetitions pooled) the TTFT CDF and the gaps' tail, and one request's
+    token timeline."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -211,16 +212,23 @@ def plot(result: dict[str, Any], fig_dir: Path) -> list[Path]:
     fig_dir.mkdir(parents=True, exist_ok=True)
     arms = list(result["arms"])
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for ax, metric, label in ((axes[0], "ttft", "time to first token (s)"), (axes[1], "itl", "inter-token gap (s)")):
-        for a in arms:
-            rs = [r for r in _records(result, a) if r.ok]
-            v = sorted([r.ttft for r in rs] if metric == "ttft" else [g for r in rs for g in r.gaps])
-            if v:
-                ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=a,
-                        linestyle="-" if result["arms"][a]["disaggregated"] else "--")
-        ax.set_xscale("log")
-        ax.set_xlabel(label)
-        ax.set_ylabel("fraction")
+    for a in arms:
+        rs = [r for r in _records(result, a) if r.ok]
+        style = "-" if result["arms"][a]["disaggregated"] else "--"
+        ttft = sorted(r.ttft for r in rs)
+        if ttft:  # CDF of TTFT
+            axes[0].plot(ttft, [(i + 1) / len(ttft) for i in range(len(ttft))], label=a, linestyle=style)
+        gaps = sorted(g for r in rs for g in r.gaps)
+        if gaps:  # the tail of the gaps: the share of gaps longer than x, on log-log axes
+            axes[1].plot(gaps, [1 - i / len(gaps) for i in range(len(gaps))], label=a, linestyle=style)
+    axes[0].set_xlabel("time to first token (s)")
+    axes[0].set_ylabel("fraction of requests")
+    axes[1].set_xscale("log")
+    axes[1].set_yscale("log")
+    axes[1].set_xlim(left=1e-3)
+    axes[1].set_xlabel("inter-token gap (s)")
+    axes[1].set_ylabel("fraction of gaps >= x")
+    for ax in axes:
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=7)
     fig.tight_layout()
