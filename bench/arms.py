@@ -1,13 +1,14 @@
 """The arms of a benchmark: sets of real `tandem` processes on loopback, started with the CLIs.
 
   colocated      two colocated workers (core 0, core 1) behind one router
+  colocated-1    one colocated worker on two threads, not pinned (both cores), behind one router
   disagg-nixl    a prefill worker on core 0, a decode worker on core 1, KV over NIXL (UCX)
   disagg-tcp     the same with the TCP handoff
 
-Every worker runs one torch thread and is pinned to its core (sched_setaffinity before exec, so
-every thread it starts inherits the mask). The router and the load generator are not pinned:
-they share both cores with the workers, as they would on a two-core node, and their CPU is
-measured and reported.
+Every worker but colocated-1's runs one torch thread and is pinned to its core (sched_setaffinity
+before exec, so every thread it starts inherits the mask). The router and the load generator are
+not pinned: they share both cores with the workers, as they would on a two-core node, and their
+CPU is measured and reported.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import aiohttp
 import psutil
-from tandem.worker.local.processes import free_port
+from tandem.worker.local.processes import ManagedProcess, free_port
 
-ARMS = ("colocated", "disagg-nixl", "disagg-tcp")
+ARMS = ("colocated", "colocated-1", "disagg-nixl", "disagg-tcp")
 
 
 def tandem_exe() -> list[str]:
@@ -42,43 +42,35 @@ def tandem_exe() -> list[str]:
     return [sys.executable, "-m", "tandem.cli"]
 
 
-@dataclass
-class Proc:
-    name: str  # "router", "prefill", "decode", "colocated-0", ...
-    role: str  # "router" | "prefill" | "decode" | "colocated"
-    url: str
-    cmd: list[str]
-    cpu: int | None  # the core it is pinned to; None: not pinned
-    log_path: Path
-    popen: subprocess.Popen | None = None
+class Proc(ManagedProcess):
+    """A benchmark's child process: tandem.worker.local.processes' ManagedProcess (own process
+    group, dies with us, optionally pinned to one core) plus the CPU and placement it reports."""
 
-    def start(self, env: dict[str, str]) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
-        cpu = self.cpu
+    def __init__(self, name: str, role: str, url: str, cmd: list[str], cpu: int | None, log_path: Path):
+        # name: "router", "prefill", "decode", "colocated-0", ...; role: router|prefill|decode|colocated
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        super().__init__(name, cmd, url=url, cpu=cpu, log_path=log_path, role=role)
 
-        def pin() -> None:
-            if cpu is not None:
-                os.sched_setaffinity(0, {cpu})
+    @property
+    def cmd(self) -> list[str]:
+        return self.argv
 
-        self.popen = subprocess.Popen(
-            self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=pin,
-            start_new_session=True,
-        )
-        log.close()
+    @property
+    def popen(self) -> subprocess.Popen | None:
+        return self.proc
 
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
+    def start(self, env: dict[str, str] | None = None) -> Proc:  # type: ignore[override]
+        if env is not None:
+            self.env = dict(env)
+        super().start()
+        return self
 
     def log_tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
+        return "\n".join(self.log().splitlines()[-n:])
 
     def ps(self) -> psutil.Process | None:
         try:
-            return psutil.Process(self.popen.pid) if self.popen else None
+            return psutil.Process(self.proc.pid) if self.proc else None
         except psutil.NoSuchProcess:
             return None
 
@@ -106,19 +98,6 @@ class Proc:
         except psutil.NoSuchProcess:
             return {}
 
-    def stop(self, timeout: float = 10.0) -> None:
-        if not self.alive():
-            return
-        assert self.popen is not None
-        try:
-            os.killpg(self.popen.pid, signal.SIGTERM)
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(5)
-        except ProcessLookupError:
-            pass
-
 
 @dataclass
 class Arm:
@@ -143,6 +122,11 @@ class Arm:
         return [p for p in self.procs if p.role != "router"]
 
     @property
+    def threads(self) -> int:
+        """Torch threads per worker: the one worker of colocated-1 gets both cores."""
+        return 2 if (self.layout or self.name) == "colocated-1" else 1
+
+    @property
     def kv_backend(self) -> str | None:
         return {"disagg-nixl": "nixl", "disagg-tcp": "tcp"}.get(self.layout or self.name)
 
@@ -153,15 +137,15 @@ class Arm:
         self.procs = []
         if layout == "colocated":
             roles = [("colocated-0", "colocated", 0), ("colocated-1", "colocated", 1)]
+        elif layout == "colocated-1":
+            roles = [("colocated-0", "colocated", None)]
         else:
             roles = [("prefill", "prefill", 0), ("decode", "decode", 1)]
         for name, role, cpu in roles:
             port = free_port()
-            self.procs.append(Proc(
-                name, role, f"http://127.0.0.1:{port}", [*worker_cmd(role, port, self.model_dir,
-                                                                     self.kv_backend or "tcp"), *self.worker_args],
-                cpu, self.log_dir / f"{self.name}-{name}.log",
-            ))
+            cmd = worker_cmd(role, port, self.model_dir, self.kv_backend or "tcp", self.threads)
+            self.procs.append(Proc(name, role, f"http://127.0.0.1:{port}", [*cmd, *self.worker_args],
+                                   cpu, self.log_dir / f"{self.name}-{name}.log"))
         port = free_port()
         self.procs.append(Proc(
             "router", "router", f"http://127.0.0.1:{port}",
@@ -172,8 +156,9 @@ class Arm:
     def start(self) -> None:
         self.plan_processes()
         env = dict(os.environ)
-        # One compute thread per worker; every library that might start a pool is told so.
-        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+        # `threads` compute threads per worker; every library that might start a pool is told so.
+        n = str(self.threads)
+        env.update(OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n,
                    TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
         for p in self.procs:
             p.start(env)
@@ -224,9 +209,9 @@ async def _wait_router_serves(s: aiohttp.ClientSession, url: str, deadline: floa
     raise TimeoutError(f"router {url} does not serve a request: {last}")
 
 
-def worker_cmd(role: str, port: int, model_dir: Path, kv_backend: str) -> list[str]:
+def worker_cmd(role: str, port: int, model_dir: Path, kv_backend: str, threads: int = 1) -> list[str]:
     return [*tandem_exe(), "worker", "--role", role, "--model", str(model_dir),
-            "--host", "127.0.0.1", "--port", str(port), "--threads", "1",
+            "--host", "127.0.0.1", "--port", str(port), "--threads", str(threads),
             # 1024 blocks of 16 tokens: 16k tokens (256 MiB) of KV, more than any workload holds.
             "--num-blocks", "1024", "--kv-backend", "none" if role == "colocated" else kv_backend,
             "--kv-port", "0"]  # any free port: several prefill workers may share the machine

@@ -7,7 +7,7 @@ beside it.
         [--profile-dir DIR]   # also py-spy the router and the decode worker under the 50 streams
 
 Arms: `tandem router` + `tandem worker --role prefill` pinned to core 0 + `--role decode` pinned
-to core 1, KV over TCP, fp32 (--dtype), `make bench`'s 40M model (bench/run.py: every token it generates has
+to core 1, KV over TCP, fp32 (--dtype), the multi-turn bench's 40M model (bench/run.py: every token it generates has
 text, so every token is its own chunk at the client). `after` is this tree;
 `before` (with --baseline DIR, a folder holding tandem/{cli,contracts,worker,...} of another commit)
 runs that tree's workers behind this tree's router. Both arms are up side by side and the one that
@@ -33,7 +33,6 @@ import re
 import signal
 import statistics
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -209,10 +208,9 @@ async def run_workload(arm: list[Proc], name: str, reqs: list, model: str) -> di
 
 
 def pyspy(proc: Proc, out: Path) -> subprocess.Popen:
-    spy = os.environ.get("PY_SPY") or str(Path(sys.executable).with_name("py-spy"))
-    return subprocess.Popen([spy, "record", "--pid", str(proc.popen.pid), "--rate", "250", "--format", "raw",
-                             "--threads", "--nonblocking", "--output", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from bench.profile_summary import pyspy_exe, start_pyspy
+
+    return start_pyspy(pyspy_exe() or "py-spy", proc.pid, out)
 
 
 async def main_async(args: argparse.Namespace) -> dict:

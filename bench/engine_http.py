@@ -167,10 +167,10 @@ def spread(xs: list[float]) -> dict:
 
 def start_pyspy(worker: Proc, out: Path) -> subprocess.Popen:
     """py-spy on the worker (all threads, Python frames, without pausing it)."""
-    pyspy = Path(sys.executable).with_name("py-spy")
-    cmd = [str(pyspy), "record", "--pid", str(worker.popen.pid), "--rate", "250", "--format", "raw",
-           "--threads", "--nonblocking", "--output", str(out)]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from bench.profile_summary import pyspy_exe
+    from bench.profile_summary import start_pyspy as spy_on
+
+    return spy_on(pyspy_exe() or "py-spy", worker.pid, out)
 
 
 async def profile(worker: Proc, out: Path, args: argparse.Namespace) -> None:

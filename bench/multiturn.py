@@ -34,7 +34,7 @@ from bench.chat_workload import ChatPlan, ChatSpec, messages_for, plan_chat
 from bench.loadgen import stream_into, token_counter
 from bench.metrics import RequestRecord, text_mismatches
 from bench.run import MODEL, busy_cpu_seconds, ensure_model, model_params
-from bench.scrape import scrape
+from bench.scrape import route_counts, scrape
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -109,23 +109,6 @@ async def run_chat(url: str, model: str, plan: ChatPlan, timeout_s: float) -> tu
 
         await asyncio.gather(*(conversation(c) for c in plan.conversations))
     return sorted(records, key=lambda r: r.index), turns
-
-
-async def route_counts(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
-    """The router's tandem_router_routes_total by route."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
-            text = await r.text()
-    except (aiohttp.ClientError, TimeoutError):
-        return {}
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "tandem_router_routes_total":
-                out[s.labels.get("route", "")] = out.get(s.labels.get("route", ""), 0.0) + s.value
-    return out
 
 
 def kv_bytes_per_token() -> int:

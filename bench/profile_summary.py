@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shutil
+import signal
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -44,6 +49,31 @@ BEFORE_9FDEBCA_RULES: list[tuple[str, str]] = [
     ("scheduling, bookkeeping", r"scheduler\.py|engine\.py|sequence\.py|async_engine\.py"),
 ]
 LOOP_IDLE = r"\.select \(selectors\.py"
+
+
+def pyspy_exe() -> str | None:
+    """py-spy: $PY_SPY, else beside this interpreter, else on PATH; None when not installed."""
+    for cand in (os.environ.get("PY_SPY"), str(Path(sys.executable).with_name("py-spy")), shutil.which("py-spy")):
+        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def start_pyspy(exe: str, pid: int, out: Path) -> subprocess.Popen:
+    """py-spy on one process: all threads, Python frames, raw format, without pausing it."""
+    cmd = [exe, "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--threads",
+           "--nonblocking", "--output", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_pyspy(spy: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """SIGINT makes py-spy write its file; wait for it (blocking: run it in a thread)."""
+    spy.send_signal(signal.SIGINT)
+    try:
+        spy.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+        spy.wait(5)
 
 
 def parse(path: Path) -> list[tuple[str, list[str], int]]:

@@ -68,3 +68,20 @@ def kv_from_health(before: dict, after: dict, direction: str = "pull") -> dict[s
     bw = after.get("recent_bandwidth_bytes_per_second")
     return {"bytes": float(b), "count": float(n),
             "seconds": float(b) / bw if bw else math.nan, "source": "kv-health (time estimated)"}
+
+
+async def route_counts(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """The router's tandem_router_routes_total by route."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            text = await r.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return {}
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "tandem_router_routes_total":
+                out[s.labels.get("route", "")] = out.get(s.labels.get("route", ""), 0.0) + s.value
+    return out

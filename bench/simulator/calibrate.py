@@ -5,7 +5,7 @@
 Prefill: the time of the one engine step that prefills a prompt of L tokens (L = 128 .. 1024),
 best of 2 x --repeats, interleaved; fitted as c + L / mu. Decode: the step time with n = 1..32 sequences running
 (prompts of --context tokens, staggered lengths so the batch shrinks one by one); fitted as a + b * n. The model is the one
-`make bench` uses (bench.run.MODEL, ~40M parameters, fp32), the process pinned to one core as the
+`make bench`'s multi-turn part uses (bench.run.MODEL, ~40M parameters, fp32), the process pinned to one core as the
 bench pins each worker. The machine is shared: run it when it is quiet, and read the spread.
 """
 

@@ -58,12 +58,10 @@ def test_spec_refuses_nonsense():
         WorkloadSpec("w", "closed", 5, (20, 10), 8)
 
 
-def test_schedule_measures_every_workload_once_before_repeating_any():
-    from bench.run import schedule
+def test_run_order_runs_every_arm_once_per_repetition_the_first_rotating():
+    from bench.run import run_order
 
-    inter = [WorkloadSpec(f"i{k}", "poisson", 4, (10, 20), 8, rate=1.0) for k in range(2)]
-    closed = WorkloadSpec("c", "closed", 4, (10, 20), 8, concurrency=2)
-    order = [(s.name, r) for s, r in schedule([*inter, closed], reps=3)]
-    assert order[:5] == [("i0", 0), ("i1", 0), ("c", 0), ("i0", 1), ("i1", 1)]
-    assert sorted(order) == sorted((n, r) for n in ("i0", "i1", "c") for r in range(3))
-    assert [(s.name, r) for s, r in schedule([closed], reps=1)] == [("c", 0)]
+    order = run_order(["a", "b", "c"], reps=3)
+    assert order[:3] == [(0, "a"), (0, "b"), (0, "c")]
+    assert [n for _, n in order[3:6]] == ["b", "c", "a"] and [n for _, n in order[6:]] == ["c", "a", "b"]
+    assert sorted(order) == sorted((r, n) for r in range(3) for n in "abc")

@@ -3,7 +3,10 @@
 import json
 import math
 
-from bench.metrics import RequestRecord, make_slos, summarize
+import pytest
+
+from bench.compare import compare, targets
+from bench.metrics import RequestRecord, summarize
 from bench.report import (
     BEGIN,
     END,
@@ -13,8 +16,8 @@ from bench.report import (
     md_table,
     replace_section,
     results_markdown,
+    summary_json,
 )
-from bench.run import ratios
 from bench.scrape import delta, parse_prometheus
 
 
@@ -40,39 +43,77 @@ def test_json_safe_makes_strict_json():
     assert json.loads(text) == {"a": None, "b": [1.0, None], "c": {"d": 2}}
 
 
-def _run(arm: str, rep: int, gap: float, slos) -> dict:
-    recs = [RequestRecord(i, 100, 3, send_s=float(i), chunk_times_s=[i + 0.5, i + 0.5 + gap, i + 0.5 + 2 * gap],
-                          end_s=i + 0.5 + 2 * gap, completion_tokens=3) for i in range(4)]
-    sm = summarize(recs, slos)
-    sm.update(kv_bytes_per_request=math.nan, handoff_s_per_request=math.nan, handoff_share_of_ttft=math.nan,
-              router_cpu_cores=0.1, loadgen_cpu_cores=0.05, text_mismatches=0)
-    return {"workload": "w", "rep": rep, "arm": arm, "summary": sm,
+def _run(arm: str, rep: int, gap: float, ttft: float = 0.5) -> dict:
+    recs = [RequestRecord(i, 100, 3, send_s=float(i), chunk_times_s=[i + ttft, i + ttft + gap, i + ttft + 2 * gap],
+                          end_s=i + ttft + 2 * gap, completion_tokens=3, text=f"t{i}") for i in range(4)]
+    sm = summarize(recs, [])
+    sm.update(kv_bytes_per_request=math.nan, handoff_s_per_request=math.nan, router_cpu_cores=0.1,
+              loadgen_cpu_cores=0.05, other_cpu_cores=0.2, worker_cpu_cores={"w0": 0.5}, text_mismatches=0)
+    return {"workload": "w", "rep": rep, "arm": arm, "summary": sm, "routes": {"disaggregated": 4.0},
             "records": [r.to_dict() for r in recs]}
 
 
-def test_ratios_and_markdown_from_a_synthetic_result():
-    slos = make_slos(1.0, 0.05)
-    runs = [_run("colocated", 0, 0.25, slos), _run("disagg-tcp", 0, 0.125, slos),
-            _run("colocated", 1, 0.25, slos), _run("disagg-tcp", 1, 0.0625, slos)]
-    r = ratios(runs, [s.name for s in slos])
-    itl = r["w|disagg-tcp"]["itl.p50"]
-    assert (itl["min"], itl["max"], itl["n"]) == (0.25, 0.5, 2)
+ARMS = {
+    "disagg": {"disaggregated": True, "dtype": "bfloat16", "description": "disaggregated"},
+    "colo-a": {"disaggregated": False, "dtype": "bfloat16", "description": "colocated a"},
+    "colo-b": {"disaggregated": False, "dtype": "bfloat16", "description": "colocated b"},
+    "colo-fp32": {"disaggregated": False, "dtype": "float32", "description": "another dtype"},
+}
+
+
+def _runs() -> list[dict]:
+    # Repetition 0: colo-a has the shorter gaps, colo-b the shorter TTFT; repetition 1: colo-b both.
+    # colo-fp32 beats everything but is another dtype, so it is never the reference.
+    return [_run("disagg", 0, 0.02, ttft=0.6), _run("colo-a", 0, 0.04, ttft=0.5), _run("colo-b", 0, 0.08, ttft=0.3),
+            _run("colo-fp32", 0, 0.001, ttft=0.01),
+            _run("disagg", 1, 0.02, ttft=0.6), _run("colo-a", 1, 0.10, ttft=0.5), _run("colo-b", 1, 0.05, ttft=0.4)]
+
+
+def test_compare_takes_the_best_colocated_arm_of_the_same_dtype_per_metric_and_repetition():
+    c = compare(_runs(), ARMS)
+    assert list(c) == ["disagg"] and c["disagg"]["against"] == ["colo-a", "colo-b"]
+    itl = c["disagg"]["ratios"]["itl.p50"]
+    assert (itl["min"], itl["max"], itl["n"]) == pytest.approx((0.4, 0.5, 2))  # 0.02/0.04 and 0.02/0.05
+    ttft = c["disagg"]["ratios"]["ttft.p50"]
+    assert (ttft["min"], ttft["max"]) == pytest.approx((1.5, 2.0))  # 0.6/0.4 and 0.6/0.3
+    tok = c["disagg"]["ratios"]["output_tokens_per_s"]
+    # Higher is better there: the reference is the colocated arm that finished soonest (colo-b, 3.46 s
+    # and 3.5 s from first send to last token, against disagg's 3.64 s), not the slowest (colo-a).
+    assert (tok["min"], tok["max"]) == pytest.approx((3.46 / 3.64, 3.5 / 3.64))
+    assert c["disagg"]["best_colocated"]["ttft.p50"] == "colo-b"
+
+
+def test_targets_mark_met_and_missed_with_the_factor():
+    runs = _runs()
+    rows = {(t["target"]): t for t in targets(runs, ARMS, compare(runs, ARMS))}
+    assert rows["itl.p50 disaggregated / best colocated"]["met"]  # 0.45 <= 1.1
+    assert rows["itl.p99 disaggregated / best colocated"]["met"]  # 0.45 <= 0.5
+    ttft = rows["ttft.p50 disaggregated / best colocated"]
+    assert not ttft["met"] and ttft["factor"] == pytest.approx(1.75 / 1.15)
+    assert not rows["ttft.p50"]["met"] and rows["ttft.p50"]["measured"] == pytest.approx(0.6)  # > 0.25 s
+    assert rows["itl.p99"]["met"]  # 20 ms <= 30 ms
+
+
+def test_markdown_and_committed_summary_from_a_synthetic_result():
+    runs = _runs()
     result = {
-        "started_utc": "20260101-000000", "wall_s": 60.0, "quick": False,
-        "host": {"cpus": 2, "platform": "linux", "python": "3.11", "loadavg_at_end": [1.0, 1.0, 1.0]},
-        "model": {"params": 4e7, "num_layers": 8, "hidden_size": 512, "num_heads": 8,
-                  "num_kv_heads": 4, "dtype": "float32", "kv_bytes_per_token": 16384},
-        "arms": ["colocated", "disagg-tcp"], "idle_cpu_cores": {"colocated": 0.0},
-        "calibration": {"isolated_prefill_s": 1.0, "isolated_prefill_tokens": 1024,
-                        "isolated_step_s": 0.05, "capacity_rps": 1.0},
-        "slos": [{"name": s.name} for s in slos],
-        "workloads": [{"name": "w", "mode": "poisson", "num_requests": 4, "rate": 0.5}],
-        "runs": runs, "ratios": r,
+        "started_utc": "20260101-000000", "wall_s": 60.0, "quick": False, "command": "bench.run",
+        "host": {"cpus": 2, "platform": "linux", "python": "3.11", "loadavg_at_start": [1.0, 1.0, 1.0],
+                 "loadavg_at_end": [1.0, 1.0, 1.0]},
+        "model": {"params": 4.16e7, "num_layers": 8, "hidden_size": 512, "num_heads": 8, "num_kv_heads": 4,
+                  "intermediate_size": 1536, "vocab_size": 32000, "tie_word_embeddings": True},
+        "workload": {"num_requests": 4, "rate": 0.6, "prompt_len": [300, 1000], "output_len": 3},
+        "skipped_for_budget": ["colo-b rep 2"], "arms": ARMS, "runs": runs, "comparison": compare(runs, ARMS),
+        "profiles": {"disagg": {"error": "py-spy not installed"}},
     }
     md = results_markdown(result)
-    assert "| w | disagg-tcp |" in md and "| w | colocated |" in md
-    assert "0.38 [0.25–0.50]" in md  # the ITL p50 ratio: median and range over the two repetitions
-    assert "16 KiB per token" in md
+    assert "| disagg | disaggregated | 600 ms |" in md and "| colo-b | colocated b |" in md
+    assert "0.45 [0.40–0.50]" in md  # the ITL p50 ratio: median and range over the two repetitions
+    assert "missed (1.52x the bound)" in md and "colo-b rep 2" in md and "py-spy not installed" in md
+    assert "41.6M parameters" in md and "tied embeddings" in md
+    summary = summary_json(result)
+    assert all("records" not in r for r in summary["runs"]) and len(summary["targets"]) == 6
+    json.dumps(summary, allow_nan=False)
 
 
 def test_parse_prometheus_sums_label_sets_and_skips_buckets():

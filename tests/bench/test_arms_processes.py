@@ -1,0 +1,39 @@
+"""bench/arms.py's Proc: a ManagedProcess (own group, pinned, logged) that reports its CPU and placement."""
+
+import sys
+import time
+
+from bench.arms import Arm, Proc
+
+
+def _wait_for(cond, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_proc_is_pinned_logged_measured_and_stopped(tmp_path):
+    code = "import signal; print('up', flush=True); sum(range(10**6)); signal.pause()"
+    p = Proc("child", "router", "", [sys.executable, "-c", code], 0, tmp_path / "logs" / "child.log")
+    p.start({"PYTHONUNBUFFERED": "1"})
+    try:
+        _wait_for(lambda: "up" in p.log_tail())
+        assert p.alive() and p.popen is p.proc and p.cmd[0] == sys.executable
+        assert p.placement()["affinity"] == [0]  # pinned before exec, as observed
+        assert p.cpu_seconds() > 0
+    finally:
+        p.stop(grace_s=5)
+    assert not p.alive() and p.popen.returncode is not None
+
+
+def test_arm_layouts_plan_the_processes_they_name(tmp_path):
+    one = Arm("one", tmp_path, tmp_path, layout="colocated-1", worker_args=("--dtype", "bfloat16"))
+    one.plan_processes()
+    (w,) = one.workers
+    assert w.cpu is None and one.threads == 2 and w.cmd[w.cmd.index("--threads") + 1] == "2"
+    assert w.cmd[-2:] == ["--dtype", "bfloat16"] and one.router.cmd.count("--decode") == 1
+    two = Arm("two", tmp_path, tmp_path, layout="disagg-nixl")
+    two.plan_processes()
+    assert [(p.role, p.cpu) for p in two.workers] == [("prefill", 0), ("decode", 1)]
+    assert two.router.cmd.count("--prefill") == 1 and two.kv_backend == "nixl"
