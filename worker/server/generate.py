@@ -24,9 +24,8 @@ from aiohttp import web
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import NDJSON, REQUEST_ID_HEADER, EventType, StreamEvent
 from tandem.worker.server.handoff import check_source, leased_source, pull
-from tandem.worker.server.parsing import parse_generate, read_json
-from tandem.worker.server.responses import from_request_error, need_engine, wrong_role
-from tandem.worker.server.state import STATE_KEY, WorkerState
+from tandem.worker.server.responses import claim_request, from_request_error
+from tandem.worker.server.state import WorkerState
 
 log = logging.getLogger("tandem.worker.server")
 
@@ -44,13 +43,6 @@ def _token_line(token_ids: list[int], text: str) -> bytes:
     if text:
         doc["text"] = text
     return (_encode(doc) + "\n").encode()
-
-
-def refused(state: WorkerState, e: Any, request_id: str) -> web.Response:
-    """The engine's refusal as an answer; a full worker's is counted by reason."""
-    if e.retry_after_s is not None:
-        state.metrics.refused.labels(e.code).inc()
-    return from_request_error(e, request_id)
 
 
 class _Replayed:
@@ -71,25 +63,14 @@ class _Replayed:
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
-    from tandem.worker.engine.errors import RequestError
-
-    state = request.app[STATE_KEY]
-    body = await read_json(request)
-    req = parse_generate(body, request)
-    rid = req.request_id
-    if state.settings.role == Role.PREFILL:
-        return wrong_role(state, "/internal/generate", rid)
-    if (resp := need_engine(state, rid)) is not None:
-        return resp
-    aeng = state.engine
-    try:
-        aeng.engine.claim(rid)  # a duplicate or a full queue is refused before any work
-    except RequestError as e:
-        return refused(state, e, rid)
+    claimed = await claim_request(request, "/internal/generate", not_for=Role.PREFILL)
+    if isinstance(claimed, web.Response):
+        return claimed
+    state, req = claimed
     try:
         started = await _queue(state, req)
     finally:
-        aeng.engine.release_claim(rid)  # a no-op once the sequence took its claim over
+        state.engine.engine.release_claim(req.request_id)  # a no-op once the sequence took its claim over
     if isinstance(started, web.Response):
         return started
     seq, outputs, pulled = started

@@ -86,7 +86,7 @@ async def pull(state: WorkerState, req: GenerateRequest, seq: Any) -> list[int] 
                                   num_tokens=src.num_tokens - held * eng.layout.block_size)
     t0 = time.monotonic()
     try:
-        await state.transport.pull(rid, missing, res.fresh)
+        stats = await state.transport.pull(rid, missing, res.fresh)
     except KVTransferError as e:
         eng.free_blocks(res.blocks)
         log.warning("KV pull failed: %s", e, extra={"request_id": rid, "state": str(e.state)})
@@ -97,6 +97,8 @@ async def pull(state: WorkerState, req: GenerateRequest, seq: Any) -> list[int] 
         raise
     state.metrics.kv_pull_seconds.observe(time.monotonic() - t0)
     state.metrics.kv_pull_saved_bytes.inc(held * eng.layout.block_bytes)
+    log.debug("KV pulled: %d bytes in %d transfers, %.1f ms", stats.bytes, stats.num_transfers,
+              stats.seconds * 1e3, extra={"request_id": rid, "blocks": stats.num_blocks, "cached_blocks": held})
     if req.migrated_from is not None:
         state.metrics.migrations_in.inc()
         state.metrics.migration_pulled_tokens.inc(missing.num_tokens)

@@ -18,10 +18,9 @@ from aiohttp import web
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.names import KVBackend, Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER, PrefillResult
-from tandem.worker.server.generate import refused
 from tandem.worker.server.handoff import leased_source
-from tandem.worker.server.parsing import parse_generate, read_json, request_id_body
-from tandem.worker.server.responses import busy_response, error_response, need_engine, wrong_role
+from tandem.worker.server.parsing import request_id_body
+from tandem.worker.server.responses import busy_response, claim_request, error_response, refused
 from tandem.worker.server.state import STATE_KEY, WorkerState
 
 log = logging.getLogger("tandem.worker.server")
@@ -48,23 +47,16 @@ async def _first_output(state: WorkerState, outputs: Any, rid: str) -> Any:
 async def prefill(request: web.Request) -> web.Response:
     from tandem.worker.engine.errors import RequestError
 
-    state = request.app[STATE_KEY]
-    body = await read_json(request)
-    req = parse_generate(body, request)
-    rid = req.request_id
-    if state.settings.role == Role.DECODE:
-        return wrong_role(state, "/internal/prefill", rid)
-    if (resp := need_engine(state, rid)) is not None:
-        return resp
+    claimed = await claim_request(request, "/internal/prefill", not_for=Role.DECODE)
+    if isinstance(claimed, web.Response):
+        return claimed
+    state, req = claimed
+    rid, aeng = req.request_id, state.engine
     if state.transport is None:
         # Nobody could pull the blocks: leasing them would only hold memory until the lease ends.
+        aeng.engine.release_claim(rid)
         return error_response(400, "this worker has no KV transport (--kv-backend none), so it cannot "
                               "act as a prefill peer", param=None, code="kv_backend_mismatch", request_id=rid)
-    aeng = state.engine
-    try:
-        aeng.engine.claim(rid)  # a duplicate or a full queue is refused before any work
-    except RequestError as e:
-        return refused(state, e, rid)
     try:
         seq = aeng.engine.make_sequence(req, prefill_only=True)
         outputs = aeng.submit(seq)  # takes the claim over

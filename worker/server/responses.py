@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
-from tandem.contracts.protocol import REQUEST_ID_HEADER, openai_error
-from tandem.worker.server.state import WorkerState
+from tandem.contracts.names import Role
+from tandem.contracts.protocol import REQUEST_ID_HEADER, GenerateRequest, openai_error
+from tandem.worker.server.parsing import parse_generate, read_json
+from tandem.worker.server.state import STATE_KEY, WorkerState
 
 RETRY_AFTER_S = 1  # what a full worker asks callers to wait: the router tries elsewhere meanwhile
 
@@ -48,3 +50,32 @@ def need_engine(state: WorkerState, request_id: str | None = None) -> web.Respon
 def wrong_role(state: WorkerState, route: str, request_id: str | None) -> web.Response:
     return error_response(400, f"a {state.settings.role.value} worker does not serve {route}",
                           param=None, code="wrong_role", request_id=request_id)
+
+
+def refused(state: WorkerState, e: Any, request_id: str) -> web.Response:
+    """The engine's refusal as an answer; a full worker's is counted by reason."""
+    if e.retry_after_s is not None:
+        state.metrics.refused.labels(e.code).inc()
+    return from_request_error(e, request_id)
+
+
+async def claim_request(request: web.Request, route: str, not_for: Role
+                        ) -> tuple[WorkerState, GenerateRequest] | web.Response:
+    """The start of /internal/generate and /internal/prefill: parse the body, check this worker
+    takes the route (not a `not_for` worker, an engine that is up), and claim the request's id
+    and queue place before any work, so a duplicate or a full queue is refused first. The caller
+    hands the claim to the engine (add, add_prefilled) or releases it."""
+    from tandem.worker.engine.errors import RequestError
+
+    state = request.app[STATE_KEY]
+    req = parse_generate(await read_json(request), request)
+    rid = req.request_id
+    if state.settings.role == not_for:
+        return wrong_role(state, route, rid)
+    if (resp := need_engine(state, rid)) is not None:
+        return resp
+    try:
+        state.engine.engine.claim(rid)
+    except RequestError as e:
+        return refused(state, e, rid)
+    return state, req
