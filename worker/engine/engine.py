@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 from tandem.contracts.protocol import FinishReason, GenerateRequest, SamplingParams
+from tandem.worker.engine.admission import Admission
 from tandem.worker.engine.batch import run_batch
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.config import EngineConfig
@@ -49,19 +50,6 @@ class EngineStats:
     migrated_out: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass
-class PullReservation:
-    """Blocks held for a pulled prompt: `cached` already hold its leading blocks, `fresh` receive
-    the rest from the prefill worker."""
-
-    cached: list[int]
-    fresh: list[int]
-
-    @property
-    def blocks(self) -> list[int]:
-        return self.cached + self.fresh
-
-
 def _available_memory(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -69,7 +57,7 @@ def _available_memory(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-class Engine(LeaseKeeping, Migration):
+class Engine(Admission, LeaseKeeping, Migration):
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, lease_s: float = 30.0):
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -211,94 +199,6 @@ class Engine(LeaseKeeping, Migration):
                 seq.detok.resume_at(emitted_chars)
             except ValueError as e:
                 raise RequestError(f"emitted_chars: {e}", param="emitted_chars") from e
-
-    # ---- admission: unique ids, a bounded queue ----------------------------------------------
-
-    def add(self, seq: Sequence) -> None:
-        """Queue a sequence to be prefilled (locally) and decoded. RequestError 409 for an id in
-        use here, 429 (retry later) when the queue is full; its claim (if any) ends here."""
-        with self.lock:
-            self._take_claim(seq.request_id)
-            self.seqs[seq.request_id] = seq
-            self.stats.prompt_tokens_total += len(seq.prompt_ids)
-            self.scheduler.add(seq)
-
-    def claim(self, request_id: str) -> None:
-        """Take a place in the queue before any work for a request (tokenizing, a KV pull), so a
-        duplicate id or a full queue is refused first; add/add_prefilled (or release_claim) ends it."""
-        with self.lock:
-            self._admit(request_id)
-            self._claims.add(request_id)
-
-    def release_claim(self, request_id: str) -> None:
-        with self.lock:
-            self._claims.discard(request_id)
-
-    def _take_claim(self, request_id: str) -> None:
-        """Under the lock: the request's claim ends, or (unclaimed) it is admitted now."""
-        if request_id in self._claims:
-            self._claims.discard(request_id)
-        else:
-            self._admit(request_id)
-
-    def _admit(self, request_id: str) -> None:
-        """Under the lock: refuse an id that is running, queued, leased or being pulled here, or
-        any request while the queue is full."""
-        if request_id in self.seqs or request_id in self.leases or request_id in self._claims:
-            raise RequestError(f"request {request_id!r} is already running here",
-                               status=409, param="request_id", code="duplicate_request_id")
-        queued = self.scheduler.num_queued + len(self._claims)
-        free_seats = max(0, self.config.max_num_seqs - len(self.scheduler.running))
-        if queued >= free_seats + self.max_waiting:
-            raise RequestError(f"this worker is full: {len(self.scheduler.running)} sequences run and "
-                               f"{queued} wait (at most {self.max_waiting}): retry shortly or elsewhere",
-                               status=429, type_="service_unavailable", code="queue_full", retry_after_s=1.0)
-
-    def reserve_for_pull(self, seq: Sequence) -> PullReservation | None:
-        """Blocks for the KV of all but the last token (a handoff: the prompt; a migration: prompt
-        and generated tokens) before a pull: the leading blocks this pool already caches
-        (at least the last block is still pulled: the pull also ends the peer's lease), then new
-        blocks for the rest; None when the pool is too full right now. Under the engine's lock (so
-        a step never finds fewer free blocks than it just counted), and leaving a block per running
-        sequence for their next tokens."""
-        n = seq.num_tokens - 1
-        with self.lock:
-            hit = self.prefix_cache.match(seq, n - 1)
-            need = self.layout.blocks_for(n) - len(hit)
-            if self.allocator.num_free - need - self.allocator.num_to_take(hit) < len(self.scheduler.running):
-                return None
-            self.prefix_cache.hit(hit, n)
-            return PullReservation(cached=hit, fresh=self.allocator.allocate(need))
-
-    def free_blocks(self, block_ids: list[int]) -> None:
-        with self.lock:
-            self.allocator.free(block_ids)
-        self.on_blocks_freed()
-
-    def add_prefilled(self, seq: Sequence, block_ids: list[int]) -> None:
-        """Queue a sequence whose KV for all but its last token is already in block_ids (pulled
-        from a prefill worker or a draining decode worker, or cached here) for a seat in the
-        running batch; its last generated token, replayed by make_sequence, is the next one to run.
-        Its claim (if any) ends here."""
-        with self.lock:
-            self._take_claim(seq.request_id)
-            self.seqs[seq.request_id] = seq
-            seq.block_table = list(block_ids)
-            seq.num_computed = seq.num_tokens - 1
-            self.prefix_cache.commit(seq)
-            self.stats.prompt_tokens_total += len(seq.prompt_ids)
-            self.scheduler.add_ready(seq)
-
-    def withdraw(self, request_id: str) -> bool:
-        """Take a request out of the queue if it has not started (its caller will not wait longer);
-        False when it is running or gone."""
-        with self.lock:
-            seq = self.seqs.get(request_id)
-            if seq is None or request_id in self._in_flight or not self.scheduler.withdraw(seq):
-                return False
-            del self.seqs[request_id]
-            seq.status = SeqStatus.FINISHED
-            return True
 
     def abort(self, request_id: str, lease_token: str | None = None) -> bool:
         """Cancel a request and free what it holds here: a running sequence, and its KV lease
