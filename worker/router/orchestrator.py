@@ -342,31 +342,13 @@ class Orchestrator:
                     busy.retry_after[url] = exc.retry_after_s
                     target = await self._after_busy(info, ctx, p, excluded, busy)
                 except WorkerFailed as exc:
-                    self._failed(url, "decode", exc)
                     failures += 1
-                    if exc.dead:
-                        self.abort(ctx, [url])
-                        excluded.add(url)
-                    else:  # it may get the resume: its copy (same request id) must be gone first
-                        self.metrics.aborts.inc()
-                        await self.client.abort(url, ctx.request_id, ctx.lease_tokens.get(url))
-                    if kv is not None and holder is not None:
-                        self.abort(ctx, [holder])  # free the lease the handoff did not pull
+                    nxt = await self._after_failure(req, info, ctx, p, url, exc, failures, excluded,
+                                                    holder if kv is not None else None)
                     kv = holder = None
-                    if len(p.generated) >= req.sampling.max_tokens:
-                        # it died between its last token (whose text was final) and its finish line
+                    if nxt is None:  # it died between its last token (its text final) and its finish line
                         p.finish_reason = FinishReason.LENGTH.value
                         break
-                    nxt = self.policy.resume_decode(info, self.pool.views(), frozenset(excluded))
-                    if failures > self.max_resumes or nxt is None:
-                        log.warning("request %s: giving up after %d decode failures: %s", ctx.request_id,
-                                    failures, exc)
-                        raise upstream_failed(
-                            "the decode worker failed and no other could resume the request"
-                        ) from exc
-                    self.metrics.resumes.inc()
-                    log.info("request %s: resuming on %s after %d tokens", ctx.request_id, nxt.url,
-                             len(p.generated))
                     target = nxt
                 finally:
                     self.pool.release(url, pending)
@@ -378,6 +360,32 @@ class Orchestrator:
             self._moved(move, "kv" if kv is not None else "recompute")
         ctx.phase = Phase.FINISHED
         yield Finished(p.finish_reason, p.prompt_tokens or 0, len(p.generated))
+
+    async def _after_failure(
+        self, req: ParsedRequest, info: RequestInfo, ctx: RequestContext, p: _Progress, url: str,
+        exc: WorkerFailed, failures: int, excluded: set[str], lease_holder: str | None,
+    ) -> WorkerView | None:
+        """After decode on `url` failed: its copy of the request gone (a dead worker excluded), the
+        lease a handoff did not pull freed, and the worker to resume on; None when every token was
+        generated already. Too many failures, or no worker left, is a 502."""
+        self._failed(url, "decode", exc)
+        if exc.dead:
+            self.abort(ctx, [url])
+            excluded.add(url)
+        else:  # it may get the resume: its copy (same request id) must be gone first
+            self.metrics.aborts.inc()
+            await self.client.abort(url, ctx.request_id, ctx.lease_tokens.get(url))
+        if lease_holder is not None:
+            self.abort(ctx, [lease_holder])
+        if len(p.generated) >= req.sampling.max_tokens:
+            return None
+        nxt = self.policy.resume_decode(info, self.pool.views(), frozenset(excluded))
+        if failures > self.max_resumes or nxt is None:
+            log.warning("request %s: giving up after %d decode failures: %s", ctx.request_id, failures, exc)
+            raise upstream_failed("the decode worker failed and no other could resume the request") from exc
+        self.metrics.resumes.inc()
+        log.info("request %s: resuming on %s after %d tokens", ctx.request_id, nxt.url, len(p.generated))
+        return nxt
 
     def _migrate(
         self, info: RequestInfo, ctx: RequestContext, p: _Progress, source: str, generation: str,

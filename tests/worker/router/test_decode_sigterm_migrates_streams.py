@@ -161,7 +161,8 @@ def test_kv_that_cannot_be_pulled_is_recomputed_with_the_same_text(group, toy_mo
     streams, leaving, staying = _sigterm_mid_stream(decode, router, model_name)
     assert streams.texts == expected, "a recomputed stream differs from the undisturbed run"
     assert leaving.proc.wait(60) == 0
-    assert _metric(router, 'tandem_router_migrations_total{outcome="recompute"}') > 0
+    assert _metric(router, 'tandem_router_migrations_total{outcome="recompute"}') > 0, \
+        router.get_text("/metrics") + router.log()[-4000:] + leaving.log()[-3000:]
     assert _metric(router, 'tandem_router_migrations_total{outcome="kv"}') == 0
     assert _metric(staying, "tandem_worker_migrations_in_total") == 0
     assert _metric(staying, "tandem_worker_prefill_tokens_computed_total") > computed_before[decode.index(staying)]
