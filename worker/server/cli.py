@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -211,7 +212,7 @@ async def serve(cfg: WorkerConfig) -> int:
         if cfg.migrate_on_drain and transport is not None:
             log.info("draining: handing %d sequences to other decode workers", len(engine.seqs))
             aeng.start_migration()  # each stream ends with MIGRATE; the drain waits for the pulls
-        await drain(engine, cfg.drain_s, log)
+        await drain(engine, cfg.drain_s, log, lambda: state.open_streams)
         for rid in list(engine.seqs):  # their streams end with finish_reason abort: the router resumes them
             aeng.abort(rid)
         log.info("shutting down")
@@ -225,15 +226,17 @@ async def serve(cfg: WorkerConfig) -> int:
             await transport.close()
 
 
-async def drain(engine: Any, within: float, log: Any) -> None:
-    """Let running sequences finish (or migrate) and other workers pull leased KV before the
-    process exits, so scaling a pool down does not fail the handoffs and migrations in flight."""
+async def drain(engine: Any, within: float, log: Any, open_streams: Callable[[], int] = lambda: 0) -> None:
+    """Let running sequences finish (or migrate), other workers pull leased KV, and every stream
+    write its last line (a FINISH, or the MIGRATE of a sequence handed out without KV, which no
+    lease keeps the drain waiting for) before the process exits, so scaling a pool down does not
+    fail the handoffs and migrations in flight."""
     import asyncio
     import time
 
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if engine.idle():
+        if engine.idle() and open_streams() == 0:
             return
         await asyncio.sleep(0.05)  # the engine thread finishes them; nothing to await on here
     if engine.seqs or engine.leases:

@@ -139,6 +139,7 @@ async def _stream(request: web.Request, state: WorkerState, seq: Any, outputs: A
     rid = seq.request_id
     log.info("generate started", extra={"request_id": rid, "prompt_tokens": len(seq.prompt_ids),
                                          "pulled": pulled, "replayed": seq.num_resumed})
+    state.open_streams += 1
     try:
         resp = web.StreamResponse(headers={"Content-Type": NDJSON, REQUEST_ID_HEADER: rid})
         await resp.prepare(request)
@@ -163,4 +164,5 @@ async def _stream(request: web.Request, state: WorkerState, seq: Any, outputs: A
         log.info("client went away; aborting", extra={"request_id": rid})
         raise
     finally:
+        state.open_streams -= 1
         outputs.close()

@@ -43,6 +43,7 @@ class WorkerState:
     transport: KVTransport | None = None
     ready: bool = False
     draining: bool = False  # SIGTERM came: new requests get 503 draining (busy: try another worker)
+    open_streams: int = 0  # /internal/generate responses not yet ended: a drain waits for their last line
     load_error: str | None = None
     started: float = field(default_factory=time.time)
     metrics: WorkerMetrics = field(init=False)

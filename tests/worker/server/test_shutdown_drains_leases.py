@@ -31,3 +31,27 @@ async def test_drain_gives_up_after_its_bound(start_worker):
     await asyncio.wait_for(drain(w.engine, 0.2, logging.getLogger("test")), 10)
     assert "d2" in w.engine.leases  # still there: drain only waits, the lease is freed on release
     await w.client.post("/internal/kv/release", json={"request_id": "d2", "lease_token": kv["lease_token"]})
+
+
+async def test_drain_waits_for_every_stream_to_write_its_last_line(start_worker):
+    """A sequence handed out without KV leaves no lease behind: only the open stream, still to write
+    its MIGRATE line, says the drain is not over. Streams are counted while open."""
+    w = await start_worker(role="colocated")
+    body = {"request_id": "s1", "prompt": "Hello, world!", "sampling": {"max_tokens": 40, "temperature": 0,
+                                                                         "ignore_eos": True}}
+    async with w.client.post("/internal/generate", json=body) as resp:
+        assert resp.status == 200
+        await resp.content.readline()  # START
+        assert w.state.open_streams == 1
+        await resp.read()
+    assert w.state.open_streams == 0
+
+    answers = iter([2, 1, 0])
+    asked = []
+
+    def open_streams() -> int:
+        asked.append(1)
+        return next(answers, 0)
+
+    await asyncio.wait_for(drain(w.engine, 60.0, logging.getLogger("test"), open_streams), 10)
+    assert len(asked) == 3, "drain returned with streams still open"
