@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.contracts.internal_auth import SECRET_ENV
-from tandem.contracts.names import pod_port
+from tandem.contracts.names import pod_port, pod_ready
 from tandem.worker.local.processes import ManagedProcess, Supervisor
 
 TANDEM = str(Path(sys.executable).parent / "tandem")
@@ -112,3 +112,13 @@ class ProcessGroup(Supervisor):
         meta = pod["metadata"]
         return self.router(meta["namespace"], meta["labels"]["tandem.dev/service"], pod_port(pod), kubeconfig,
                            host=pod["status"]["podIP"])
+
+
+def ready_pods(api: Any, namespace: str, name: str, role: str) -> list[dict]:
+    """The service's pods of `role` that may get traffic (contracts.names.pod_ready), by name."""
+    from kubernetes import client
+
+    pods = client.CoreV1Api(api).list_namespaced_pod(
+        namespace, label_selector=f"tandem.dev/service={name},tandem.dev/role={role}").items
+    return sorted((p for p in api.sanitize_for_serialization(pods) if pod_ready(p)),
+                  key=lambda p: p["metadata"]["name"])

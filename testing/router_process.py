@@ -21,10 +21,3 @@ class RouterProcess(ManagedProcess):
         super().start()
         self.wait_ready(ready_path, timeout_s)
         return self
-
-    def metric(self, series: str) -> float:
-        """The value of one series in /metrics, e.g. 'tandem_router_aborts_total' (0 when absent)."""
-        for line in self.get_text("/metrics").splitlines():
-            if line.startswith(series + " ") or line == series:
-                return float(line.split()[-1])
-        return 0.0

@@ -63,3 +63,19 @@ def namespace(k8s, request: pytest.FixtureRequest):
 
 
 # --- end control plane -------------------------------------------------------------------------
+
+
+def _nixl_available() -> bool:
+    try:
+        from tandem.worker.kv import nixl  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(params=["tcp", pytest.param("nixl", marks=pytest.mark.nixl)])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Every cross-process test runs over both network backends."""
+    if request.param == "nixl" and not _nixl_available():
+        pytest.skip("needs the nixl package (nixl-cu12, installed by `make venv`)")
+    return request.param

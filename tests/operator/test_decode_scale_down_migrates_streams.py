@@ -11,13 +11,12 @@ router carries each stream over.
 
 from __future__ import annotations
 
-import threading
-
 import openai
 import pytest
 from kubernetes import client
 from tandem.testing.cluster import POOL_LABEL, wait_until
-from tandem.testing.pod_workers import ProcessGroup
+from tandem.testing.completion_streams import CompletionStreams, undisturbed
+from tandem.testing.pod_workers import ProcessGroup, ready_pods
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 
@@ -39,53 +38,6 @@ def spec(model: str) -> dict:
                         "decode": {"minReplicas": 2, "maxReplicas": 2}},
     }
 
-
-def ready_pods(api, ns: str, name: str, role: str) -> list[dict]:
-    pods = client.CoreV1Api(api).list_namespaced_pod(
-        ns, label_selector=f"tandem.dev/service={name},tandem.dev/role={role}").items
-    out = []
-    for pod in api.sanitize_for_serialization(pods):
-        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
-        if ready and pod["status"].get("podIP") and not pod["metadata"].get("deletionTimestamp"):
-            out.append(pod)
-    return sorted(out, key=lambda p: p["metadata"]["name"])
-
-
-def metric(proc, series: str) -> float:
-    for line in proc.get_text("/metrics").splitlines():
-        if line.startswith(series + " "):
-            return float(line.split()[-1])
-    return 0.0
-
-
-class Streams:
-    """STREAMS streams over the prompts, each on its own thread, counting the chunks they get."""
-
-    def __init__(self, oai: openai.OpenAI, model: str) -> None:
-        self.oai, self.model = oai, model
-        self.texts, self.chunks = [""] * STREAMS, [0] * STREAMS
-        self.finish: list[str | None] = [None] * STREAMS
-        self.errors: list[str] = []
-        self.changed = threading.Condition()
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(STREAMS)]
-        for t in self.threads:
-            t.start()
-
-    def _run(self, i: int) -> None:
-        try:
-            for chunk in self.oai.completions.create(model=self.model, prompt=PROMPTS[i % len(PROMPTS)],
-                                                     max_tokens=MAX_TOKENS, temperature=0, stream=True,
-                                                     extra_body={"ignore_eos": True}):
-                with self.changed:
-                    for c in chunk.choices:
-                        self.texts[i] += c.text or ""
-                        self.finish[i] = c.finish_reason or self.finish[i]
-                    self.chunks[i] += 1
-                    self.changed.notify_all()
-        except Exception as e:  # reported by the test
-            with self.changed:
-                self.errors.append(f"stream {i}: {e!r}")
-                self.changed.notify_all()
 
 
 @pytest.fixture
@@ -117,29 +69,21 @@ def test_streams_survive_a_decode_scale_down_by_migrating(
     procs.wait_ready(workers.values())
     router = procs.router_for_pod(pods[1], k8s.kubeconfig)
     procs.wait_ready([router])
-    wait_until(lambda: metric(router, 'tandem_router_workers{ready="true",role="decode"}') == 2, timeout=30,
+    wait_until(lambda: router.metric('tandem_router_workers{ready="true",role="decode"}') == 2, timeout=30,
                what="the router seeing both decode workers")
 
-    oai = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=300)
-    model = oai.models.list().data[0].id
-    expected = [oai.completions.create(model=model, prompt=p, max_tokens=MAX_TOKENS, temperature=0,
-                                       extra_body={"ignore_eos": True}).choices[0].text for p in PROMPTS]
+    model = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=300).models.list().data[0].id
+    expected = undisturbed(router.url, model, PROMPTS, MAX_TOKENS)
 
-    streams = Streams(oai, model)
-    with streams.changed:
-        assert streams.changed.wait_for(lambda: min(streams.chunks) >= TOKENS_BEFORE or streams.errors, 120)
-    assert not streams.errors, streams.errors
+    streams = CompletionStreams(router.url, model, [PROMPTS[i % len(PROMPTS)] for i in range(STREAMS)], MAX_TOKENS)
+    streams.wait(lambda: min(streams.chunks) >= TOKENS_BEFORE, 120, "every stream's first tokens")
     patch = {"spec": {"autoscaling": {"decode": {"minReplicas": 1, "maxReplicas": 1}}}}
     crds.patch_namespaced_custom_object(*GVP[:2], namespace, GVP[2], name, patch)
     removed = wait_until(lambda: procs.terminated or None, timeout=60, what="a decode pod deleted (SIGTERM)")
-    for t in streams.threads:
-        t.join(300)
-        assert not t.is_alive(), "a stream did not end"
-    assert not streams.errors, streams.errors[:5]
-    assert all(f == "length" for f in streams.finish), streams.finish
+    streams.join(300)  # every stream ended by max_tokens, none with an error
     for i, text in enumerate(streams.texts):
         assert text == expected[i % len(PROMPTS)], f"stream {i} differs from the undisturbed run"
     assert len(removed) == 1 and removed[0] in workers
     assert workers[removed[0]].proc.wait(60) == 0, workers[removed[0]].log()[-3000:]
-    assert metric(router, 'tandem_router_migrations_total{outcome="kv"}') > 0, router.get_text("/metrics")
-    assert metric(router, 'tandem_router_migrations_total{outcome="failed"}') == 0
+    assert router.metric('tandem_router_migrations_total{outcome="kv"}') > 0, router.get_text("/metrics")
+    assert router.metric('tandem_router_migrations_total{outcome="failed"}') == 0

@@ -20,7 +20,7 @@ from tandem.operator.apply import CHOSEN
 from tandem.operator.autoscaling.planner import Reason
 from tandem.testing.cluster import POOL_LABEL, wait_until
 from tandem.testing.k8s_events import wait_events
-from tandem.testing.pod_workers import ProcessGroup
+from tandem.testing.pod_workers import ProcessGroup, ready_pods
 from tandem.testing.rbac import rbac_denials
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
@@ -60,17 +60,6 @@ def procs(api):
     finally:
         group.stop()
 
-
-def ready_pods(api, ns: str, name: str, role: str) -> list[dict]:
-    """The role's Ready pods with an IP, not being deleted, by name."""
-    pods = client.CoreV1Api(api).list_namespaced_pod(
-        ns, label_selector=f"tandem.dev/service={name},tandem.dev/role={role}").items
-    out = []
-    for pod in api.sanitize_for_serialization(pods):
-        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
-        if ready and pod["status"].get("podIP") and not pod["metadata"].get("deletionTimestamp"):
-            out.append(pod)
-    return sorted(out, key=lambda p: p["metadata"]["name"])
 
 
 def status(api, ns: str, name: str) -> dict:

@@ -108,6 +108,13 @@ class ManagedProcess:
         with urllib.request.urlopen(self.url + path, timeout=10) as r:
             return r.read().decode()
 
+    def metric(self, series: str) -> float:
+        """The value of one series in /metrics, e.g. 'tandem_router_aborts_total' (0 when absent)."""
+        for line in self.get_text("/metrics").splitlines():
+            if line.startswith(series + " ") or line == series:
+                return float(line.split()[-1])
+        return 0.0
+
     def wait_ready(self, path: str = "/ready", timeout_s: float = 180.0) -> None:
         """Until `path` answers 200; a child that exits, or is not ready in time (then killed), raises
         with the end of its log."""
