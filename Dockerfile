@@ -1,13 +1,15 @@
 # syntax=docker/dockerfile:1.7
 #
-# Two images from one file:
+# Three images from one file:
 #
 #   docker build --target operator -t REGISTRY/tandem-operator:0.1.0 .
+#   docker build --target router   -t REGISTRY/tandem-router:0.1.0 .
 #   docker build --target worker   -t REGISTRY/tandem-worker:0.1.0 .
 #
 # operator: kopf and the Kubernetes client only (no torch): small, starts in a second.
+# router:   the OpenAI endpoint: aiohttp, tokenizers, jinja2, the Kubernetes client (no torch).
 # worker:   torch, transformers, tokenizers and NIXL (UCX) for the prefill, decode and
-#           colocated roles; the router runs from this image too (it never imports torch).
+#           colocated roles.
 #
 # Base images are pinned to a full version tag; pin the digest as well when you
 # publish (`python:3.11.14-slim-bookworm@sha256:...`), which needs a registry to look up.
@@ -38,6 +40,7 @@ COPY pyproject.toml setup.py README.md ./
 COPY cli/ cli/
 COPY contracts/ contracts/
 COPY operator/ operator/
+COPY router/ router/
 COPY worker/ worker/
 
 # ---------------------------------------------------------------------------------------------
@@ -62,6 +65,24 @@ ENTRYPOINT ["tandem"]
 CMD ["operator", "--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz"]
 
 # ---------------------------------------------------------------------------------------------
+# router-build: the router extra only; torch is never installed here.
+FROM source AS router-build
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir '.[router]'
+
+# ---------------------------------------------------------------------------------------------
+# router: the OpenAI endpoint the operator deploys per InferenceService.
+FROM base AS router
+COPY --from=router-build /opt/tandem /opt/tandem
+USER 10001:10001
+WORKDIR /home/tandem
+EXPOSE 8000
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)"]
+ENTRYPOINT ["tandem"]
+CMD ["router", "--help"]
+
+# ---------------------------------------------------------------------------------------------
 # worker-build: torch first, then NIXL, so NIXL's resolver sees the torch already there
 # and never pulls its own (the same order as the Makefile).
 FROM source AS worker-build
@@ -71,7 +92,7 @@ RUN pip install --no-cache-dir '.[worker]' \
     && pip install --no-cache-dir "nixl-cu12==${NIXL_VERSION}"
 
 # ---------------------------------------------------------------------------------------------
-# worker: prefill, decode, colocated and router roles.
+# worker: prefill, decode and colocated roles.
 FROM base AS worker
 # rdma-core's user-space verbs libraries: UCX (inside NIXL) loads them to reach the RDMA
 # NIC (mlx5 for InfiniBand and RoCE). The kernel driver and the device plugin live on the node.

@@ -12,7 +12,7 @@ NIXL_VERSION := 1.5.1
 $(STAMP): pyproject.toml setup.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip==25.3
-	$(BIN)/pip install -q -e '.[worker,operator,dev]'
+	$(BIN)/pip install -q -e '.[worker,router,operator,dev]'
 	# NIXL after torch, so its resolver sees the torch already installed.
 	$(BIN)/pip install -q nixl-cu12==$(NIXL_VERSION)
 	touch $@

@@ -14,6 +14,7 @@ ROOTS = {
     "tandem.contracts": "contracts",  # what crosses a process boundary; imports nothing heavy
     "tandem.operator": "operator",
     "tandem.worker": "worker",
+    "tandem.router": "router",  # the OpenAI endpoint; never imports torch
     "tandem.testing": "testing",  # control-plane harness and toy model, shared by tests and bench
 }
 

@@ -16,7 +16,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("tandem.worker.local.up", "run a router, prefill and decode workers locally"),
     "worker": ("tandem.worker.server.cli", "run one model worker (prefill, decode or colocated)"),
-    "router": ("tandem.worker.router.cli", "run the OpenAI-compatible router"),
+    "router": ("tandem.router.cli", "run the OpenAI-compatible router"),
     "operator": ("tandem.operator.cli", "run the Kubernetes operator (kopf)"),
 }
 

@@ -254,7 +254,7 @@ class WorkerInfo:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
-# The files a router needs to tokenize as a worker does (tandem.worker.router.tokenizer).
+# The files a router needs to tokenize as a worker does (tandem.router.tokenizer).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 

@@ -21,7 +21,7 @@ from tandem.contracts.protocol import (
     StreamEvent,
     WorkerInfo,
 )
-from tandem.worker.router.worker_client import WorkerFailed, classify
+from tandem.router.worker_client import WorkerFailed, classify
 
 Outcome = PrefillResult | Exception
 StreamItem = StreamEvent | Exception

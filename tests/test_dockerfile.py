@@ -1,5 +1,6 @@
-"""The Dockerfile is lint-clean and builds two images: a slim operator (no torch) and a
-worker (torch, transformers, NIXL after torch), both as a non-root user from pinned bases.
+"""The Dockerfile is lint-clean and builds three images: a slim operator and a slim router
+(no torch), and a worker (torch, transformers, NIXL after torch), all as a non-root user from
+pinned bases.
 No Docker engine runs here, so the file is linted and read the way `docker build` reads it."""
 
 from __future__ import annotations
@@ -111,26 +112,32 @@ def test_hadolint_passes() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_both_targets_exist(dockerfile) -> None:
+def test_every_target_exists(dockerfile) -> None:
     _, stages = dockerfile
-    assert {"operator", "worker"} <= set(stages)
-    for target in ("operator", "worker"):
+    assert {"operator", "router", "worker"} <= set(stages)
+    for target in ("operator", "router", "worker"):
         entry = stages[target].args("ENTRYPOINT")
         assert entry == ['["tandem"]'], f"{target} runs the tandem CLI"
 
 
-def test_operator_image_never_installs_torch(dockerfile) -> None:
+# What each slim image may not contain (the router tokenizes, so it has tokenizers).
+SLIM = {"operator": HEAVY, "router": ("torch", "transformers", "safetensors", "nixl")}
+
+
+@pytest.mark.parametrize("target", sorted(SLIM))
+def test_slim_images_never_install_torch(dockerfile, target: str) -> None:
     _, stages = dockerfile
-    installed = [arg for stage in chain(stages, "operator") for arg in pip_installs(stage)]
-    assert installed, "the operator target installs the package"
-    assert [a for a in installed if a.startswith(".")] == [".[operator]"]
+    heavy = SLIM[target]
+    installed = [arg for stage in chain(stages, target) for arg in pip_installs(stage)]
+    assert installed, f"the {target} target installs the package"
+    assert [a for a in installed if a.startswith(".")] == [f".[{target}]"]
     for arg in installed:
-        assert not any(h in arg for h in HEAVY), f"operator target installs {arg}"
-    # ... and what `.[operator]` pulls in (the base dependencies + the extra) has none of them.
+        assert not any(h in arg for h in heavy), f"{target} target installs {arg}"
+    # ... and what the extra pulls in (the base dependencies + the extra) has none of them.
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    deps = project["dependencies"] + project["optional-dependencies"]["operator"]
+    deps = project["dependencies"] + project["optional-dependencies"][target]
     names = [re.split(r"[=<>!~\[; ]", d, maxsplit=1)[0].lower() for d in deps]
-    assert not [n for n in names if n.startswith(HEAVY)], names
+    assert not [n for n in names if n.startswith(heavy)], names
 
 
 def test_worker_image_installs_nixl_after_torch(dockerfile) -> None:
@@ -151,7 +158,7 @@ def test_worker_image_installs_nixl_after_torch(dockerfile) -> None:
     assert makefile_version and build_arg and build_arg.group(1) == makefile_version.group(1)
 
 
-@pytest.mark.parametrize("target", ["operator", "worker"])
+@pytest.mark.parametrize("target", ["operator", "router", "worker"])
 def test_images_run_as_a_numeric_non_root_user(dockerfile, target: str) -> None:
     _, stages = dockerfile
     users = [u for stage in chain(stages, target) for u in stage.args("USER")]
@@ -165,7 +172,7 @@ def test_images_run_as_a_numeric_non_root_user(dockerfile, target: str) -> None:
     assert f"runAsUser: {uid}" in chart_helpers
 
 
-@pytest.mark.parametrize("target", ["operator", "worker"])
+@pytest.mark.parametrize("target", ["operator", "router", "worker"])
 def test_images_have_a_health_check(dockerfile, target: str) -> None:
     _, stages = dockerfile
     (check,) = stages[target].args("HEALTHCHECK")

@@ -21,7 +21,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from tandem.operator.autoscaling.scrape import parse_router
 from tandem.operator.autoscaling.spec import AutoscalingSpec
-from tandem.worker.router.metrics import RouterMetrics
+from tandem.router.metrics import RouterMetrics
 
 from bench.simulator.capacity import Capacity
 from bench.simulator.cluster import Simulation

@@ -69,7 +69,7 @@ ROUTER_SHUTDOWN_GRACE_S = 30
 
 
 def router_config(name: str, namespace: str, spec: InferenceServiceSpec | Mapping) -> dict[str, Any]:
-    """The router's --config file (keys of tandem.worker.router.config.RouterConfig).
+    """The router's --config file (keys of tandem.router.config.RouterConfig).
 
     The API key is not here: it reaches the router as $TANDEM_API_KEY from the Secret. A spec
     given as JSON is parsed first (the router's own tests pass one).

@@ -14,7 +14,7 @@ from tandem.operator.autoscaling.planner import PlannerState, Reason, Seats, pla
 from tandem.operator.autoscaling.scrape import Histogram, RouterReading, WorkerReading, parse_router
 from tandem.operator.autoscaling.snapshot import MetricsWindow, PodScrape, ScrapeRound, Snapshot
 from tandem.operator.autoscaling.spec import AutoscalingSpec
-from tandem.worker.router.metrics import RouterMetrics
+from tandem.router.metrics import RouterMetrics
 
 WINDOW = 60.0
 _EMPTY = parse_router(generate_latest(RouterMetrics().registry).decode())

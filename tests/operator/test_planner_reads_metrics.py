@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import generate_latest
 from tandem.operator.autoscaling.scrape import UnreadableMetrics, parse_router, parse_worker
 from tandem.operator.autoscaling.snapshot import MetricsWindow, PodScrape, ScrapeRound, read_pod
-from tandem.worker.router.metrics import RouterMetrics
+from tandem.router.metrics import RouterMetrics
 from tandem.worker.server.metrics import WorkerMetrics
 
 

@@ -34,7 +34,7 @@ def test_worker_reads_each_role_file(tmp_path, typed, examples):
 
 
 def test_router_reads_its_file(tmp_path, typed, examples):
-    from tandem.worker.router.config import load_yaml
+    from tandem.router.config import load_yaml
 
     spec = typed(examples["gpu-roce"]["spec"])
     path = tmp_path / "router.yaml"

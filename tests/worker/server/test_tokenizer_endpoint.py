@@ -9,7 +9,7 @@ import time
 
 import pytest
 from tandem.contracts.protocol import GenerateRequest, TokenizerFiles, tokenizer_digest
-from tandem.worker.router.tokenizer import RouterTokenizer
+from tandem.router.tokenizer import RouterTokenizer
 
 SECRET = "tokenizer-route-secret-0123456789"
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Café 東京 </s> ok?"}]

@@ -1,0 +1,352 @@
+"""The router's HTTP face: the OpenAI API, health, readiness and metrics (aiohttp).
+
+Streaming responses start (HTTP 200 and SSE headers) only once a worker accepted the request,
+so errors found by the worker (context length, ...) still reach the client as a 4xx. A request
+that ends early for any reason has every worker it touched told to abort it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tandem.contracts.json_body import BodyError, decode_json
+from tandem.contracts.names import Role
+from tandem.contracts.protocol import REQUEST_ID_HEADER
+from tandem.router.config import RouterConfig
+from tandem.router.errors import RouterError, bad_request, no_worker
+from tandem.router.kv_feed import KVEventFeed
+from tandem.router.metrics import RouterMetrics
+from tandem.router.orchestrator import (
+    Orchestrator,
+    RequestContext,
+)
+from tandem.router.policies.base import PolicySettings, RoutingPolicy
+from tandem.router.policies.registry import policy_class
+from tandem.router.pool import Target, WorkerPool
+from tandem.router.prefix_index import PrefixIndex
+from tandem.router.responses import Responder
+from tandem.router.sse import ResponseShape
+from tandem.router.tokenizer import ChatTemplateError
+from tandem.router.tokenizer_sync import OFF, WORKERS, TokenizerSync
+from tandem.router.validation import (
+    Endpoint,
+    Limits,
+    ParsedRequest,
+    check_model,
+    parse_request,
+)
+from tandem.router.worker_client import HttpWorkerClient, Timeouts
+
+log = logging.getLogger("tandem.router")
+
+ROUTER_KEY: web.AppKey[Router] = web.AppKey("router")
+TOKENIZER_START_WAIT_S = 10.0  # at start-up, how long a tokenizer fetch from a ready worker may delay serving
+
+
+def _error_response(err: RouterError, request_id: str | None = None) -> web.Response:
+    headers = dict(err.headers)
+    if request_id:
+        headers[REQUEST_ID_HEADER] = request_id
+    return web.json_response(err.body, status=err.status, headers=headers)
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every error leaves in OpenAI's format, including aiohttp's own 404/405/413."""
+    try:
+        return await handler(request)
+    except RouterError as err:
+        return _error_response(err)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status)
+        type_ = "invalid_request_error" if exc.status < 500 else "server_error"
+        return _error_response(RouterError(exc.status, exc.reason, type_, None, code))
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:  # a bug: logged with its traceback, the client gets no internals
+        log.exception("unhandled error serving %s %s", request.method, request.path)
+        return _error_response(RouterError(500, "internal error in the router", "server_error"))
+
+
+class Router:
+    """Everything one router process holds: config, worker pool, orchestrator and metrics."""
+
+    def __init__(self, config: RouterConfig, discovery: Any = None) -> None:
+        self.config = config
+        self.metrics = RouterMetrics()
+        self.limits = Limits(
+            max_tokens_limit=config.max_tokens_limit,
+            default_max_tokens=config.default_max_tokens,
+            max_prompt_tokens=config.max_prompt_tokens,
+            max_stop_chars=config.max_stop_chars,
+        )
+        self.discovery = discovery  # None: static targets from config
+        self.created = int(time.time())
+        self.session: aiohttp.ClientSession | None = None
+        self.pool: WorkerPool | None = None
+        self.orchestrator: Orchestrator | None = None
+        self.responder: Responder | None = None
+        self.tokens: TokenizerSync | None = None
+        self.index: PrefixIndex | None = None  # only for a policy that routes by prefix
+        self.feed: KVEventFeed | None = None
+        self._poller: asyncio.Task | None = None
+        self.draining = False  # SIGTERM: not ready, new requests refused, streams finish
+        self._active = 0  # generation requests being served
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self, app: web.Application) -> None:
+        from tandem.router.discovery.static import static_targets
+
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        client = HttpWorkerClient(self.session, Timeouts(
+            connect_s=self.config.connect_timeout_s,
+            prefill_s=self.config.prefill_timeout_s,
+            chunk_s=self.config.chunk_timeout_s,
+        ), secret=self.config.internal_secret)
+        if self.config.internal_secret is None:
+            log.warning("no internal secret ($TANDEM_INTERNAL_SECRET): workers that require one will "
+                        "refuse this router")
+        self.tokens = TokenizerSync(client, self.config.tokenizer)
+        if self.config.tokenizer not in (WORKERS, OFF):
+            self.tokens.load_dir()
+        self.pool = WorkerPool(client, poll_interval_s=self.config.poll_interval_s, served_model=self.config.model,
+                               listeners=[self.tokens.refresh])
+        self.orchestrator = Orchestrator(
+            client,
+            self.pool,
+            self._policy(client),
+            self.metrics,
+            limits=self.limits,
+            max_prefill_attempts=self.config.max_prefill_attempts,
+            max_resumes=self.config.max_resumes,
+            busy_wait_s=self.config.busy_wait_s,
+        )
+        self.responder = Responder(
+            self.orchestrator, self.metrics, write_timeout_s=self.config.write_timeout_s,
+            send_buffer_bytes=self.config.stream_send_buffer_bytes,
+        )
+        if self.discovery is None:
+            self.set_targets(static_targets(self.config.prefill, self.config.decode))
+        else:
+            self.discovery.on_change = self.set_targets
+            self.discovery.start(asyncio.get_running_loop())
+        await self.pool.poll_once()
+        await self.tokens.wait_loaded(TOKENIZER_START_WAIT_S)  # the first requests are tokenized here too
+        self._poller = asyncio.create_task(self.pool.run())
+
+    def _policy(self, client: HttpWorkerClient) -> RoutingPolicy:
+        """The configured policy; one that routes by prefix gets an index the workers' KV events feed."""
+        cls, c = policy_class(self.config.policy), self.config
+        if cls.uses_prefix_index:
+            self.index = PrefixIndex()
+            self.feed = KVEventFeed(client, self.index, self.metrics)
+        return cls(PolicySettings(
+            short_prompt_threshold=c.short_prompt_threshold, prefill_saturated_tokens=c.prefill_saturated_tokens,
+            decode_headroom_sequences=c.decode_headroom_sequences,
+            prefix_sequence_cost_tokens=c.prefix_sequence_cost_tokens, prefix_index=self.index))
+
+    def set_targets(self, targets: list[Target]) -> None:
+        assert self.pool is not None
+        self.pool.set_targets(targets)
+        if self.feed is not None:
+            self.feed.set_targets(self.pool.urls())
+
+    async def drain(self, grace_s: float) -> bool:
+        """Stop being ready and refuse new requests, then wait (at most `grace_s`) for the requests in
+        flight to finish; True if they all did."""
+        self.draining = True
+        log.info("draining: %d requests in flight, up to %.0f s", self._active, grace_s)
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+            return True
+        except TimeoutError:
+            log.warning("shutdown grace of %.0f s over with %d requests in flight", grace_s, self._active)
+            return False
+
+    async def stop(self, app: web.Application) -> None:
+        if self.discovery is not None:
+            self.discovery.stop()
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        if self.feed is not None:
+            await self.feed.close()
+        if self.orchestrator is not None:
+            await self.orchestrator.drain()
+        if self.session is not None:
+            await self.session.close()
+
+    # --- small endpoints ----------------------------------------------------------------------
+
+    def _check_auth(self, request: web.Request) -> None:
+        key = self.config.api_key
+        if not key:
+            return
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise RouterError(
+                401,
+                "Missing or incorrect API key: send 'Authorization: Bearer <key>'.",
+                "invalid_request_error",
+                None,
+                "invalid_api_key",
+            )
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    def _counts(self) -> dict[str, dict[str, int]]:
+        assert self.pool is not None
+        counts: dict[str, dict[str, int]] = {r.value: {"ready": 0, "total": 0} for r in Role}
+        for v in self.pool.views():
+            counts[v.role.value]["total"] += 1
+            counts[v.role.value]["ready"] += int(v.ready)
+        return counts
+
+    async def ready(self, request: web.Request) -> web.Response:
+        """Ready when some path can serve: a decode or colocated worker (prefill is optional)."""
+        counts = self._counts()
+        ok = counts["decode"]["ready"] + counts["colocated"]["ready"] > 0 and not self.draining
+        status = "draining" if self.draining else "ready" if ok else "not ready"
+        return web.json_response({"status": status, "workers": counts}, status=200 if ok else 503)
+
+    async def models(self, request: web.Request) -> web.Response:
+        self._check_auth(request)
+        assert self.pool is not None
+        model = self.pool.model()
+        data = [] if model is None else [
+            {"id": model, "object": "model", "created": self.created, "owned_by": "tandem"}
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        self.metrics.tokenizer_active.set(int(self.tokens is not None and self.tokens.active))
+        self.metrics.prefix_index_blocks.set(self.index.total_blocks() if self.index is not None else 0)
+        self.metrics.kv_event_streams.set(self.index.workers() if self.index is not None else 0)
+        for role, c in self._counts().items():
+            self.metrics.workers.labels(role, "true").set(c["ready"])
+            self.metrics.workers.labels(role, "false").set(c["total"] - c["ready"])
+        resp = web.Response(body=generate_latest(self.metrics.registry))
+        resp.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+        return resp
+
+    # --- generation ---------------------------------------------------------------------------
+
+    async def _read_body(self, request: web.Request) -> Any:
+        limit = self.config.max_body_bytes
+        too_large = RouterError(
+            413, f"The request body is larger than this server accepts ({limit} bytes).",
+            "invalid_request_error", None, "request_too_large",
+        )
+        if request.content_length is not None and request.content_length > limit:
+            raise too_large
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise too_large from exc
+        if len(raw) > limit:
+            raise too_large
+        try:
+            return decode_json(raw, request.headers.get("Content-Type"))
+        except BodyError as exc:
+            raise RouterError(exc.status, str(exc), "invalid_request_error", exc.param, exc.code) from None
+
+    async def _tokenize(self, parsed: ParsedRequest) -> None:
+        """Replace the prompt or messages by their token ids when the router tokenizes (tokenizer_sync.py)."""
+        assert self.tokens is not None
+        try:
+            ids = await self.tokens.token_ids(parsed)
+        except ChatTemplateError as e:
+            raise bad_request(str(e), "messages") from None
+        if ids is not None:
+            parsed.prompt_token_ids, parsed.prompt, parsed.messages = ids, None, None
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.CHAT)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.COMPLETION)
+
+    async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        assert self.pool is not None and self.orchestrator is not None
+        request_id = uuid.uuid4().hex
+        ctx = RequestContext(request_id)
+        t0 = time.monotonic()
+        status = "500"
+        self.metrics.in_flight.inc()
+        self._active += 1
+        self._idle.clear()
+        try:
+            try:
+                if self.draining:
+                    raise no_worker("this router is shutting down; retry (another replica serves).", 1)
+                self._check_auth(request)
+                body = await self._read_body(request)
+                parsed = parse_request(body, endpoint, self.limits)
+                served = self.pool.model()
+                if served is None:  # no worker has answered yet: which model is unknown
+                    raise no_worker("no worker is ready yet; retry shortly.")
+                check_model(parsed.model, served)
+                await self._tokenize(parsed)
+                shape = ResponseShape(
+                    endpoint, request_id, parsed.model, int(time.time()), parsed.include_usage
+                )
+                assert self.responder is not None
+                if parsed.stream:
+                    resp, status = await self.responder.stream(request, parsed, shape, ctx, t0)
+                else:
+                    resp = await self.responder.complete(parsed, shape, ctx, t0)
+                    status = "200"
+                    self.metrics.e2e.observe(time.monotonic() - t0)
+                return resp
+            except RouterError as err:
+                status = str(err.status)
+                return _error_response(err, request_id)
+        except asyncio.CancelledError:
+            status = "499"  # the client went away (handler cancellation)
+            raise
+        finally:  # the orchestrator has aborted whatever a request that ended early touched
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
+            self.metrics.in_flight.dec()
+            self.metrics.requests.labels(status).inc()
+            log.info(
+                "request done",
+                extra={
+                    "request_id": request_id, "status": status, "route": ctx.route, "phase": ctx.phase,
+                    "prefill": ctx.prefill_url, "decode": ctx.decode_url,
+                    "seconds": round(time.monotonic() - t0, 4),
+                },
+            )
+
+
+def build_app(config: RouterConfig, discovery: Any = None) -> web.Application:
+    """The aiohttp application; `discovery` (e.g. KubernetesDiscovery) replaces the static list."""
+    router = Router(config, discovery)
+    # a little headroom so an oversized body reaches our own 413 rather than aiohttp's
+    app = web.Application(middlewares=[openai_errors], client_max_size=config.max_body_bytes + 1)
+    app[ROUTER_KEY] = router
+    app.on_startup.append(router.start)
+    app.on_cleanup.append(router.stop)
+    app.router.add_post("/v1/chat/completions", router.chat)
+    app.router.add_post("/v1/completions", router.completions)
+    app.router.add_get("/v1/models", router.models)
+    app.router.add_get("/health", router.health)
+    app.router.add_get("/ready", router.ready)
+    app.router.add_get("/metrics", router.metrics_endpoint)
+    return app

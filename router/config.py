@@ -1,0 +1,126 @@
+"""The router's configuration: defaults, then the YAML file the operator mounts, then flags.
+
+YAML keys may be snake_case or camelCase (the operator renders from a camelCase spec), e.g.
+`maxTokensLimit` or `max_tokens_limit`; nested `limits:` / `routing:` / `timeouts:` sections are
+flattened. Unknown keys are refused, so a typo in a ConfigMap is an error, not a silent default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tandem.contracts.routing import (
+    DECODE_HEADROOM_SEQUENCES,
+    PREFILL_SATURATED_TOKENS,
+    PREFIX_SEQUENCE_COST_TOKENS,
+)
+from tandem.router.policies.registry import check_policy
+
+
+@dataclass
+class RouterConfig:
+    host: str = "0.0.0.0"
+    port: int = 8000
+    prefill: list[str] = field(default_factory=list)  # static discovery
+    decode: list[str] = field(default_factory=list)
+    kubernetes: bool = False  # in-cluster discovery
+    namespace: str | None = None
+    service: str | None = None
+    worker_port: int = 8000  # workers' HTTP port when the pod spec names none ("http")
+    model: str | None = None  # served model name; None: as the workers report it
+    api_key: str | None = None
+    # The service's internal secret for the workers' /internal/* (tandem.contracts.internal_auth):
+    # from $TANDEM_INTERNAL_SECRET only, never from the YAML file or argv.
+    internal_secret: str | None = field(default=None, repr=False)
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_tokens_limit: int = 4096
+    default_max_tokens: int = 256
+    max_prompt_tokens: int | None = None
+    max_stop_chars: int = 256  # longest stop string accepted
+    short_prompt_threshold: int = 0  # prompt tokens; 0 sends every prompt through prefill
+    policy: str = "least-loaded"  # a name in policies/registry.py
+    # load-aware disaggregation (policies/base.py): prompt tokens queued on every prefill worker that
+    # make the pool saturated (0: never), and the decode worker's headroom to prefill then
+    prefill_saturated_tokens: int = PREFILL_SATURATED_TOKENS
+    decode_headroom_sequences: int = DECODE_HEADROOM_SEQUENCES
+    prefix_sequence_cost_tokens: int = PREFIX_SEQUENCE_COST_TOKENS  # prefix-aware: a running sequence, in tokens
+    tokenizer: str = "workers"  # workers (GET /internal/tokenizer) | off | a folder with the files
+    poll_interval_s: float = 0.5
+    connect_timeout_s: float = 3.0
+    prefill_timeout_s: float = 60.0
+    chunk_timeout_s: float = 15.0
+    max_prefill_attempts: int = 2
+    max_resumes: int = 2
+    busy_wait_s: float = 10.0  # waiting for a busy (429/503) decode worker once a stream started
+    write_timeout_s: float = 5.0  # a client that reads nothing for this long is dropped, its request aborted
+    stream_send_buffer_bytes: int = 64 * 1024  # kernel send buffer of a streaming connection (0: OS default)
+    shutdown_grace_s: float = 30.0  # on SIGTERM: not ready at once, streams may finish for this long
+    kube_request_timeout_s: float = 10.0  # one list (or connect) call to the API server
+    watch_timeout_s: int = 60  # the API server ends each watch after this; a relist follows
+    watch_stall_s: float = 30.0  # a watch silent this much longer than its timeout is stalled: relist
+    log_format: str = "text"
+    log_level: str = "info"
+
+
+_SECTIONS = {"limits", "routing", "timeouts", "discovery", "server", "router"}
+_ALIASES = {
+    "max_output_tokens": "max_tokens_limit",
+    "max_tokens": "max_tokens_limit",
+    "max_body_size": "max_body_bytes",
+    "routing_policy": "policy",
+    "short_prompt_tokens": "short_prompt_threshold",
+    "served_model_name": "model",
+}
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key).replace("-", "_").lower()
+
+
+def flatten(raw: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        k = _snake(str(key))
+        if k in _SECTIONS and isinstance(value, dict):
+            out.update(flatten(value))
+        else:
+            out[_ALIASES.get(k, k)] = value
+    return out
+
+
+def apply(config: RouterConfig, values: dict[str, Any], source: str) -> RouterConfig:
+    """Overlay `values` on `config`; refuse unknown keys naming `source`."""
+    known = {f.name for f in dataclasses.fields(RouterConfig)} - {"internal_secret"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{source}: unknown router settings {unknown}; known: {sorted(known)}")
+    out = dataclasses.replace(config, **values)
+    try:
+        check_policy(out.policy)
+        _check_routing(out)
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+    return out
+
+
+def _check_routing(c: RouterConfig) -> None:
+    for name, least in (("short_prompt_threshold", 0), ("prefill_saturated_tokens", 0),
+                        ("decode_headroom_sequences", 1), ("prefix_sequence_cost_tokens", 0)):
+        value = getattr(c, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    if c.tokenizer not in ("workers", "off") and not (Path(c.tokenizer) / "tokenizer.json").is_file():
+        raise ValueError(f"tokenizer must be 'workers', 'off' or a folder with tokenizer.json, got {c.tokenizer!r}")
+
+
+def load_yaml(path: str | Path, config: RouterConfig | None = None) -> RouterConfig:
+    import yaml
+
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a mapping of router settings")
+    return apply(config or RouterConfig(), flatten(raw), str(path))

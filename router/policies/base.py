@@ -1,0 +1,239 @@
+"""The routing policy interface: what a policy sees (one request's info, a snapshot of the workers)
+and what it decides (a plan, a prefill retry target, a decode resume target).
+
+A policy only decides. The request state machine (orchestrator.py) makes every call, retry and
+abort, so a new policy plugs in without touching it. A policy that routes by prefix sets
+`uses_prefix_index`: the router then keeps a `PrefixIndex` (which worker holds which block
+hashes, fed by the workers' KV events) and hands it over in `PolicySettings.prefix_index`.
+
+`PairedPolicy` holds the rules every policy here keeps and leaves the choice within a pool to
+its subclasses:
+- Pairing: prefill and decode workers are paired only within one `tandem.dev/generation`; when
+  several are live (a rollout), the one whose newest worker appeared most recently and that has
+  both a ready prefill and a ready decode worker wins, so new prefill never talks to old decode.
+- Conditional disaggregation: a prompt below `short_prompt_threshold` tokens goes straight to a
+  decode worker, which prefills it itself; so does every prompt when no prefill worker is usable.
+  Token counts are exact when the router tokenized the prompt (or the client sent ids), else
+  characters / 4 (about what BPE tokenizers average on English).
+- Load-aware disaggregation (`prefill_saturated`): when every ready prefill worker of the paired
+  generation already has at least `prefill_saturated_tokens` prompt tokens queued, a
+  decode-capable worker with headroom prefills the prompt itself, in the small chunks its engine
+  allows a decode worker. Headroom: fewer than `decode_headroom_sequences` sequences running or
+  waiting, KV usage under DECODE_HEADROOM_KV, and fewer prompt tokens queued than the least
+  busy prefill worker (so the prompt starts sooner there). Without such a worker the prompt
+  waits for prefill, and decode streams keep their steady gaps.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+from tandem.contracts.names import Role
+from tandem.contracts.prefix import block_hashes
+from tandem.contracts.routing import (
+    DECODE_HEADROOM_SEQUENCES,
+    PREFILL_SATURATED_TOKENS,
+    PREFIX_SEQUENCE_COST_TOKENS,
+    RouteReason,
+)
+
+if TYPE_CHECKING:
+    from tandem.router.prefix_index import PrefixIndex
+
+CHARS_PER_TOKEN = 4
+DECODE_HEADROOM_KV = 0.9  # a decode worker whose KV cache is fuller than this does not prefill for others
+
+
+def estimate_tokens(chars: int) -> int:
+    return math.ceil(chars / CHARS_PER_TOKEN)
+
+
+@dataclass
+class WorkerView:
+    """What the policy knows about one worker at one instant."""
+
+    url: str
+    role: Role
+    generation: str = ""
+    ready: bool = False
+    first_seen: float = 0.0  # monotonic time the router first saw it (orders generations)
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    outstanding_prompt_tokens: int = 0
+    # what this router sent it and has not yet seen reflected in a poll
+    router_inflight: int = 0
+    router_prompt_tokens: int = 0
+    tokenizer_sha256: str = ""  # what its /internal/info reports ("" unknown)
+
+    @property
+    def serves_decode(self) -> bool:
+        """Decode workers prefill themselves when needed; colocated workers do both."""
+        return self.role in (Role.DECODE, Role.COLOCATED)
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """What a policy knows about one request."""
+
+    request_id: str
+    prompt_tokens: int  # exact when the token ids are known, else estimate_tokens(characters)
+    prompt_token_ids: list[int] | None = None  # the router tokenized it, or the client sent ids
+    _hashes: dict[tuple[int, bytes], list[bytes]] = field(default_factory=dict, compare=False, repr=False)
+
+    def block_hashes(self, block_size: int, salt: bytes = b"") -> list[bytes]:
+        """The prompt's full blocks as tandem.contracts.prefix names them ([] without token ids);
+        computed once per block size and salt."""
+        if self.prompt_token_ids is None:
+            return []
+        key = (block_size, salt)
+        if key not in self._hashes:
+            self._hashes[key] = block_hashes(self.prompt_token_ids, block_size, salt)
+        return self._hashes[key]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The route for one request: prefill on `prefill` (None: decode-side prefill), then `decode`."""
+
+    decode: WorkerView
+    prefill: WorkerView | None
+    reason: RouteReason
+    # prompt tokens the chosen workers already hold in their prefix caches (prefix-aware policies)
+    cached_prefill_tokens: int = 0
+    cached_decode_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """What the router's configuration tells every policy."""
+
+    short_prompt_threshold: int = 0  # prompt tokens; 0 sends every prompt through prefill
+    prefill_saturated_tokens: int = PREFILL_SATURATED_TOKENS  # queued prompt tokens: saturated; 0: never
+    decode_headroom_sequences: int = DECODE_HEADROOM_SEQUENCES  # fewer: a decode worker may prefill then
+    prefix_sequence_cost_tokens: int = PREFIX_SEQUENCE_COST_TOKENS  # a running sequence, in prompt tokens
+    prefix_index: PrefixIndex | None = None  # set by the router for a policy that uses_prefix_index
+
+
+class RoutingPolicy(abc.ABC):
+    """Chooses workers; pure decisions over a snapshot, called once per step of a request."""
+
+    uses_prefix_index: ClassVar[bool] = False  # the router feeds settings.prefix_index from KV events
+
+    def __init__(self, settings: PolicySettings | None = None) -> None:
+        self.settings = settings or PolicySettings()
+
+    @abc.abstractmethod
+    def plan(self, request: RequestInfo, workers: Sequence[WorkerView]) -> Plan | None:
+        """The route for a new request; None when no decode-capable worker is ready."""
+
+    @abc.abstractmethod
+    def retry_prefill(
+        self, request: RequestInfo, plan: Plan, workers: Sequence[WorkerView], exclude: frozenset[str]
+    ) -> WorkerView | None:
+        """Another prefill worker for `plan` after a failure; None: fall back to decode-side prefill."""
+
+    @abc.abstractmethod
+    def resume_decode(
+        self, request: RequestInfo, workers: Sequence[WorkerView], exclude: frozenset[str]
+    ) -> WorkerView | None:
+        """A decode-capable worker to continue a request whose decode worker failed; None: give up."""
+
+
+def queued_prompt_tokens(w: WorkerView) -> int:
+    """Prompt tokens waiting for compute there: as the worker reported, plus what this router sent since."""
+    return w.outstanding_prompt_tokens + w.router_prompt_tokens
+
+
+def decode_seqs(w: WorkerView) -> int:
+    return max(w.running + w.waiting, w.router_inflight)
+
+
+def prefill_load(w: WorkerView) -> tuple[int, int]:
+    return (queued_prompt_tokens(w), w.running + w.waiting)
+
+
+def decode_load(w: WorkerView) -> tuple[int, float]:
+    return (decode_seqs(w), w.kv_usage)
+
+
+def pick_generation(prefill: Iterable[WorkerView], decode: Iterable[WorkerView]) -> str | None:
+    """The generation to pair in: present in both ready pools, newest first; None if there is none."""
+    prefill, decode = list(prefill), list(decode)
+    p_gens = {w.generation for w in prefill if w.ready}
+    d_gens = {w.generation for w in decode if w.ready}
+    newest: dict[str, float] = {}
+    for w in [*prefill, *decode]:
+        if w.ready and w.generation in p_gens & d_gens:
+            newest[w.generation] = max(newest.get(w.generation, -math.inf), w.first_seen)
+    if not newest:
+        return None
+    return max(newest, key=lambda g: (newest[g], g))
+
+
+class PairedPolicy(RoutingPolicy):
+    """Generation pairing and conditional disaggregation; subclasses pick one worker from a pool."""
+
+    @abc.abstractmethod
+    def pick_prefill(self, request: RequestInfo, candidates: list[WorkerView]) -> WorkerView:
+        """One of `candidates` (never empty): ready prefill workers of one generation."""
+
+    @abc.abstractmethod
+    def pick_decode(self, request: RequestInfo, candidates: list[WorkerView]) -> WorkerView:
+        """One of `candidates` (never empty): ready decode-capable workers."""
+
+    def plan(self, request: RequestInfo, workers: Sequence[WorkerView]) -> Plan | None:
+        usable = [w for w in workers if w.ready]
+        prefill = [w for w in usable if w.role is Role.PREFILL]
+        decode = [w for w in usable if w.serves_decode]
+        if not decode:
+            return None
+        if not prefill:
+            return Plan(self.pick_decode(request, decode), None, RouteReason.NO_PREFILL_WORKER)
+        if request.prompt_tokens < self.settings.short_prompt_threshold:
+            return Plan(self.pick_decode(request, decode), None, RouteReason.SHORT_PROMPT)
+        gen = pick_generation(prefill, decode)
+        if gen is None:
+            return Plan(self.pick_decode(request, decode), None, RouteReason.NO_MATCHING_GENERATION)
+        pool = [w for w in prefill if w.generation == gen]
+        helper = self.saturated_helper(request, pool, decode)
+        if helper is not None:
+            return Plan(helper, None, RouteReason.PREFILL_SATURATED)
+        p = self.pick_prefill(request, pool)
+        # prefer a pure decode worker for the handoff: colocated ones are the fallback pool
+        paired = [w for w in decode if w.generation == gen]
+        pure = [w for w in paired if w.role is Role.DECODE]
+        return Plan(self.pick_decode(request, pure or paired), p, RouteReason.DISAGGREGATED)
+
+    def saturated_helper(
+        self, request: RequestInfo, prefill: list[WorkerView], decode: list[WorkerView]
+    ) -> WorkerView | None:
+        """Load-aware disaggregation: the decode-capable worker that prefills the prompt itself when
+        the `prefill` pool is saturated; None: the prompt waits for prefill."""
+        limit = self.settings.prefill_saturated_tokens
+        queued = min(queued_prompt_tokens(w) for w in prefill)
+        if limit <= 0 or queued < limit:
+            return None
+        room = [w for w in decode if decode_seqs(w) < self.settings.decode_headroom_sequences
+                and w.kv_usage < DECODE_HEADROOM_KV and queued_prompt_tokens(w) < queued]
+        return self.pick_decode(request, room) if room else None
+
+    def retry_prefill(
+        self, request: RequestInfo, plan: Plan, workers: Sequence[WorkerView], exclude: frozenset[str]
+    ) -> WorkerView | None:
+        pool = [
+            w for w in workers
+            if w.ready and w.url not in exclude and w.role is Role.PREFILL
+            and w.generation == plan.decode.generation
+        ]
+        return self.pick_prefill(request, pool) if pool else None
+
+    def resume_decode(
+        self, request: RequestInfo, workers: Sequence[WorkerView], exclude: frozenset[str]
+    ) -> WorkerView | None:
+        pool = [w for w in workers if w.ready and w.url not in exclude and w.serves_decode]
+        return self.pick_decode(request, pool) if pool else None

@@ -1,0 +1,157 @@
+"""The router's live view of its workers: who exists (from discovery) and how loaded each is.
+
+Discovery says which URLs exist and whether their pods are ready; a poll of each worker's
+/internal/info every `poll_interval_s` adds its role, generation and load. A request that fails
+on a worker marks it unusable at once; the next successful poll brings it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tandem.contracts.names import Role
+from tandem.contracts.protocol import WorkerInfo
+from tandem.router.policies.base import WorkerView
+from tandem.router.worker_client import WorkerClient, WorkerFailed
+
+log = logging.getLogger("tandem.router.pool")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One worker as discovery reports it."""
+
+    url: str
+    role: Role | None = None  # None: learn it from /internal/info
+    generation: str | None = None  # the tandem.dev/generation label, when discovery knows it
+    ready: bool = True  # pod readiness (static discovery: always true)
+
+
+@dataclass
+class _Entry:
+    target: Target
+    first_seen: float
+    info: WorkerInfo | None = None
+    failed: bool = False  # a request failed here since the last good poll
+    router_inflight: int = 0
+    router_prompt_tokens: int = 0
+    last_error: str = ""
+
+    def view(self) -> WorkerView:
+        info = self.info
+        role = info.role if info else self.target.role
+        gen = self.target.generation if self.target.generation is not None else (info.generation if info else "")
+        return WorkerView(
+            url=self.target.url,
+            role=role if role is not None else Role.DECODE,
+            generation=gen,
+            ready=bool(self.target.ready and info is not None and info.ready and not self.failed and role),
+            first_seen=self.first_seen,
+            running=info.running if info else 0,
+            waiting=info.waiting if info else 0,
+            kv_usage=info.kv_usage if info else 0.0,
+            outstanding_prompt_tokens=info.outstanding_prompt_tokens if info else 0,
+            router_inflight=self.router_inflight,
+            router_prompt_tokens=self.router_prompt_tokens,
+            tokenizer_sha256=info.tokenizer_sha256 if info else "",
+        )
+
+
+@dataclass
+class WorkerPool:
+    client: WorkerClient
+    poll_interval_s: float = 0.5
+    served_model: str | None = None  # fixed by configuration, else learnt from the workers
+    # called with the views after every poll (the tokenizer check)
+    listeners: list[Callable[[list[WorkerView]], None]] = field(default_factory=list)
+    _entries: dict[str, _Entry] = field(default_factory=dict)
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def set_targets(self, targets: list[Target]) -> None:
+        """Replace the set of workers (called by discovery on every change)."""
+        new = {t.url: t for t in targets}
+        for url in list(self._entries):
+            if url not in new:
+                log.info("worker removed: %s", url)
+                del self._entries[url]
+        for url, t in new.items():
+            e = self._entries.get(url)
+            if e is None:
+                log.info("worker added: %s (role %s)", url, t.role)
+                self._entries[url] = _Entry(target=t, first_seen=time.monotonic())
+            else:
+                e.target = t
+        self._changed.set()
+
+    def urls(self) -> list[str]:
+        return list(self._entries)
+
+    def views(self) -> list[WorkerView]:
+        return [e.view() for e in self._entries.values()]
+
+    def model(self) -> str | None:
+        if self.served_model:
+            return self.served_model
+        for e in self._entries.values():
+            if e.info is not None:
+                return e.info.model
+        return None
+
+    def report_failure(self, url: str, error: str) -> None:
+        e = self._entries.get(url)
+        if e is not None:
+            e.failed = True
+            e.last_error = error
+
+    def assign(self, url: str, prompt_tokens: int = 0) -> None:
+        """This router sent work to `url`: count it until the worker's own numbers catch up."""
+        e = self._entries.get(url)
+        if e is not None:
+            e.router_inflight += 1
+            e.router_prompt_tokens += prompt_tokens
+
+    def release(self, url: str, prompt_tokens: int = 0) -> None:
+        e = self._entries.get(url)
+        if e is not None:
+            e.router_inflight = max(0, e.router_inflight - 1)
+            e.router_prompt_tokens = max(0, e.router_prompt_tokens - prompt_tokens)
+
+    def prefilled(self, url: str, prompt_tokens: int) -> None:
+        """A decode worker prefilling a prompt itself produced its first token: the prompt's tokens
+        no longer wait there (the request, still running, stays assigned)."""
+        e = self._entries.get(url)
+        if e is not None:
+            e.router_prompt_tokens = max(0, e.router_prompt_tokens - prompt_tokens)
+
+    async def _poll_one(self, e: _Entry) -> None:
+        url = e.target.url
+        try:
+            info = await self.client.info(url)
+        except WorkerFailed as exc:
+            if e.info is not None or not e.failed:
+                log.warning("worker %s unreachable: %s", url, exc)
+            e.info, e.failed, e.last_error = None, True, str(exc)
+            return
+        if e.info is None:
+            log.info("worker %s: role %s, model %s, ready %s", url, info.role, info.model, info.ready)
+        e.info, e.failed = info, False
+
+    async def poll_once(self) -> None:
+        await asyncio.gather(*(self._poll_one(e) for e in list(self._entries.values())))
+        views = self.views()
+        for listener in self.listeners:
+            listener(views)
+
+    async def run(self) -> None:
+        """Poll forever; a change of targets triggers a poll at once."""
+        while True:
+            await self.poll_once()
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), self.poll_interval_s)
+            except TimeoutError:
+                pass

@@ -1,0 +1,94 @@
+"""OpenAI response bodies and server-sent-event framing, for chat and completions alike.
+
+Pure functions, so the exact wire format the `openai` client parses is unit-tested.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tandem.router.validation import Endpoint
+
+DONE = b"data: [DONE]\n\n"
+
+
+def frame(payload: dict[str, Any]) -> bytes:
+    """One SSE event: `data: <json>` and a blank line."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+@dataclass
+class ResponseShape:
+    """What every body of one response shares: id, creation time, model and endpoint."""
+
+    endpoint: Endpoint
+    request_id: str
+    model: str
+    created: int
+    include_usage: bool = False
+
+    @property
+    def id(self) -> str:
+        return ("chatcmpl-" if self.endpoint is Endpoint.CHAT else "cmpl-") + self.request_id
+
+    def _base(self, chunk: bool) -> dict[str, Any]:
+        if self.endpoint is Endpoint.CHAT:
+            obj = "chat.completion.chunk" if chunk else "chat.completion"
+        else:
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def chunk(
+        self, text: str | None, finish_reason: str | None = None, role: bool = False
+    ) -> dict[str, Any]:
+        """A streamed delta; `role` marks the chat stream's first chunk."""
+        if self.endpoint is Endpoint.CHAT:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None}
+        choice["finish_reason"] = finish_reason
+        body = self._base(chunk=True) | {"choices": [choice]}
+        if self.include_usage:
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        """The last chunk when stream_options.include_usage: no choices, only usage."""
+        return self._base(chunk=True) | {
+            "choices": [],
+            "usage": usage_dict(prompt_tokens, completion_tokens),
+        }
+
+    def full(
+        self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
+    ) -> dict[str, Any]:
+        """The whole non-streaming response."""
+        if self.endpoint is Endpoint.CHAT:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return self._base(chunk=False) | {
+            "choices": [choice],
+            "usage": usage_dict(prompt_tokens, completion_tokens),
+        }
+

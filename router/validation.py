@@ -1,0 +1,275 @@
+"""Turns an OpenAI request body into a worker request, or a 400 that names the bad parameter.
+
+Pure: no I/O, so every refusal is unit-tested. What the router refuses on purpose (documented
+here and in the README): n > 1, tools/functions, logprobs/top_logprobs, echo, best_of > 1,
+suffix, non-zero presence/frequency penalties and non-text response formats. Unknown extra
+fields are ignored, as vLLM does; `top_k` and `ignore_eos` are accepted as extensions.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.contracts.json_body import INT_MAX, INT_MIN
+from tandem.contracts.protocol import SamplingParams, top_k_valid
+from tandem.router.errors import RouterError, bad_request
+
+
+class Endpoint(enum.StrEnum):
+    CHAT = "chat"
+    COMPLETION = "completion"
+
+
+@dataclass
+class Limits:
+    """What one request may ask for; the operator sets these from the router spec."""
+
+    max_tokens_limit: int = 4096  # the most output tokens one request may ask for
+    default_max_tokens: int = 256  # when the client sends none
+    max_prompt_tokens: int | None = None  # checked once the prompt's tokens are known (router or worker)
+    max_stop_sequences: int = 16
+    max_stop_chars: int = 256  # each stop string: the worker checks them against every new token
+
+
+@dataclass
+class ParsedRequest:
+    endpoint: Endpoint
+    model: str
+    sampling: SamplingParams
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    prompt_token_ids: list[int] | None = None
+    stream: bool = False
+    include_usage: bool = False
+    user: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def prompt_chars(self) -> int:
+        """Size of the prompt in characters, for an estimate when its tokens are unknown (policies.base)."""
+        if self.prompt is not None:
+            return len(self.prompt)
+        if self.prompt_token_ids is not None:
+            return 4 * len(self.prompt_token_ids)
+        return sum(len(str(m.get("content") or "")) + 8 for m in self.messages or [])
+
+
+# Chat roles a template knows; anything else is refused here rather than by a worker's template.
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _refuse_unsupported(body: dict[str, Any], endpoint: Endpoint) -> None:
+    n = body.get("n")
+    if n is not None and n != 1:
+        if not _is_int(n) or n < 1:
+            raise bad_request("'n' must be a positive integer.", "n")
+        raise bad_request("n > 1 is not supported by this server: send n separate requests.", "n")
+    best_of = body.get("best_of")
+    if best_of not in (None, 1):
+        raise bad_request("best_of > 1 is not supported by this server.", "best_of")
+    for key in ("tools", "functions"):
+        if body.get(key):
+            raise bad_request(f"'{key}' (tool calling) is not supported by this server.", key)
+    tool_choice = body.get("tool_choice")
+    if tool_choice not in (None, "none"):
+        raise bad_request("'tool_choice' is not supported by this server.", "tool_choice")
+    if endpoint is Endpoint.CHAT:
+        if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
+            raise bad_request("logprobs are not supported by this server.", "logprobs")
+    else:
+        if body.get("logprobs") is not None:
+            raise bad_request("logprobs are not supported by this server.", "logprobs")
+        if body.get("echo") not in (None, False):
+            raise bad_request("'echo' is not supported by this server.", "echo")
+        if body.get("suffix") not in (None, ""):
+            raise bad_request("'suffix' is not supported by this server.", "suffix")
+    for key in ("presence_penalty", "frequency_penalty"):
+        v = body.get(key)
+        if v is not None and (not _is_number(v) or v != 0):
+            raise bad_request(f"'{key}' other than 0 is not supported by this server.", key)
+    if body.get("logit_bias"):
+        raise bad_request("'logit_bias' is not supported by this server.", "logit_bias")
+    rf = body.get("response_format")
+    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
+        raise bad_request("only response_format {'type': 'text'} is supported.", "response_format")
+
+
+def _parse_messages(raw: Any) -> list[dict[str, Any]]:
+    if not isinstance(raw, list) or not raw:
+        raise bad_request("'messages' must be a non-empty list of messages.", "messages")
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad_request(f"messages[{i}] must be an object with a string 'role'.", "messages")
+        if m["role"] not in ROLES:
+            raise bad_request(
+                f"messages[{i}].role must be one of {sorted(ROLES)}, got {m['role'][:40]!r}.", "messages"
+            )
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: text only
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    raise bad_request(
+                        f"messages[{i}].content: only text parts are supported.", "messages"
+                    )
+                if not isinstance(part.get("text"), str):
+                    raise bad_request(f"messages[{i}].content: a text part needs a string 'text'.", "messages")
+                texts.append(part["text"])
+            content = "".join(texts)
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            raise bad_request(f"messages[{i}].content must be a string or a list of text parts.", "messages")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def _parse_prompt(raw: Any) -> tuple[str | None, list[int] | None]:
+    """A string, a list of one string, a list of token ids, or a list of one such list."""
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str | list):
+        raw = raw[0]
+    if isinstance(raw, str):
+        return raw, None
+    if isinstance(raw, list) and raw and all(_is_int(t) and t >= 0 for t in raw):
+        return None, list(raw)
+    if isinstance(raw, list) and raw and all(_is_int(t) for t in raw):
+        raise bad_request("token ids in 'prompt' must be non-negative integers.", "prompt")
+    if isinstance(raw, list) and len(raw) > 1:
+        raise bad_request("batched prompts are not supported: send one prompt per request.", "prompt")
+    raise bad_request("'prompt' must be a string (or a list of token ids).", "prompt")
+
+
+def _parse_stop(raw: Any, limits: Limits) -> list[str]:
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not all(isinstance(s, str) and s for s in raw):
+        raise bad_request("'stop' must be a non-empty string or a list of them.", "stop")
+    if len(raw) > limits.max_stop_sequences:
+        raise bad_request(f"at most {limits.max_stop_sequences} stop sequences are allowed.", "stop")
+    if any(len(s) > limits.max_stop_chars for s in raw):
+        raise bad_request(f"a stop sequence may be at most {limits.max_stop_chars} characters long.", "stop")
+    return list(raw)
+
+
+def _parse_max_tokens(body: dict[str, Any], endpoint: Endpoint, limits: Limits) -> int:
+    key = "max_tokens"
+    value = body.get("max_tokens")
+    if endpoint is Endpoint.CHAT and body.get("max_completion_tokens") is not None:
+        key, value = "max_completion_tokens", body["max_completion_tokens"]
+    if value is None:
+        return min(limits.default_max_tokens, limits.max_tokens_limit)
+    if not _is_int(value):
+        raise bad_request(f"'{key}' must be an integer.", key)
+    if value < 1:
+        raise bad_request(f"'{key}' must be at least 1, got {value}.", key)
+    if value > limits.max_tokens_limit:
+        raise bad_request(
+            f"'{key}' is {value}, more than this server allows ({limits.max_tokens_limit}).", key
+        )
+    return value
+
+
+def _parse_sampling(body: dict[str, Any], endpoint: Endpoint, limits: Limits) -> SamplingParams:
+    s = SamplingParams(max_tokens=_parse_max_tokens(body, endpoint, limits))
+    t = body.get("temperature")
+    if t is not None:
+        if not _is_number(t) or not 0 <= t <= 2:
+            raise bad_request("'temperature' must be a number between 0 and 2.", "temperature")
+        s.temperature = float(t)  # a tiny one (1e-300) is made greedy where it is used: the worker
+    p = body.get("top_p")
+    if p is not None:
+        if not _is_number(p) or not 0 < p <= 1:
+            raise bad_request("'top_p' must be a number in (0, 1].", "top_p")
+        s.top_p = float(p)
+    k = body.get("top_k")
+    if k is not None:
+        if not _is_int(k) or not top_k_valid(k) or k > INT_MAX:
+            raise bad_request("'top_k' must be a positive integer, or -1 or 0 (off).", "top_k")
+        s.top_k = k
+    seed = body.get("seed")
+    if seed is not None:
+        if not _is_int(seed) or not INT_MIN <= seed <= INT_MAX:
+            raise bad_request("'seed' must be a 64-bit integer.", "seed")
+        s.seed = seed
+    s.stop = _parse_stop(body.get("stop"), limits)
+    ignore_eos = body.get("ignore_eos")
+    if ignore_eos is not None:
+        if not isinstance(ignore_eos, bool):
+            raise bad_request("'ignore_eos' must be a boolean.", "ignore_eos")
+        s.ignore_eos = ignore_eos
+    return s
+
+
+def parse_request(body: Any, endpoint: Endpoint, limits: Limits) -> ParsedRequest:
+    """Validate an OpenAI chat or completions body; raise RouterError(400) naming the bad parameter."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' is required and must be a string.", "model")
+    _refuse_unsupported(body, endpoint)
+    req = ParsedRequest(endpoint=endpoint, model=model, sampling=_parse_sampling(body, endpoint, limits))
+    if endpoint is Endpoint.CHAT:
+        if "prompt" in body:
+            raise bad_request("chat completions take 'messages', not 'prompt'.", "prompt")
+        req.messages = _parse_messages(body.get("messages"))
+    else:
+        if "prompt" not in body:
+            raise bad_request("'prompt' is required.", "prompt")
+        req.prompt, req.prompt_token_ids = _parse_prompt(body["prompt"])
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise bad_request("'stream' must be a boolean.", "stream")
+    req.stream = stream
+    opts = body.get("stream_options")
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise bad_request("'stream_options' must be an object.", "stream_options")
+        if not stream:
+            raise bad_request("'stream_options' is only allowed when 'stream' is true.", "stream_options")
+        inc = opts.get("include_usage", False)
+        if not isinstance(inc, bool):
+            raise bad_request("'stream_options.include_usage' must be a boolean.", "stream_options")
+        req.include_usage = inc
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad_request("'user' must be a string.", "user")
+    req.user = user
+    return req
+
+
+def check_model(requested: str, served: str | None) -> None:
+    """404 model_not_found unless the client asked for the served model."""
+    if served is None or requested != served:
+        raise RouterError(
+            404,
+            f"The model {requested[:200]!r} does not exist. This server serves {served!r}.",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
+
+
+def check_prompt_tokens(n: int, req: ParsedRequest, limits: Limits) -> None:
+    """400 over the limit; the count is exact once the router (or else a worker) tokenized the prompt."""
+    if limits.max_prompt_tokens is not None and n > limits.max_prompt_tokens:
+        raise bad_request(
+            f"The prompt has {n} tokens, more than this server allows ({limits.max_prompt_tokens}).",
+            "messages" if req.endpoint is Endpoint.CHAT else "prompt",
+            "context_length_exceeded",
+        )

@@ -1,0 +1,225 @@
+"""The router's calls to workers, and what their failures mean for the request.
+
+The request state machine (orchestrator.py) and the pool (pool.py) talk to workers only through
+`WorkerClient`; `HttpWorkerClient` is the real one (aiohttp, the internal protocol of
+tandem.contracts.protocol), tests use an in-process fake. A call that fails raises one of two:
+- `RouterError`: the client's fault (a 4xx about its own request): passed to it unchanged;
+- `WorkerFailed`: the worker's (unreachable, a 5xx, a broken stream, or a 4xx about what the
+  router itself sent: a KV handoff refused, a worker of the wrong role): the request goes to
+  another worker. `dead` says whether to stop sending this one requests until its next good poll;
+- `WorkerBusy` (a WorkerFailed that is never dead): a 429, or a 503 with Retry-After: the worker
+  is alive and full. It is tried again later, never marked failed.
+Connect, per-call and between-line timeouts bound every wait; a worker's heartbeat lines (sent
+while a request waits in its queue) start the between-line timeout again, like any line.
+`HttpWorkerClient` also fetches a worker's tokenizer (tokenizer_sync.py) and follows its KV events
+(kv_feed.py); those have their own narrow protocols there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Protocol
+
+import aiohttp
+from tandem.contracts.internal_auth import auth_headers
+from tandem.contracts.protocol import (
+    NDJSON,
+    REQUEST_ID_HEADER,
+    GenerateRequest,
+    KVEventMessage,
+    PrefillResult,
+    StreamEvent,
+    TokenizerFiles,
+    WorkerInfo,
+)
+from tandem.router.errors import RouterError
+
+log = logging.getLogger("tandem.router")
+
+
+class WorkerFailed(Exception):
+    """A worker call failed for reasons of the worker's own (not the client's): try elsewhere."""
+
+    def __init__(self, message: str, dead: bool) -> None:
+        super().__init__(message)
+        self.dead = dead  # unreachable or cut off: do not send it requests until it polls well again
+
+
+# 4xx codes that blame the worker or the pairing, not the client
+WORKER_SIDE_CODES = frozenset(
+    {"kv_backend_mismatch", "kv_mismatch", "wrong_role", "duplicate_request_id", "not_ready"}
+)
+# request fields only the router fills in: a 4xx about one is never the client's fault
+ROUTER_FIELDS = frozenset({"kv_source", "first_token_id", "generated_token_ids", "emitted_chars"})
+
+
+class WorkerBusy(WorkerFailed):
+    """A worker that said it is full (429, or 503 with Retry-After): alive, try another or later."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message, dead=False)
+        self.retry_after_s = retry_after_s
+
+
+def retry_after(header: str | None) -> float | None:
+    """Retry-After in seconds (delta-seconds form), clamped to 1..60; None when absent or a date."""
+    try:
+        return min(60.0, max(1.0, float(header))) if header is not None else None
+    except ValueError:
+        return None
+
+
+def classify(status: int, body: object, what: str, retry_after_header: str | None = None
+             ) -> RouterError | WorkerFailed:
+    """The exception for a worker's non-200 answer to `what` (e.g. "prefill on http://p:8000")."""
+    wait = retry_after(retry_after_header)
+    if status == 429 or (status == 503 and wait is not None):
+        return WorkerBusy(f"{what} is busy ({status})", wait or 1.0)
+    err = body.get("error") if isinstance(body, dict) else None
+    worker_side = isinstance(err, dict) and (
+        err.get("code") in WORKER_SIDE_CODES or err.get("param") in ROUTER_FIELDS
+    )
+    if 400 <= status < 500 and status not in (408, 409, 429) and not worker_side:
+        return RouterError.from_body(status, body)
+    return WorkerFailed(f"{what} returned {status}: {body}", dead=False)
+
+
+class WorkerClient(Protocol):
+    """Everything the router asks of a worker."""
+
+    async def info(self, url: str) -> WorkerInfo:
+        """GET /internal/info; raises WorkerFailed."""
+        ...
+
+    async def prefill(self, url: str, request: GenerateRequest) -> PrefillResult:
+        """POST /internal/prefill; raises RouterError or WorkerFailed."""
+        ...
+
+    def generate(self, url: str, request: GenerateRequest) -> AsyncGenerator[StreamEvent, None]:
+        """POST /internal/generate: its NDJSON events as they come; raises RouterError or WorkerFailed."""
+        ...
+
+    async def abort(self, url: str, request_id: str, lease_token: str | None = None) -> None:
+        """POST /internal/abort (with the lease token of a prefill result there, which a leased
+        request needs); best effort, never raises."""
+        ...
+
+
+@dataclass
+class Timeouts:
+    connect_s: float = 3.0
+    prefill_s: float = 60.0  # a whole prefill call, queueing included
+    chunk_s: float = 15.0  # silence allowed between two NDJSON lines of a generate stream
+    abort_s: float = 2.0
+    info_s: float = 2.0
+
+
+# what a broken connection, a timeout or a malformed answer raises while we read it
+_BROKEN = (aiohttp.ClientError, TimeoutError, ValueError, TypeError, KeyError)
+KV_EVENT_LINE_BYTES = 2**18  # read buffer for /internal/kv/events lines (workers send under 100 KB)
+
+
+class HttpWorkerClient:
+    """WorkerClient over HTTP, sharing one aiohttp session."""
+
+    def __init__(self, session: aiohttp.ClientSession, timeouts: Timeouts | None = None,
+                 secret: str | None = None) -> None:
+        self.session = session
+        self.timeouts = timeouts or Timeouts()
+        self._auth = auth_headers(secret)  # the service's internal secret: workers want it on /internal/*
+
+    def _headers(self, request_id: str | None = None, **extra: str) -> dict[str, str]:
+        return self._auth | ({REQUEST_ID_HEADER: request_id} if request_id else {}) | extra
+
+    @staticmethod
+    async def _error_body(resp: aiohttp.ClientResponse) -> object:
+        try:
+            return await resp.json(content_type=None)
+        except (ValueError, aiohttp.ClientError):
+            return (await resp.text())[:500]
+
+    async def info(self, url: str) -> WorkerInfo:
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.timeouts.info_s)
+            async with self.session.get(url + "/internal/info", headers=self._headers(), timeout=timeout) as resp:
+                if resp.status != 200:
+                    raise WorkerFailed(f"/internal/info on {url} returned {resp.status}", dead=True)
+                return WorkerInfo.from_dict(await resp.json())
+        except _BROKEN as exc:
+            raise WorkerFailed(f"/internal/info on {url} failed: {exc!r}", dead=True) from exc
+
+    async def prefill(self, url: str, request: GenerateRequest) -> PrefillResult:
+        timeout = aiohttp.ClientTimeout(total=self.timeouts.prefill_s, connect=self.timeouts.connect_s)
+        try:
+            async with self.session.post(
+                url + "/internal/prefill", json=request.to_dict(),
+                headers=self._headers(request.request_id), timeout=timeout,
+            ) as resp:
+                if resp.status != 200:
+                    raise classify(resp.status, await self._error_body(resp), f"prefill on {url}",
+                                   resp.headers.get("Retry-After"))
+                return PrefillResult.from_dict(await resp.json())
+        except _BROKEN as exc:
+            raise WorkerFailed(f"prefill on {url} failed: {exc!r}", dead=True) from exc
+
+    async def generate(self, url: str, request: GenerateRequest) -> AsyncGenerator[StreamEvent, None]:
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=self.timeouts.connect_s, sock_read=self.timeouts.chunk_s
+        )
+        try:
+            async with self.session.post(
+                url + "/internal/generate", json=request.to_dict(),
+                headers=self._headers(request.request_id, Accept=NDJSON), timeout=timeout,
+            ) as resp:
+                if resp.status != 200:
+                    raise classify(resp.status, await self._error_body(resp), f"generate on {url}",
+                                   resp.headers.get("Retry-After"))
+                async for line in resp.content:
+                    line = line.strip()
+                    if line:
+                        yield StreamEvent.from_dict(json.loads(line))
+        except _BROKEN as exc:
+            raise WorkerFailed(f"generate on {url} failed: {exc!r}", dead=True) from exc
+
+    async def tokenizer(self, url: str) -> TokenizerFiles:
+        """GET /internal/tokenizer, its digest checked; raises WorkerFailed (never dead: the router
+        only waits longer for its tokenizer)."""
+        timeout = aiohttp.ClientTimeout(total=self.timeouts.prefill_s, connect=self.timeouts.connect_s)
+        try:
+            async with self.session.get(url + "/internal/tokenizer", headers=self._headers(),
+                                        timeout=timeout) as resp:
+                if resp.status != 200:
+                    raise WorkerFailed(f"/internal/tokenizer on {url} returned {resp.status}: "
+                                       f"{await self._error_body(resp)}", dead=False)
+                return TokenizerFiles.from_dict(await resp.json())
+        except _BROKEN as exc:
+            raise WorkerFailed(f"/internal/tokenizer on {url} failed: {exc!r}", dead=False) from exc
+
+    async def kv_events(self, url: str) -> AsyncGenerator[KVEventMessage, None]:
+        """GET /internal/kv/events: its lines as they come, until the stream ends; raises WorkerFailed.
+        The worker sends a heartbeat at least every few seconds: silence past `chunk_s` is a break."""
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect_s, sock_read=self.timeouts.chunk_s)
+        try:
+            async with self.session.get(url + "/internal/kv/events", headers=self._headers(Accept=NDJSON),
+                                        timeout=timeout, read_bufsize=KV_EVENT_LINE_BYTES) as resp:
+                if resp.status != 200:
+                    raise WorkerFailed(f"/internal/kv/events on {url} returned {resp.status}", dead=False)
+                async for line in resp.content:
+                    if line.strip():
+                        yield KVEventMessage.from_dict(json.loads(line))
+        except _BROKEN as exc:
+            raise WorkerFailed(f"/internal/kv/events on {url} failed: {exc!r}", dead=False) from exc
+
+    async def abort(self, url: str, request_id: str, lease_token: str | None = None) -> None:
+        body = {"request_id": request_id} | ({"lease_token": lease_token} if lease_token else {})
+        try:
+            async with self.session.post(
+                url + "/internal/abort", json=body, headers=self._headers(request_id),
+                timeout=aiohttp.ClientTimeout(total=self.timeouts.abort_s),
+            ) as resp:
+                await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.info("abort of %s on %s failed: %r", request_id, url, exc)

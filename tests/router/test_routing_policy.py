@@ -1,0 +1,145 @@
+"""Routing policies: load balancing, conditional disaggregation, fallback, generation pairing, the
+retry and resume targets, round-robin turns, and the registry that names them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from tandem.contracts.names import Role
+from tandem.contracts.routing import RouteReason, RoutingPolicy
+from tandem.router.policies.base import (
+    PolicySettings,
+    RequestInfo,
+    WorkerView,
+    estimate_tokens,
+    pick_generation,
+)
+from tandem.router.policies.least_loaded import LeastLoaded
+from tandem.router.policies.registry import POLICIES, create_policy
+from tandem.router.policies.round_robin import RoundRobin
+
+LONG = RequestInfo("r", prompt_tokens=1000)
+
+
+def P(url, **kw):
+    kw.setdefault("ready", True)
+    return WorkerView(url=url, role=Role.PREFILL, generation=kw.pop("gen", "g1"), **kw)
+
+
+def D(url, **kw):
+    kw.setdefault("ready", True)
+    return WorkerView(url=url, role=Role.DECODE, generation=kw.pop("gen", "g1"), **kw)
+
+
+def C(url, **kw):
+    kw.setdefault("ready", True)
+    return WorkerView(url=url, role=Role.COLOCATED, generation=kw.pop("gen", "g1"), **kw)
+
+
+def test_prefill_by_least_outstanding_prompt_tokens_decode_by_least_running():
+    ws = [P("p1", outstanding_prompt_tokens=500), P("p2", outstanding_prompt_tokens=100, router_prompt_tokens=50),
+          D("d1", running=3), D("d2", running=1, kv_usage=0.9), D("d3", running=1, kv_usage=0.1)]
+    plan = LeastLoaded().plan(LONG, ws)
+    assert (plan.prefill.url, plan.decode.url, plan.reason) == ("p2", "d3", RouteReason.DISAGGREGATED)
+
+
+def test_router_side_inflight_counts_before_the_next_poll():
+    ws = [D("d1", running=0, router_inflight=2), D("d2", running=1)]
+    assert LeastLoaded().resume_decode(LONG, ws, frozenset()).url == "d2"
+
+
+def test_short_prompts_skip_prefill():
+    policy = LeastLoaded(PolicySettings(short_prompt_threshold=11))
+    ws = [P("p1"), D("d1")]
+    assert estimate_tokens(40) == 10
+    plan = policy.plan(RequestInfo("r", estimate_tokens(40)), ws)
+    assert plan.prefill is None and plan.reason is RouteReason.SHORT_PROMPT
+    assert policy.plan(RequestInfo("r", estimate_tokens(44)), ws).prefill.url == "p1"
+
+
+def test_no_ready_prefill_falls_back_to_decode_side_prefill():
+    plan = LeastLoaded().plan(LONG, [P("p1", ready=False), D("d1")])
+    assert plan.prefill is None and plan.decode.url == "d1" and plan.reason is RouteReason.NO_PREFILL_WORKER
+
+
+def test_no_decode_capable_worker_means_no_plan():
+    assert LeastLoaded().plan(LONG, [P("p1"), D("d1", ready=False)]) is None
+    assert LeastLoaded().plan(LONG, []) is None
+
+
+def test_retry_and_resume_targets_skip_excluded_workers_and_keep_the_generation():
+    policy = LeastLoaded()
+    ws = [P("p1"), P("p2", outstanding_prompt_tokens=900), P("p3", gen="g2"), D("d1"), D("d2", running=5)]
+    plan = policy.plan(LONG, ws)
+    assert plan.prefill.url == "p1"
+    assert policy.retry_prefill(LONG, plan, ws, frozenset({"p1"})).url == "p2"
+    assert policy.retry_prefill(LONG, plan, ws, frozenset({"p1", "p2"})) is None  # p3 is another generation
+    assert policy.resume_decode(LONG, ws, frozenset({"d1"})).url == "d2"
+    assert policy.resume_decode(LONG, ws, frozenset({"d1", "d2"})) is None
+    assert policy.resume_decode(LONG, [*ws, C("c1", ready=False)], frozenset({"d1", "d2"})) is None
+
+
+def test_colocated_serves_decode_side_but_pure_decode_is_preferred_for_handoff():
+    assert LeastLoaded().plan(LONG, [P("p1"), C("c1"), D("d1", running=9)]).decode.url == "d1"
+    assert LeastLoaded().plan(LONG, [C("c1")]).decode.url == "c1"
+
+
+def test_only_the_same_generation_is_paired_newest_first():
+    ws = [P("p-old", gen="old", first_seen=1), D("d-old", gen="old", first_seen=1),
+          P("p-new", gen="new", first_seen=5), D("d-new", gen="new", first_seen=6, running=0),
+          D("d-old2", gen="old", first_seen=2, running=0)]
+    assert pick_generation([w for w in ws if w.role is Role.PREFILL], [w for w in ws if w.role is Role.DECODE]) == "new"
+    plan = LeastLoaded().plan(LONG, ws)
+    assert (plan.prefill.url, plan.decode.url) == ("p-new", "d-new")
+
+
+def test_generation_without_a_partner_is_not_paired():
+    # new prefill is up but no new decode yet: stay on the old generation
+    plan = LeastLoaded().plan(LONG, [P("p-new", gen="new", first_seen=9), P("p-old", gen="old"), D("d-old", gen="old")])
+    assert (plan.prefill.url, plan.decode.url) == ("p-old", "d-old")
+    # nothing pairs at all: decode-side prefill rather than a mismatched pair
+    plan = LeastLoaded().plan(LONG, [P("p-new", gen="new"), D("d-old", gen="old")])
+    assert plan.prefill is None and plan.reason is RouteReason.NO_MATCHING_GENERATION
+
+
+def test_round_robin_takes_turns_whatever_the_load():
+    policy = RoundRobin()
+    ws = [P("p2"), P("p1", outstanding_prompt_tokens=10_000), D("d1"), D("d2", running=50), D("d3")]
+    plans = [policy.plan(LONG, ws) for _ in range(4)]
+    assert [p.prefill.url for p in plans] == ["p1", "p2", "p1", "p2"]
+    assert [p.decode.url for p in plans] == ["d1", "d2", "d3", "d1"]
+    assert policy.resume_decode(LONG, ws, frozenset({"d1", "d3"})).url == "d2"
+    # the shared rules hold for it too
+    assert RoundRobin().plan(LONG, [P("p", gen="x"), D("d")]).reason is RouteReason.NO_MATCHING_GENERATION
+
+
+def test_route_reasons_are_single_words_safe_as_label_values():
+    for reason in RouteReason:
+        assert reason.value.replace("_", "").isalpha() and reason.value.islower()
+
+
+def test_registry_names_every_policy_and_refuses_others():
+    assert sorted(POLICIES) == ["least-loaded", "prefix-aware", "round-robin"]
+    # the CRD's router.policy enum is generated from the same contract
+    assert set(POLICIES) == {p.value for p in RoutingPolicy}
+    assert isinstance(create_policy("least-loaded"), LeastLoaded)
+    rr = create_policy("round-robin", PolicySettings(short_prompt_threshold=3))
+    assert isinstance(rr, RoundRobin) and rr.settings.short_prompt_threshold == 3
+    with pytest.raises(ValueError, match=r"'random'.*least-loaded.*round-robin"):
+        create_policy("random")
+
+
+def test_a_policy_module_is_imported_only_when_chosen():
+    code = (
+        "import sys\n"
+        "from tandem.router.config import RouterConfig, apply\n"
+        "from tandem.router.policies.registry import create_policy\n"
+        "c = apply(RouterConfig(), {'policy': 'round-robin'}, 'test')\n"
+        "create_policy(c.policy)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('tandem.router.policies.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    loaded = out.stdout.strip()
+    assert "round_robin" in loaded and "least_loaded" not in loaded, loaded
