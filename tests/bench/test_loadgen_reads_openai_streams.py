@@ -5,8 +5,8 @@ import json
 import pytest
 from aiohttp import web
 
-from bench.loadgen import run_closed_loop, run_open_loop
-from bench.workload import PlannedRequest
+from bench.lib.loadgen import run_closed_loop, run_open_loop
+from bench.lib.workload import PlannedRequest
 
 
 def sse(obj) -> bytes:
