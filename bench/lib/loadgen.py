@@ -42,12 +42,17 @@ async def stream_one(
     return await stream_into(session, f"{url}/v1/completions", request_body(model, req), rec, t0, timeout_s)
 
 
+NO_TOKEN = "stream ended without a token"
+
+
 async def stream_into(session: aiohttp.ClientSession, endpoint: str, body: dict[str, Any], rec: RequestRecord,
-                      t0: float, timeout_s: float) -> RequestRecord:
-    """POST a streaming completion or chat completion and record its chunks into rec."""
+                      t0: float, timeout_s: float, read_timeout_s: float | None = None) -> RequestRecord:
+    """POST a streaming completion or chat completion and record its chunks into rec (a silence of
+    read_timeout_s between chunks ends it with a TimeoutError)."""
     rec.send_s = time.perf_counter() - t0
+    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=read_timeout_s)
     try:
-        async with session.post(endpoint, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with session.post(endpoint, json=body, timeout=timeout) as resp:
             if resp.status != 200:
                 rec.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                 return rec
@@ -57,6 +62,7 @@ async def stream_into(session: aiohttp.ClientSession, endpoint: str, body: dict[
                     continue
                 data = line[5:].strip()
                 if data == b"[DONE]":
+                    rec.done = True
                     break
                 now = time.perf_counter() - t0
                 obj = json.loads(data)
@@ -69,16 +75,25 @@ async def stream_into(session: aiohttp.ClientSession, endpoint: str, body: dict[
                 if text:
                     rec.chunk_times_s.append(now)
                     rec.text += text
+                rec.finish_reason = finish_reason(obj) or rec.finish_reason
                 usage = obj.get("usage")
                 if usage:
                     rec.prompt_tokens = usage.get("prompt_tokens")
                     rec.completion_tokens = usage.get("completion_tokens")
-    except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError) as e:
+    except TimeoutError as e:  # aiohttp's read timeouts are TimeoutErrors too; connect timeouts are not hangs
+        rec.timed_out = not isinstance(e, aiohttp.ConnectionTimeoutError)
+        rec.error = f"{type(e).__name__}: {e}"
+    except (aiohttp.ClientError, json.JSONDecodeError) as e:
         rec.error = f"{type(e).__name__}: {e}"
     rec.end_s = time.perf_counter() - t0
     if rec.error is None and not rec.chunk_times_s:
-        rec.error = "stream ended without a token"
+        rec.error = NO_TOKEN
     return rec
+
+
+def finish_reason(obj: dict[str, Any]) -> str | None:
+    choices = obj.get("choices") or []
+    return choices[0].get("finish_reason") if choices else None
 
 
 def chunk_text(obj: dict[str, Any]) -> str:

@@ -31,6 +31,9 @@ class RequestRecord:
     completion_tokens: int | None = None
     text: str = ""
     error: str | None = None
+    finish_reason: str | None = None  # the last choice's finish_reason, as streamed
+    done: bool = False  # the stream ended with `data: [DONE]` (not just a closed body)
+    timed_out: bool = False  # the server went silent past the client's read (or total) timeout
 
     @property
     def ok(self) -> bool:

@@ -122,7 +122,7 @@ class Bench:
 
     def make_arm(self, spec: ArmSpec, tag: str) -> Arm:
         return Arm(f"{spec.name}-{tag}", self.model_dir, self.log_dir, layout=spec.layout,
-                   worker_args=spec.worker_args())
+                   worker_args=(*spec.worker_args(), *self.args.worker_arg))
 
     async def start(self, spec: ArmSpec, tag: str) -> tuple[Arm, str, float]:
         """A fresh arm, ready and warmed up (one long prompt); its served model name and start time."""
@@ -293,6 +293,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", nargs="*", default=list(PROFILE_ARMS), choices=list(CATALOG), metavar="ARM",
                    help="arms to run once more under py-spy (default: %(default)s)")
     p.add_argument("--request-timeout-s", type=float, default=120.0)
+    p.add_argument("--worker-arg", action="append", default=[], help="an extra `tandem worker` flag for every "
+                   "worker of every arm, e.g. --worker-arg=--compile=off")
     p.add_argument("--quick", action="store_true", help="a tiny smoke run of the whole pipeline")
     p.add_argument("--no-markdown", action="store_true", help="write no BENCHMARKS.md section or figures")
 
