@@ -4,6 +4,8 @@
   colocated-1    one colocated worker on two threads, not pinned (both cores), behind one router
   disagg-nixl    a prefill worker on core 0, a decode worker on core 1, KV over NIXL (UCX)
   disagg-tcp     the same with the TCP handoff
+  vllm           the peer: vLLM's CPU build colocated (bench/lib/peers.py), its engine on core 0,
+                 its API server floating (the router's place in Tandem's arms)
 
 Every worker but colocated-1's runs one torch thread and is pinned to its core (sched_setaffinity
 before exec, so every thread it starts inherits the mask). The router and the load generator are
@@ -20,7 +22,7 @@ from pathlib import Path
 from bench.lib.processes import BenchProcess, router_process, thread_env, worker_process
 from bench.lib.ready import wait_ready
 
-ARMS = ("colocated", "colocated-1", "disagg-nixl", "disagg-tcp")
+ARMS = ("colocated", "colocated-1", "disagg-nixl", "disagg-tcp", "vllm")
 
 
 @dataclass
@@ -32,10 +34,12 @@ class Arm:
     layout: str | None = None  # one of ARMS (default: the name)
     worker_args: tuple[str, ...] = ()  # extra `tandem worker` flags for every worker
     router_args: tuple[str, ...] = ()  # extra `tandem router` flags
+    dtype: str = "bfloat16"  # the peer's (Tandem's workers take theirs from worker_args)
 
     @property
     def router(self) -> BenchProcess:
-        return next(p for p in self.procs if p.role == "router")
+        """What clients talk to: the router, or the peer's own server."""
+        return next(p for p in self.procs if p.role in ("router", "peer"))
 
     @property
     def url(self) -> str:
@@ -59,6 +63,11 @@ class Arm:
         if layout not in ARMS:
             raise ValueError(f"unknown arm layout {layout!r}; choose from {ARMS}")
         self.procs = []
+        if layout == "vllm":
+            from bench.lib.peers import vllm_process
+
+            self.procs = [vllm_process(self.model_dir, self.log_dir / f"{self.name}-vllm.log", self.dtype)]
+            return
         if layout == "colocated":
             roles = [("colocated-0", "colocated", 0), ("colocated-1", "colocated", 1)]
         elif layout == "colocated-1":

@@ -22,6 +22,8 @@ HIGHER_IS_BETTER = {"output_tokens_per_s", "throughput_rps"}
 # on the disaggregated bf16 arm.
 RATIO_TARGETS = (("itl.p99", 0.5), ("itl.p50", 1.1), ("ttft.p50", 1.15))
 ABSOLUTE_TARGETS_BF16 = (("ttft.p50", 0.25), ("itl.p50", 0.018), ("itl.p99", 0.030))
+# Issue 23: (metric, bound) on the ratio disaggregated / the peer (vLLM) of the same dtype.
+PEER_TARGETS = (("ttft.p50", 1.2), ("itl.p50", 1.0), ("itl.p99", 0.7))
 
 
 def arm_median(runs: list[dict[str, Any]], arm: str, metric: str) -> float:
@@ -44,7 +46,8 @@ def compare(runs: list[dict[str, Any]], arms: dict[str, dict[str, Any]]) -> dict
     for name, meta in arms.items():
         if not meta["disaggregated"]:
             continue
-        colo = [a for a, m in arms.items() if not m["disaggregated"] and m["dtype"] == meta["dtype"]]
+        colo = [a for a, m in arms.items()
+                if not m["disaggregated"] and not m.get("peer") and m["dtype"] == meta["dtype"]]
         ratios: dict[str, list[float]] = {m: [] for m in METRICS}
         best_by: dict[str, list[str]] = {m: [] for m in METRICS}
         for rep in reps:
@@ -59,21 +62,41 @@ def compare(runs: list[dict[str, Any]], arms: dict[str, dict[str, Any]]) -> dict
                     best_by[m].append(best[1])
         out[name] = {"dtype": meta["dtype"], "against": colo,
                      "ratios": {m: spread(v) for m, v in ratios.items()},
-                     "best_colocated": {m: statistics.mode(v) if v else None for m, v in best_by.items()}}
+                     "best_colocated": {m: statistics.mode(v) if v else None for m, v in best_by.items()},
+                     "peers": {p: peer_ratios(runs, name, p, reps) for p, pm in arms.items()
+                               if pm.get("peer") and pm["dtype"] == meta["dtype"]}}
     return out
+
+
+def peer_ratios(runs: list[dict[str, Any]], arm: str, peer: str, reps: list[int]) -> dict[str, Any]:
+    """Per metric, the arm's value over the peer's in the same repetition (median and range)."""
+    ratios: dict[str, list[float]] = {m: [] for m in METRICS}
+    for rep in reps:
+        mine = next((r for r in runs if r["arm"] == arm and r["rep"] == rep), None)
+        theirs = next((r for r in runs if r["arm"] == peer and r["rep"] == rep), None)
+        if mine is None or theirs is None:
+            continue
+        for m in METRICS:
+            ratios[m].append(ratio(get_path(mine["summary"], m), get_path(theirs["summary"], m)))
+    return {m: spread(v) for m, v in ratios.items()}
+
+
+def _ratio_row(arm: str, target: str, bound: float, s: dict[str, float]) -> dict[str, Any]:
+    v = s["median"]
+    return {"arm": arm, "target": target, "kind": "ratio", "bound": bound, "measured": v,
+            "range": [s["min"], s["max"]], "met": v <= bound, "factor": v / bound}
 
 
 def targets(runs: list[dict[str, Any]], arms: dict[str, dict[str, Any]], comparison: dict[str, Any],
             ) -> list[dict[str, Any]]:
-    """Issue 13's latency targets, each with what was measured (a median), its bound and whether it
-    was met; `factor` is measured / bound (> 1: missed by that factor)."""
+    """Issue 13's latency targets and issue 23's against the peer, each with what was measured (a
+    median), its bound and whether it was met; `factor` is measured / bound (> 1: missed by that factor)."""
     rows = []
     for name, c in comparison.items():
-        for m, bound in RATIO_TARGETS:
-            v = c["ratios"][m]["median"]
-            rows.append({"arm": name, "target": f"{m} disaggregated / best colocated", "kind": "ratio",
-                         "bound": bound, "measured": v, "range": [c["ratios"][m]["min"], c["ratios"][m]["max"]],
-                         "met": v <= bound, "factor": v / bound})
+        rows += [_ratio_row(name, f"{m} disaggregated / best colocated", bound, c["ratios"][m])
+                 for m, bound in RATIO_TARGETS]
+        rows += [_ratio_row(name, f"{m} disaggregated / {peer}", bound, pr[m])
+                 for peer, pr in c.get("peers", {}).items() for m, bound in PEER_TARGETS]
     for name, meta in arms.items():
         if not (meta["disaggregated"] and meta["dtype"] == "bfloat16"):
             continue

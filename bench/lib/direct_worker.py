@@ -65,3 +65,25 @@ async def concurrent_streams(url: str, n: int, plen: int, new: int, seed: int) -
     gaps = [b - a for times in arrivals for a, b in zip(times, times[1:], strict=False)]
     return {"tokens_per_s": n * new / wall, "step_s": statistics.median(gaps), "wall_s": wall,
             "gap_p99_s": sorted(gaps)[int(0.99 * (len(gaps) - 1))], "ttft_max_s": max(a[0] for a in arrivals) - t0}
+
+
+async def openai_streams(url: str, model: str, n: int, plen: int, new: int, seed: int) -> dict:
+    """The same n streams through an OpenAI server's /v1/completions (token-id prompts, greedy,
+    ignore_eos): how a peer such as vLLM is measured beside a worker."""
+    from bench.lib.loadgen import stream_into
+    from bench.lib.metrics import RequestRecord
+
+    prompts = prompts_for(n, plen, seed)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        t0 = time.perf_counter()
+        recs = await asyncio.gather(*(stream_into(
+            s, f"{url}/v1/completions", {"model": model, "prompt": p, "max_tokens": new, "temperature": 0.0,
+                                         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}},
+            RequestRecord(i, plen, new), t0, 600.0) for i, p in enumerate(prompts)))
+    bad = [r.error for r in recs if not r.ok or r.output_tokens != new]
+    if bad:
+        raise RuntimeError(f"{len(bad)} of {n} streams failed or came short: {bad[:2]}")
+    wall = max(r.chunk_times_s[-1] for r in recs)
+    gaps = sorted(g for r in recs for g in r.gaps)
+    return {"tokens_per_s": n * new / wall, "step_s": statistics.median(gaps), "wall_s": wall,
+            "gap_p99_s": gaps[int(0.99 * (len(gaps) - 1))], "ttft_max_s": max(r.chunk_times_s[0] for r in recs)}

@@ -94,8 +94,17 @@ def _comparison(result: dict[str, Any]) -> list[str]:
             for name, c in result["comparison"].items()]
     header = ["disaggregated", "against (same dtype)", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "ITL max",
               "tok/s", "best colocated arm (most often)"]
-    return ["### Disaggregated / best colocated (per repetition and metric; median [range]; < 1 is lower)", "",
-            md_table(header, rows), ""]
+    out = ["### Disaggregated / best colocated (per repetition and metric; median [range]; < 1 is lower)", "",
+           md_table(header, rows), ""]
+    peer_rows = [[name, peer, *(fmt_ratio(pr[k]) for k in keys)]
+                 for name, c in result["comparison"].items() for peer, pr in c.get("peers", {}).items()]
+    if peer_rows:
+        out += ["### Disaggregated / vLLM (the same repetition; median [range]; < 1 is lower)", "",
+                md_table(["disaggregated", "peer", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "ITL max", "tok/s"],
+                         peer_rows), ""]
+    for name, reason in result.get("skipped_arms", {}).items():
+        out += [f"- `{name}` not run: {reason}.", ""]
+    return out
 
 
 def _targets(result: dict[str, Any]) -> list[str]:
@@ -107,7 +116,8 @@ def _targets(result: dict[str, Any]) -> list[str]:
         bound = f"<= {t['bound']:g}" if t["kind"] == "ratio" else f"<= {fmt_s(t['bound'])}"
         verdict = "met" if t["met"] else f"missed ({t['factor']:.2f}x the bound)"
         rows.append([t["arm"], t["target"], bound, shown, verdict])
-    return ["### Issue 13's latency targets in this run", "", md_table(["arm", "target", "bound", "measured", ""], rows), ""]
+    return ["### Issue 13's and issue 23's latency targets in this run", "",
+            md_table(["arm", "target", "bound", "measured", ""], rows), ""]
 
 
 def _profiles(result: dict[str, Any]) -> list[str]:

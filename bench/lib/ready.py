@@ -1,8 +1,9 @@
 """Waiting until processes serve: the one readiness wait of every scenario.
 
-Each process must answer 200 on /ready (ManagedProcess.wait_ready: a child that exits or times out
-raises with its log's tail). A router also has to route a real request: it learns its workers by
-polling them, so /ready alone does not mean a completion would succeed yet.
+Each process must answer 200 on /ready (/health for a peer server such as vLLM; ManagedProcess.wait_ready:
+a child that exits or times out raises with its log's tail). A router (and a peer) also has to
+serve a real request: a router learns its workers by polling them, so /ready alone does not mean a
+completion would succeed yet.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ async def wait_ready(procs: Iterable[ManagedProcess], timeout_s: float = 600.0) 
     procs = list(procs)
     deadline = time.monotonic() + timeout_s
     for p in procs:
-        await asyncio.to_thread(p.wait_ready, "/ready", max(1.0, deadline - time.monotonic()))
+        path = "/health" if p.role == "peer" else "/ready"
+        await asyncio.to_thread(p.wait_ready, path, max(1.0, deadline - time.monotonic()))
     for p in procs:
-        if p.role == "router":
+        if p.role in ("router", "peer"):
             await router_serves(p.url, deadline)

@@ -30,7 +30,7 @@ import aiohttp
 import psutil
 
 from bench.lib.chaos_outcomes import tally
-from bench.lib.loadgen import request_body, stream_into, token_counter
+from bench.lib.loadgen import request_body, run_closed_loop, stream_into, token_counter
 from bench.lib.metrics import RequestRecord
 from bench.lib.models import MULTITURN_MODEL, bench_model_dir
 from bench.lib.processes import BenchProcess, router_process, thread_env, worker_process
@@ -180,17 +180,15 @@ async def settle(procs: list[BenchProcess], within_s: float) -> dict:
         await asyncio.sleep(1.0)
 
 
-async def reference(url: str, model: str, pool: list[PlannedRequest], timeout_s: float) -> dict[int, str]:
-    """Every prompt once, undisturbed: the text each must stream under chaos."""
-    out: dict[int, str] = {}
-    async with aiohttp.ClientSession() as s:
-        for req in pool:
-            rec = RequestRecord(req.index, req.prompt_tokens_target, req.max_tokens)
-            await stream_into(s, f"{url}/v1/completions", request_body(model, req), rec, time.perf_counter(), timeout_s)
-            if not (rec.ok and rec.done):
-                raise RuntimeError(f"the undisturbed run failed on prompt {req.index}: {rec.error}")
-            out[req.index] = rec.text
-    return out
+async def reference(url: str, model: str, pool: list[PlannedRequest], concurrency: int,
+                    timeout_s: float) -> dict[int, str]:
+    """Every prompt once, undisturbed: the text each must stream under chaos (fp32 greedy: the same
+    text whatever the batch)."""
+    records = await run_closed_loop(url, model, pool, concurrency, timeout_s)
+    bad = [(r.index, r.error) for r in records if not (r.ok and r.done)]
+    if bad:
+        raise RuntimeError(f"the undisturbed run failed: {bad[:3]}")
+    return {r.index: r.text for r in records}
 
 
 async def soak(args: argparse.Namespace) -> dict:
@@ -202,7 +200,7 @@ async def soak(args: argparse.Namespace) -> dict:
     try:
         await wait_ready(procs, args.ready_timeout_s)
         model = await served_model(procs[-1].url)
-        expected = await reference(procs[-1].url, model, pool, args.request_timeout_s)
+        expected = await reference(procs[-1].url, model, pool, args.streams, args.request_timeout_s)
         print(f"cluster up, {len(pool)} answers recorded; chaos for {args.duration_s:.0f} s", flush=True)
         soak = Soak(args, procs, model, pool)
         result = await soak.run()

