@@ -26,8 +26,13 @@ from types import ModuleType
 from bench.lib.results import BENCH_DIR, RESULTS_DIR, new_run_id, save_result
 
 SCENARIOS_DIR = BENCH_DIR / "scenarios"
-# `make bench` (python -m bench default): each with its own defaults, in this order.
-DEFAULT_SCENARIOS = ("interference", "multiturn")
+# `make bench` (python -m bench default): these command lines, in this order (about 75 minutes here).
+DEFAULT_SCENARIOS: tuple[tuple[str, ...], ...] = (
+    ("interference",),  # issue 13's load: disaggregated, colocated and vLLM (~35 min)
+    ("engine_http", "--dtypes", "bfloat16"),  # decode throughput at 32 streams, with vLLM (~10 min)
+    ("multiturn",),  # the prefix cache (~15 min)
+    ("chaos",),  # kills and restarts under load: nothing lost, nothing left (~15 min)
+)
 
 
 def scenario_names() -> list[str]:
@@ -85,10 +90,10 @@ def run_scenario(name: str, argv: list[str]) -> int:
 def run_defaults() -> int:
     """Every default scenario with its defaults; one failing does not stop the others."""
     failed = []
-    for name in DEFAULT_SCENARIOS:
-        print(f"=== python -m bench {name}", flush=True)
+    for name, *argv in DEFAULT_SCENARIOS:
+        print(f"=== python -m bench {' '.join([name, *argv])}", flush=True)
         try:
-            if run_scenario(name, []):
+            if run_scenario(name, argv):
                 failed.append(name)
         except Exception:  # noqa: BLE001 - reported, and the next scenario still runs
             traceback.print_exc()
@@ -102,7 +107,7 @@ def usage() -> str:
     width = max(map(len, scenario_names()), default=8)
     lines = [__doc__.strip(), "", "scenarios:"]
     lines += [f"  {n:{width}s}  {summary_line(n)}" for n in scenario_names()]
-    lines += ["", f"default (make bench): {', '.join(DEFAULT_SCENARIOS)}"]
+    lines += ["", "default (make bench): " + "; ".join(" ".join(d) for d in DEFAULT_SCENARIOS)]
     return "\n".join(lines)
 
 

@@ -14,8 +14,14 @@ SCENARIOS = scenario_names()
 
 
 def test_the_scenarios_folder_holds_every_benchmark():
-    assert {"interference", "multiturn", "engine_http", "kv_handoff", "migration"} <= set(SCENARIOS)
-    assert set(DEFAULT_SCENARIOS) <= set(SCENARIOS)
+    assert {"interference", "multiturn", "engine_http", "kv_handoff", "migration", "chaos"} <= set(SCENARIOS)
+    assert {d[0] for d in DEFAULT_SCENARIOS} <= set(SCENARIOS)
+
+
+@pytest.mark.parametrize("line", DEFAULT_SCENARIOS, ids=lambda d: d[0])
+def test_every_default_command_line_parses(line):
+    name, *argv = line
+    build_parser(name, load(name)).parse_args(argv)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
