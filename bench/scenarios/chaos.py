@@ -23,6 +23,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -234,6 +235,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout-s", type=float, default=600.0)
     p.add_argument("--read-timeout-s", type=float, default=60.0, help="a stream silent this long is hung")
     p.add_argument("--settle-s", type=float, default=120.0, help="wait this long at most for nothing to be left")
+    p.add_argument("--no-markdown", action="store_true", help="do not rewrite the chaos section of BENCHMARKS.md")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -244,4 +246,9 @@ def run(args: argparse.Namespace) -> dict:
     print(f"{res['requests']} requests: " + ", ".join(f"{k} {v}" for k, v in o.items())
           + f"; clean errors by kind {res['clean_errors_by_kind']}; kills {len(res['events'])}; "
           f"left at the end {res['left']['final']} (clean: {res['left']['clean']})", flush=True)
+    if not args.no_markdown:
+        from bench.lib.chaos_report import publish
+        from bench.lib.results import ROOT
+
+        print(f"wrote {publish(res, args.run_id, ' '.join(['python -m bench', *sys.argv[1:]]), ROOT / 'BENCHMARKS.md')}")
     return res

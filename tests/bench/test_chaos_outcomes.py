@@ -48,3 +48,24 @@ def test_tally_counts_every_outcome_and_lists_the_silent_ones():
     assert t["outcomes"] == {"identical": 1, "clean_error": 2, "truncated": 1, "wrong_text": 0, "hung": 0}
     assert t["clean_errors_by_kind"] == {"HTTP 503": 2}
     assert [(s["index"], s["outcome"]) for s in t["silent_failures"]] == [(0, "truncated")]
+
+
+def test_the_report_shows_every_count_kill_and_leftover():
+    from bench.lib.chaos_report import results_markdown
+
+    r = {"ok": False, "requests": 5, "outcomes": {"identical": 3, "clean_error": 1, "truncated": 1, "wrong_text": 0,
+                                                  "hung": 0},
+         "clean_errors_by_kind": {"HTTP 503": 1},
+         "settings": {"duration_s": 600, "interval_s": [20, 40], "streams": 6, "kv_backend": "nixl",
+                      "worker_arg": ["--compile=off"], "read_timeout_s": 60},
+         "events": [{"process": "decode-1", "signal": "SIGKILL", "back_after_s": 30.0},
+                    {"process": "router-0", "signal": "SIGTERM", "restart_error": "not ready"}],
+         "left": {"settled_after_s": 31.0, "final": {"decode-1": {"blocks_held": 4, "leased": 1, "running": 0,
+                                                                  "waiting": 0}, "router-0": {"in_flight": 0.0}},
+                  "at_load_end": {}},
+         "resources": {"decode-1": {"restarts": 1, "start": {"fds": 20, "rss_mib": 1000.0},
+                                    "end": {"fds": 90, "rss_mib": 1500.0}}}}
+    md = results_markdown(r, "20260101-000000", "python -m bench chaos")
+    assert "**failures found**" in md and "| truncated without an error | 1 |" in md and "HTTP 503 1" in md
+    assert "decode SIGKILL 1, router SIGTERM 1" in md and "1 restarts failed" in md
+    assert "| decode-1 | 4 | 1 |" in md and "20 → 90" in md
