@@ -40,10 +40,13 @@ def scenario_names() -> list[str]:
     return sorted(p.stem for p in SCENARIOS_DIR.glob("*.py") if not p.stem.startswith("_"))
 
 
-def summary_line(name: str) -> str:
-    """The first line of a scenario's docstring, read without importing it (torch stays unloaded)."""
+def summary_line(name: str, width: int = 100) -> str:
+    """The first sentence of a scenario's docstring on one line, read without importing it (torch
+    stays unloaded)."""
     doc = ast.get_docstring(ast.parse((SCENARIOS_DIR / f"{name}.py").read_text())) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else "(no docstring)"
+    first = " ".join(doc.strip().split("\n\n")[0].split())
+    sentence = first.split(". ")[0].rstrip(".")
+    return (sentence if len(sentence) <= width else sentence[: width - 1] + "…") or "(no docstring)"
 
 
 def load(name: str) -> ModuleType:
