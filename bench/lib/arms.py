@@ -85,7 +85,7 @@ class Arm:
         self.plan_processes()
         env = os.environ | thread_env(self.threads)
         for p in self.procs:
-            p.start(env)
+            p.start(None if p.role == "peer" else env)  # a peer brings its own environment
 
     async def wait_ready(self, timeout_s: float = 240.0) -> None:
         await wait_ready(self.procs, timeout_s)

