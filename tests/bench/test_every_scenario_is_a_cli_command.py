@@ -33,7 +33,8 @@ def test_scenario_imports_has_a_docstring_and_parses_help(name, capsys):
         parser.parse_args(["--help"])
     assert stop.value.code == 0
     out = capsys.readouterr().out
-    assert f"python -m bench {name}" in out and summary_line(name) in out and "--results-dir" in out
+    assert f"python -m bench {name}" in out and module.__doc__.strip().splitlines()[0] in out and "--results-dir" in out
+    assert summary_line(name) and len(summary_line(name)) <= 100
 
 
 def test_without_a_scenario_the_cli_lists_them_all(capsys):
