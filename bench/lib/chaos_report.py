@@ -15,13 +15,15 @@ HEADING = "## Chaos soak (issue 21)"
 
 def _outcomes(r: dict[str, Any]) -> list[str]:
     o, n = r["outcomes"], r["requests"]
-    kinds = ", ".join(f"{k} {v}" for k, v in r["clean_errors_by_kind"].items()) or "none"
+    kinds = ", ".join(f"{k} {v}" for k, v in r["errors_by_kind"].items()) or "none"
     rows = [["completed identically to the undisturbed run", str(o["identical"])],
-            [f"ended with an error the client saw (retryable: {kinds})", str(o["clean_error"])],
+            ["ended with an error the client saw and can retry (5xx, 429, error event, broken stream)",
+             str(o["clean_error"])],
+            ["refused with another 4xx, which a client takes as final", str(o.get("refused", 0))],
             ["truncated without an error", str(o["truncated"])],
             ["completed with other text", str(o["wrong_text"])],
             [f"hung (silent for {r['settings']['read_timeout_s']:.0f} s)", str(o["hung"])]]
-    return [md_table(["requests", f"{n}"], rows), ""]
+    return [md_table(["requests", f"{n}"], rows), "", f"Errors by kind: {kinds}.", ""]
 
 
 def _kills(r: dict[str, Any]) -> list[str]:

@@ -8,8 +8,8 @@ loopback, fp32 (greedy text is then the same in every path), the multi-turn scen
 First every prompt of the pool runs once undisturbed (its text is the answer); then --streams
 clients loop over the pool, alternating the routers, while the chaos loop picks a process that is
 up and ready, signals it, waits for it to exit and starts it again on the same port. Every request
-is classified (bench/lib/chaos_outcomes.py): identical, clean error (retryable), truncated, wrong
-text, hung (target: 0 of the last three). After the load stops and the restarts are back: KV
+is classified (bench/lib/chaos_outcomes.py): identical, clean error (retryable), refused (a 4xx a
+client takes as final), truncated, wrong text, hung (target: 0 of the last four). After the load stops and the restarts are back: KV
 blocks held and leases left on every worker (/internal/info, target 0), requests in flight at the
 routers, and each process's open file descriptors and RSS at the start and at the end.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import random
 import signal
@@ -30,7 +31,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-from bench.lib.chaos_outcomes import tally
+from bench.lib.chaos_outcomes import FAILURES, tally
 from bench.lib.loadgen import request_body, run_closed_loop, stream_into, token_counter
 from bench.lib.metrics import RequestRecord
 from bench.lib.models import MULTITURN_MODEL, bench_model_dir
@@ -209,10 +210,11 @@ async def soak(args: argparse.Namespace) -> dict:
         for p in reversed(procs):
             p.stop(grace_s=5)
     counts = tally(soak.records, expected)
-    silent = sum(counts["outcomes"][k] for k in ("truncated", "wrong_text", "hung"))
+    (Path(args.out_dir) / "records.json").write_text(json.dumps([r.to_dict() for r in soak.records]))
+    failed = sum(counts["outcomes"][o.value] for o in FAILURES)
     left = result["left"]["final"]
     leaked = sum(d.get("blocks_held", 0) + max(0, d.get("leased", 0)) for d in left.values())
-    return {"ok": silent == 0 and leaked == 0 and result["left"]["clean"], **counts,
+    return {"ok": failed == 0 and leaked == 0 and result["left"]["clean"], **counts,
             "settings": {k: v for k, v in vars(args).items() if k not in ("results_dir", "out_dir", "no_save")},
             "model": MULTITURN_MODEL, **result}
 
@@ -244,7 +246,7 @@ def run(args: argparse.Namespace) -> dict:
     res = asyncio.run(soak(args))
     o = res["outcomes"]
     print(f"{res['requests']} requests: " + ", ".join(f"{k} {v}" for k, v in o.items())
-          + f"; clean errors by kind {res['clean_errors_by_kind']}; kills {len(res['events'])}; "
+          + f"; errors by kind {res['errors_by_kind']}; kills {len(res['events'])}; "
           f"left at the end {res['left']['final']} (clean: {res['left']['clean']})", flush=True)
     if not args.no_markdown:
         from bench.lib.chaos_report import publish

@@ -19,6 +19,12 @@ def test_the_exact_answer_with_done_is_identical():
     assert classify(rec(), ANSWER) is Outcome.IDENTICAL
 
 
+def test_a_valid_request_refused_with_a_4xx_is_a_failure_not_a_retry():
+    assert classify(rec("", done=False, error="HTTP 404: model_not_found"), ANSWER) is Outcome.REFUSED
+    assert classify(rec("", done=False, error="HTTP 400: bad"), ANSWER) is Outcome.REFUSED
+    assert classify(rec("", done=False, error="HTTP 429: busy"), ANSWER) is Outcome.CLEAN_ERROR
+
+
 def test_errors_the_client_saw_are_clean_even_after_some_text():
     assert classify(rec("", done=False, error="HTTP 503: busy"), ANSWER) is Outcome.CLEAN_ERROR
     assert classify(rec("the quick", done=False, error='stream error: {"message": "worker died"}'),
@@ -45,17 +51,18 @@ def test_tally_counts_every_outcome_and_lists_the_silent_ones():
     records = [rec(), rec(index=1, text="b", done=False, error="HTTP 503: x"),
                rec(index=1, text="b", done=False, error="HTTP 503: y"), rec("the quick")]
     t = tally(records, {0: ANSWER, 1: "b c"})
-    assert t["outcomes"] == {"identical": 1, "clean_error": 2, "truncated": 1, "wrong_text": 0, "hung": 0}
-    assert t["clean_errors_by_kind"] == {"HTTP 503": 2}
-    assert [(s["index"], s["outcome"]) for s in t["silent_failures"]] == [(0, "truncated")]
+    assert t["outcomes"] == {"identical": 1, "clean_error": 2, "refused": 0, "truncated": 1, "wrong_text": 0,
+                             "hung": 0}
+    assert t["errors_by_kind"] == {"HTTP 503": 2}
+    assert [(s["index"], s["outcome"]) for s in t["failures"]] == [(0, "truncated")]
 
 
 def test_the_report_shows_every_count_kill_and_leftover():
     from bench.lib.chaos_report import results_markdown
 
-    r = {"ok": False, "requests": 5, "outcomes": {"identical": 3, "clean_error": 1, "truncated": 1, "wrong_text": 0,
-                                                  "hung": 0},
-         "clean_errors_by_kind": {"HTTP 503": 1},
+    r = {"ok": False, "requests": 5, "outcomes": {"identical": 3, "clean_error": 1, "refused": 0, "truncated": 1,
+                                                  "wrong_text": 0, "hung": 0},
+         "errors_by_kind": {"HTTP 503": 1},
          "settings": {"duration_s": 600, "interval_s": [20, 40], "streams": 6, "kv_backend": "nixl",
                       "worker_arg": ["--compile=off"], "read_timeout_s": 60},
          "events": [{"process": "decode-1", "signal": "SIGKILL", "back_after_s": 30.0},
