@@ -123,7 +123,7 @@ class Soak:
                 return
             await asyncio.sleep(wait)
             busy = {e["process"] for e in self.events if "back_after_s" not in e and "restart_error" not in e}
-            up = [p for p in self.procs if p.name not in busy and p.alive()]
+            up = [p for p in self.procs if p.name not in busy and p.name not in self.args.spare and p.alive()]
             if not up:
                 continue
             victim, sig = self.rng.choice(up), self.rng.choice(list(SIGNALS))
@@ -229,6 +229,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-len", type=int, nargs=2, default=(64, 600), metavar=("LO", "HI"))
     p.add_argument("--output-len", type=int, default=48)
     p.add_argument("--seed", type=int, default=21)
+    p.add_argument("--spare", nargs="*", default=[], metavar="NAME",
+                   help="processes never killed (e.g. decode-0: its fds and RSS then show growth under churn)")
     p.add_argument("--worker-arg", action="append", default=None,
                    help="extra `tandem worker` flags (default --compile=off: restarts in seconds)")
     p.add_argument("--term-grace-s", type=float, default=45.0, help="after SIGTERM, SIGKILL past this")
