@@ -105,6 +105,18 @@ INVALID = [
      ["spec.decode.tolerations[0]", "operator Exists must not set value"]),
     ("toleration-bad-effect", _with("prefill.tolerations", [{"key": "k", "effect": "Sometimes"}]),
      ["spec.prefill.tolerations[0].effect"]),
+    # Parallelism: the numbers are in the message (messageExpression), per role.
+    ("gpus-not-tensor-over-nodes", _with("decode.parallelism", {"tensor": 8, "nodes": 2}),
+     ["spec.decode", "decode.gpus is 1 but parallelism tensor 8 over 2 node(s) needs 4 GPUs per pod"]),
+    ("tensor-not-a-multiple-of-nodes", _with("prefill.parallelism", {"tensor": 3, "nodes": 2}),
+     ["spec.prefill.parallelism", "prefill.parallelism: tensor 3 is not a multiple of nodes 2"]),
+    ("zero-tensor", _with("decode.parallelism", {"tensor": 0}), ["spec.decode.parallelism.tensor"]),
+    ("too-many-nodes", _with("decode.parallelism", {"tensor": 32, "nodes": 17}),
+     ["spec.decode.parallelism.nodes"]),
+    ("topology-key-on-one-node", _with("decode.parallelism", {"topologyKey": "example.com/rack"}),
+     ["spec.decode.parallelism", "topologyKey applies only to a group that spans nodes"]),
+    ("topology-key-not-a-label", _with("decode.parallelism", {"nodes": 1, "topologyKey": "a rack"}),
+     ["spec.decode.parallelism.topologyKey"]),
 ]
 
 

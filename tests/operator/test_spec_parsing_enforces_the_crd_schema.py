@@ -16,6 +16,7 @@ from tandem.operator.spec import InferenceServiceSpec, SpecError
 
 ROLE = {
     "replicas": 2, "gpus": 1, "cpu": "4", "memory": "64Gi", "shmSize": "8Gi",
+    "parallelism": {"tensor": 2, "nodes": 2, "topologyKey": "example.com/rack"},
     "nodeSelector": {"pool": "p"},
     "tolerations": [{"key": "k", "operator": "Equal", "value": "v", "effect": "NoSchedule",
                      "tolerationSeconds": 5}],
