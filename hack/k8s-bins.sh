@@ -45,10 +45,10 @@ BIN_DIR="$KEY_DIR/bin"
 # The LWS controller has its own key (a new LWS version must not rebuild Kubernetes); BIN_DIR
 # holds links to it, so the tests still see one dir. lws-crds.yaml and lws-webhooks.yaml are
 # copied from the module: the CRDs to install and the webhook configurations to point at it.
-LWS_RECIPE=r1
+LWS_RECIPE=r2  # r2: every CRD the controller watches (LeaderWorkerSet and DisaggregatedSet)
 LWS_DIR="$CACHE_ROOT/k8s/lws-${LWS_VERSION}_${OS}-${ARCH}_${LWS_RECIPE}/bin"
 LWS_FILES=(lws-controller lws-crds.yaml lws-webhooks.yaml)
-LWS_CRD_FILE=config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml
+LWS_CRD_DIR=config/crd/bases  # the controller also runs a DisaggregatedSet controller: both CRDs
 # The pod webhooks' objectSelector comes from these kustomize patches (kept as the module has them).
 LWS_WEBHOOK_FILES=(config/webhook/manifests.yaml config/webhook/mutating-patch.yaml
   config/webhook/validating-patch.yaml)
@@ -223,7 +223,10 @@ build_lws() {
     sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
   mkdir -p "$LWS_DIR"
   log "writing lws-crds.yaml and lws-webhooks.yaml from sigs.k8s.io/lws@$LWS_VERSION"
-  cp "$dir/$LWS_CRD_FILE" "$STAGE/lws-crds.yaml"
+  for f in "$dir/$LWS_CRD_DIR"/*.yaml; do
+    cat "$f"
+    echo "---"
+  done >"$STAGE/lws-crds.yaml"
   for f in "${LWS_WEBHOOK_FILES[@]}"; do
     echo "# $f"
     cat "$dir/$f"

@@ -27,7 +27,13 @@ from tandem.operator import apply
 from tandem.operator.autoscaling.planner import Decision
 from tandem.operator.autoscaling.status import render_replicas, scaling_status
 from tandem.operator.config import OperatorConfig
-from tandem.operator.render import endpoint, generation_hash, internal_secret, render
+from tandem.operator.render import (
+    endpoint,
+    generation_hash,
+    internal_secret,
+    render,
+    stale_workloads,
+)
 from tandem.operator.spec import InferenceServiceSpec, SpecError
 from tandem.operator.status import KVProbe, compute_status, same_status
 
@@ -158,6 +164,8 @@ def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config
         manifests = render(meta, spec, config, render_replicas(spec, body.get("status")))
         applied = apply.apply_all(api, manifests)
         result = dataclasses.replace(applied, created=result.created + applied.created)
+    if not result.error:  # a role that changed kind (Deployment <-> LeaderWorkerSet): the old one goes
+        result = _prune(api, meta, spec, result)
     if result.created or result.updated or result.error:
         log.info("applied %s/%s in %.2fs: %d created, %d updated%s", meta["namespace"], meta["name"],
                  time.monotonic() - t0, len(result.created), len(result.updated),
@@ -176,6 +184,16 @@ def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config
         reason = "DriftCorrected" if drift else "Updated"
         event("Normal", reason, "updated " + ", ".join(result.updated))
     return result
+
+
+def _prune(api: client.ApiClient, meta: dict, spec: InferenceServiceSpec,
+           result: apply.ApplyResult) -> apply.ApplyResult:
+    try:
+        deleted = apply.prune(api, meta["uid"], stale_workloads(meta, spec))
+    except Exception as e:  # the API server failing: the next pass prunes
+        log.warning("pruning the old workloads of %s/%s failed: %s", meta["namespace"], meta["name"], e)
+        return result
+    return dataclasses.replace(result, updated=result.updated + [f"{r} (deleted)" for r in deleted])
 
 
 def refresh_status(api: client.ApiClient, namespace: str, name: str, config: OperatorConfig,

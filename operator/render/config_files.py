@@ -57,6 +57,11 @@ def worker_config(name: str, role: str, spec: InferenceServiceSpec) -> dict[str,
         "log_format": "json",
         **drain_times(spec, role),
     }
+    tensor = spec.role(role).parallelism.tensor
+    if tensor > 1:
+        # `tandem worker --tensor-parallel`: the group's ranks; a group that spans nodes finds its
+        # share of them and its leader from the LeaderWorkerSet's LWS_* variables.
+        cfg["tensor_parallel"] = tensor
     if engine.kv_blocks is not None:
         cfg["num_blocks"] = engine.kv_blocks
     if engine.kv_memory_fraction is not None:

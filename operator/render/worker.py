@@ -63,9 +63,16 @@ def worker_deployment(meta: dict, spec: InferenceServiceSpec, role: str, config:
     return deployment(meta, role, replicas, pod_labels, config_hash, pod, rollout)
 
 
-def worker_service(meta: dict, role: str) -> Manifest:
-    """Headless Service per worker role: DNS records for discovery, no load balancing."""
-    return service(meta, role, WORKER_PORT, clusterIP="None")
+def worker_service(meta: dict, spec: InferenceServiceSpec, role: str) -> Manifest:
+    """Headless Service per worker role: DNS records for discovery, no load balancing.
+
+    For a role whose groups span nodes it is also the pods' subdomain (the LeaderWorkerSet's name):
+    followers find their leader by its DNS name before any pod is Ready, so it publishes them all.
+    """
+    head: dict[str, Any] = {"clusterIP": "None"}
+    if spec.role(role).parallelism.spans_nodes:
+        head["publishNotReadyAddresses"] = True
+    return service(meta, role, WORKER_PORT, **head)
 
 
 def worker_pod_spec(name: str, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
