@@ -150,6 +150,10 @@ def role_condition(role: str, obs: RoleObservation, desired: int) -> dict[str, s
     if obs.ready >= desired:
         return condition(type_, "True", "AllReplicasReady", f"{obs.ready}/{desired} {role} {unit} ready")
     problem = _pod_problem(obs.pods + obs.followers)
+    if problem and problem[0] == "Unschedulable" and obs.group_size > 1:
+        # The scheduler speaks of one pod; the numbers that matter are the group's.
+        problem = (problem[0], f"a {role} group needs {obs.group_size} distinct nodes of its pool, each with "
+                   f"room for one of its pods; {problem[1]}")
     if obs.ready > 0:
         msg = f"{obs.ready}/{desired} {role} {unit} ready"
         if problem:

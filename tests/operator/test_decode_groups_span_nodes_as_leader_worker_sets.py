@@ -164,3 +164,19 @@ def test_a_two_node_decode_group_is_placed_together_ready_as_one_and_scaled_by_g
     assert gone["items"] == [] or all(i["metadata"].get("deletionTimestamp") for i in gone["items"])
     wait_until(lambda: all(LWS_GROUP_INDEX not in (p.metadata.labels or {}) for p in _decode_pods(api, namespace, name)),
                timeout=60, what="the groups' pods gone")
+
+
+def test_a_group_larger_than_its_pool_is_reported_with_the_numbers(k8s, api, start_operator, namespace):
+    """The default decode pool has two nodes: a group of three cannot be placed, and status says why."""
+    start_operator()
+    name = "toolarge"
+    bad = spec()
+    bad["decode"] |= {"gpus": 1, "parallelism": {"tensor": 3, "nodes": 3},
+                      "nodeSelector": {POOL_LABEL: "decode"}}
+    client.CustomObjectsApi(api).create_namespaced_custom_object(*GVP[:2], namespace, GVP[2], {
+        "apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": name}, "spec": bad})
+    tis = wait_until(lambda: (t := _tis(api, namespace, name)) and _cond(t, "DecodeReady").get("reason") == "Unschedulable"
+                     and t, timeout=90, what="DecodeReady reason Unschedulable")
+    message = _cond(tis, "DecodeReady")["message"]
+    assert "a decode group needs 3 distinct nodes of its pool" in message, message
+    assert "cannot be scheduled" in message and _cond(tis, "Ready")["reason"] == "Unschedulable"
