@@ -37,6 +37,8 @@ PATHS: dict[tuple[str, str], str] = {
     ("v1", "ConfigMap"): "/api/v1/namespaces/{namespace}/configmaps/{name}",
     ("v1", "Service"): "/api/v1/namespaces/{namespace}/services/{name}",
     ("v1", "ServiceAccount"): "/api/v1/namespaces/{namespace}/serviceaccounts/{name}",
+    ("v1", "PersistentVolumeClaim"): "/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}",
+    ("batch/v1", "Job"): "/apis/batch/v1/namespaces/{namespace}/jobs/{name}",
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"):
         "/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets/{name}",

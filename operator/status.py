@@ -190,13 +190,17 @@ def desired_replicas(spec: InferenceServiceSpec | None, obs: Observation,
 
 
 def compute_conditions(spec: InferenceServiceSpec | None, obs: Observation,
-                       scaling: Scaling | None = None) -> list[dict[str, str]]:
+                       scaling: Scaling | None = None,
+                       model: dict[str, str] | None = None) -> list[dict[str, str]]:
     """All conditions, without timestamps: Ready first, then per role, then KVTransferReady, then
-    Autoscaling when the spec asks for autoscaling."""
+    ModelReady (when known: tandem.operator.model_check), then Autoscaling when the spec asks for it.
+    A model that cannot be served (ModelReady False) makes Ready False with its reason."""
     desired = desired_replicas(spec, obs, scaling)
     roles = [role_condition(r, obs.roles.get(r, RoleObservation()), desired[r]) for r in COMPONENTS]
     if obs.spec_error:
         ready = condition("Ready", "False", "InvalidSpec", obs.spec_error)
+    elif model is not None and model["status"] == "False":
+        ready = condition("Ready", "False", model["reason"], model["message"])
     elif obs.apply_error:
         ready = condition("Ready", "False", "ApplyFailed", obs.apply_error)
     else:
@@ -208,7 +212,7 @@ def compute_conditions(spec: InferenceServiceSpec | None, obs: Observation,
             reason = min((c["reason"] for c in failing), key=_urgency)
             ready = condition("Ready", "False", reason, "; ".join(c["message"] for c in failing))
     autoscaling = [scaling.condition] if scaling is not None else []
-    return [ready, *roles, kv_condition(spec, obs.kv_probes), *autoscaling]
+    return [ready, *roles, kv_condition(spec, obs.kv_probes), *([model] if model else []), *autoscaling]
 
 
 def _plural(n: int, word: str) -> str:
@@ -292,16 +296,19 @@ def compute_status(
     endpoint: str | None,
     generation_label: str | None,
     scaling: Scaling | None = None,
+    model: tuple[dict[str, Any] | None, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The whole status object to write; equal to old_status when nothing changed.
 
     spec is None when the operator cannot read it (obs.spec_error says why); endpoint and
-    generation_label None leave those fields out; scaling is None without spec.autoscaling.
+    generation_label None leave those fields out; scaling is None without spec.autoscaling;
+    model is (status.model, the ModelReady condition) when known.
     """
     old_status = old_status or {}
     desired = desired_replicas(spec, obs, scaling)
-    conditions = stamp(compute_conditions(spec, obs, scaling), old_status.get("conditions"), now,
-                       observed_generation)
+    model_status, model_condition = model if model is not None else (None, None)
+    conditions = stamp(compute_conditions(spec, obs, scaling, model_condition), old_status.get("conditions"),
+                       now, observed_generation)
     status: dict[str, Any] = {"conditions": conditions}
     if observed_generation is not None:
         status["observedGeneration"] = observed_generation
@@ -323,6 +330,8 @@ def compute_status(
         status["endpoint"] = endpoint
     if generation_label is not None:
         status["generation"] = generation_label
+    if model_status is not None:
+        status["model"] = model_status
     return status
 
 

@@ -4,6 +4,8 @@
 defaulted) and returns every child, all in the CR's namespace, in apply order:
 
   ConfigMap   <name>-config           engine config per role + router config   config_files.py
+  PersistentVolumeClaim <name>-weights, Job <name>-weights-<hash>: a hub model's shared cache
+                                      and its one download (model.cache.pvc)  weights.py
   ServiceAccount/Role/RoleBinding <name>-router: list/watch pods, EndpointSlices router.py
   Service     <name>-prefill/-decode  headless, for discovery                 worker.py
   Service     <name>-router           the endpoint                            router.py
@@ -33,6 +35,7 @@ from tandem.operator.render.identity import generation_hash, image_ref, short_ha
 from tandem.operator.render.objects import Manifest, names
 from tandem.operator.render.router import endpoint, router_deployment, router_rbac, router_service
 from tandem.operator.render.trust import internal_secret, network_policy
+from tandem.operator.render.weights import weights_children
 from tandem.operator.render.worker import worker_deployment, worker_pod_spec, worker_service
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
 
@@ -65,6 +68,7 @@ def render(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig,
     policy = [network_policy(meta, spec, config)] if spec.network_policy.enabled else []
     return [
         configmap(meta, files),
+        *weights_children(meta, spec, config),
         *router_rbac(meta),
         *(worker_service(meta, spec, role) for role in WORKER_ROLES),
         router_service(meta, spec),

@@ -1,6 +1,7 @@
 """The chart's RBAC grants exactly the operator's calls: cluster-wide by default, per watched
-namespace when asked, never a wildcard, a Secret read, a delete, or a pod made or removed (pods
-are only annotated: the pods a scale-down removes). (That nothing is
+namespace when asked, never a wildcard, a Secret read, a pod made or removed (pods are only
+annotated: the pods a scale-down removes), or a delete but of a worker role's own workload when it
+changes kind (a Deployment <-> a LeaderWorkerSet, when its groups start or stop spanning nodes). (That nothing is
 missing is proved by the end-to-end test, which runs the operator with these rules.)"""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ EXPECTED = {
     ("tandem.dev", "inferenceservices"): {"get", "list", "watch", "patch"},
     ("tandem.dev", "inferenceservices/status"): {"patch"},
     # server-side apply: PATCH, plus `create` when the PATCH creates the object
-    ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "list", "create", "patch", "delete"},
     ("", "services"): {"get", "list", "create", "patch"},
     ("", "configmaps"): {"get", "create", "patch"},
     ("", "serviceaccounts"): {"get", "create", "patch"},
@@ -23,10 +25,14 @@ EXPECTED = {
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"},
     ("", "secrets"): {"create"},  # each service's internal secret, created once; never read
     ("", "pods"): {"get", "list", "watch", "patch"},  # patch: the scale-down's pod-deletion-cost
-    ("apps", "replicasets"): {"get"},  # held to grant the router's Role (owner-chain discovery)
+    # held to grant the router's Role (owner-chain discovery)
+    ("apps", "replicasets"): {"get"},
+    ("apps", "statefulsets"): {"get"},
     ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
     ("", "events"): {"create"},
 }
+# The only kinds the operator deletes: a role's workload of the kind it no longer uses.
+WORKLOADS = {"deployments", "leaderworkersets"}
 FRAMEWORK = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 
 
@@ -82,7 +88,9 @@ def test_nothing_beyond_the_operators_calls(helm_bin: Path) -> None:
         for (_group, resource), verbs in grants(role).items():
             if resource == "secrets":
                 assert verbs == {"create"}  # never get, list or watch: no Secret is ever read
-            assert "delete" not in verbs and "deletecollection" not in verbs
+            if resource not in WORKLOADS:
+                assert "delete" not in verbs
+            assert "deletecollection" not in verbs
             assert not {"escalate", "bind", "impersonate"} & verbs
             if resource == "pods":
                 assert verbs == {"get", "list", "watch", "patch"}  # never makes or removes pods

@@ -29,6 +29,11 @@ ROLE = {
 # Every field set (CEL rules are the API server's, so all model sources at once parse here).
 FULL = {
     "model": {"path": "/m", "hostPath": "/h", "pvc": {"claimName": "c", "subPath": "s"}, "hub": "org/m",
+              "revision": "v1.0", "tokenSecretRef": {"name": "hf", "key": "token"},
+              "cache": {"pvc": {"size": "10Gi", "storageClassName": "nfs", "accessMode": "ReadWriteMany"},
+                        "hostPath": {"path": "/var/cache/tandem"}, "emptyDir": {"sizeLimit": "40Gi"}},
+              "image": {"reference": "registry.io/models/llama:1", "pullPolicy": "IfNotPresent",
+                        "path": "/models"},
               "dtype": "bfloat16", "maxModelLen": 2048, "servedName": "m"},
     "prefill": ROLE,
     "decode": copy.deepcopy(ROLE),  # its own copy: a case changes one role only
