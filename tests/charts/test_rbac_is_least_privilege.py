@@ -23,6 +23,8 @@ EXPECTED = {
     ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"},
+    ("", "persistentvolumeclaims"): {"get", "create", "patch"},  # a hub model's shared cache
+    ("batch", "jobs"): {"get", "create", "patch"},  # its download, once per commit
     ("", "secrets"): {"create"},  # each service's internal secret, created once; never read
     ("", "pods"): {"get", "list", "watch", "patch"},  # patch: the scale-down's pod-deletion-cost
     # held to grant the router's Role (owner-chain discovery)
@@ -99,3 +101,14 @@ def test_nothing_beyond_the_operators_calls(helm_bin: Path) -> None:
 def test_rbac_can_be_left_to_the_user(helm_bin: Path) -> None:
     objs = render(helm_bin, **{"rbac.create": False})
     assert not [o for o in objs if o["apiVersion"].startswith("rbac.authorization.k8s.io")]
+
+
+def test_hub_token_secrets_are_read_by_name_only(helm_bin: Path) -> None:
+    """With hub.tokenSecrets the operator may `get` exactly those Secrets, nothing else of them."""
+    objs = render(helm_bin, release="rel", namespace="ops", **{"hub.tokenSecrets": ["hf-token", "hf-other"]})
+    (role,) = [r for r in find(objs, "ClusterRole") if not r["metadata"]["name"].endswith("framework")]
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["hf-token", "hf-other"],
+                      "verbs": ["get"]}]
+    others = [r for r in role["rules"] if "secrets" in r["resources"] and not r.get("resourceNames")]
+    assert [r["verbs"] for r in others] == [["create"]]

@@ -121,6 +121,21 @@ InferenceService through owner references and the garbage collector.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "create", "patch"]
+# A hub model's shared cache (model.cache.pvc): its claim and the download Job per commit.
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "create", "patch"]
+{{- with .Values.hub.tokenSecrets }}
+# model.tokenSecretRef: the hub token of a gated model, read to resolve its revision and read its
+# config.json; only these names.
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: {{ toJson . }}
+  verbs: ["get"]
+{{- end }}
 # Each service's internal secret (router <-> workers) is created once, if absent. Create only:
 # the operator never reads, lists or changes a Secret.
 - apiGroups: [""]
