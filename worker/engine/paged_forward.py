@@ -129,7 +129,7 @@ class PagedForward:
         if st.decode_only and self.kernels.decode_step is not None:
             with torch.compiler.set_stance(RECOMPILE_STANCE):
                 logits, argmax, new_kv = self.kernels.decode_step(st.ids, st.positions, st.tables, self.pool)
-            self.pool[st.slot_blocks, :, :, st.slot_offsets] = new_kv
+            self.pool[st.slot_blocks, :, :, :, st.slot_offsets] = new_kv
             if len(st.sample_rows) == len(items):
                 return StepLogits(logits, argmax)
             rows = torch.tensor(st.sample_rows, device=self.device)
@@ -144,9 +144,9 @@ class PagedForward:
         lens = st.positions[dec] + 1 if dec is not None else None
         for li, layer in enumerate(w.layers):
             q, k, v = layers.qkv(w, layer, h, cos, sin)
-            pool_layer = pool[:, li]
-            pool_layer[st.slot_blocks, 0, st.slot_offsets] = k
-            pool_layer[st.slot_blocks, 1, st.slot_offsets] = v
+            pool_layer = pool[:, :, li]
+            pool_layer[st.slot_blocks, :, 0, st.slot_offsets] = k
+            pool_layer[st.slot_blocks, :, 1, st.slot_offsets] = v
             out = torch.empty_like(q)
             if dec is not None:
                 with torch.compiler.set_stance(RECOMPILE_STANCE):
