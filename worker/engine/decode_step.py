@@ -41,7 +41,7 @@ class DecodeStep(nn.Module):
         Returns logits [B, vocab] (float32), their argmax [B] (greedy rows need nothing else)
         and the new K/V [B, kv_heads, layers, 2, d] (the pool's order)."""
         w = self.w
-        h = w.embed[ids]
+        h = w.embed(ids)
         cos, sin = w.cos[positions], w.sin[positions]
         new_kv = []
         for li, layer in enumerate(w.layers):
