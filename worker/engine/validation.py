@@ -18,6 +18,7 @@ from tandem.contracts.protocol import (
     top_k_valid,
 )
 from tandem.worker.engine.errors import RequestError
+from tandem.worker.engine.sampling_checks import check_controls
 
 SEED_RANGE = (-(2**63), 2**64)  # what a 64-bit seed can hold, signed or not
 
@@ -65,6 +66,7 @@ def check_sampling(p: SamplingParams, vocab_size: int) -> None:
         raise _bad(f"stop_token_ids must be token ids in [0, {vocab_size})", "stop_token_ids")
     if not isinstance(p.ignore_eos, bool):
         raise _bad("ignore_eos must be true or false", "ignore_eos")
+    check_controls(p, vocab_size)
 
 
 def tokenize(tokenizer: Any, req: GenerateRequest, vocab_size: int) -> list[int]:
