@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tandem.contracts.json_body import BodyError, decode_json
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER
+from tandem.router import tokenize_api
 from tandem.router.config import RouterConfig
 from tandem.router.errors import RouterError, bad_request, no_worker
 from tandem.router.kv_feed import KVEventFeed
@@ -275,6 +276,17 @@ class Router:
         if ids is not None:
             parsed.prompt_token_ids, parsed.prompt, parsed.messages = ids, None, None
 
+    def _default_max_tokens(self, parsed: ParsedRequest) -> None:
+        """A request naming no max_tokens may generate the rest of the context (within the limit and
+        the configured default); without the prompt's tokens, the worker stops at the context."""
+        if parsed.max_tokens_given or self.limits.default_max_tokens is not None:
+            return
+        assert self.pool is not None
+        context = self.pool.max_model_len()
+        if context is not None and parsed.prompt_token_ids is not None:
+            rest = max(1, context - len(parsed.prompt_token_ids))
+            parsed.sampling.max_tokens = min(rest, self.limits.max_tokens_limit)
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, Endpoint.CHAT)
 
@@ -302,6 +314,7 @@ class Router:
                     raise no_worker("no worker is ready yet; retry shortly.")
                 check_model(parsed.model, served)
                 await self._tokenize(parsed)
+                self._default_max_tokens(parsed)
                 shape = ResponseShape(
                     endpoint, request_id, parsed.model, int(time.time()), parsed.include_usage
                 )
@@ -349,4 +362,5 @@ def build_app(config: RouterConfig, discovery: Any = None) -> web.Application:
     app.router.add_get("/health", router.health)
     app.router.add_get("/ready", router.ready)
     app.router.add_get("/metrics", router.metrics_endpoint)
+    tokenize_api.add_routes(app, router)  # POST /tokenize, /detokenize
     return app

@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens-limit", type=int, default=None,
                         help=f"most output tokens one request may ask for (default {d.max_tokens_limit})")
     parser.add_argument("--default-max-tokens", type=int, default=None,
-                        help=f"output tokens when a request names none (default {d.default_max_tokens})")
+                        help="output tokens when a request names none (default: the rest of the context, "
+                        "within --max-tokens-limit)")
     parser.add_argument("--max-prompt-tokens", type=int, default=None,
                         help="longest prompt accepted, in tokens (default: the model's context)")
     parser.add_argument("--short-prompt-threshold", type=int, default=None,

@@ -38,7 +38,7 @@ class RouterConfig:
     internal_secret: str | None = field(default=None, repr=False)
     max_body_bytes: int = 4 * 1024 * 1024
     max_tokens_limit: int = 4096
-    default_max_tokens: int = 256
+    default_max_tokens: int | None = None  # None: the rest of the context (within max_tokens_limit), as vLLM
     max_prompt_tokens: int | None = None
     max_stop_chars: int = 256  # longest stop string accepted
     short_prompt_threshold: int = 0  # prompt tokens; 0 sends every prompt through prefill

@@ -28,7 +28,7 @@ from tandem.router.orchestrator import (
     Started,
     Tokens,
 )
-from tandem.router.sse import DONE, ResponseShape, frame
+from tandem.router.sse import DONE, ResponseShape, frame, logprobs_body
 from tandem.router.validation import Endpoint, ParsedRequest
 
 log = logging.getLogger("tandem.router")
@@ -49,6 +49,7 @@ class Responder:
                        t0: float) -> web.Response:
         """The non-streaming answer: every token collected, then one body."""
         texts: list[str] = []
+        logprobs: list[dict] = []
         first = True
         events = self.orchestrator.run(parsed, ctx)
         try:
@@ -58,8 +59,10 @@ class Responder:
                         self.metrics.ttft.observe(time.monotonic() - t0)
                         first = False
                     texts.append(ev.text)
+                    logprobs.extend(ev.logprobs or ())
                 elif isinstance(ev, Finished):
-                    body = shape.full("".join(texts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens)
+                    lp = logprobs_body(shape.endpoint, logprobs) if parsed.sampling.logprobs is not None else None
+                    body = shape.full("".join(texts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens, lp)
                     return web.json_response(body, headers={REQUEST_ID_HEADER: ctx.request_id})
         finally:
             await events.aclose()
@@ -91,6 +94,7 @@ class Responder:
         """The SSE answer and its status for the metrics (499: the client left or stopped reading)."""
         resp: web.StreamResponse | None = None
         last: float | None = None
+        chars = 0  # text sent so far: completions' logprobs text_offset counts from it
         events = self.orchestrator.run(parsed, ctx)
         try:
             async for ev in events:
@@ -107,8 +111,10 @@ class Responder:
                     now = time.monotonic()
                     (self.metrics.ttft if last is None else self.metrics.itl).observe(now - (last or t0))
                     last = now
-                    if ev.text:
-                        await self._bounded(request, resp.write(frame(shape.chunk(ev.text))))
+                    if ev.text or ev.logprobs:
+                        lp = logprobs_body(shape.endpoint, ev.logprobs, chars) if ev.logprobs else None
+                        await self._bounded(request, resp.write(frame(shape.chunk(ev.text, logprobs=lp))))
+                        chars += len(ev.text)
                 elif isinstance(ev, Finished) and resp is not None:
                     await self._finish(request, resp, shape, ev)
                     self.metrics.e2e.observe(time.monotonic() - t0)

@@ -27,6 +27,26 @@ def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+def _chat_entry(e: dict[str, Any]) -> dict[str, Any]:
+    token = e["token"]
+    return {"token": token, "logprob": e["logprob"], "bytes": list(token.encode("utf-8", "replace"))}
+
+
+def logprobs_body(endpoint: Endpoint, entries: list[dict[str, Any]], offset: int = 0) -> dict[str, Any]:
+    """OpenAI's logprobs object for tokens' wire entries (TokenLogprobs.to_wire): chat's `content`
+    list, or completions' parallel lists (`text_offset` counts from `offset` characters)."""
+    if endpoint is Endpoint.CHAT:
+        return {"content": [_chat_entry(e) | {"top_logprobs": [_chat_entry(t) for t in e["top"]]}
+                            for e in entries]}
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top"]} for e in entries],
+            "text_offset": offsets}
+
+
 @dataclass
 class ResponseShape:
     """What every body of one response shares: id, creation time, model and endpoint."""
@@ -49,18 +69,20 @@ class ResponseShape:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def chunk(
-        self, text: str | None, finish_reason: str | None = None, role: bool = False
+        self, text: str | None, finish_reason: str | None = None, role: bool = False,
+        logprobs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """A streamed delta; `role` marks the chat stream's first chunk."""
+        """A streamed delta; `role` marks the chat stream's first chunk; `logprobs` (logprobs_body)
+        those of the delta's tokens."""
         if self.endpoint is Endpoint.CHAT:
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None}
+            choice = {"index": 0, "text": text or "", "logprobs": logprobs}
         choice["finish_reason"] = finish_reason
         body = self._base(chunk=True) | {"choices": [choice]}
         if self.include_usage:
@@ -75,18 +97,19 @@ class ResponseShape:
         }
 
     def full(
-        self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
+        self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
+        logprobs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The whole non-streaming response."""
         if self.endpoint is Endpoint.CHAT:
             choice: dict[str, Any] = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return self._base(chunk=False) | {
             "choices": [choice],
             "usage": usage_dict(prompt_tokens, completion_tokens),

@@ -94,6 +94,10 @@ class RouterTokenizer:
         return cls.from_files({name: (path / name).read_text() for name in TOKENIZER_FILES
                                if (path / name).is_file()})
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Text without the special tokens a prompt gets."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
     def encode_prompt(self, text: str) -> list[int]:
         """A completion prompt: special tokens as the tokenizer's post-processor adds them."""
         return self.tokenizer.encode(text, add_special_tokens=True).ids
@@ -114,3 +118,10 @@ class RouterTokenizer:
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         """Chat messages through the template; the template writes the special tokens itself."""
         return self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        """Token ids back to text, special tokens skipped (as the workers' streamed text is)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)

@@ -77,10 +77,23 @@ def test_completion_prompt_forms(prompt, text, ids):
         ({"n": 0}, "n"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "auto"}, "tool_choice"),
-        ({"logprobs": True}, "logprobs"),
-        ({"top_logprobs": 2}, "logprobs"),
-        ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"logprobs": "yes"}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"min_tokens": 101}, "min_tokens"),
+        ({"logit_bias": {"abc": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "objectx"}}}},
+         "response_format"),
+        ({"guided_regex": "[a-"}, "guided_regex"),
+        ({"guided_json": {"type": "object"}, "guided_regex": "a"}, "guided_regex"),
+        ({"structured_outputs": {"json": {}, "regex": "a"}}, "structured_outputs"),
+        ({"messages": [{"role": "user", "content": "x", "audio": {"id": "a"}}]}, "messages"),
         ({"user": 5}, "user"),
         ({"messages": []}, "messages"),
         ({"messages": [{"content": "no role"}]}, "messages"),
@@ -98,7 +111,7 @@ def test_bad_chat_parameters_are_400_naming_the_parameter(extra, param):
 
 @pytest.mark.parametrize(
     ("extra", "param"),
-    [({"prompt": 5}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"), ({"logprobs": 1}, "logprobs"),
+    [({"prompt": 5}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"), ({"logprobs": 21}, "logprobs"), ({"prompt": [2**63]}, "prompt"),
      ({"echo": True}, "echo"), ({"best_of": 2}, "best_of"), ({"suffix": "x"}, "suffix")],
 )
 def test_bad_completion_parameters_are_400(extra, param):
