@@ -97,7 +97,7 @@ class WorkerPool:
         if self.served_model:
             return self.served_model
         for e in self._entries.values():
-            if e.info is not None:
+            if e.info is not None and e.info.model:  # a worker still loading reports ""
                 return e.info.model
         return None
 

@@ -35,6 +35,7 @@ log = logging.getLogger("tandem.router.tokenizer")
 
 WORKERS, OFF = "workers", "off"
 INLINE_CHARS = 16_384  # longer prompts are tokenized off the event loop
+MESSAGE_CHARS = 64  # what one chat message counts for in that size, content aside (its template work)
 POLLS_BEFORE_WARNING = 10  # a worker reports its digest a poll or two after it is ready
 DEGRADED = ("requests go to the workers as text, token counts are estimates, maxPromptTokens is "
             "checked once a worker tokenized the prompt, prefix-aware routing balances load only")
@@ -131,8 +132,8 @@ class TokenizerSync:
         if not self.active or self.tokenizer is None or req.prompt_token_ids is not None:
             return None
         tok = self.tokenizer
-        if req.messages is not None:
-            size = sum(len(m.get("content") or "") for m in req.messages)
+        if req.messages is not None:  # each message costs template work, even an empty one
+            size = sum(len(m.get("content") or "") + MESSAGE_CHARS for m in req.messages)
             encode, arg = tok.encode_chat, req.messages
         else:
             size, encode, arg = len(req.prompt or ""), tok.encode_prompt, req.prompt or ""

@@ -25,7 +25,7 @@ from tandem.contracts.names import Role
 from tandem.contracts.protocol import NDJSON, REQUEST_ID_HEADER, EventType, StreamEvent
 from tandem.worker.engine.token_texts import TokenTexts
 from tandem.worker.server.handoff import check_source, leased_source, pull
-from tandem.worker.server.responses import claim_request, from_request_error
+from tandem.worker.server.responses import claim_request, from_request_error, make_sequence_off_loop
 from tandem.worker.server.state import WorkerState
 
 log = logging.getLogger("tandem.worker.server")
@@ -87,7 +87,7 @@ async def _queue(state: WorkerState, req: Any) -> tuple[Any, Any, bool] | web.Re
 
     rid, aeng = req.request_id, state.engine
     try:
-        seq = aeng.engine.make_sequence(req)
+        seq = await make_sequence_off_loop(aeng.engine, req)
     except RequestError as e:
         return from_request_error(e, rid)
     if seq.finished:  # the worker that sampled the last of them died before it could say so

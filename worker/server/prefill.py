@@ -21,7 +21,13 @@ from tandem.contracts.protocol import REQUEST_ID_HEADER, PrefillResult
 from tandem.worker.engine.token_texts import TokenTexts
 from tandem.worker.server.handoff import leased_source
 from tandem.worker.server.parsing import request_id_body
-from tandem.worker.server.responses import busy_response, claim_request, error_response, refused
+from tandem.worker.server.responses import (
+    busy_response,
+    claim_request,
+    error_response,
+    make_sequence_off_loop,
+    refused,
+)
 from tandem.worker.server.state import STATE_KEY, WorkerState
 
 log = logging.getLogger("tandem.worker.server")
@@ -59,7 +65,7 @@ async def prefill(request: web.Request) -> web.Response:
         return error_response(400, "this worker has no KV transport (--kv-backend none), so it cannot "
                               "act as a prefill peer", param=None, code="kv_backend_mismatch", request_id=rid)
     try:
-        seq = aeng.engine.make_sequence(req, prefill_only=True)
+        seq = await make_sequence_off_loop(aeng.engine, req, prefill_only=True)
         outputs = aeng.submit(seq)  # takes the claim over
     except RequestError as e:
         return refused(state, e, rid)
