@@ -238,6 +238,8 @@ class Router:
         self.metrics.tokenizer_active.set(int(self.tokens is not None and self.tokens.active))
         self.metrics.prefix_index_blocks.set(self.index.total_blocks() if self.index is not None else 0)
         self.metrics.kv_event_streams.set(self.index.workers() if self.index is not None else 0)
+        assert self.pool is not None
+        self.metrics.vllm.workers(self.pool.model(), self.pool.views())
         for role, c in self._counts().items():
             self.metrics.workers.labels(role, "true").set(c["ready"])
             self.metrics.workers.labels(role, "false").set(c["total"] - c["ready"])

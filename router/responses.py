@@ -51,18 +51,23 @@ class Responder:
         texts: list[str] = []
         logprobs: list[dict] = []
         first = True
+        ttft = 0.0
         events = self.orchestrator.run(parsed, ctx)
         try:
             async for ev in events:
                 if isinstance(ev, Tokens):
                     if first:
-                        self.metrics.ttft.observe(time.monotonic() - t0)
+                        ttft = time.monotonic() - t0
+                        self.metrics.ttft.observe(ttft)
+                        self.metrics.vllm.ttft.labels(parsed.model).observe(ttft)
                         first = False
                     texts.append(ev.text)
                     logprobs.extend(ev.logprobs or ())
                 elif isinstance(ev, Finished):
                     lp = logprobs_body(shape.endpoint, logprobs) if parsed.sampling.logprobs is not None else None
                     body = shape.full("".join(texts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens, lp)
+                    self.metrics.vllm.finished(parsed.model, ev.finish_reason, ev.prompt_tokens, ev.completion_tokens,
+                                               time.monotonic() - t0, None if first else ttft)
                     return web.json_response(body, headers={REQUEST_ID_HEADER: ctx.request_id})
         finally:
             await events.aclose()
@@ -95,6 +100,7 @@ class Responder:
         resp: web.StreamResponse | None = None
         last: float | None = None
         chars = 0  # text sent so far: completions' logprobs text_offset counts from it
+        ttft = 0.0
         events = self.orchestrator.run(parsed, ctx)
         try:
             async for ev in events:
@@ -109,7 +115,14 @@ class Responder:
                         await self._bounded(request, resp.write(frame(shape.chunk("", role=True))))
                 elif isinstance(ev, Tokens) and resp is not None:
                     now = time.monotonic()
-                    (self.metrics.ttft if last is None else self.metrics.itl).observe(now - (last or t0))
+                    gap = now - (last or t0)
+                    if last is None:
+                        ttft = gap
+                        self.metrics.ttft.observe(gap)
+                        self.metrics.vllm.ttft.labels(parsed.model).observe(gap)
+                    else:
+                        self.metrics.itl.observe(gap)
+                        self.metrics.vllm.itl.labels(parsed.model).observe(gap)
                     last = now
                     if ev.text or ev.logprobs:
                         lp = logprobs_body(shape.endpoint, ev.logprobs, chars) if ev.logprobs else None
@@ -118,6 +131,8 @@ class Responder:
                 elif isinstance(ev, Finished) and resp is not None:
                     await self._finish(request, resp, shape, ev)
                     self.metrics.e2e.observe(time.monotonic() - t0)
+                    self.metrics.vllm.finished(parsed.model, ev.finish_reason, ev.prompt_tokens, ev.completion_tokens,
+                                               time.monotonic() - t0, None if last is None else ttft)
                     return resp, "200"
             raise upstream_failed("the workers ended the request without finishing it")
         except (ConnectionResetError, ClientStalled) as exc:

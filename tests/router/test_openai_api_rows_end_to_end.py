@@ -141,3 +141,24 @@ def test_tokenize_and_detokenize_round_trip(client, model_name, disagg_stack):
     chat = _post(disagg_stack.url, "/tokenize", {"messages": MSG})
     r = client.chat.completions.create(model=model_name, messages=MSG, max_tokens=1)
     assert chat["count"] == r.usage.prompt_tokens
+
+
+def test_vllm_named_metrics_carry_the_model_name(api, model_name, disagg_stack, colocated_stack):
+    url = (disagg_stack if api.base_url.port == disagg_stack.port else colocated_stack).url
+    list(api.completions.create(model=model_name, prompt=LONG, max_tokens=4, stream=True, **GREEDY))
+    api.completions.create(model=model_name, prompt=LONG, max_tokens=3, **GREEDY)
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    label = f'model_name="{model_name}"'
+
+    def value(prefix: str) -> float:
+        line = next(ln for ln in text.splitlines() if ln.startswith(prefix) and label in ln)
+        return float(line.rsplit(" ", 1)[1])
+
+    for name in ("vllm:time_to_first_token_seconds_count", "vllm:e2e_request_latency_seconds_count",
+                 "vllm:inter_token_latency_seconds_count", "vllm:time_per_output_token_seconds_count",
+                 "vllm:generation_tokens_total", "vllm:prompt_tokens_total"):
+        assert value(name) > 0, name
+    assert value('vllm:request_success_total{finished_reason="length"') >= 2
+    for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert value(gauge) >= 0
