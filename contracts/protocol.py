@@ -188,6 +188,9 @@ class GenerateRequest:
     messages: list[dict[str, Any]] | None = None
     prompt_token_ids: list[int] | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # How `messages` go through the chat template (chat_options.py): add_generation_prompt,
+    # continue_final_message, chat_template_kwargs; None: the defaults (a generation prompt added).
+    chat_options: dict[str, Any] | None = None
     # Disaggregated decode: the prompt's KV is pulled from here; generated_token_ids then holds
     # exactly the prefill worker's first token.
     kv_source: KVSource | None = None

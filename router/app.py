@@ -21,6 +21,7 @@ from tandem.contracts.json_body import BodyError, decode_json
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER
 from tandem.router import tokenize_api
+from tandem.router.chat_fields import decode_echo
 from tandem.router.config import RouterConfig
 from tandem.router.errors import RouterError, bad_request, no_worker
 from tandem.router.kv_feed import KVEventFeed
@@ -315,6 +316,8 @@ class Router:
                 if served is None:  # no worker has answered yet: which model is unknown
                     raise no_worker("no worker is ready yet; retry shortly.")
                 check_model(parsed.model, served)
+                if parsed.echo_ids:
+                    parsed.echo = decode_echo(self.tokens, parsed.prompt_token_ids or [])
                 await self._tokenize(parsed)
                 self._default_max_tokens(parsed)
                 shape = ResponseShape(

@@ -258,6 +258,7 @@ class Orchestrator:
         greq = GenerateRequest(
             request_id=ctx.request_id, prompt=req.prompt, messages=req.messages,
             prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
+            chat_options=req.chat_options if req.messages is not None else None,
         )
         if p is not None:
             if p.prompt_ids is not None:

@@ -70,7 +70,7 @@ class ResponseShape:
 
     def chunk(
         self, text: str | None, finish_reason: str | None = None, role: bool = False,
-        logprobs: dict[str, Any] | None = None,
+        logprobs: dict[str, Any] | None = None, index: int = 0,
     ) -> dict[str, Any]:
         """A streamed delta; `role` marks the chat stream's first chunk; `logprobs` (logprobs_body)
         those of the delta's tokens."""
@@ -80,9 +80,9 @@ class ResponseShape:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs}
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": logprobs}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs}
         choice["finish_reason"] = finish_reason
         body = self._base(chunk=True) | {"choices": [choice]}
         if self.include_usage:
@@ -97,21 +97,14 @@ class ResponseShape:
         }
 
     def full(
-        self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
-        logprobs: dict[str, Any] | None = None,
+        self, choices: list[tuple[str, str, dict[str, Any] | None]], prompt_tokens: int, completion_tokens: int,
     ) -> dict[str, Any]:
-        """The whole non-streaming response."""
-        if self.endpoint is Endpoint.CHAT:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": finish_reason,
-            }
-        else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        return self._base(chunk=False) | {
-            "choices": [choice],
-            "usage": usage_dict(prompt_tokens, completion_tokens),
-        }
-
+        """The whole non-streaming response: (text, finish reason, logprobs body) per choice."""
+        out = []
+        for i, (text, finish_reason, logprobs) in enumerate(choices):
+            if self.endpoint is Endpoint.CHAT:
+                out.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                            "finish_reason": finish_reason})
+            else:
+                out.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish_reason})
+        return self._base(chunk=False) | {"choices": out, "usage": usage_dict(prompt_tokens, completion_tokens)}

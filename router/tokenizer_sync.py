@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from tandem.contracts.protocol import TOKENIZER_FILES, TokenizerFiles, tokenizer_digest
 from tandem.router.policies.base import WorkerView
@@ -134,9 +134,10 @@ class TokenizerSync:
         tok = self.tokenizer
         if req.messages is not None:  # each message costs template work, even an empty one
             size = sum(len(m.get("content") or "") + MESSAGE_CHARS for m in req.messages)
-            encode, arg = tok.encode_chat, req.messages
+            args: tuple = (req.messages, req.chat_options)
+            encode: Any = tok.encode_chat
         else:
-            size, encode, arg = len(req.prompt or ""), tok.encode_prompt, req.prompt or ""
+            size, encode, args = len(req.prompt or ""), tok.encode_prompt, (req.prompt or "",)
         if size <= INLINE_CHARS:
-            return encode(arg)
-        return await asyncio.to_thread(encode, arg)
+            return encode(*args)
+        return await asyncio.to_thread(encode, *args)

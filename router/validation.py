@@ -14,6 +14,7 @@ from typing import Any
 
 from tandem.contracts.json_body import INT_MAX, INT_MIN
 from tandem.contracts.protocol import SamplingParams, top_k_valid
+from tandem.router.chat_fields import chat_options, echo_text
 from tandem.router.errors import RouterError, bad_request
 from tandem.router.openai_schema import FIELDS, MESSAGE_FIELDS, Endpoint, Support, inert
 from tandem.router.sampling_fields import is_int as _is_int
@@ -24,6 +25,7 @@ __all__ = ["Endpoint", "Limits", "ParsedRequest", "check_model", "check_prompt_t
            "parse_request"]
 
 log = logging.getLogger("tandem.router")
+MAX_N = 16  # choices one request may ask for (each is a sequence on the workers)
 
 
 @dataclass
@@ -51,6 +53,10 @@ class ParsedRequest:
     include_usage: bool = False
     user: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    n: int = 1  # choices (fan_out.py)
+    chat_options: dict[str, Any] | None = None  # chat_fields.py: how messages go through the template
+    echo: str | None = None  # text `echo` puts before the output (None: not asked)
+    echo_ids: bool = False  # echo of a token-id prompt: the text is decoded once tokens are known
     max_tokens_given: bool = True  # False: the default applies (the rest of the context, app.py)
 
     def prompt_chars(self) -> int:
@@ -81,9 +87,14 @@ def _check_fields(body: dict[str, Any], endpoint: Endpoint) -> None:
         if spec.support is Support.IGNORED and value is not None and name not in _logged_fields:
             _logged_fields.add(name)
             log.info("ignoring the request field %r: %s", name, spec.why)
-    n = body.get("n")
-    if n is not None and (not _is_int(n) or n < 1):
-        raise bad_request("'n' must be a positive integer.", "n")
+
+
+def _parse_n(n: Any) -> int:
+    if n is None:
+        return 1
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise bad_request(f"'n' must be an integer between 1 and {MAX_N}.", "n")
+    return n
 
 
 def _tool_calls(v: Any) -> bool:
@@ -226,6 +237,7 @@ def parse_request(body: Any, endpoint: Endpoint, limits: Limits) -> ParsedReques
         raise bad_request("'model' is required and must be a string.", "model")
     _check_fields(body, endpoint)
     req = ParsedRequest(endpoint=endpoint, model=model, sampling=_parse_sampling(body, endpoint, limits))
+    req.n = _parse_n(body.get("n"))
     req.max_tokens_given = body.get("max_tokens") is not None or (
         endpoint is Endpoint.CHAT and body.get("max_completion_tokens") is not None)
     if endpoint is Endpoint.CHAT:
@@ -236,6 +248,10 @@ def parse_request(body: Any, endpoint: Endpoint, limits: Limits) -> ParsedReques
         if "prompt" not in body:
             raise bad_request("'prompt' is required.", "prompt")
         req.prompt, req.prompt_token_ids = _parse_prompt(body["prompt"])
+    if endpoint is Endpoint.CHAT:
+        req.chat_options = chat_options(body)
+    req.echo = echo_text(body, endpoint, req.messages, req.prompt)
+    req.echo_ids = req.echo == "" and req.prompt_token_ids is not None
     stream = body.get("stream", False)
     if stream is None:
         stream = False

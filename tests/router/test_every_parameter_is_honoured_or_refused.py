@@ -54,7 +54,8 @@ HONOURED_SAMPLES = {
     "stop": ["x"], "stream": True, "stream_options": None, "presence_penalty": 0.5, "frequency_penalty": -0.5,
     "logit_bias": {"5": 3}, "logprobs": None, "top_logprobs": None, "response_format": {"type": "json_object"},
     "top_k": 4, "min_p": 0.1, "repetition_penalty": 1.2, "min_tokens": 2, "stop_token_ids": [3],
-    "ignore_eos": True, "structured_outputs": {"regex": "[a-z]+"}, "guided_json": {"type": "object"},
+    "ignore_eos": True, "n": 3, "echo": True, "chat_template_kwargs": {"style": "brief"},
+    "add_generation_prompt": False, "continue_final_message": True, "structured_outputs": {"regex": "[a-z]+"}, "guided_json": {"type": "object"},
     "guided_regex": "[0-9]+", "guided_choice": ["yes", "no"], "guided_grammar": 'start: "a" | "b"',
 }
 LOGPROBS = {Endpoint.CHAT: {"logprobs": True, "top_logprobs": 3}, Endpoint.COMPLETION: {"logprobs": 3}}

@@ -122,7 +122,7 @@ def test_default_max_tokens_is_the_rest_of_the_context(colocated_client, model_n
     assert (r.choices[0].finish_reason, r.usage.completion_tokens) == ("length", 2048 - 2040)
 
 
-@pytest.mark.parametrize(("field", "value"), [("n", 2), ("echo", True), ("tools", [
+@pytest.mark.parametrize(("field", "value"), [("echo", True), ("tools", [
     {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]), ("best_of", 2)])
 def test_what_is_not_built_is_a_400_naming_it(client, model_name, field, value):
     with pytest.raises(openai.BadRequestError) as info:
@@ -162,3 +162,43 @@ def test_vllm_named_metrics_carry_the_model_name(api, model_name, disagg_stack, 
     assert value('vllm:request_success_total{finished_reason="length"') >= 2
     for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
         assert value(gauge) >= 0
+
+
+def test_n_choices_streamed_and_not(api, model_name):
+    r = api.chat.completions.create(model=model_name, messages=MSG, max_tokens=5, n=3, temperature=1.0, seed=4,
+                                    extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1, 2] and all(c.finish_reason == "length" for c in r.choices)
+    assert r.usage.completion_tokens == 15 and r.usage.prompt_tokens > 10
+    assert len({c.message.content for c in r.choices}) > 1  # seeds seed, seed + 1, seed + 2
+    again = api.chat.completions.create(model=model_name, messages=MSG, max_tokens=5, n=3, temperature=1.0, seed=4,
+                                        extra_body={"ignore_eos": True})
+    assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]
+    chunks = list(api.chat.completions.create(model=model_name, messages=MSG, max_tokens=5, n=3, temperature=1.0,
+                                              seed=4, stream=True, stream_options={"include_usage": True},
+                                              extra_body={"ignore_eos": True}))
+    texts = {i: "" for i in range(3)}
+    for ch in chunks:
+        for c in ch.choices:
+            texts[c.index] += c.delta.content or ""
+    assert [texts[i] for i in range(3)] == [c.message.content for c in r.choices]
+    assert chunks[-1].usage.completion_tokens == 15
+    greedy = api.completions.create(model=model_name, prompt=LONG, max_tokens=4, n=2, **GREEDY)
+    assert greedy.choices[0].text == greedy.choices[1].text  # greedy choices agree
+
+
+def test_echo_and_the_chat_template_options(api, model_name):
+    r = api.completions.create(model=model_name, prompt=LONG, max_tokens=3, extra_body={"echo": True, **GREEDY["extra_body"]},
+                               temperature=0)
+    plain = api.completions.create(model=model_name, prompt=LONG, max_tokens=3, **GREEDY)
+    assert r.choices[0].text == LONG + plain.choices[0].text
+    opened = [{"role": "user", "content": "Write."}, {"role": "assistant", "content": "Once upon"}]
+    cont = api.chat.completions.create(model=model_name, messages=opened, max_tokens=3, temperature=0,
+                                       extra_body={"continue_final_message": True, "add_generation_prompt": False,
+                                                   "echo": True, "ignore_eos": True})
+    closed = api.chat.completions.create(model=model_name, messages=opened, max_tokens=3, temperature=0,
+                                         extra_body={"ignore_eos": True})
+    assert cont.choices[0].message.content.startswith("Once upon")
+    assert cont.usage.prompt_tokens < closed.usage.prompt_tokens  # no closing newline, no generation prompt
+    kw = api.chat.completions.create(model=model_name, messages=MSG, max_tokens=2, temperature=0,
+                                     extra_body={"chat_template_kwargs": {"style": "x"}, "ignore_eos": True})
+    assert kw.usage.completion_tokens == 2

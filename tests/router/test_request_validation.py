@@ -73,7 +73,7 @@ def test_completion_prompt_forms(prompt, text, ids):
         ({"stop": ["a"] * 17}, "stop"),
         ({"stream": "yes"}, "stream"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
-        ({"n": 2}, "n"),
+        ({"n": 17}, "n"),
         ({"n": 0}, "n"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "auto"}, "tool_choice"),

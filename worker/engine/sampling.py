@@ -56,6 +56,7 @@ def filter_batch(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
         probs = torch.softmax(sorted_logits, dim=-1)
         # drop a token when the tokens ranked above it already reach top_p (the first always stays)
         drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p.unsqueeze(1)
+        drop[:, 0] = False  # even when top_p rounds to 0 in float32 (1e-300)
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
     if bool((min_p > 0).any()):
         probs = torch.softmax(logits, dim=-1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tandem.contracts.chat_options import template_args
 from tandem.contracts.protocol import (
     GREEDY_TEMPERATURE_BELOW,
     WORKER_MAX_STOP_CHARS,
@@ -88,9 +89,11 @@ def tokenize(tokenizer: Any, req: GenerateRequest, vocab_size: int) -> list[int]
             raise RequestError(f"cannot tokenize the prompt: {e}", param="prompt") from e
     if not isinstance(req.messages, list) or not all(isinstance(m, dict) for m in req.messages):
         raise RequestError("messages must be a list of objects with role and content", param="messages")
+    add_generation_prompt, continue_final, extra = template_args(req.chat_options)
     try:
-        enc = tokenizer.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=True,
-                                            return_dict=True)
+        enc = tokenizer.apply_chat_template(req.messages, add_generation_prompt=add_generation_prompt and not
+                                            continue_final, continue_final_message=continue_final,
+                                            tokenize=True, return_dict=True, **extra)
     except Exception as e:  # noqa: BLE001 - template errors come in many types
         raise RequestError(f"cannot apply the chat template to messages: {e}", param="messages") from e
     return list(enc["input_ids"])

@@ -85,3 +85,9 @@ def test_repetition_penalty_changes_a_looping_greedy_output(make_engine, loaded_
     ta, tb = tokens_of(a), tokens_of(b)
     assert ta != tb
     assert len(set(tb)) >= len(set(ta))  # penalising seen tokens spreads the output over more of them
+
+
+def test_a_top_p_that_rounds_to_zero_keeps_the_likeliest_token():
+    """top_p 1e-300 is 0 in float32: the likeliest token still stays (a NaN draw failed the request)."""
+    rows = [SampleRow(SamplingParams(temperature=1.0, top_p=1e-300), 3, 0)]
+    assert sample_batch(torch.tensor([[0.0, 2.0, 1.0]]), rows)[0] == [1]
