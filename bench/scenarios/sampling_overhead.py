@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> dict:
                for name, ts in times.items()}
     for name, s in summary.items():
         print(f"{name:20s} step {s['median_step_ms']:7.2f} ms  (+{s['extra_ms_per_step']:6.2f} ms, "
-              f"x{s['ratio_to_plain']:.2f})  reps {['%.2f' % t for t in s['step_ms']]}", flush=True)
+              f"x{s['ratio_to_plain']:.2f})  reps {' '.join(f'{t:.2f}' for t in s['step_ms'])}", flush=True)
     return {"streams": args.streams, "tokens": args.tokens, "prompt_len": args.prompt_len, "vocab": vocab,
             "model": args.model, "compile": args.compile, "arms": summary}
 
