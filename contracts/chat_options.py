@@ -1,7 +1,8 @@
 """How chat messages go through a chat template, the same in the router (its own Jinja rendering)
 and in the workers (transformers' apply_chat_template): add_generation_prompt, continue_final_message
-(the last message left open for the model to continue, as transformers cuts it), and the client's
-chat_template_kwargs as extra template variables (a name the template itself is given is refused).
+(the last message left open for the model to continue, as transformers cuts it), the client's
+chat_template_kwargs as extra template variables (a name the template itself is given is refused),
+and the request's `tools` as the template's `tools` variable.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ RESERVED = frozenset({"messages", "add_generation_prompt", "continue_final_messa
 def template_args(options: dict[str, Any] | None) -> tuple[bool, bool, dict[str, Any]]:
     """(add_generation_prompt, continue_final_message, extra template variables)."""
     o = options or {}
-    return (bool(o.get("add_generation_prompt", True)), bool(o.get("continue_final_message", False)),
-            dict(o.get("chat_template_kwargs") or {}))
+    extra = dict(o.get("chat_template_kwargs") or {})
+    if o.get("tools"):
+        extra["tools"] = o["tools"]  # the template's own variable, as transformers passes it
+    return (bool(o.get("add_generation_prompt", True)), bool(o.get("continue_final_message", False)), extra)
 
 
 def cut_after_final_message(rendered: str, messages: list[dict[str, Any]]) -> str:

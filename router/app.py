@@ -90,7 +90,7 @@ class Router:
             max_tokens_limit=config.max_tokens_limit,
             default_max_tokens=config.default_max_tokens,
             max_prompt_tokens=config.max_prompt_tokens,
-            max_stop_chars=config.max_stop_chars,
+            max_stop_chars=config.max_stop_chars, tool_call_parser=config.tool_call_parser,
         )
         self.discovery = discovery  # None: static targets from config
         self.created = int(time.time())

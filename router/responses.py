@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 from tandem.contracts.protocol import REQUEST_ID_HEADER
+from tandem.router import tools
 from tandem.router.errors import RouterError, upstream_failed
 from tandem.router.fan_out import choices
 from tandem.router.metrics import RouterMetrics
@@ -86,9 +87,15 @@ class Responder:
             raise upstream_failed("the workers ended the request without finishing it")
         usage = self._finished(parsed, done, t0, ttft)
         want_lp = parsed.sampling.logprobs is not None
-        body = shape.full([("".join(texts[i]), done[i].finish_reason,
-                            logprobs_body(shape.endpoint, logprobs[i]) if want_lp else None)
-                           for i in range(parsed.n)], usage.prompt, usage.completion)
+        out: list[tuple[str | dict, str, dict | None]] = []
+        for i in range(parsed.n):
+            text: str | dict = "".join(texts[i])
+            reason = done[i].finish_reason
+            if parsed.tools is not None:
+                text, called = tools.message(str(text), parsed.tools)
+                reason = "tool_calls" if called else reason
+            out.append((text, reason, logprobs_body(shape.endpoint, logprobs[i]) if want_lp else None))
+        body = shape.full(out, usage.prompt, usage.completion)
         return web.json_response(body, headers={REQUEST_ID_HEADER: ctx.request_id})
 
     def _bound_buffers(self, request: web.Request) -> None:
@@ -120,6 +127,8 @@ class Responder:
         chars = dict.fromkeys(range(parsed.n), 0)  # text sent per choice: completions' text_offset counts from it
         ttft: float | None = None
         done: dict[int, Finished] = {}
+        calls = {i: tools.ToolStream(parsed.tools) for i in range(parsed.n)} \
+            if parsed.tools is not None and parsed.tools.parses else {}
         events = choices(self.orchestrator, parsed, ctx)
         try:
             async for i, ev in events:
@@ -133,14 +142,14 @@ class Responder:
                         self.metrics.itl.observe(now - last)
                         self.metrics.vllm.itl.labels(parsed.model).observe(now - last)
                     last = now
-                    if ev.text or ev.logprobs:
+                    text = calls[i].feed(ev.text) if calls else ev.text
+                    if text or ev.logprobs:
                         lp = logprobs_body(shape.endpoint, ev.logprobs, chars[i]) if ev.logprobs else None
-                        await self._bounded(request, resp.write(frame(shape.chunk(ev.text, logprobs=lp, index=i))))
+                        await self._bounded(request, resp.write(frame(shape.chunk(text, logprobs=lp, index=i))))
                         chars[i] += len(ev.text)
                 elif isinstance(ev, Finished) and resp is not None:
                     done[i] = ev
-                    final = shape.chunk(None if shape.endpoint is Endpoint.CHAT else "", ev.finish_reason, index=i)
-                    await self._bounded(request, resp.write(frame(final)))
+                    await self._finish_choice(request, resp, shape, i, ev, calls.get(i))
             if resp is None or len(done) < parsed.n:
                 raise upstream_failed("the workers ended the request without finishing it")
             await self._end(request, resp, shape, self._finished(parsed, done, t0, ttft))
@@ -159,6 +168,19 @@ class Responder:
             return resp, "502" if err.status >= 500 else str(err.status)
         finally:
             await events.aclose()
+
+    async def _finish_choice(self, request: web.Request, resp: web.StreamResponse, shape: ResponseShape, i: int,
+                             ev: Finished, calls: tools.ToolStream | None) -> None:
+        """A choice's last chunks: content held back for a possible tool call, the calls, the finish."""
+        reason = ev.finish_reason
+        if calls is not None:
+            rest, found = calls.finish()
+            if rest or found:
+                await self._bounded(request, resp.write(frame(shape.chunk(rest or None, index=i,
+                                                                          tool_calls=found))))
+            reason = "tool_calls" if found else reason
+        final = shape.chunk(None if shape.endpoint is Endpoint.CHAT else "", reason, index=i)
+        await self._bounded(request, resp.write(frame(final)))
 
     async def _start(self, request: web.Request, shape: ResponseShape, ctx: RequestContext,
                      parsed: ParsedRequest) -> web.StreamResponse:

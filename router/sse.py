@@ -70,7 +70,7 @@ class ResponseShape:
 
     def chunk(
         self, text: str | None, finish_reason: str | None = None, role: bool = False,
-        logprobs: dict[str, Any] | None = None, index: int = 0,
+        logprobs: dict[str, Any] | None = None, index: int = 0, tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """A streamed delta; `role` marks the chat stream's first chunk; `logprobs` (logprobs_body)
         those of the delta's tokens."""
@@ -80,6 +80,8 @@ class ResponseShape:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs}
         else:
             choice = {"index": index, "text": text or "", "logprobs": logprobs}
@@ -97,14 +99,15 @@ class ResponseShape:
         }
 
     def full(
-        self, choices: list[tuple[str, str, dict[str, Any] | None]], prompt_tokens: int, completion_tokens: int,
+        self, choices: list[tuple[str | dict[str, Any], str, dict[str, Any] | None]], prompt_tokens: int,
+        completion_tokens: int,
     ) -> dict[str, Any]:
-        """The whole non-streaming response: (text, finish reason, logprobs body) per choice."""
+        """The whole non-streaming response: (text or chat message, finish reason, logprobs body) per choice."""
         out = []
         for i, (text, finish_reason, logprobs) in enumerate(choices):
             if self.endpoint is Endpoint.CHAT:
-                out.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                            "finish_reason": finish_reason})
+                message = text if isinstance(text, dict) else {"role": "assistant", "content": text}
+                out.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish_reason})
             else:
                 out.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish_reason})
         return self._base(chunk=False) | {"choices": out, "usage": usage_dict(prompt_tokens, completion_tokens)}

@@ -20,6 +20,7 @@ from tandem.router.openai_schema import FIELDS, MESSAGE_FIELDS, Endpoint, Suppor
 from tandem.router.sampling_fields import is_int as _is_int
 from tandem.router.sampling_fields import is_number as _is_number
 from tandem.router.sampling_fields import is_token_id, parse_controls
+from tandem.router.tools import ToolRequest, arguments_as_objects, parse_tools
 
 __all__ = ["Endpoint", "Limits", "ParsedRequest", "check_model", "check_prompt_tokens", "parse_messages",
            "parse_request"]
@@ -39,6 +40,7 @@ class Limits:
     max_stop_sequences: int = 16
     max_stop_chars: int = 256  # each stop string: the worker checks them against every new token
     max_messages: int = 4096  # chat messages in one request (each costs template work)
+    tool_call_parser: str = "hermes"  # how the model writes tool calls (tool_parsers.py)
 
 
 @dataclass
@@ -57,6 +59,7 @@ class ParsedRequest:
     chat_options: dict[str, Any] | None = None  # chat_fields.py: how messages go through the template
     echo: str | None = None  # text `echo` puts before the output (None: not asked)
     echo_ids: bool = False  # echo of a token-id prompt: the text is decoded once tokens are known
+    tools: ToolRequest | None = None  # tools.py
     max_tokens_given: bool = True  # False: the default applies (the rest of the context, app.py)
 
     def prompt_chars(self) -> int:
@@ -87,6 +90,23 @@ def _check_fields(body: dict[str, Any], endpoint: Endpoint) -> None:
         if spec.support is Support.IGNORED and value is not None and name not in _logged_fields:
             _logged_fields.add(name)
             log.info("ignoring the request field %r: %s", name, spec.why)
+
+
+def _chat_extras(req: ParsedRequest, body: dict[str, Any], limits: Limits) -> None:
+    """Chat-template options and tools: the tools go to the template, their grammar (tool_choice
+    required or named) constrains the output."""
+    req.chat_options = chat_options(body)
+    req.tools = parse_tools(body, limits.tool_call_parser)
+    arguments_as_objects(req.messages or [])
+    if req.tools is None:
+        return
+    req.chat_options = (req.chat_options or {}) | {"tools": req.tools.tools}
+    spec = req.tools.grammar_spec()
+    if spec is not None:
+        if req.sampling.structured is not None:
+            raise bad_request("tool_choice 'required' or a named function cannot be combined with another "
+                              "output format.", "tool_choice")
+        req.sampling.structured = spec
 
 
 def _parse_n(n: Any) -> int:
@@ -249,7 +269,7 @@ def parse_request(body: Any, endpoint: Endpoint, limits: Limits) -> ParsedReques
             raise bad_request("'prompt' is required.", "prompt")
         req.prompt, req.prompt_token_ids = _parse_prompt(body["prompt"])
     if endpoint is Endpoint.CHAT:
-        req.chat_options = chat_options(body)
+        _chat_extras(req, body, limits)
     req.echo = echo_text(body, endpoint, req.messages, req.prompt)
     req.echo_ids = req.echo == "" and req.prompt_token_ids is not None
     stream = body.get("stream", False)

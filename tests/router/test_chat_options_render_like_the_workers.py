@@ -9,11 +9,13 @@ from tandem.contracts.protocol import GenerateRequest
 from tandem.router.tokenizer import RouterTokenizer
 from tandem.worker.engine.validation import tokenize
 
-STYLED = ("{{ bos_token }}{% if style %}[{{ style }}]{% endif %}{% for m in messages %}<|{{ m['role'] }}|>\n"
+STYLED = ("{{ bos_token }}{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}"
+          "{% if style %}[{{ style }}]{% endif %}{% for m in messages %}<|{{ m['role'] }}|>\n"
           "{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 CHAT = [{"role": "user", "content": "Write a haiku."}, {"role": "assistant", "content": "Autumn moon, and"}]
 OPTIONS = [None, {"add_generation_prompt": False}, {"add_generation_prompt": False, "continue_final_message": True},
-           {"chat_template_kwargs": {"style": "brief"}}]
+           {"chat_template_kwargs": {"style": "brief"}},
+           {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}]
 
 
 @pytest.fixture(scope="module", params=["toy", "styled"])

@@ -122,15 +122,11 @@ def test_default_max_tokens_is_the_rest_of_the_context(colocated_client, model_n
     assert (r.choices[0].finish_reason, r.usage.completion_tokens) == ("length", 2048 - 2040)
 
 
-@pytest.mark.parametrize(("field", "value"), [("echo", True), ("tools", [
-    {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]), ("best_of", 2)])
+@pytest.mark.parametrize(("field", "value"), [("best_of", 2), ("suffix", "x"), ("use_beam_search", True),
+                                             ("prompt_logprobs", 1)])
 def test_what_is_not_built_is_a_400_naming_it(client, model_name, field, value):
     with pytest.raises(openai.BadRequestError) as info:
-        if field == "best_of":
-            client.completions.create(model=model_name, prompt="x", max_tokens=2, best_of=2)
-        else:
-            kw = {"extra_body": {field: value}} if field == "echo" else {field: value}
-            client.chat.completions.create(model=model_name, messages=MSG, max_tokens=2, **kw)
+        client.completions.create(model=model_name, prompt="x", max_tokens=2, extra_body={field: value})
     assert info.value.body["param"] == field
 
 
@@ -202,3 +198,30 @@ def test_echo_and_the_chat_template_options(api, model_name):
     kw = api.chat.completions.create(model=model_name, messages=MSG, max_tokens=2, temperature=0,
                                      extra_body={"chat_template_kwargs": {"style": "x"}, "ignore_eos": True})
     assert kw.usage.completion_tokens == 2
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+    "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_tool_choice_required_or_named_returns_tool_calls(api, model_name, choice):
+    kw = dict(model=model_name, messages=[{"role": "user", "content": "Weather in Oslo?"}], max_tokens=80,
+              temperature=1.0, seed=3, tools=[WEATHER], tool_choice=choice, parallel_tool_calls=False)
+    r = api.chat.completions.create(**kw)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", c.message
+    call = c.message.tool_calls[0]
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+    streamed = [ch.choices[0].delta for ch in api.chat.completions.create(stream=True, **kw) if ch.choices]
+    calls = [tc for d in streamed for tc in (d.tool_calls or [])]
+    assert [tc.function.name for tc in calls] == ["get_weather"]
+    assert json.loads(calls[0].function.arguments) == json.loads(call.function.arguments)  # same seed, same call
+    # the call and its result go back into the next turn
+    follow = api.chat.completions.create(model=model_name, max_tokens=3, tools=[WEATHER], messages=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "rain"}], temperature=0)
+    assert follow.choices[0].finish_reason in ("length", "stop")
