@@ -109,6 +109,10 @@ def test_penalties_change_a_greedy_answer(api, model_name):
                                       temperature=0, extra_body={"ignore_eos": True, **kw}).choices[0].text
 
     plain = text()
+    # min_p 1 keeps only the likeliest token: a temperature-1 draw is then greedy
+    sampled = api.completions.create(model=model_name, prompt="She sells sea shells", max_tokens=24, temperature=1.0,
+                                     seed=9, extra_body={"ignore_eos": True, "min_p": 1.0}).choices[0].text
+    assert sampled == plain
     assert text(repetition_penalty=1.8) != plain
     assert text(frequency_penalty=2.0) != plain
     assert text(presence_penalty=2.0) != plain
