@@ -229,3 +229,21 @@ def test_tool_choice_required_or_named_returns_tool_calls(api, model_name, choic
         {"role": "assistant", "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": "rain"}], temperature=0)
     assert follow.choices[0].finish_reason in ("length", "stop")
+
+
+def test_n_choices_share_the_prompt_s_kv(colocated_client, model_name, colocated_stack):
+    """The choices after the first find the prompt in the worker's prefix cache: the worker computes
+    its full blocks once, not n times."""
+    def computed() -> float:
+        with urllib.request.urlopen(colocated_stack.workers()[0]["url"] + "/metrics", timeout=10) as r:
+            line = next(ln for ln in r.read().decode().splitlines()
+                        if ln.startswith("tandem_worker_prefill_tokens_computed_total"))
+        return float(line.split()[-1])
+
+    prompt = "Once upon a time there was a little model that wanted to speak every language. " * 6
+    before = computed()
+    r = colocated_client.completions.create(model=model_name, prompt=prompt, max_tokens=2, n=4, temperature=1.0,
+                                            seed=1, extra_body={"ignore_eos": True})
+    spent = computed() - before
+    assert len(r.choices) == 4 and r.usage.prompt_tokens > 100
+    assert spent < 2 * r.usage.prompt_tokens, (spent, r.usage.prompt_tokens)  # 4 x without sharing
