@@ -17,9 +17,10 @@ The rules, state by state:
   aborted, a lease nobody pulled is freed, and another worker resumes with every token so far
   (`max_resumes`), else a 502; a worker that died after the last token `max_tokens` allowed is
   finished here.
-- a decode worker is busy: another one gets the same KV lease; every one busy is a 503 with
-  Retry-After while the client has nothing, else a wait for the soonest Retry-After (`busy_wait_s`
-  in all).
+- a decode worker is busy: another one of the KV's generation gets the same KV lease; none of
+  that generation free, another decode worker recomputes (the lease freed), so KV never reaches
+  another generation's model; every one busy is a 503 with Retry-After while the client has
+  nothing, else a wait for the soonest Retry-After (`busy_wait_s` in all) and the same choice.
 - a decode worker leaves (a MIGRATE line): another ready decode worker of the same generation
   pulls the KV it leased, else any by recompute; not a failure, and timed until the next token.
 Handoff, resume and migration are one mechanism: the next worker gets the tokens so far and how
@@ -29,6 +30,7 @@ many characters the client has (Journey.worker_request), so nothing here trims t
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from tandem.contracts.protocol import EventType, FinishReason, StreamEvent
 from tandem.contracts.routing import RouteReason
@@ -121,9 +123,30 @@ def _over_limit(j: Journey, prompt_tokens: int) -> RouterError | None:
     return None
 
 
-def _resume_choice(j: Journey, workers: list[WorkerView] | tuple[WorkerView, ...], exclude: set[str]
-                   ) -> WorkerView | None:
+def _resume_choice(j: Journey, workers: Sequence[WorkerView], exclude: set[str]) -> WorkerView | None:
     return _rules(j).policy.resume_decode(_info(j), workers, frozenset(exclude))
+
+
+def _kv_choice(j: Journey, workers: Sequence[WorkerView], exclude: set[str]) -> WorkerView | None:
+    """A decode worker that may pull the journey's KV: only one of the generation that computed it
+    (another model's weights would read it as garbage, and cache it)."""
+    return _resume_choice(j, [w for w in workers if w.generation == j.kv_generation], exclude)
+
+
+def _next_decode(j: Journey, workers: Sequence[WorkerView], exclude: set[str]) -> tuple[WorkerView | None, tuple]:
+    """The next decode worker and the aborts it takes: with the KV to one of its generation; else
+    any by recompute, the lease nobody will pull then freed; None: none free (the KV kept)."""
+    if j.kv is None:
+        return _resume_choice(j, workers, exclude), ()
+    nxt = _kv_choice(j, workers, exclude)
+    if nxt is not None:
+        return nxt, ()
+    nxt = _resume_choice(j, workers, exclude)
+    if nxt is None:
+        return None, ()
+    holder = j.lease_holder
+    j.clear_kv()
+    return nxt, (holder,) if holder is not None else ()
 
 
 def _moved(j: Journey, now: float) -> Moved | None:
@@ -314,9 +337,9 @@ def _after_busy(j: Journey, o: Outcome, **effects) -> Action:
     """The next decode worker once busy ones refused: one that has not, else (every one busy) a 503
     with Retry-After while the client has nothing yet, else a wait for the soonest Retry-After
     and another round, within `busy_wait_s` in all."""
-    nxt = _resume_choice(j, o.workers, j.excluded | j.busy.keys())
+    nxt, abort = _next_decode(j, o.workers, j.excluded | j.busy.keys())
     if nxt is not None:
-        return _decode_on(j, nxt, Why.RETRY, **effects)
+        return _decode_on(j, nxt, Why.RETRY, abort=abort, **effects)
     wait = min(j.busy.values())
     if j.prompt_tokens is None:  # nothing sent yet: the client can come back later
         return _fail(j, overloaded(wait), **effects)
@@ -330,10 +353,10 @@ def _after_busy(j: Journey, o: Outcome, **effects) -> Action:
 
 def _waited(j: Journey, o: Waited) -> Action:
     j.busy.clear()
-    nxt = _resume_choice(j, o.workers, j.excluded)
+    nxt, abort = _next_decode(j, o.workers, j.excluded)
     if nxt is None:
         return _fail(j, no_worker("no decode worker is ready to continue this request; retry shortly."))
-    return _decode_on(j, nxt, Why.RETRY)
+    return _decode_on(j, nxt, Why.RETRY, abort=abort)
 
 
 def _migrate(j: Journey, o: Line) -> Action:
@@ -342,30 +365,22 @@ def _migrate(j: Journey, o: Line) -> Action:
     a 502 (the stream has started)."""
     source, kv, notes = o.url, o.event.kv, []
     assert j.target is not None
-    generation = j.target.generation
     j.move = j.move or Move(source, o.now)
     j.excluded.add(source)  # never back to the worker that is leaving
+    j.clear_kv()
     if kv is not None:
         j.lease_tokens[source] = kv.lease_token  # an abort there (the request ends early) frees it
-        if o.event.generated_token_ids != j.generated:
+        if o.event.generated_token_ids == j.generated:
+            j.kv, j.lease_holder, j.kv_generation = kv, source, j.target.generation
+        else:
             notes.append((WARNING, f"request {j.request_id}: MIGRATE from {source} lists "
                                    f"{len(o.event.generated_token_ids)} tokens, the client has "
                                    f"{len(j.generated)}: recomputing"))
-            kv = None
-    nxt, abort = None, ()
-    if kv is not None:
-        nxt = _resume_choice(j, [v for v in o.workers if v.generation == generation], j.excluded)
+    nxt, abort = _next_decode(j, o.workers, j.excluded)
     if nxt is None:
-        if kv is not None:
-            abort = (source,)  # nobody will pull it: free the lease now
-        kv = None
-        nxt = _resume_choice(j, o.workers, j.excluded)
-    if nxt is None:
+        abort = (source,) if j.kv is not None else ()  # nobody will pull it: free the lease now
         return _fail(j, upstream_failed("the decode worker serving this request shut down and no other is "
                                         "ready to continue it"), abort=abort, notes=tuple(notes))
     notes.append((INFO, f"request {j.request_id}: {source} is leaving; migrating to {nxt.url} after "
-                        f"{len(j.generated)} tokens ({'pulling its KV' if kv is not None else 'recomputing'})"))
-    j.clear_kv()
-    if kv is not None:
-        j.kv, j.lease_holder, j.kv_generation = kv, source, generation
+                        f"{len(j.generated)} tokens ({'pulling its KV' if j.kv is not None else 'recomputing'})"))
     return _decode_on(j, nxt, Why.MIGRATE, abort=abort, notes=tuple(notes))

@@ -216,3 +216,19 @@ async def test_a_migration_with_nowhere_to_go_is_a_failed_migration_and_frees_th
     assert ("d1", "r1") in fake.aborts and "token-of-d1" in fake.abort_tokens
     assert metric(orch, "tandem_router_migrations_total", outcome="failed") == 1
 
+
+async def test_a_busy_handoff_never_sends_kv_to_a_decode_worker_of_another_generation(fake):
+    fake.add("p1", Role.PREFILL)
+    fake.add("d1", Role.DECODE)
+    fake.add("d2", Role.DECODE, generation="g2")
+    fake.on_prefill("p1", prefilled("p1", IDS, 7, "A"))
+    fake.on_generate("d1", [busy()])
+    fake.on_generate("d2", [start(5), token(8, "B"), finish()])
+    orch = await machine(fake)
+    events = await run(orch, RequestContext("r1"))
+    assert text(events) == "AB"
+    first, second = fake.made("generate")
+    assert (first.url, second.url) == ("d1", "d2") and first.request.kv_source is not None
+    assert second.request.kv_source is None, "g1's KV must not reach a g2 worker: it recomputes"
+    assert second.request.generated_token_ids == [7] and second.request.emitted_chars == 1
+    assert list(zip(fake.aborts, fake.abort_tokens, strict=True)) == [(("p1", "r1"), "token-of-p1")]
