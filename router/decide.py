@@ -376,9 +376,10 @@ def _migrate(j: Journey, o: Line) -> Action:
             notes.append((WARNING, f"request {j.request_id}: MIGRATE from {source} lists "
                                    f"{len(o.event.generated_token_ids)} tokens, the client has "
                                    f"{len(j.generated)}: recomputing"))
-    nxt, abort = _next_decode(j, o.workers, j.excluded)
+    nxt, _ = _next_decode(j, o.workers, j.excluded)
+    # a lease there that nobody will pull (no worker, another generation, tokens that disagree): free it now
+    abort = (source,) if kv is not None and (nxt is None or j.kv is None) else ()
     if nxt is None:
-        abort = (source,) if j.kv is not None else ()  # nobody will pull it: free the lease now
         return _fail(j, upstream_failed("the decode worker serving this request shut down and no other is "
                                         "ready to continue it"), abort=abort, notes=tuple(notes))
     notes.append((INFO, f"request {j.request_id}: {source} is leaving; migrating to {nxt.url} after "

@@ -5,6 +5,9 @@ are tested without I/O in test_request_state_machine.py. No processes: milliseco
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 import pytest
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import FinishReason
@@ -232,3 +235,56 @@ async def test_a_busy_handoff_never_sends_kv_to_a_decode_worker_of_another_gener
     assert second.request.kv_source is None, "g1's KV must not reach a g2 worker: it recomputes"
     assert second.request.generated_token_ids == [7] and second.request.emitted_chars == 1
     assert list(zip(fake.aborts, fake.abort_tokens, strict=True)) == [(("p1", "r1"), "token-of-p1")]
+
+
+# --- a MIGRATE crossing a client disconnect (issue 21, defect 13) --------------------------------
+
+
+async def _disconnect_when(orch: Orchestrator, ctx: RequestContext, reached: Callable[[], bool]) -> list:
+    """Run a request as a handler does, and cancel it (the client went away) once `reached()`."""
+    events: list = []
+
+    async def handler() -> None:
+        async for ev in orch.run(request(), ctx):
+            events.append(ev)
+
+    task = asyncio.create_task(handler())
+    for _ in range(10_000):  # each turn lets the request run to its next await
+        if reached() or task.done():
+            break
+        await asyncio.sleep(0)
+    assert reached() and not task.done(), "the request got past the point to disconnect at"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await orch.drain()
+    return events
+
+
+async def test_a_client_gone_while_its_stream_is_handed_on_frees_the_leaving_workers_lease(fake):
+    disaggregated(fake, "d1", "d2")
+    fake.on_prefill("p1", prefilled("p1", IDS, 7, "A"))
+    fake.on_generate("d1", [start(5), token(8, "B"), migrate("d1", [7, 8], 6)])
+    fake.on_generate("d2", [start(5), token(9, "C"), finish()])
+    closing, _ = fake.slow_close("d1")  # the connection to the leaving worker takes a while to close
+    orch = await machine(fake)
+    ctx = RequestContext("r1")
+    events = await _disconnect_when(orch, ctx, closing.is_set)
+    assert text(events) == "AB" and [c.url for c in fake.made("generate")] == ["d1"]
+    aborts = dict(zip(fake.aborts, fake.abort_tokens, strict=True))
+    assert aborts[("d1", "r1")] == "token-of-d1", "the migration's lease there is freed by its token"
+    assert metric(orch, "tandem_router_migrations_total", outcome="failed") == 1
+
+
+async def test_a_client_gone_after_the_move_frees_the_lease_the_next_worker_has_not_pulled(fake):
+    disaggregated(fake, "d1", "d2")
+    fake.on_prefill("p1", prefilled("p1", IDS, 7, "A"))
+    fake.on_generate("d1", [start(5), token(8, "B"), migrate("d1", [7, 8], 6)])
+    pulling = asyncio.Event()  # d2 is still pulling the KV: no line yet
+    fake.on_generate("d2", [pulling])
+    orch = await machine(fake)
+    ctx = RequestContext("r1")
+    await _disconnect_when(orch, ctx, lambda: [c.url for c in fake.made("generate")] == ["d1", "d2"])
+    aborts = dict(zip(fake.aborts, fake.abort_tokens, strict=True))
+    assert aborts == {("p1", "r1"): "token-of-p1", ("d1", "r1"): "token-of-d1", ("d2", "r1"): None}
+    assert all(v.router_inflight == 0 for v in orch.pool.views())

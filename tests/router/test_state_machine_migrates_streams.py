@@ -64,8 +64,8 @@ def test_without_usable_kv_the_stream_is_recomputed(case):
     assert isinstance(move, DecodeOn) and move.worker.url == "d2" and j.kv is None
     req = j.worker_request(decode=True)
     assert req.kv_source is None and req.generated_token_ids == [7, 8, 9] and req.migrated_from is None
-    if case == "other_generation":
-        assert move.abort == ("d1",), "nobody will pull that lease: freed at once"
+    if case != "no_kv":  # the lease a MIGRATE line names is freed at once when nobody will pull it
+        assert move.abort == ("d1",) and j.lease_tokens["d1"] == "token-of-d1"
     (first,) = feed(j, "d2", token(10, "D"))
     assert first.moved.outcome == "recompute" and first.emit == (Tokens([10], "D"),)
 
