@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from tandem.contracts import timing
 from tandem.contracts.protocol import FinishReason, GenerateRequest, KVSource
 from tandem.contracts.routing import RouteReason
 from tandem.router.policies.base import (
@@ -66,7 +67,7 @@ class Rules:
     limits: Limits = field(default_factory=Limits)
     max_prefill_attempts: int = 2
     max_resumes: int = 2
-    busy_wait_s: float = 10.0  # waiting for a busy decode worker once the client has tokens
+    busy_wait_s: float = timing.BUSY_WAIT_S  # waiting for a busy decode worker once the client has tokens
 
 
 @dataclass

@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
+from tandem.contracts import timing
 from tandem.contracts.protocol import StreamEvent
 from tandem.router.decide import decide
 from tandem.router.errors import RouterError
@@ -99,7 +100,7 @@ class Orchestrator:
     limits: Limits = field(default_factory=Limits)
     max_prefill_attempts: int = 2
     max_resumes: int = 2
-    busy_wait_s: float = 10.0  # waiting for a busy decode worker once the client has tokens
+    busy_wait_s: float = timing.BUSY_WAIT_S  # waiting for a busy decode worker once the client has tokens
     _background: set[asyncio.Task] = field(default_factory=set)
 
     @property

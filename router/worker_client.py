@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
+from tandem.contracts import timing
 from tandem.contracts.internal_auth import auth_headers
 from tandem.contracts.protocol import (
     NDJSON,
@@ -139,9 +140,9 @@ class WorkerClient(Protocol):
 
 @dataclass
 class Timeouts:
-    connect_s: float = 3.0
-    prefill_s: float = 60.0  # a whole prefill call, queueing included
-    chunk_s: float = 15.0  # silence allowed between two NDJSON lines of a generate stream
+    connect_s: float = timing.CONNECT_TIMEOUT_S
+    prefill_s: float = timing.PREFILL_TIMEOUT_S  # a whole prefill call, queueing included
+    chunk_s: float = timing.CHUNK_TIMEOUT_S  # silence allowed between two NDJSON lines of a generate stream
     abort_s: float = 2.0
     info_s: float = 2.0
 
