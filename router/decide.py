@@ -218,7 +218,8 @@ def _prefilled(j: Journey, o: Prefilled) -> Action:
         return _fail(j, err, route=j.route)
     j.generated.append(res.first_token_id)
     j.chars += len(res.first_token_text)
-    emit = (Started(j.prompt_tokens), Tokens([res.first_token_id], res.first_token_text))
+    first_lp = [res.first_token_logprobs] if res.first_token_logprobs else None
+    emit = (Started(j.prompt_tokens), Tokens([res.first_token_id], res.first_token_text, first_lp))
     if res.finish_reason is not None:
         j.phase = Phase.FINISHED
         return Finish(emit=(*emit, Finished(res.finish_reason.value, j.prompt_tokens, 1)), route=j.route)
@@ -284,7 +285,7 @@ def _output(j: Journey, o: Line, ev: StreamEvent) -> Action:
     if ev.token_ids or ev.text:
         j.generated.extend(ev.token_ids)
         j.chars += len(ev.text)
-        emit.append(Tokens(list(ev.token_ids), ev.text))
+        emit.append(Tokens(list(ev.token_ids), ev.text, ev.logprobs or None))
         moved = _moved(j, o.now)
     if ev.type is not EventType.FINISH:
         return Read(emit=tuple(emit), moved=moved)

@@ -37,6 +37,7 @@ class Started:
 class Tokens:
     token_ids: list[int]
     text: str
+    logprobs: list[dict] | None = None  # per token (TokenLogprobs.to_wire), when the request asked
 
 
 @dataclass
@@ -141,6 +142,7 @@ class Journey:
         greq = GenerateRequest(
             request_id=self.request_id, prompt=req.prompt, messages=req.messages,
             prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
+            chat_options=req.chat_options if req.messages is not None else None,
         )
         if decode:
             if self.prompt_ids is not None:
