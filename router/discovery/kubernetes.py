@@ -38,6 +38,7 @@ from tandem.contracts.names import (
     serves_requests,
 )
 from tandem.router.pool import Target
+from tandem.router.worker_client import describe
 
 log = logging.getLogger("tandem.router.discovery")
 
@@ -239,5 +240,5 @@ class KubernetesDiscovery:
                     log.warning("pod watch failed: %s; relisting", exc.reason)
                     self._stop.wait(1.0)
             except Exception as exc:  # the API server restarting, a dropped connection
-                log.warning("pod watch failed: %r; relisting", exc)
+                log.warning("pod watch failed: %s; relisting", describe(exc))  # never a repr: see describe
                 self._stop.wait(1.0)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from tandem.contracts import timing
 from tandem.contracts.protocol import FinishReason, GenerateRequest, SamplingParams
 from tandem.worker.engine.admission import Admission
 from tandem.worker.engine.batch import run_batch
@@ -59,7 +60,7 @@ def _available_memory(device: torch.device) -> int:
 
 
 class Engine(Admission, LeaseKeeping, Migration):
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, lease_s: float = 30.0):
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, lease_s: float = timing.KV_LEASE_S):
         if config.threads:
             torch.set_num_threads(config.threads)
         if config.block_size < 1 or config.max_num_seqs < 1 or config.max_batched_tokens < 1:
