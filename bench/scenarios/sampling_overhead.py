@@ -89,7 +89,7 @@ def _model(kind: str) -> Any:
         from tandem.worker.local.toy_model import make_toy_model
 
         return make_toy_model(Path(tempfile.gettempdir()) / "tandem-bench-toy-llama")
-    from bench.engine_model import engine_model_dir
+    from bench.lib.models import engine_model_dir
 
     return engine_model_dir()
 
@@ -129,23 +129,3 @@ def run(args: argparse.Namespace) -> dict:
               f"x{s['ratio_to_plain']:.2f})  reps {' '.join(f'{t:.2f}' for t in s['step_ms'])}", flush=True)
     return {"streams": args.streams, "tokens": args.tokens, "prompt_len": args.prompt_len, "vocab": vocab,
             "model": args.model, "compile": args.compile, "arms": summary, "sampling_alone_best_ms": alone}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Until `python -m bench <scenario>` lands: run this scenario alone and write its JSON result."""
-    import json
-    import time
-    from pathlib import Path
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    result = run(parser.parse_args(argv))
-    out = Path("bench/results/sampling_overhead") / (time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + ".json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -88,6 +88,12 @@ _SAMPLING: dict[str, tuple[Callable[[Any], bool], str]] = {
     "logprobs": (_opt(_int), "an integer"),
     "structured": (_opt(lambda v: isinstance(v, dict)), "an object"),
 }
+def _kv_rank(v: Any) -> bool:
+    """One more rank of a tensor-parallel source (tandem.contracts.protocol.KVRank)."""
+    return (isinstance(v, dict) and set(v) <= {"url", "engine_id", "extra"} and isinstance(v.get("url"), str)
+            and bool(v["url"]) and isinstance(v.get("engine_id"), str) and isinstance(v.get("extra", {}), dict))
+
+
 _KV_SOURCE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "url": (lambda v: isinstance(v, str) and bool(v), "a URL"),
     "engine_id": (lambda v: isinstance(v, str), "a string"),
@@ -96,6 +102,8 @@ _KV_SOURCE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "num_tokens": (_count, "a non-negative integer"),
     "extra": (lambda v: isinstance(v, dict), "an object"),
     "lease_token": (lambda v: isinstance(v, str), "a string"),
+    "ranks": (lambda v: isinstance(v, list) and all(map(_kv_rank, v)),
+              "a list of objects with a url, an engine_id and an optional extra object"),
 }
 _TOP: dict[str, tuple[Callable[[Any], bool], str]] = {
     "prompt": (_opt(lambda v: isinstance(v, str)), "a string"),
