@@ -94,6 +94,8 @@ class AsyncEngine:
             return None
         if not self._thread.is_alive():
             return "the engine thread has died"
+        if (problem := self.engine.runner.problem()) is not None:
+            return problem
         stalled = time.monotonic() - self._beat
         if stalled > self.stall_s:
             why = f" (last error: {self._last_error})" if self._last_error else ""
@@ -109,7 +111,7 @@ class AsyncEngine:
         eng, rid = self.engine, req.request_id
         eng.claim(rid)
         try:
-            seq = self._sequence(req)
+            seq = await self._sequence(req)
             if seq.finished:  # the worker that sampled the last of them died before it could say so
                 return FinishedStream(seq)
             stream = self._attach(seq)
@@ -137,7 +139,7 @@ class AsyncEngine:
             if self.kv is None:  # nobody could pull the blocks: a lease would only hold memory
                 raise RequestError("this worker has no KV transport (--kv-backend none), so it cannot act "
                                    "as a prefill peer", code="kv_backend_mismatch")
-            seq = self._sequence(req, prefill_only=True)
+            seq = await self._sequence(req, prefill_only=True)
             stream = self._attach(seq)
             eng.add(seq)
             self._wake.set()
@@ -175,8 +177,12 @@ class AsyncEngine:
                                    "starting", status=429, type_="service_unavailable",
                                    code="prefill_queue_timeout", retry_after_s=RETRY_AFTER_S)
 
-    def _sequence(self, req: GenerateRequest, prefill_only: bool = False) -> Sequence:
-        return self.engine.make_sequence(req, prefill_only=prefill_only)
+    async def _sequence(self, req: GenerateRequest, prefill_only: bool = False) -> Sequence:
+        """engine.make_sequence, on a thread when it tokenizes text or messages or builds a grammar (the
+        event loop serves every other stream meanwhile); inline for token ids, which cost nothing."""
+        if req.prompt_token_ids is not None and req.sampling.structured is None:
+            return self.engine.make_sequence(req, prefill_only=prefill_only)
+        return await asyncio.to_thread(self.engine.make_sequence, req, prefill_only=prefill_only)
 
     def lease_source(self, request_id: str, block_ids: list[int], num_tokens: int) -> KVSource | None:
         """Where a peer finds the KV of `num_tokens` tokens leased here in `block_ids`, with the

@@ -69,7 +69,8 @@ class KVEndpoint:
         """Where a peer finds the KV of `num_tokens` tokens this worker leased in `block_ids`."""
         t = self.transport
         return KVSource(url=self.url, engine_id=self.engine_id, backend=t.name, block_ids=block_ids,
-                        num_tokens=num_tokens, lease_token=lease_token, extra=t.source_extra())
+                        num_tokens=num_tokens, lease_token=lease_token, extra=t.source_extra(),
+                        ranks=t.source_ranks())
 
 
 def _mismatch(message: str, code: str | None = "kv_mismatch", param: str = "kv_source") -> RequestError:

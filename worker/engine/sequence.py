@@ -23,6 +23,7 @@ class SeqOutput:
     # The leased blocks holding the KV: a prefill's prompt, or a migrated sequence's computed tokens
     kv_blocks: list[int] | None = None
     migrated: bool = False  # the engine is draining: the sequence left it (kv_blocks: leased KV, if any)
+    logprobs: list[Any] | None = None  # TokenLogprobs per token_ids entry, when the request asked
 
 
 @dataclass(eq=False)  # identity: queues find and remove *this* sequence
@@ -49,6 +50,8 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list, repr=False)
     num_registered_blocks: int = 0
     stop_ids: frozenset[int] = frozenset()  # params.stop_token_ids, for a constant-time check per token
+    grammar: Any = None  # grammar.Grammar of a structured output, advanced with every token taken
+    sampled_logprobs: Any = None  # the TokenLogprobs of the token just sampled (batch.py), until taken
 
     @property
     def all_ids(self) -> list[int]:
@@ -71,6 +74,8 @@ class Sequence:
         """The stop rules for `tok`, just appended to output_ids (it also feeds the detokenizer)."""
         p = self.params
         if (tok in self.eos_ids and not p.ignore_eos) or tok in self.stop_ids or self.detok.add(tok):
+            return FinishReason.STOP
+        if self.grammar is not None and self.grammar.accept(tok):
             return FinishReason.STOP
         if len(self.output_ids) >= p.max_tokens or self.num_tokens >= self.max_total_len:
             return FinishReason.LENGTH

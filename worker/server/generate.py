@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import NDJSON, REQUEST_ID_HEADER, EventType, StreamEvent
+from tandem.worker.engine.token_texts import TokenTexts
 from tandem.worker.server.responses import model_request, refused
 from tandem.worker.server.state import WorkerState
 
@@ -37,11 +38,13 @@ def _line(ev: StreamEvent) -> bytes:
     return (_encode(ev.to_dict()) + "\n").encode()
 
 
-def _token_line(token_ids: list[int], text: str) -> bytes:
+def _token_line(token_ids: list[int], text: str, logprobs: list[dict[str, Any]] | None = None) -> bytes:
     """StreamEvent(TOKEN, token_ids, text).to_dict(), without building the dataclass per token."""
     doc: dict[str, Any] = {"type": "token", "token_ids": token_ids}
     if text:
         doc["text"] = text
+    if logprobs:
+        doc["logprobs"] = logprobs
     return (_encode(doc) + "\n").encode()
 
 
@@ -77,7 +80,8 @@ def _lines(state: WorkerState, seq: Any, outs: list[Any]) -> tuple[list[bytes], 
             lines.append(_line(StreamEvent(EventType.ERROR, error=out.error)))
             return lines, True
         if out.token_ids or out.text:
-            lines.append(_token_line(out.token_ids, out.text))
+            lps = TokenTexts.of(state.engine.engine.tokenizer).wire(out.logprobs) if out.logprobs else None
+            lines.append(_token_line(out.token_ids, out.text, lps))
         if out.migrated:
             lines.append(_migrate_line(state, seq, out))
             return lines, True

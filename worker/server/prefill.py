@@ -16,6 +16,7 @@ from aiohttp import web
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.names import KVBackend, Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER, PrefillResult
+from tandem.worker.engine.token_texts import TokenTexts
 from tandem.worker.server.parsing import request_id_body
 from tandem.worker.server.responses import error_response, model_request, refused
 from tandem.worker.server.state import STATE_KEY
@@ -41,6 +42,8 @@ async def prefill(request: web.Request) -> web.Response:
         return web.json_response({"error": out.error}, status=500, headers={REQUEST_ID_HEADER: rid})
     result = PrefillResult(request_id=rid, prompt_token_ids=seq.prompt_ids, first_token_id=out.token_ids[0],
                            first_token_text=out.text, finish_reason=out.finish_reason, kv=done.kv)
+    if out.logprobs:
+        result.first_token_logprobs = TokenTexts.of(state.engine.engine.tokenizer).wire(out.logprobs)[0]
     log.info("prefill done", extra={"request_id": rid, "prompt_tokens": len(seq.prompt_ids),
                                      "leased_blocks": len(out.kv_blocks or [])})
     return web.json_response(result.to_dict(), headers={REQUEST_ID_HEADER: rid})
