@@ -260,16 +260,6 @@ def get_service(api: client.ApiClient, namespace: str, name: str) -> dict | None
         raise
 
 
-def list_services(api: client.ApiClient, namespaces: list[str] | None) -> list[dict]:
-    """Every InferenceService the operator serves (all namespaces when namespaces is None)."""
-    if namespaces is None:
-        return request(api, "GET", _cr_path(None)).get("items") or []
-    items: list[dict] = []
-    for ns in namespaces:
-        items += request(api, "GET", _cr_path(ns)).get("items") or []
-    return items
-
-
 def write_status(
     api: client.ApiClient, namespace: str, name: str, status: dict, old: dict | None = None
 ) -> None:

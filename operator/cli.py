@@ -57,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-timeout-seconds", type=float, default=None, metavar="S",
         help="time limit of the planner's GET of one pod's /metrics ($TANDEM_METRICS_TIMEOUT_SECONDS, default 3)",
     )
+    parser.add_argument(
+        "--workers", type=int, default=int(os.environ.get("TANDEM_OPERATOR_WORKERS") or 8), metavar="N",
+        help="passes over different InferenceServices that may run at once ($TANDEM_OPERATOR_WORKERS, default 8)",
+    )
 
 
 def operator_config(args: argparse.Namespace) -> OperatorConfig:
@@ -88,14 +92,12 @@ def run(args: argparse.Namespace) -> int:
     log_format = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
     kopf.configure(verbose=args.verbose, log_format=log_format[args.log_format])
     if not args.verbose:
-        # Every pod and Deployment event runs child_changed; one "succeeded" line each is noise.
+        # Every event runs a handler that only queues work; one "succeeded" line each is noise.
         logging.getLogger("kopf.objects").addFilter(
-            lambda record: not record.getMessage().startswith("Handler 'child_changed'")
+            lambda record: not record.getMessage().startswith(("Handler 'child_changed'",
+                                                                "Handler 'service_changed'"))
         )
-    memo = kopf.Memo(
-        config=operator_config(args),
-        namespaces=None if args.all_namespaces else namespaces,
-    )
+    memo = kopf.Memo(config=operator_config(args), workers=max(1, args.workers))
     kopf.run(
         standalone=True,
         clusterwide=args.all_namespaces,

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import aiohttp
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.names import pod_ready, pod_url
+from tandem.operator.autoscaling.snapshot import PodScrape, read_pod
+from tandem.operator.config import OperatorConfig
 from tandem.operator.spec import WORKER_ROLES
 from tandem.operator.status import KVProbe, Observation
 
@@ -79,3 +81,20 @@ async def probe_all(found: list[Target], timeout_s: float) -> list[KVProbe]:
     """One probe per target, concurrently; a probe that fails says why instead of raising."""
     answers = await get_all([t.url for t in found], timeout_s)
     return [_kv_probe(t, body, error) for t, (body, error) in zip(found, answers, strict=True)]
+
+
+async def probe_workers(obs: Observation, config: OperatorConfig) -> list[KVProbe] | None:
+    """The ready workers' KV health for KVTransferReady; None when probing is turned off."""
+    if not config.kv_probe:
+        return None
+    return await probe_all(targets(obs), config.kv_probe_timeout_s)
+
+
+async def read_metrics(pods: list[tuple[str, str, bool, str | None]], timeout_s: float) -> list[PodScrape]:
+    """(name, role, ready, /metrics URL or None) per pod -> what each pod's /metrics says, or why not."""
+    answers = iter(await get_all([url for *_, url in pods if url is not None], timeout_s))
+    out: list[PodScrape] = []
+    for name, role, ready, url in pods:
+        text, error = next(answers) if url is not None else (None, "not ready" if not ready else "no pod IP")
+        out.append(read_pod(name, role, ready, text, error))
+    return out

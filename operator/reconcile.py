@@ -1,82 +1,67 @@
-"""One reconcile of one InferenceService: render, apply, observe, write status, report events.
+"""One pass over one InferenceService: act on a planner decision, render, apply, observe, write
+status once, report events. Runs in a thread (the Kubernetes client is synchronous), called only by
+the work queue (tandem.operator.controller), which runs one pass at a time per service: no lock.
 
-Level-triggered: every caller (create/update/resume handlers, the periodic resync, child
-events, the autoscaler) ends up here or in refresh_status, and running it twice changes nothing
-the second time. The spec is parsed once per pass into the typed InferenceServiceSpec; one the
-operator cannot use (a CRD older than the operator lets more through) applies nothing and says
-why in Ready.
+Level-triggered: running a pass twice changes nothing the second time. The spec is parsed once per
+pass into the typed InferenceServiceSpec; one the operator cannot use (a CRD older than the
+operator lets more through) applies nothing and says why in Ready.
 
 Status holds state: the planner's desired replicas for an autoscaled role (see
-tandem.operator.autoscaling.status). So every pass reads the InferenceService afresh under a lock
-per service, and the autoscaler writes its decisions under the same lock: no pass applies, or
-writes back, a status older than the newest decision.
+tandem.operator.autoscaling.status). The pass starts from a fresh read of the InferenceService, and
+the planner's decisions are made and kept inside passes, so no pass applies, or writes back, a
+status older than the newest decision.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import logging
-import threading
 import time
-from collections.abc import Iterator
+from dataclasses import dataclass
 
 from kubernetes import client
 from tandem.operator import apply
 from tandem.operator.autoscaling.planner import Decision
-from tandem.operator.autoscaling.status import render_replicas, scaling_status
+from tandem.operator.autoscaling.status import (
+    ScaleChange,
+    planned_status,
+    render_replicas,
+    scale_changes,
+    scaling_status,
+)
 from tandem.operator.config import OperatorConfig
-from tandem.operator.render import endpoint, generation_hash, internal_secret, render
+from tandem.operator.render import endpoint, generation_hash, internal_secret, names, render
 from tandem.operator.spec import InferenceServiceSpec, SpecError
-from tandem.operator.status import KVProbe, compute_status, same_status
+from tandem.operator.status import KVProbe, Observation, compute_status, same_status
+from tandem.operator.work import Work
 
 log = logging.getLogger(__name__)
+
+# KVTransferReady reasons that earn a Warning event, once per transition into them.
+KV_WARNINGS = ("RDMAFallback", "TransferFailing")
 
 
 def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-_locks: dict[tuple[str, str], threading.Lock] = {}
-_locks_guard = threading.Lock()
+@dataclass
+class Memory:
+    """What a pass remembers of the service between passes (kept by the controller, per service)."""
+
+    kv_reason: str | None = None  # KVTransferReady's reason as last written: one Warning per transition
 
 
-@contextlib.contextmanager
-def service_lock(namespace: str, name: str) -> Iterator[None]:
-    """One pass at a time per InferenceService (reconciles run in threads, the autoscaler too)."""
-    with _locks_guard:
-        lock = _locks.setdefault((namespace, name), threading.Lock())
-    with lock:
-        yield
-
-
-def _ready(body: dict) -> dict:
-    conditions = (body.get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c.get("type") == "Ready"), {})
-
-
-# KVTransferReady reasons that earn a Warning event, once per transition into them.
-KV_WARNINGS = ("RDMAFallback", "TransferFailing")
-
-
-def _kv(status: dict | None) -> dict:
+def _condition(status: dict | None, type_: str) -> dict:
     conditions = (status or {}).get("conditions") or []
-    return next((c for c in conditions if c.get("type") == "KVTransferReady"), {})
+    return next((c for c in conditions if c.get("type") == type_), {})
 
 
-# The last KVTransferReady reason seen per (namespace, name): a resync and a child-event refresh
-# may run at once from the same stale status, and must not both post the event.
-_kv_seen: dict[tuple[str, str], str] = {}
-_kv_lock = threading.Lock()
-
-
-def _kv_event(api: client.ApiClient, body: dict, new_status: dict) -> None:
-    """A Warning when KV transfer turns bad (not on every resync while it stays bad)."""
-    old, new = _kv(body.get("status")), _kv(new_status)
-    key = (body["metadata"]["namespace"], body["metadata"]["name"])
-    with _kv_lock:
-        seen, _kv_seen[key] = _kv_seen.get(key), new.get("reason", "")
+def _kv_event(api: client.ApiClient, body: dict, new_status: dict, memory: Memory) -> None:
+    """A Warning when KV transfer turns bad (not on every pass while it stays bad)."""
+    old, new = _condition(body.get("status"), "KVTransferReady"), _condition(new_status, "KVTransferReady")
+    seen, memory.kv_reason = memory.kv_reason, new.get("reason", "")
     if new.get("reason") in KV_WARNINGS and new.get("reason") not in (old.get("reason"), seen):
         apply.post_event(api, body, "Warning", new["reason"], new["message"])
 
@@ -109,96 +94,85 @@ def _status(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None
     return compute_status(spec, obs, old, stamp, generation, url, label, scaling)
 
 
-def reconcile(api: client.ApiClient, body: dict, config: OperatorConfig,
-              drift: bool = False, kv_probes: list[KVProbe] | None = None) -> apply.ApplyResult:
-    """Applies every child and writes status; `drift` marks a periodic pass (event wording);
-    `kv_probes` are the workers' KV health answers (None: not probed). `body` names the
-    InferenceService; it is read afresh (its status may hold a newer decision of the planner)."""
-    meta = body["metadata"]
-    with service_lock(meta["namespace"], meta["name"]):
-        fresh = apply.get_service(api, meta["namespace"], meta["name"])
-        if fresh is None or fresh["metadata"].get("deletionTimestamp"):
-            return apply.ApplyResult()
-        return reconcile_locked(api, fresh, config, drift, kv_probes)
-
-
-def reconcile_locked(api: client.ApiClient, body: dict, config: OperatorConfig, drift: bool = False,
-                     kv_probes: list[KVProbe] | None = None, announce: bool = True) -> apply.ApplyResult:
-    """reconcile() for a caller that holds service_lock and has just read `body`; `announce` False
-    posts no Created/Updated events (the autoscaler posts its own for a change of replicas)."""
+def run_pass(api: client.ApiClient, body: dict, config: OperatorConfig, work: Work, memory: Memory,
+             decision: Decision | None = None, obs: Observation | None = None,
+             kv_probes: list[KVProbe] | None = None) -> apply.ApplyResult:
+    """One pass over `body` (just read): the planner's `decision` (made from `obs`) acted on, the
+    children applied when `work.apply` asks or the decision changes replicas, status written once if
+    it changed. `kv_probes` are the workers' KV health answers (None: not probed)."""
     meta = body["metadata"]
     spec, spec_error = parse_spec(body)
+    old = body.get("status") or {}
+    changes = scale_changes(spec, old, decision) if spec is not None and decision is not None else []
+    _mark_removals(api, meta["namespace"], obs, changes)
+    applies = work.apply or bool(changes)
     if spec is None:
         result = apply.ApplyResult(error=spec_error)
+    elif applies:
+        replicas = render_replicas(spec, planned_status(old, changes))
+        result = _apply(api, body, spec, config, work, replicas, {names(meta["name"])[c.role] for c in changes})
     else:
-        result = _apply(api, body, spec, config, drift, announce)
-    if result.error and _ready(body).get("message") != result.error:
-        # Once per distinct failure, not per resync.
-        reason = "InvalidSpec" if spec is None else "ApplyFailed"
-        apply.post_event(api, body, "Warning", reason, result.error)
-    # observedGeneration advances only once the spec it describes is applied.
-    generation = None if result.error else meta.get("generation")
-    apply_error = None if spec is None else result.error
-    status = _status(api, body, spec, config, generation,
+        result = apply.ApplyResult()
+    ready = _condition(body.get("status"), "Ready")
+    if result.error and ready.get("message") != result.error:
+        # Once per distinct failure, not per pass.
+        apply.post_event(api, body, "Warning", "InvalidSpec" if spec is None else "ApplyFailed", result.error)
+    if applies or spec is None:
+        # observedGeneration advances only once the spec it describes is applied.
+        generation = None if result.error else meta.get("generation")
+        apply_error = None if spec is None else result.error
+    else:  # nothing applied: what the last apply found still holds
+        generation, apply_error = None, ready["message"] if ready.get("reason") == "ApplyFailed" else None
+    status = _status(api, body, spec, config, generation, decision,
                      apply_error=apply_error, spec_error=spec_error, kv_probes=kv_probes)
-    _kv_event(api, body, status)
-    if not same_status(body.get("status"), status):
-        apply.write_status(api, meta["namespace"], meta["name"], status, body.get("status"))
+    _kv_event(api, body, status, memory)
+    if not same_status(old, status):
+        apply.write_status(api, meta["namespace"], meta["name"], status, old)
+    body["status"] = status
+    for c in changes:
+        log.info("%s/%s: %s", meta["namespace"], meta["name"], c.message)
+        apply.post_event(api, body, "Normal", c.reason, c.message)
     return result
 
 
-def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config: OperatorConfig,
-           drift: bool, announce: bool = True) -> apply.ApplyResult:
-    """Renders and applies every child; posts Created/Updated/DriftCorrected events."""
+def _mark_removals(api: client.ApiClient, namespace: str, obs: Observation | None,
+                   changes: list[ScaleChange]) -> None:
+    """Before replicas drop, the pods the planner chose are marked so the ReplicaSet removes those.
+    Their running streams move when the kubelet's SIGTERM reaches them: each decode worker hands its
+    sequences (their KV leased) to other decode workers through the router."""
+    for i, c in enumerate(changes):
+        if not c.remove:
+            continue
+        role = obs.roles.get(c.role) if obs is not None else None
+        problems = apply.mark_for_removal(api, namespace, role.pods if role else [], c.remove, now())
+        message = f"{c.message}; removing {', '.join(c.remove)}"
+        if problems:
+            message += f" (could not mark {'; '.join(problems)}: the ReplicaSet picks instead)"
+        changes[i] = dataclasses.replace(c, message=message)
+
+
+def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config: OperatorConfig, work: Work,
+           replicas: dict[str, int | None], scaled: set[str]) -> apply.ApplyResult:
+    """Renders and applies every child; posts Created/Updated/DriftCorrected events (not for the
+    Deployments in `scaled`: the planner's ScaledUp/ScaledDown events say why those changed)."""
     meta = body["metadata"]
     t0 = time.monotonic()
     secret = internal_secret(meta)
     result = apply.ensure_internal_secret(api, secret)
     if not result.error:  # the Secret exists before any pod that mounts it
-        manifests = render(meta, spec, config, render_replicas(spec, body.get("status")))
-        applied = apply.apply_all(api, manifests)
+        applied = apply.apply_all(api, render(meta, spec, config, replicas))
         result = dataclasses.replace(applied, created=result.created + applied.created)
     if result.created or result.updated or result.error:
         log.info("applied %s/%s in %.2fs: %d created, %d updated%s", meta["namespace"], meta["name"],
                  time.monotonic() - t0, len(result.created), len(result.updated),
                  f"; failed: {result.error}" if result.error else "")
     # A periodic pass that applies a spec for the first time is not correcting drift.
-    drift = drift and (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
-
-    def event(type_: str, reason: str, message: str) -> None:
-        if announce:
-            apply.post_event(api, body, type_, reason, message)
-
+    drift = work.drift and (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
+    updated = [ref for ref in result.updated if ref.removeprefix("Deployment/") not in scaled]
     if result.created:
-        reason = "DriftCorrected" if drift else "Created"
-        event("Normal", reason, "created " + ", ".join(result.created))
-    if result.updated:
-        reason = "DriftCorrected" if drift else "Updated"
-        event("Normal", reason, "updated " + ", ".join(result.updated))
+        apply.post_event(api, body, "Normal", "DriftCorrected" if drift else "Created",
+                         "created " + ", ".join(result.created))
+    if updated:
+        apply.post_event(api, body, "Normal", "DriftCorrected" if drift else "Updated",
+                         "updated " + ", ".join(updated))
     return result
-
-
-def refresh_status(api: client.ApiClient, namespace: str, name: str, config: OperatorConfig,
-                   kv_probes: list[KVProbe] | None = None) -> None:
-    """Re-reads the CR and its children and writes status if it changed (after a child event)."""
-    with service_lock(namespace, name):
-        body = apply.get_service(api, namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            return
-        write_status(api, body, config, kv_probes)
-
-
-def write_status(api: client.ApiClient, body: dict, config: OperatorConfig,
-                 kv_probes: list[KVProbe] | None = None, decision: Decision | None = None) -> dict:
-    """Status recomputed from `body` (read under service_lock) and the children, with the planner's
-    `decision` when one was just made; written if it changed. Returns the status."""
-    meta, old = body["metadata"], body.get("status") or {}
-    ready = _ready(body)
-    apply_error = ready["message"] if ready.get("reason") == "ApplyFailed" else None
-    spec, spec_error = parse_spec(body)
-    status = _status(api, body, spec, config, None, decision,
-                     apply_error=apply_error, spec_error=spec_error, kv_probes=kv_probes)
-    _kv_event(api, body, status)
-    if not same_status(old, status):
-        apply.write_status(api, meta["namespace"], meta["name"], status, old)
-    return status

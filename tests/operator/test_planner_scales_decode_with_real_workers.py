@@ -161,7 +161,7 @@ def test_load_raises_decode_and_idle_lowers_it_removing_the_pod_the_planner_chos
         # A restarted operator keeps the planner's count: it lives in status, and reconcile reads it.
         operator.stop()
         operator = start_operator(kubeconfig=documented_rbac_kubeconfig)
-        wait_until(lambda: "Handler 'reconcile_service' succeeded" in operator.log(), timeout=60,
+        wait_until(lambda: f"{namespace}/{name}: generation" in operator.log(), timeout=60,
                    what="the restarted operator's first reconcile")
         assert status(api, namespace, name)["decode"]["replicas"] == 2
         apps = client.AppsV1Api(api)
