@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from tandem.contracts.names import GROUP, LABEL_ROLE, LABEL_SERVICE, PLURAL, VERSION
+from tandem.contracts.names import GROUP, PLURAL, VERSION
 from tandem.operator.config import DEFAULT_API_TIMEOUT_SECONDS, FIELD_MANAGER, HANDOVER_MANAGER
-from tandem.operator.status import Observation, RoleObservation
 
 log = logging.getLogger(__name__)
 # Every API call is bounded (connect, read): a hung API server must not wedge a reconcile.
@@ -212,36 +211,6 @@ def mark_for_removal(api: client.ApiClient, namespace: str, pods: list[dict], ch
         except Exception as e:  # connection errors and the like
             errors.append(f"pod {name}: {e}")
     return errors
-
-
-def _list(api: client.ApiClient, path: str, selector: str) -> list[dict]:
-    return request(api, "GET", path, query=[("labelSelector", selector)]).get("items") or []
-
-
-def observe(api: client.ApiClient, namespace: str, name: str) -> Observation:
-    """Lists this InferenceService's Deployments, pods and router Service by label."""
-    selector = f"{LABEL_SERVICE}={name}"
-    deployments = _list(api, f"/apis/apps/v1/namespaces/{namespace}/deployments", selector)
-    pods = _list(api, f"/api/v1/namespaces/{namespace}/pods", selector)
-    obs = Observation()
-    for d in deployments:
-        role = (d["metadata"].get("labels") or {}).get(LABEL_ROLE)
-        if role is None:
-            continue
-        role_pods = [
-            p for p in pods
-            if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == role
-            and not p["metadata"].get("deletionTimestamp")
-        ]
-        obs.roles[role] = RoleObservation(
-            exists=True,
-            replicas=d["spec"].get("replicas") or 0,
-            ready=(d.get("status") or {}).get("readyReplicas") or 0,
-            pods=role_pods,
-        )
-    services = _list(api, f"/api/v1/namespaces/{namespace}/services", f"{selector},{LABEL_ROLE}=router")
-    obs.router_service = any(s["metadata"]["name"] == f"{name}-router" for s in services)
-    return obs
 
 
 def _cr_path(namespace: str | None, name: str | None = None) -> str:

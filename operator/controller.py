@@ -22,6 +22,7 @@ from kubernetes import client
 from tandem.operator import apply, probe
 from tandem.operator.autoscaling.autoscaler import Planning, decide
 from tandem.operator.config import OperatorConfig
+from tandem.operator.observe import observe
 from tandem.operator.reconcile import Memory, parse_spec, run_pass
 from tandem.operator.work import PLAN, RESYNC, RETRY, SPEC, STATUS, Trigger, Work, merge
 from tandem.operator.workqueue import WorkQueue
@@ -89,7 +90,7 @@ class Controller:
             state = self.services[key] = ServiceState(generation=body["metadata"].get("generation"))
             work = merge(work, SPEC)
         spec, _ = parse_spec(body)
-        obs = await asyncio.to_thread(apply.observe, self.api, *key)
+        obs = await asyncio.to_thread(observe, self.api, *key, body["metadata"].get("uid"), state.memory.owners)
         decision = kv = None
         if work.plan and spec is not None:
             decision, kv = await decide(state.planning, body["metadata"].get("uid"), spec, obs, self.config)

@@ -18,7 +18,7 @@ import dataclasses
 import datetime
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kubernetes import client
 from tandem.operator import apply
@@ -31,6 +31,7 @@ from tandem.operator.autoscaling.status import (
     scaling_status,
 )
 from tandem.operator.config import OperatorConfig
+from tandem.operator.observe import Owners, observe
 from tandem.operator.render import endpoint, generation_hash, internal_secret, names, render
 from tandem.operator.spec import InferenceServiceSpec, SpecError
 from tandem.operator.status import KVProbe, Observation, compute_status, same_status
@@ -51,6 +52,7 @@ class Memory:
     """What a pass remembers of the service between passes (kept by the controller, per service)."""
 
     kv_reason: str | None = None  # KVTransferReady's reason as last written: one Warning per transition
+    owners: Owners = field(default_factory=dict)  # the owner chain's ReplicaSets, read once each
 
 
 def _condition(status: dict | None, type_: str) -> dict:
@@ -75,13 +77,14 @@ def parse_spec(body: dict) -> tuple[InferenceServiceSpec | None, str | None]:
 
 
 def _status(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None,
-            config: OperatorConfig, generation: int | None, decision: Decision | None = None,
+            config: OperatorConfig, generation: int | None, memory: Memory, decision: Decision | None = None,
             **findings: object) -> dict:
     """Observes the children and computes status; `findings` are Observation fields
     (apply_error, spec_error, kv_probes) that the caller knows and the API server does not;
     `decision` is the planner's, when one was just made."""
     meta = body["metadata"]
-    obs = dataclasses.replace(apply.observe(api, meta["namespace"], meta["name"]), **findings)
+    obs = dataclasses.replace(observe(api, meta["namespace"], meta["name"], meta.get("uid"), memory.owners),
+                              **findings)
     old = body.get("status") or {}
     if generation is None:
         generation = old.get("observedGeneration")
@@ -123,7 +126,7 @@ def run_pass(api: client.ApiClient, body: dict, config: OperatorConfig, work: Wo
         apply_error = None if spec is None else result.error
     else:  # nothing applied: what the last apply found still holds
         generation, apply_error = None, ready["message"] if ready.get("reason") == "ApplyFailed" else None
-    status = _status(api, body, spec, config, generation, decision,
+    status = _status(api, body, spec, config, generation, memory, decision,
                      apply_error=apply_error, spec_error=spec_error, kv_probes=kv_probes)
     _kv_event(api, body, status, memory)
     if not same_status(old, status):

@@ -146,9 +146,14 @@ def test_load_raises_decode_and_idle_lowers_it_removing_the_pod_the_planner_chos
         (event,) = posted(api, namespace, name, "ScaledUp")
         assert event.message == f"decode {up['decode']['message']} [{up['decode']['reason']}]"
 
+        # The printer columns show status as it is (the planner may have moved on since `up`: a decision
+        # every 5 s), so they are compared with status read just before and just after.
+        before = status(api, namespace, name)["decode"]
         wide = k8s.kubectl("get", "tis", name, "-n", namespace, "-o", "wide").stdout
+        after = status(api, namespace, name)["decode"]
         columns = table(wide)
-        assert columns["DECODE-DESIRED"] == "2" and columns["DECODE-SCALING"] == up["decode"]["reason"], wide
+        assert columns["DECODE-DESIRED"] == "2", wide
+        assert columns["DECODE-SCALING"] in (before["reason"], after["reason"]), wide
         assert columns["PREFILL-SCALING"] == "", "prefill is not autoscaled"
 
         # The second decode pod gets its worker; the router finds it and shares the load with it.
