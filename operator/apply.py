@@ -18,6 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tandem.contracts.names import GROUP, PLURAL, VERSION
 from tandem.operator.config import DEFAULT_API_TIMEOUT_SECONDS, FIELD_MANAGER, HANDOVER_MANAGER
+from tandem.operator.ownership import REFUSED, refusal
 
 log = logging.getLogger(__name__)
 # Every API call is bounded (connect, read): a hung API server must not wedge a reconcile.
@@ -49,6 +50,7 @@ class ApplyResult:
     updated: list[str] = field(default_factory=list)
     error: str | None = None
     retryable: bool = False
+    reason: str = "ApplyFailed"  # Ready's reason when error is set (AdoptionRefused: ownership.py)
 
 
 def ref(manifest: dict) -> str:
@@ -146,12 +148,16 @@ def apply_all(api: client.ApiClient, manifests: list[dict]) -> ApplyResult:
     """Applies children in order; stops at the first failure and says whether retrying may help.
 
     A GET before each apply tells created/updated/unchanged apart (a no-op apply keeps the
-    resourceVersion), which is what the events on the CR report.
+    resourceVersion), which is what the events on the CR report, and whose an existing object is:
+    one the InferenceService does not control is refused, not taken over (ownership.refusal).
     """
     result = ApplyResult()
     for manifest in manifests:
         try:
             live = _live(api, manifest)
+            refused = refusal(live, manifest) if live is not None else None
+            if refused is not None:
+                return ApplyResult(result.created, result.updated, refused.message, refused.retryable, REFUSED)
             if (live is not None and manifest["kind"] == "Deployment" and "replicas" not in manifest["spec"]
                     and owns_replicas(live)):
                 release_replicas(api, manifest, live)
@@ -173,21 +179,22 @@ def apply_all(api: client.ApiClient, manifests: list[dict]) -> ApplyResult:
     return result
 
 
-def ensure_internal_secret(api: client.ApiClient, secret: dict) -> ApplyResult:
-    """Create the service's internal Secret unless it exists. Create-only: the operator never
-    reads a Secret, so an existing one (409) is left as it is, and its value never leaves the API
+def ensure_internal_secret(api: client.ApiClient, secret: dict) -> tuple[ApplyResult, str | None]:
+    """Create the service's internal Secret unless it exists: (what happened, the new Secret's uid or
+    None when it existed). Create-only: the operator never reads a Secret, so whether an existing one
+    may be used is judged from status (ownership.secret_record), and its value never leaves the API
     server but into the pods that mount it."""
     meta = secret["metadata"]
     try:
-        request(api, "POST", f"/api/v1/namespaces/{meta['namespace']}/secrets", body=secret)
+        created = request(api, "POST", f"/api/v1/namespaces/{meta['namespace']}/secrets", body=secret)
     except ApiException as e:
         if e.status == 409:
-            return ApplyResult()
+            return ApplyResult(), None
         return ApplyResult(error=f"creating {ref(secret)}: {_error_text(e)}",
-                           retryable=e.status is None or e.status >= 500 or e.status == 429)
+                           retryable=e.status is None or e.status >= 500 or e.status == 429), None
     except Exception as e:  # connection errors and the like: retry later
-        return ApplyResult(error=f"creating {ref(secret)}: {e}", retryable=True)
-    return ApplyResult(created=[ref(secret)])
+        return ApplyResult(error=f"creating {ref(secret)}: {e}", retryable=True), None
+    return ApplyResult(created=[ref(secret)]), created["metadata"]["uid"]
 
 
 def mark_for_removal(api: client.ApiClient, namespace: str, pods: list[dict], chosen: tuple[str, ...],

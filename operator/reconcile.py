@@ -32,6 +32,7 @@ from tandem.operator.autoscaling.status import (
 )
 from tandem.operator.config import OperatorConfig
 from tandem.operator.observe import Owners, observe
+from tandem.operator.ownership import REFUSED, secret_record
 from tandem.operator.render import endpoint, generation_hash, internal_secret, names, render
 from tandem.operator.spec import InferenceServiceSpec, SpecError
 from tandem.operator.status import KVProbe, Observation, compute_status, same_status
@@ -110,24 +111,28 @@ def run_pass(api: client.ApiClient, body: dict, config: OperatorConfig, work: Wo
     _mark_removals(api, meta["namespace"], obs, changes)
     applies = work.apply or bool(changes)
     if spec is None:
-        result = apply.ApplyResult(error=spec_error)
+        result, secret = apply.ApplyResult(error=spec_error), old.get("internalSecret")
     elif applies:
         replicas = render_replicas(spec, planned_status(old, changes))
-        result = _apply(api, body, spec, config, work, replicas, {names(meta["name"])[c.role] for c in changes})
+        result, secret = _apply(api, body, spec, config, work, replicas,
+                                {names(meta["name"])[c.role] for c in changes})
     else:
-        result = apply.ApplyResult()
+        result, secret = apply.ApplyResult(), old.get("internalSecret")
     ready = _condition(body.get("status"), "Ready")
     if result.error and ready.get("message") != result.error:
         # Once per distinct failure, not per pass.
-        apply.post_event(api, body, "Warning", "InvalidSpec" if spec is None else "ApplyFailed", result.error)
+        apply.post_event(api, body, "Warning", "InvalidSpec" if spec is None else result.reason, result.error)
     if applies or spec is None:
         # observedGeneration advances only once the spec it describes is applied.
         generation = None if result.error else meta.get("generation")
-        apply_error = None if spec is None else result.error
+        apply_error, apply_reason = (None if spec is None else result.error), result.reason
     else:  # nothing applied: what the last apply found still holds
-        generation, apply_error = None, ready["message"] if ready.get("reason") == "ApplyFailed" else None
-    status = _status(api, body, spec, config, generation, memory, decision,
-                     apply_error=apply_error, spec_error=spec_error, kv_probes=kv_probes)
+        failed = ready.get("reason") in ("ApplyFailed", REFUSED)
+        generation, apply_error, apply_reason = None, ready["message"] if failed else None, ready.get("reason")
+    status = _status(api, body, spec, config, generation, memory, decision, apply_error=apply_error,
+                     apply_reason=apply_reason or "ApplyFailed", spec_error=spec_error, kv_probes=kv_probes)
+    if secret:
+        status["internalSecret"] = secret
     _kv_event(api, body, status, memory)
     if not same_status(old, status):
         apply.write_status(api, meta["namespace"], meta["name"], status, old)
@@ -155,22 +160,27 @@ def _mark_removals(api: client.ApiClient, namespace: str, obs: Observation | Non
 
 
 def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config: OperatorConfig, work: Work,
-           replicas: dict[str, int | None], scaled: set[str]) -> apply.ApplyResult:
-    """Renders and applies every child; posts Created/Updated/DriftCorrected events (not for the
-    Deployments in `scaled`: the planner's ScaledUp/ScaledDown events say why those changed)."""
-    meta = body["metadata"]
+           replicas: dict[str, int | None], scaled: set[str]) -> tuple[apply.ApplyResult, dict | None]:
+    """Renders and applies every child, the internal Secret first; posts Created/Updated/DriftCorrected
+    events (not for the Deployments in `scaled`: the planner's ScaledUp/ScaledDown events say why those
+    changed). Returns what happened and status.internalSecret."""
+    meta, old = body["metadata"], body.get("status") or {}
     t0 = time.monotonic()
     secret = internal_secret(meta)
-    result = apply.ensure_internal_secret(api, secret)
+    result, uid = apply.ensure_internal_secret(api, secret)
+    record, refused = secret_record(secret["metadata"]["name"], uid, old)
+    if refused is not None:
+        result = apply.ApplyResult(error=refused.message, retryable=refused.retryable, reason=REFUSED)
     if not result.error:  # the Secret exists before any pod that mounts it
-        applied = apply.apply_all(api, render(meta, spec, config, replicas))
+        manifests = render(meta, spec, config, replicas, (record or {}).get("uid"))
+        applied = apply.apply_all(api, manifests)
         result = dataclasses.replace(applied, created=result.created + applied.created)
     if result.created or result.updated or result.error:
         log.info("applied %s/%s in %.2fs: %d created, %d updated%s", meta["namespace"], meta["name"],
                  time.monotonic() - t0, len(result.created), len(result.updated),
                  f"; failed: {result.error}" if result.error else "")
     # A periodic pass that applies a spec for the first time is not correcting drift.
-    drift = work.drift and (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
+    drift = work.drift and old.get("observedGeneration") == meta.get("generation")
     updated = [ref for ref in result.updated if ref.removeprefix("Deployment/") not in scaled]
     if result.created:
         apply.post_event(api, body, "Normal", "DriftCorrected" if drift else "Created",
@@ -178,4 +188,4 @@ def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config
     if updated:
         apply.post_event(api, body, "Normal", "DriftCorrected" if drift else "Updated",
                          "updated " + ", ".join(updated))
-    return result
+    return result, record

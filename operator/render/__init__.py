@@ -30,7 +30,7 @@ from tandem.operator.render.config_files import (
 from tandem.operator.render.identity import generation_hash, image_ref, short_hash
 from tandem.operator.render.objects import Manifest, names
 from tandem.operator.render.router import endpoint, router_deployment, router_rbac, router_service
-from tandem.operator.render.trust import internal_secret, network_policy
+from tandem.operator.render.trust import internal_secret, network_policy, with_secret_uid
 from tandem.operator.render.worker import worker_deployment, worker_service
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
 
@@ -49,18 +49,19 @@ __all__ = [
 
 
 def render(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig,
-           replicas: Mapping[str, int | None] | None = None) -> list[Manifest]:
+           replicas: Mapping[str, int | None] | None = None, secret_uid: str | None = None) -> list[Manifest]:
     """Every child of one InferenceService, in apply order (config and RBAC before pods).
 
     `replicas` overrides a worker role's spec.<role>.replicas: the planner's count for an autoscaled
-    role, or None to leave the field out (External mode: an HPA or KEDA owns it).
+    role, or None to leave the field out (External mode: an HPA or KEDA owns it). `secret_uid` is the
+    internal Secret's uid, annotated on every pod template: a Secret created again rolls the pods.
     """
     counts = {role: spec.role(role).replicas for role in WORKER_ROLES} | dict(replicas or {})
     files = config_files(meta["name"], meta["namespace"], spec)
     # Each pod template carries the hash of its own file: a change rolls that component only.
     hashes = {key: short_hash(text, 16) for key, text in files.items()}
     policy = [network_policy(meta, spec, config)] if spec.network_policy.enabled else []
-    return [
+    return with_secret_uid(secret_uid, [
         configmap(meta, files),
         *router_rbac(meta),
         *(worker_service(meta, role) for role in WORKER_ROLES),
@@ -69,4 +70,4 @@ def render(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig,
         *(worker_deployment(meta, spec, role, config, hashes[f"{role}.yaml"], counts[role])
           for role in WORKER_ROLES),
         router_deployment(meta, spec, config, hashes[f"{ROUTER}.yaml"]),
-    ]
+    ])
