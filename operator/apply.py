@@ -70,8 +70,10 @@ def request(
     query: list[tuple[str, str]] | None = None,
     body: dict | None = None,
     content_type: str | None = None,
+    timeout_s: float | None = None,
 ) -> dict:
-    """One raw API call returning the JSON body as a dict; non-2xx raises ApiException."""
+    """One raw API call returning the JSON body as a dict; non-2xx raises ApiException. `timeout_s`
+    bounds it (default API_TIMEOUT_S)."""
     headers = {"Accept": "application/json"}
     if content_type:
         headers["Content-Type"] = content_type
@@ -83,7 +85,8 @@ def request(
         body=body,
         auth_settings=["BearerToken"],
     )
-    resp = api.call_api(*params, _request_timeout=(min(5.0, API_TIMEOUT_S), API_TIMEOUT_S))
+    limit = API_TIMEOUT_S if timeout_s is None else timeout_s
+    resp = api.call_api(*params, _request_timeout=(min(5.0, limit), limit))
     resp.read()
     text = (resp.data or b"").decode("utf-8", errors="replace")
     if not 200 <= resp.status <= 299:

@@ -40,6 +40,8 @@ class OperatorConfig:
     kv_probe: bool = True  # GET each ready worker's /internal/kv/health for KVTransferReady
     kv_probe_timeout_s: float = DEFAULT_KV_PROBE_TIMEOUT_SECONDS
     metrics_timeout_s: float = DEFAULT_METRICS_TIMEOUT_SECONDS  # the planner's GET of one pod's /metrics
+    # Annotate the pods a scale-down removes (pod-deletion-cost): needs `pods: patch` where they run.
+    mark_pods: bool = False
     # Where the operator's own pods run and their labels: the NetworkPolicy lets them reach the
     # workers' http port (KV probe, metrics). None when the operator runs outside the cluster.
     namespace: str | None = None
@@ -49,7 +51,7 @@ class OperatorConfig:
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
         """TANDEM_WORKER_IMAGE (repo[:tag]), TANDEM_IMAGE_PULL_POLICY, TANDEM_RESYNC_SECONDS,
         TANDEM_KV_PROBE (0 turns probing off), TANDEM_KV_PROBE_TIMEOUT_SECONDS,
-        TANDEM_METRICS_TIMEOUT_SECONDS, POD_NAMESPACE and
+        TANDEM_METRICS_TIMEOUT_SECONDS, TANDEM_MARK_PODS_FOR_REMOVAL (1 turns marking on), POD_NAMESPACE and
         TANDEM_OPERATOR_POD_LABELS (a JSON object: the operator pods' labels, set by the chart).
         TANDEM_API_TIMEOUT_SECONDS bounds every API call (read in tandem.operator.apply)."""
         env = dict(os.environ if env is None else env)
@@ -66,6 +68,7 @@ class OperatorConfig:
             metrics_timeout_s=float(
                 env.get("TANDEM_METRICS_TIMEOUT_SECONDS") or DEFAULT_METRICS_TIMEOUT_SECONDS
             ),
+            mark_pods=_env_flag(env.get("TANDEM_MARK_PODS_FOR_REMOVAL"), False),
             namespace=env.get("POD_NAMESPACE") or None,
             pod_labels=tuple(sorted(json.loads(env.get("TANDEM_OPERATOR_POD_LABELS") or "{}").items())),
         )

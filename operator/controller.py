@@ -22,6 +22,7 @@ from kubernetes import client
 from tandem.operator import apply, probe
 from tandem.operator.autoscaling.autoscaler import Planning, decide
 from tandem.operator.config import OperatorConfig
+from tandem.operator.metrics import METRICS, OperatorMetrics
 from tandem.operator.observe import observe
 from tandem.operator.reconcile import Memory, parse_spec, run_pass
 from tandem.operator.work import PLAN, RESYNC, RETRY, SPEC, STATUS, Trigger, Work, merge
@@ -47,10 +48,14 @@ class ServiceState:
 class Controller:
     """The operator's work: the queue, its triggers, and one pass."""
 
-    def __init__(self, api: client.ApiClient, config: OperatorConfig, workers: int = 8) -> None:
-        self.api, self.config = api, config
-        self.queue: WorkQueue[Key, Work] = WorkQueue(self.run_pass, merge, workers)
+    def __init__(self, api: client.ApiClient, config: OperatorConfig, workers: int = 8,
+                 metrics: OperatorMetrics = METRICS) -> None:
+        self.api, self.config, self.metrics = api, config, metrics
+        self.queue: WorkQueue[Key, Work] = WorkQueue(self.timed_pass, merge, workers, metrics.queue_wait.observe)
         self.services: dict[Key, ServiceState] = {}
+        metrics.queue_depth.set_function(lambda: self.queue.depth)
+        metrics.queue_active.set_function(lambda: self.queue.active)
+        metrics.services.set_function(lambda: len(self.services))
 
     # -- triggers -----------------------------------------------------------------------------
 
@@ -76,24 +81,41 @@ class Controller:
         """Everything kept for a service that is gone."""
         self.queue.forget(key)
         self.services.pop(key, None)
+        self.metrics.forget(*key)
 
     # -- one pass -----------------------------------------------------------------------------
 
-    async def run_pass(self, key: Key, work: Work) -> None:
-        """Read, (plan), apply, status; then the timers for the next passes."""
+    async def timed_pass(self, key: Key, work: Work) -> None:
+        """run_pass, counted and timed by who asked for it."""
+        trigger = work.trigger.value
+        self.metrics.reconciles.labels(trigger).inc()
+        with self.metrics.reconcile_seconds.labels(trigger).time():
+            try:
+                error = await self.run_pass(key, work)
+            except Exception:
+                self.metrics.reconcile_errors.labels(trigger, "Exception").inc()
+                raise
+        if error is not None:
+            self.metrics.reconcile_errors.labels(trigger, error).inc()
+
+    async def run_pass(self, key: Key, work: Work) -> str | None:
+        """Read, (plan), apply, status; then the timers for the next passes. Returns the reason of an
+        error the pass reported in status (ApplyFailed, AdoptionRefused, InvalidSpec), or None."""
         body = await asyncio.to_thread(apply.get_service, self.api, *key)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self.forget(key)
-            return
+            return None
         state = self.services.get(key)
         if state is None:  # first seen through a child or a timer: its spec is applied too
             state = self.services[key] = ServiceState(generation=body["metadata"].get("generation"))
             work = merge(work, SPEC)
-        spec, _ = parse_spec(body)
+        spec, spec_error = parse_spec(body)
         obs = await asyncio.to_thread(observe, self.api, *key, body["metadata"].get("uid"), state.memory.owners)
         decision = kv = None
         if work.plan and spec is not None:
             decision, kv = await decide(state.planning, body["metadata"].get("uid"), spec, obs, self.config)
+            if decision is not None:
+                self.metrics.decided(*key, decision, state.planning.snapshot)
         if kv is None:
             kv = await probe.probe_workers(obs, self.config)
         result = await asyncio.to_thread(run_pass, self.api, body, self.config, work, state.memory,
@@ -102,7 +124,7 @@ class Controller:
             log.info("%s/%s: generation %s reconciled%s", *key, body["metadata"].get("generation"),
                      f" ({result.error})" if result.error else "")
         if key not in self.services:
-            return  # forgotten while the pass ran
+            return None  # forgotten while the pass ran
         if result.error and result.retryable:
             log.warning("%s/%s: %s; retrying in %.0f s", *key, result.error, RETRY_S)
             self.queue.schedule(key, RETRY, RETRY_S, "retry")
@@ -116,3 +138,4 @@ class Controller:
             self.queue.schedule(key, PLAN, autoscaling.interval_s, "plan")
         elif not self.queue.scheduled(key, "plan"):
             self.queue.schedule(key, PLAN, 0.0, "plan")
+        return ("InvalidSpec" if spec_error else result.reason) if result.error else None

@@ -26,6 +26,7 @@ from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.names import pod_ready, pod_url
 from tandem.operator.autoscaling.snapshot import PodScrape, read_pod
 from tandem.operator.config import OperatorConfig
+from tandem.operator.metrics import METRICS, failure_reason
 from tandem.operator.spec import WORKER_ROLES
 from tandem.operator.status import KVProbe, Observation
 
@@ -106,7 +107,9 @@ def _kv_probe(target: Target, body: str | None, error: str | None) -> KVProbe:
 async def probe_all(found: list[Target], timeout_s: float) -> list[KVProbe]:
     """One probe per target, concurrently; a probe that fails says why instead of raising."""
     answers = await get_all([t.url for t in found], timeout_s, HEALTH_MAX_BYTES)
-    return [_kv_probe(t, body, error) for t, (body, error) in zip(found, answers, strict=True)]
+    probes = [_kv_probe(t, body, error) for t, (body, error) in zip(found, answers, strict=True)]
+    _count("kv_health", [p.error for p in probes])
+    return probes
 
 
 async def probe_workers(obs: Observation, config: OperatorConfig) -> list[KVProbe] | None:
@@ -123,7 +126,15 @@ async def read_metrics(pods: list[tuple[str, str, bool, str | None]], timeout_s:
     for name, role, ready, url in pods:
         text, error = next(answers) if url is not None else (None, "not ready" if not ready else "no pod IP")
         pages.append((name, role, ready, text, error))
-    return await parse_pages(pages)
+    scrapes = await parse_pages(pages)
+    _count("metrics", [s.error for s, (*_, url) in zip(scrapes, pods, strict=True) if url is not None])
+    return scrapes
+
+
+def _count(kind: str, errors: list[str | None]) -> None:
+    for error in errors:
+        if error:
+            METRICS.scrape_failures.labels(kind, failure_reason(error)).inc()
 
 
 Page = tuple[str, str, bool, "str | None", "str | None"]  # name, role, ready, text, why no text

@@ -108,7 +108,7 @@ def run_pass(api: client.ApiClient, body: dict, config: OperatorConfig, work: Wo
     spec, spec_error = parse_spec(body)
     old = body.get("status") or {}
     changes = scale_changes(spec, old, decision) if spec is not None and decision is not None else []
-    _mark_removals(api, meta["namespace"], obs, changes)
+    _mark_removals(api, meta["namespace"], obs, changes, config)
     applies = work.apply or bool(changes)
     if spec is None:
         result, secret = apply.ApplyResult(error=spec_error), old.get("internalSecret")
@@ -143,19 +143,24 @@ def run_pass(api: client.ApiClient, body: dict, config: OperatorConfig, work: Wo
     return result
 
 
-def _mark_removals(api: client.ApiClient, namespace: str, obs: Observation | None,
-                   changes: list[ScaleChange]) -> None:
-    """Before replicas drop, the pods the planner chose are marked so the ReplicaSet removes those.
-    Their running streams move when the kubelet's SIGTERM reaches them: each decode worker hands its
-    sequences (their KV leased) to other decode workers through the router."""
+def _mark_removals(api: client.ApiClient, namespace: str, obs: Observation | None, changes: list[ScaleChange],
+                   config: OperatorConfig) -> None:
+    """Before replicas drop, the pods the planner chose are marked so the ReplicaSet removes those
+    (with --mark-pods-for-removal; otherwise the ReplicaSet picks). Either way the running streams of
+    a removed decode pod move when the kubelet's SIGTERM reaches it: its worker hands its sequences
+    (their KV leased) to other decode workers through the router."""
     for i, c in enumerate(changes):
         if not c.remove:
             continue
-        role = obs.roles.get(c.role) if obs is not None else None
-        problems = apply.mark_for_removal(api, namespace, role.pods if role else [], c.remove, now())
-        message = f"{c.message}; removing {', '.join(c.remove)}"
-        if problems:
-            message += f" (could not mark {'; '.join(problems)}: the ReplicaSet picks instead)"
+        if not config.mark_pods:
+            message = (f"{c.message}; the planner would remove {', '.join(c.remove)}, the ReplicaSet picks "
+                       "(marking pods is off: --mark-pods-for-removal)")
+        else:
+            role = obs.roles.get(c.role) if obs is not None else None
+            problems = apply.mark_for_removal(api, namespace, role.pods if role else [], c.remove, now())
+            message = f"{c.message}; removing {', '.join(c.remove)}"
+            if problems:
+                message += f" (could not mark {'; '.join(problems)}: the ReplicaSet picks instead)"
         changes[i] = dataclasses.replace(c, message=message)
 
 

@@ -37,9 +37,11 @@ class WorkQueue(Generic[K, W]):
     """Keyed, deduplicated work for `handler(key, work)`, run by `workers` tasks once `run()` runs."""
 
     def __init__(self, handler: Callable[[K, W], Awaitable[None]], merge: Callable[[W, W], W],
-                 workers: int = 8) -> None:
-        self.handler, self.merge, self.workers = handler, merge, workers
+                 workers: int = 8, waited: Callable[[float], None] | None = None) -> None:
+        """`waited(seconds)` hears how long each pass waited from its first request to its start."""
+        self.handler, self.merge, self.workers, self.waited = handler, merge, workers, waited
         self._pending: dict[K, W] = {}  # merged work per key, not yet started
+        self._since: dict[K, float] = {}  # when the key's pending work was first queued (loop time)
         self._ready: asyncio.Queue[K] = asyncio.Queue()  # keys in _pending that no pass holds
         self._active: set[K] = set()  # keys whose pass runs now
         self._timers: dict[K, dict[str, _Timer[W]]] = {}
@@ -50,6 +52,7 @@ class WorkQueue(Generic[K, W]):
             self._pending[key] = self.merge(self._pending[key], work)
             return
         self._pending[key] = work
+        self._since[key] = asyncio.get_running_loop().time()
         if key not in self._active:
             self._ready.put_nowait(key)
 
@@ -84,6 +87,7 @@ class WorkQueue(Generic[K, W]):
     def forget(self, key: K) -> None:
         """Drop the key's queued work and its timers (a pass that runs now finishes)."""
         self._pending.pop(key, None)
+        self._since.pop(key, None)
         for timer in self._timers.pop(key, {}).values():
             timer.handle.cancel()
 
@@ -115,8 +119,11 @@ class WorkQueue(Generic[K, W]):
         while True:
             key = await self._ready.get()
             work = self._pending.pop(key, None)
+            since = self._since.pop(key, None)
             if work is None:  # forgotten while it waited
                 continue
+            if self.waited is not None and since is not None:
+                self.waited(asyncio.get_running_loop().time() - since)
             self._active.add(key)
             try:
                 await self.handler(key, work)

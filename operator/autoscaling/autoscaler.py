@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from tandem.contracts.names import pod_ready, pod_url
 from tandem.operator import probe
 from tandem.operator.autoscaling.planner import Decision, PlannerState, plan
-from tandem.operator.autoscaling.snapshot import MetricsWindow, ScrapeRound
+from tandem.operator.autoscaling.snapshot import MetricsWindow, ScrapeRound, Snapshot
 from tandem.operator.config import OperatorConfig
 from tandem.operator.spec import COMPONENTS, AutoscalingSpec, InferenceServiceSpec
 from tandem.operator.status import KVProbe, Observation
@@ -46,6 +46,7 @@ class Planning:
     uid: str | None = None  # a service deleted and created again under the name starts afresh
     window: MetricsWindow | None = None
     state: PlannerState | None = None
+    snapshot: Snapshot | None = None  # what the last decision was made from (the operator's metrics show it)
 
 
 async def decide(planning: Planning, uid: str | None, spec: InferenceServiceSpec, obs: Observation,
@@ -65,7 +66,8 @@ async def decide(planning: Planning, uid: str | None, spec: InferenceServiceSpec
     planning.window = (planning.window or MetricsWindow(float(a.window_s))).add(scrape)
     current = {role: obs.roles[role].replicas for role in a.roles}
     seeded = _seeded(planning.state, a, current, stamp)
-    decision, planning.state = plan(planning.window.snapshot(), current, a, seeded, stamp)
+    planning.snapshot = planning.window.snapshot()
+    decision, planning.state = plan(planning.snapshot, current, a, seeded, stamp)
     return decision, kv
 
 

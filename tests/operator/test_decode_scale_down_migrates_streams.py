@@ -1,7 +1,8 @@
 """Scaling decode down on the real control plane while 20 streams run: no stream fails, each has
 exactly the text of an undisturbed run. Real worker and router processes stand in for the pods
 (KWOK gives them loopback IPs); ProcessGroup acts as the kubelet for a deleted pod (SIGTERM, then
-the worker's own drain). The operator runs with the RBAC operator/RBAC.md documents.
+the worker's own drain). The operator runs with the default Helm chart's RBAC: no `pods: patch`
+anywhere, so the ReplicaSet picks the pod to remove (issue 21.7) and its streams still move.
 
 The planner lowers decode from 2 to 1 because maxReplicas drops to 1 while the streams run (its
 idle scale-down needs the load gone first: test_planner_scales_decode_with_real_workers.py); the
@@ -17,6 +18,7 @@ from kubernetes import client
 from tandem.testing.cluster import POOL_LABEL, wait_until
 from tandem.testing.completion_streams import CompletionStreams, undisturbed
 from tandem.testing.pod_workers import ProcessGroup, ready_pods
+from tandem.testing.rbac import rbac_denials
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 
@@ -51,10 +53,10 @@ def procs(k8s):
 
 
 def test_streams_survive_a_decode_scale_down_by_migrating(
-    k8s, start_operator, documented_rbac_kubeconfig, namespace, procs, toy_model_dir
+    k8s, start_operator, chart_rbac, namespace, procs, toy_model_dir
 ):
     api = procs.api
-    start_operator(kubeconfig=documented_rbac_kubeconfig)
+    operator = start_operator(kubeconfig=chart_rbac().kubeconfig)
     name = "shrink"
     body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
             "spec": spec(str(toy_model_dir))}
@@ -87,3 +89,4 @@ def test_streams_survive_a_decode_scale_down_by_migrating(
     assert workers[removed[0]].proc.wait(60) == 0, workers[removed[0]].log()[-3000:]
     assert router.metric('tandem_router_migrations_total{outcome="kv"}') > 0, router.get_text("/metrics")
     assert router.metric('tandem_router_migrations_total{outcome="failed"}') == 0
+    assert not rbac_denials(operator.log()), "the default chart's RBAC lacks what a scale-down does"

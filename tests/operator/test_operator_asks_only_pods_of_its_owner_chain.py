@@ -9,13 +9,13 @@ decode labels runs next to the service's own decode pod, both with an HTTP serve
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from kubernetes import client
 from tandem.contracts.kv_health import KVHealth
+from tandem.operator.probe import HEALTH_PATH
 from tandem.testing.cluster import POOL_LABEL, wait_until
+from tandem.testing.pod_http import PodHTTP
 from tandem.testing.pod_workers import ready_pods
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -23,31 +23,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 GVP = ("tandem.dev", "v1alpha1", "inferenceservices")
 
 
-class PodServer:
-    """An HTTP server at a pod's IP and port that counts the requests of each path."""
-
-    def __init__(self, ip: str, port: int, healthy: bool) -> None:
-        self.hits: list[str] = []
-        body = json.dumps(KVHealth(backend="tcp", healthy=healthy, last_error="impostor").to_dict()).encode()
-        hits = self.hits
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                hits.append(self.path)
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer((ip, port), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+def health(healthy: bool) -> bytes:
+    return json.dumps(KVHealth(backend="tcp", healthy=healthy, last_error="impostor").to_dict()).encode()
 
 
 def test_a_pod_with_copied_labels_is_never_probed(k8s, api, start_operator, namespace):
@@ -70,8 +47,8 @@ def test_a_pod_with_copied_labels_is_never_probed(k8s, api, start_operator, name
     evil = wait_until(lambda: [p for p in ready_pods(api, namespace, name, "decode")
                                if p["metadata"]["name"] == "impostor"] or None,
                       timeout=60, what="the impostor pod Ready")[0]
-    servers = [PodServer(decode["status"]["podIP"], 8000, healthy=True),
-               PodServer(evil["status"]["podIP"], 8000, healthy=False)]
+    servers = [PodHTTP(decode["status"]["podIP"], 8000, {HEALTH_PATH: health(True)}),
+               PodHTTP(evil["status"]["podIP"], 8000, {HEALTH_PATH: health(False)})]
     try:
         own, fake = servers
         wait_until(lambda: len(own.hits) >= 3, timeout=60, what="three KV probes of the service's own pod")
