@@ -10,6 +10,7 @@ defaulted) and returns every child, all in the CR's namespace, in apply order:
   Deployment  <name>-prefill/-decode  the workers (GPU, RDMA, probes, spread)  worker.py
   Deployment  <name>-router           the OpenAI-compatible router            router.py
   NetworkPolicy <name>-workers        only the service's pods reach workers   trust.py
+  PodDisruptionBudget <name>-<component>  a drain takes maxUnavailable at once  objects.py
   (Secret     <name>-internal         the router's and workers' shared secret: created once by
                                       apply.ensure_internal_secret, random, so not rendered here)
 
@@ -19,6 +20,7 @@ A new kind of child is one builder here plus its (apiVersion, kind) in apply.PAT
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render.config_files import (
@@ -28,7 +30,7 @@ from tandem.operator.render.config_files import (
     worker_config,
 )
 from tandem.operator.render.identity import generation_hash, image_ref, short_hash
-from tandem.operator.render.objects import Manifest, names
+from tandem.operator.render.objects import Manifest, disruption_budget, names
 from tandem.operator.render.router import endpoint, router_deployment, router_rbac, router_service
 from tandem.operator.render.trust import internal_secret, network_policy, with_secret_uid
 from tandem.operator.render.worker import worker_deployment, worker_service
@@ -63,11 +65,17 @@ def render(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig,
     policy = [network_policy(meta, spec, config)] if spec.network_policy.enabled else []
     return with_secret_uid(secret_uid, [
         configmap(meta, files),
-        *router_rbac(meta),
+        *router_rbac(meta, spec),
         *(worker_service(meta, role) for role in WORKER_ROLES),
         router_service(meta, spec),
         *policy,
+        *(disruption_budget(meta, c, budget) for c, budget in _budgets(spec) if budget.enabled),
         *(worker_deployment(meta, spec, role, config, hashes[f"{role}.yaml"], counts[role])
           for role in WORKER_ROLES),
         router_deployment(meta, spec, config, hashes[f"{ROUTER}.yaml"]),
     ])
+
+
+def _budgets(spec: InferenceServiceSpec) -> list[tuple[str, Any]]:
+    return [(role, spec.role(role).pod_disruption_budget) for role in WORKER_ROLES] + [
+        (ROUTER, spec.router.pod_disruption_budget)]

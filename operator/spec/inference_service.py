@@ -21,8 +21,17 @@ from tandem.contracts.routing import (
 )
 from tandem.operator.spec.autoscaling import AutoscalingSpec
 from tandem.operator.spec.fields import FreeForm, Quantity, Rule, api_field, parse, to_json
+from tandem.operator.spec.pod import (
+    DNS_SUBDOMAIN,
+    DisruptionBudget,
+    LocalObjectReference,
+    image_pull_secrets,
+    pod_disruption_budget,
+    priority_class_name,
+    runtime_class_name,
+    service_account_name,
+)
 
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Variables the operator sets in every worker itself; the CRD refuses them in a role's env.
 RESERVED_ENV = ("POD_IP", "POD_NAME", "TANDEM_GENERATION", SECRET_ENV)
 # The worker roles an InferenceService runs (plain strings: they become labels and file names),
@@ -166,6 +175,14 @@ class WorkerRole:
     termination_grace_period_seconds: int = api_field(
         "terminationGracePeriodSeconds", minimum=0, maximum=86400, default=60,
         description="Time a stopping worker gets to finish its requests.")
+    # Pod settings a platform needs (spec/pod.py).
+    priority_class_name: str | None = priority_class_name()
+    runtime_class_name: str | None = runtime_class_name()
+    image_pull_secrets: tuple[LocalObjectReference, ...] | None = image_pull_secrets()
+    service_account_name: str | None = service_account_name(
+        "ServiceAccount of the {role} pods (it must exist), e.g. one a cloud maps to an identity that may read "
+        "the weights. Its token is not mounted: workers never call the Kubernetes API.")
+    pod_disruption_budget: DisruptionBudget = pod_disruption_budget()
 
 
 def _role(role: Role, description: str, **overrides: dict[str, Any]) -> Any:
@@ -298,6 +315,14 @@ class Router:
         "apiKeySecretRef", description="A Secret holding the API key clients must send as a Bearer token.")
     cpu: Quantity | None = api_field("cpu", description="CPU request and limit per router pod.")
     memory: Quantity | None = api_field("memory", description="Memory request and limit per router pod.")
+    # Pod settings a platform needs (spec/pod.py).
+    priority_class_name: str | None = priority_class_name()
+    runtime_class_name: str | None = runtime_class_name()
+    image_pull_secrets: tuple[LocalObjectReference, ...] | None = image_pull_secrets()
+    service_account_name: str | None = service_account_name(
+        "An existing ServiceAccount for the router pods instead of the one the operator creates; the operator "
+        "binds its Role (list pods and EndpointSlices, read ReplicaSets) to it.")
+    pod_disruption_budget: DisruptionBudget = pod_disruption_budget()
 
 
 @api_type
@@ -348,7 +373,8 @@ class InferenceServiceSpec:
     kv_transfer: KVTransfer = api_field(
         "kvTransfer", default={}, description="How prefill hands the KV cache to decode.")
     router: Router = api_field(
-        "router", default={}, description="The OpenAI-compatible router: the service's endpoint.")
+        "router", default={}, description="The OpenAI-compatible router: the service's endpoint.",
+        context={"role": ROUTER})
     image: Image | None = api_field(
         "image", description="The Tandem image for workers and router; unset fields come from the "
         "operator's configuration.")

@@ -22,6 +22,7 @@ EXPECTED = {
     ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"},
+    ("policy", "poddisruptionbudgets"): {"get", "create", "patch"},
     ("", "secrets"): {"create"},  # each service's internal secret, created once; never read
     ("", "pods"): {"get", "list", "watch"},
     ("apps", "replicasets"): {"get"},  # held to grant the router's Role (owner-chain discovery)

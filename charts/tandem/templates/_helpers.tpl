@@ -116,6 +116,10 @@ InferenceService through owner references and the garbage collector.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "create", "patch"]
+# Each component's PodDisruptionBudget, server-side applied like the other children.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch"]
 # Each service's internal secret (router <-> workers) is created once, if absent. Create only:
 # the operator never reads, lists or changes a Secret.
 - apiGroups: [""]
