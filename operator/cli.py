@@ -37,7 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--worker-image", default=os.environ.get("TANDEM_WORKER_IMAGE", ""), metavar="REPO[:TAG]",
-        help="image for workers and router when the InferenceService sets none ($TANDEM_WORKER_IMAGE)",
+        help="image for prefill and decode workers when the InferenceService sets none ($TANDEM_WORKER_IMAGE)",
+    )
+    parser.add_argument(
+        "--router-image", default=os.environ.get("TANDEM_ROUTER_IMAGE", ""), metavar="REPO[:TAG]",
+        help="image for routers when the InferenceService sets no router.image ($TANDEM_ROUTER_IMAGE)",
     )
     parser.add_argument(
         "--image-pull-policy", choices=["Always", "IfNotPresent", "Never"],
@@ -94,10 +98,13 @@ def operator_config(args: argparse.Namespace) -> OperatorConfig:
     namespace and labels, comes from the environment)."""
     base = OperatorConfig.from_env()
     repo, tag = split_image(args.worker_image)
+    router_repo, router_tag = split_image(args.router_image)
     return dataclasses.replace(
         base,
         image_repository=repo or base.image_repository,
         image_tag=tag or base.image_tag,
+        router_repository=router_repo or base.router_repository,
+        router_tag=router_tag or base.router_tag,
         pull_policy=args.image_pull_policy or base.pull_policy,
         resync_seconds=args.resync_seconds,
         kv_probe=base.kv_probe if args.kv_probe is None else args.kv_probe,

@@ -15,6 +15,7 @@ FIELD_MANAGER = "tandem-operator"
 HANDOVER_MANAGER = "tandem-operator-handover"
 
 DEFAULT_IMAGE_REPOSITORY = "ghcr.io/tandem-dev/tandem-worker"
+DEFAULT_ROUTER_REPOSITORY = "ghcr.io/tandem-dev/tandem-router"  # the Dockerfile's `router` target
 DEFAULT_IMAGE_TAG = "0.1.0"
 DEFAULT_PULL_POLICY = "IfNotPresent"
 DEFAULT_RESYNC_SECONDS = 30.0
@@ -33,8 +34,10 @@ def _env_flag(value: str | None, default: bool) -> bool:
 class OperatorConfig:
     """Operator-wide settings; flags of `tandem operator` override the TANDEM_* environment."""
 
-    image_repository: str = DEFAULT_IMAGE_REPOSITORY
+    image_repository: str = DEFAULT_IMAGE_REPOSITORY  # the workers' image
     image_tag: str = DEFAULT_IMAGE_TAG
+    router_repository: str = DEFAULT_ROUTER_REPOSITORY  # the router's own image (no torch)
+    router_tag: str = DEFAULT_IMAGE_TAG
     pull_policy: str = DEFAULT_PULL_POLICY
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     kv_probe: bool = True  # GET each ready worker's /internal/kv/health for KVTransferReady
@@ -49,16 +52,19 @@ class OperatorConfig:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
-        """TANDEM_WORKER_IMAGE (repo[:tag]), TANDEM_IMAGE_PULL_POLICY, TANDEM_RESYNC_SECONDS,
+        """TANDEM_WORKER_IMAGE (repo[:tag]), TANDEM_ROUTER_IMAGE (repo[:tag]), TANDEM_IMAGE_PULL_POLICY, TANDEM_RESYNC_SECONDS,
         TANDEM_KV_PROBE (0 turns probing off), TANDEM_KV_PROBE_TIMEOUT_SECONDS,
         TANDEM_METRICS_TIMEOUT_SECONDS, TANDEM_MARK_PODS_FOR_REMOVAL (1 turns marking on), POD_NAMESPACE and
         TANDEM_OPERATOR_POD_LABELS (a JSON object: the operator pods' labels, set by the chart).
         TANDEM_API_TIMEOUT_SECONDS bounds every API call (read in tandem.operator.apply)."""
         env = dict(os.environ if env is None else env)
         repo, tag = split_image(env.get("TANDEM_WORKER_IMAGE", ""))
+        router_repo, router_tag = split_image(env.get("TANDEM_ROUTER_IMAGE", ""))
         return cls(
             image_repository=repo or DEFAULT_IMAGE_REPOSITORY,
             image_tag=tag or DEFAULT_IMAGE_TAG,
+            router_repository=router_repo or DEFAULT_ROUTER_REPOSITORY,
+            router_tag=router_tag or DEFAULT_IMAGE_TAG,
             pull_policy=env.get("TANDEM_IMAGE_PULL_POLICY") or DEFAULT_PULL_POLICY,
             resync_seconds=float(env.get("TANDEM_RESYNC_SECONDS") or DEFAULT_RESYNC_SECONDS),
             kv_probe=_env_flag(env.get("TANDEM_KV_PROBE"), True),

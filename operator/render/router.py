@@ -8,7 +8,7 @@ from typing import Any
 from tandem.contracts.names import LABEL_ROLE, ROUTER_PORT
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render.config_files import ROUTER_SHUTDOWN_GRACE_S
-from tandem.operator.render.identity import image_ref
+from tandem.operator.render.identity import router_image_ref
 from tandem.operator.render.objects import (
     CONFIG_DIR,
     Manifest,
@@ -58,7 +58,7 @@ def router_deployment(meta: dict, spec: InferenceServiceSpec, config: OperatorCo
 
 def router_container(name: str, spec: InferenceServiceSpec, config: OperatorConfig) -> dict[str, Any]:
     router = spec.router
-    image, pull_policy = image_ref(spec, config)
+    image, pull_policy = router_image_ref(spec, config)
     amounts = {key: value for key, value in (("cpu", router.cpu), ("memory", router.memory))
                if value is not None}
     return {

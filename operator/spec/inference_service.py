@@ -18,6 +18,7 @@ from tandem.operator.spec.fields import FreeForm, Quantity, Rule, api_field, par
 from tandem.operator.spec.pod import (
     DNS_SUBDOMAIN,
     DisruptionBudget,
+    Image,
     LocalObjectReference,
     image_pull_secrets,
     pod_disruption_budget,
@@ -264,19 +265,6 @@ class NetworkPolicySpec:
 
 
 @api_type
-class Image:
-    """The Tandem image of workers and router; what is unset comes from the operator's config."""
-
-    repository: str | None = api_field(
-        "repository", max_length=512,
-        pattern="^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
-    tag: str | None = api_field(
-        "tag", max_length=128,
-        pattern="^[A-Za-z0-9_][A-Za-z0-9_.-]*(@sha256:[a-f0-9]{64})?$|^@?sha256:[a-f0-9]{64}$")
-    pull_policy: str | None = api_field("pullPolicy", enum=["Always", "IfNotPresent", "Never"])
-
-
-@api_type
 class InferenceServiceSpec:
     """One served model, prefill and decode disaggregated: the whole `spec` of an InferenceService."""
 
@@ -300,8 +288,9 @@ class InferenceServiceSpec:
         "router", default={}, description="The OpenAI-compatible router: the service's endpoint.",
         context={"role": ROUTER})
     image: Image | None = api_field(
-        "image", description="The Tandem image for workers and router; unset fields come from the "
-        "operator's configuration.")
+        "image", description="The Tandem worker image (prefill and decode); unset fields come from the "
+        "operator's configuration. A tag set here also pins the router's image tag unless router.image sets "
+        "one.")
     network_policy: NetworkPolicySpec = api_field(
         "networkPolicy", default={}, description="Who may reach the worker pods.")
     autoscaling: AutoscalingSpec | None = api_field(

@@ -1,6 +1,7 @@
 """Pod settings a platform needs, the same for the prefill and decode workers and for the router:
 scheduling priority, the runtime class, pull secrets, the pods' ServiceAccount, and a
-PodDisruptionBudget. Declared once here; each component's dataclass lists them (one line each).
+PodDisruptionBudget; and the Image type. Declared once here; each component's dataclass lists them
+(one line each).
 """
 
 from __future__ import annotations
@@ -43,6 +44,19 @@ class DisruptionBudget:
         if self.min_available is not None:
             return {"minAvailable": self.min_available}
         return {"maxUnavailable": 1 if self.max_unavailable is None else self.max_unavailable}
+
+
+@api_type
+class Image:
+    """A Tandem image; what is unset comes from the operator's config."""
+
+    repository: str | None = api_field(
+        "repository", max_length=512,
+        pattern="^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
+    tag: str | None = api_field(
+        "tag", max_length=128,
+        pattern="^[A-Za-z0-9_][A-Za-z0-9_.-]*(@sha256:[a-f0-9]{64})?$|^@?sha256:[a-f0-9]{64}$")
+    pull_policy: str | None = api_field("pullPolicy", enum=["Always", "IfNotPresent", "Never"])
 
 
 def priority_class_name() -> Any:

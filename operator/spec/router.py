@@ -15,6 +15,7 @@ from tandem.operator.spec.fields import Quantity, api_field
 from tandem.operator.spec.pod import (
     DNS_SUBDOMAIN,
     DisruptionBudget,
+    Image,
     LocalObjectReference,
     image_pull_secrets,
     pod_disruption_budget,
@@ -85,6 +86,9 @@ class Router:
     limits: RouterLimits = api_field("limits", default={})
     api_key_secret_ref: SecretKeyRef | None = api_field(
         "apiKeySecretRef", description="A Secret holding the API key clients must send as a Bearer token.")
+    image: Image | None = api_field(
+        "image", description="The router's own image (the Dockerfile's router target, no torch); unset fields "
+        "come from the operator's router image (its tag from spec.image.tag when that pins one).")
     cpu: Quantity | None = api_field("cpu", description="CPU request and limit per router pod.")
     memory: Quantity | None = api_field("memory", description="Memory request and limit per router pod.")
     # Pod settings a platform needs (spec/pod.py).

@@ -296,6 +296,14 @@ def test_helm_install_then_apply_an_example_serves_it_and_uninstall_cleans_up(
             for cond in ("PrefillReady", "DecodeReady", "RouterReady"):
                 assert condition(tis, cond)["status"] == "True", cond
 
+            # Workers run the worker image, the router its own (the chart's defaults; no torch in it).
+            images = {d["metadata"]["labels"]["tandem.dev/role"]: d["spec"]["template"]["spec"]["containers"][0]["image"]
+                      for d in kubectl_json(k8s, "-n", llm, "get", "deployments",
+                                            "-l", f"tandem.dev/service={name}")["items"]}
+            assert images == {"prefill": "ghcr.io/tandem-dev/tandem-worker:0.1.0",
+                              "decode": "ghcr.io/tandem-dev/tandem-worker:0.1.0",
+                              "router": "ghcr.io/tandem-dev/tandem-router:0.1.0"}, images
+
             # The real scheduler put each role on its pool (GPU nodes are tainted).
             nodes = {n["metadata"]["name"]: n["metadata"]["labels"].get(POOL_LABEL)
                      for n in kubectl_json(k8s, "get", "nodes")["items"]}

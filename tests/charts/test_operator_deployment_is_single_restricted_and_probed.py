@@ -62,6 +62,11 @@ def test_worker_defaults_reach_the_operator(helm_bin: Path) -> None:
     })
     env = {e["name"]: e.get("value") for e in operator_container(objs)["env"]}
     assert env["TANDEM_WORKER_IMAGE"] == "registry.example/tandem-worker:1.2.3"
+    assert env["TANDEM_ROUTER_IMAGE"] == "ghcr.io/tandem-dev/tandem-router:0.1.0", "its own image, by default"
+    routed = render(helm_bin, **{"routerDefaults.image.repository": "registry.example/tandem-router",
+                                 "routerDefaults.image.tag": "2.0"})
+    routed_env = {e["name"]: e.get("value") for e in operator_container(routed)["env"]}
+    assert routed_env["TANDEM_ROUTER_IMAGE"] == "registry.example/tandem-router:2.0"
     assert env["TANDEM_IMAGE_PULL_POLICY"] == "Always"
     assert env["TANDEM_RESYNC_SECONDS"] == "30"
 

@@ -76,3 +76,28 @@ def test_an_rdma_worker_runs_as_non_root_unless_it_asks_for_ipc_lock(typed, meta
     security = locked["containers"][0]["securityContext"]
     assert security["capabilities"]["add"] == ["IPC_LOCK"] and security["runAsUser"] == 0
     assert restricted_violations(locked), "IPC_LOCK is outside Restricted (and Baseline)"
+
+
+def test_the_router_runs_its_own_image(typed, meta):
+    """The router has its own image (no torch): the operator's router image, spec.router.image over it,
+    and a version spec.image pins for the workers pins the router's tag too (not a digest)."""
+    config = OperatorConfig(image_repository="reg/worker", image_tag="1.0", router_repository="reg/router",
+                            router_tag="1.0", pull_policy="IfNotPresent")
+
+    def images(raw: dict) -> tuple[str, str, str]:
+        out = render(meta, typed({"model": {"path": "/m"}} | raw), config)
+        router = _pod(out, "router")["containers"][0]
+        return _pod(out, "decode")["containers"][0]["image"], router["image"], router["imagePullPolicy"]
+
+    assert images({}) == ("reg/worker:1.0", "reg/router:1.0", "IfNotPresent")
+    assert images({"image": {"tag": "1.1", "pullPolicy": "Always"}}) == ("reg/worker:1.1", "reg/router:1.1", "Always")
+    assert images({"router": {"image": {"repository": "mirror/router", "tag": "2.0", "pullPolicy": "Never"}},
+                   "image": {"tag": "1.1"}}) == ("reg/worker:1.1", "mirror/router:2.0", "Never")
+    digest = "sha256:" + "b" * 64
+    assert images({"image": {"tag": digest}}) == (f"reg/worker@{digest}", "reg/router:1.0", "IfNotPresent")
+    a = render(meta, typed({"model": {"path": "/m"}}), config)
+    b = render(meta, typed({"model": {"path": "/m"}, "router": {"image": {"tag": "9"}}}), config)
+    label = "tandem.dev/generation"
+    assert (_by(a, "Deployment", "llama-decode")["spec"]["template"]["metadata"]["labels"][label]
+            == _by(b, "Deployment", "llama-decode")["spec"]["template"]["metadata"]["labels"][label]), \
+        "a router image does not change what prefill and decode must share"

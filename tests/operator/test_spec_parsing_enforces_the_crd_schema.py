@@ -43,6 +43,7 @@ FULL = {
                                                   "maxBodyBytes": 2048},
                "apiKeySecretRef": {"name": "s", "key": "k"}, "cpu": 1, "memory": "1Gi",
                "priorityClassName": "serving", "runtimeClassName": "runc", "imagePullSecrets": [{"name": "r"}],
+               "image": {"repository": "reg.io/router", "tag": "1.0", "pullPolicy": "Never"},
                "serviceAccountName": "router-sa", "podDisruptionBudget": {"enabled": False, "maxUnavailable": 2,
                                                                           "minAvailable": "50%"}},
     "image": {"repository": "reg.io/x", "tag": "1.0", "pullPolicy": "Always"},

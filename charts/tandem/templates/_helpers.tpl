@@ -62,6 +62,10 @@ app.kubernetes.io/part-of: tandem
 {{- printf "%s:%s" .Values.workerDefaults.image.repository (default .Chart.AppVersion .Values.workerDefaults.image.tag) }}
 {{- end }}
 
+{{- define "tandem.routerImage" -}}
+{{- printf "%s:%s" .Values.routerDefaults.image.repository (default .Chart.AppVersion .Values.routerDefaults.image.tag) }}
+{{- end }}
+
 {{/* The Restricted pod security level, for the operator pod and the `helm test` pod. */}}
 {{- define "tandem.podSecurityContext" -}}
 runAsNonRoot: true
