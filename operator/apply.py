@@ -30,12 +30,18 @@ API_TIMEOUT_S = float(os.environ.get("TANDEM_API_TIMEOUT_SECONDS") or DEFAULT_AP
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 CHOSEN = "tandem.dev/chosen-for-removal"
 
+# Kinds whose spec.replicas an external autoscaler may own (External mode).
+SCALED_KINDS = ("Deployment", "LeaderWorkerSet")
 # (apiVersion, kind) -> URL path template of the named object.
 PATHS: dict[tuple[str, str], str] = {
     ("v1", "ConfigMap"): "/api/v1/namespaces/{namespace}/configmaps/{name}",
     ("v1", "Service"): "/api/v1/namespaces/{namespace}/services/{name}",
     ("v1", "ServiceAccount"): "/api/v1/namespaces/{namespace}/serviceaccounts/{name}",
+    ("v1", "PersistentVolumeClaim"): "/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}",
+    ("batch/v1", "Job"): "/apis/batch/v1/namespaces/{namespace}/jobs/{name}",
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"):
+        "/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets/{name}",
     ("networking.k8s.io/v1", "NetworkPolicy"): "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/{name}",
     ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles/{name}",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings/{name}",
@@ -162,13 +168,13 @@ def apply_all(api: client.ApiClient, manifests: list[dict]) -> ApplyResult:
             refused = refusal(live, manifest) if live is not None else None
             if refused is not None:
                 return ApplyResult(result.created, result.updated, refused.message, refused.retryable, REFUSED)
-            if (live is not None and manifest["kind"] == "Deployment" and "replicas" not in manifest["spec"]
+            if (live is not None and manifest["kind"] in SCALED_KINDS and "replicas" not in manifest["spec"]
                     and owns_replicas(live)):
                 release_replicas(api, manifest, live)
             before = live["metadata"]["resourceVersion"] if live is not None else None
             after = server_side_apply(api, manifest)["metadata"]["resourceVersion"]
         except ApiException as e:
-            result.error = f"applying {ref(manifest)}: {_error_text(e)}"
+            result.error = f"applying {ref(manifest)}: {_error_text(e)}{_missing_kind_hint(manifest, e)}"
             # 4xx other than conflicts/throttling: the API server refuses what we rendered.
             result.retryable = e.status is None or e.status >= 500 or e.status in (409, 429)
             return result
@@ -181,6 +187,33 @@ def apply_all(api: client.ApiClient, manifests: list[dict]) -> ApplyResult:
         elif before != after:
             result.updated.append(ref(manifest))
     return result
+
+
+def _missing_kind_hint(manifest: dict, e: ApiException) -> str:
+    """What to do when the cluster does not serve a kind the spec needs (LeaderWorkerSet's CRD)."""
+    if e.status == 404 and manifest["kind"] == "LeaderWorkerSet":
+        return ("; the LeaderWorkerSet API (sigs.k8s.io/lws) is not installed in this cluster: install it "
+                "to run groups that span nodes (parallelism.nodes > 1), see docs/parallelism.md")
+    return ""
+
+
+def prune(api: client.ApiClient, owner_uid: str, stale: list[dict]) -> list[str]:
+    """Deletes the children a spec no longer renders (a role's Deployment once its groups span nodes,
+    or its LeaderWorkerSet once they fit one node), when the InferenceService `owner_uid` controls
+    them. `stale` holds their (apiVersion, kind, metadata) stubs; returns what was deleted."""
+    deleted = []
+    for stub in stale:
+        live = _live(api, stub)  # None too when the kind is not served (no LWS CRD)
+        owners = (live or {}).get("metadata", {}).get("ownerReferences") or []
+        if not any(o.get("controller") and o.get("uid") == owner_uid for o in owners):
+            continue
+        try:
+            request(api, "DELETE", _path(stub), body={"propagationPolicy": "Background"})
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        deleted.append(ref(stub))
+    return deleted
 
 
 def ensure_internal_secret(api: client.ApiClient, secret: dict) -> tuple[ApplyResult, str | None]:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from kubernetes import client
-from tandem.operator import apply
+from tandem.operator import apply, model_check
 from tandem.operator.autoscaling.planner import Decision
 from tandem.operator.autoscaling.status import (
     ScaleChange,
@@ -31,9 +31,17 @@ from tandem.operator.autoscaling.status import (
     scaling_status,
 )
 from tandem.operator.config import OperatorConfig
+from tandem.operator.group_pods import removed_by_scale_down
 from tandem.operator.observe import Owners, observe
 from tandem.operator.ownership import REFUSED, secret_record
-from tandem.operator.render import endpoint, generation_hash, internal_secret, names, render
+from tandem.operator.render import (
+    endpoint,
+    generation_hash,
+    internal_secret,
+    names,
+    render,
+    stale_workloads,
+)
 from tandem.operator.spec import InferenceServiceSpec, SpecError
 from tandem.operator.status import KVProbe, Observation, compute_status, same_status
 from tandem.operator.work import Work
@@ -79,23 +87,28 @@ def parse_spec(body: dict) -> tuple[InferenceServiceSpec | None, str | None]:
 
 def _status(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None,
             config: OperatorConfig, generation: int | None, memory: Memory, decision: Decision | None = None,
-            **findings: object) -> dict:
+            model: model_check.ModelFinding | None = None, **findings: object) -> dict:
     """Observes the children and computes status; `findings` are Observation fields
     (apply_error, spec_error, kv_probes) that the caller knows and the API server does not;
-    `decision` is the planner's, when one was just made."""
+    `decision` is the planner's, when one was just made; `model` what model_check found."""
     meta = body["metadata"]
     obs = dataclasses.replace(observe(api, meta["namespace"], meta["name"], meta.get("uid"), memory.owners),
                               **findings)
     old = body.get("status") or {}
     if generation is None:
         generation = old.get("observedGeneration")
-    if spec is None:  # what runs came from an earlier spec: keep what status said of it
+    if model is not None:
+        spec = model.spec  # a hub model pinned to its commit: the generation the pods carry
+    if spec is None or (model is not None and model.blocking):
+        # What runs came from an earlier spec: keep what status said of it.
         url, label = old.get("endpoint"), old.get("generation")
+        url = url if spec is None else endpoint(meta["name"], meta["namespace"], spec)
     else:
         url, label = endpoint(meta["name"], meta["namespace"], spec), generation_hash(spec, config)
     stamp = now()
     scaling = scaling_status(spec, obs, old, stamp, decision)
-    return compute_status(spec, obs, old, stamp, generation, url, label, scaling)
+    found = (model.status, model.condition) if model is not None else None
+    return compute_status(spec, obs, old, stamp, generation, url, label, scaling, found)
 
 
 def run_pass(api: client.ApiClient, body: dict, config: OperatorConfig, work: Work, memory: Memory,
@@ -110,26 +123,20 @@ def run_pass(api: client.ApiClient, body: dict, config: OperatorConfig, work: Wo
     changes = scale_changes(spec, old, decision) if spec is not None and decision is not None else []
     _mark_removals(api, meta["namespace"], obs, changes, config)
     applies = work.apply or bool(changes)
-    if spec is None:
-        result, secret = apply.ApplyResult(error=spec_error), old.get("internalSecret")
-    elif applies:
-        replicas = render_replicas(spec, planned_status(old, changes))
-        result, secret = _apply(api, body, spec, config, work, replicas,
-                                {names(meta["name"])[c.role] for c in changes})
-    else:
-        result, secret = apply.ApplyResult(), old.get("internalSecret")
-    ready = _condition(body.get("status"), "Ready")
+    result, secret, model = _apply_phase(api, body, spec, spec_error, config, work, changes, applies)
+    ready = _condition(old, "Ready")
     if result.error and ready.get("message") != result.error:
         # Once per distinct failure, not per pass.
         apply.post_event(api, body, "Warning", "InvalidSpec" if spec is None else result.reason, result.error)
     if applies or spec is None:
         # observedGeneration advances only once the spec it describes is applied.
-        generation = None if result.error else meta.get("generation")
+        applied = not result.error and not (model is not None and model.blocking)
+        generation = meta.get("generation") if applied else None
         apply_error, apply_reason = (None if spec is None else result.error), result.reason
     else:  # nothing applied: what the last apply found still holds
         failed = ready.get("reason") in ("ApplyFailed", REFUSED)
         generation, apply_error, apply_reason = None, ready["message"] if failed else None, ready.get("reason")
-    status = _status(api, body, spec, config, generation, memory, decision, apply_error=apply_error,
+    status = _status(api, body, spec, config, generation, memory, decision, model=model, apply_error=apply_error,
                      apply_reason=apply_reason or "ApplyFailed", spec_error=spec_error, kv_probes=kv_probes)
     if secret:
         status["internalSecret"] = secret
@@ -143,25 +150,56 @@ def run_pass(api: client.ApiClient, body: dict, config: OperatorConfig, work: Wo
     return result
 
 
+def _apply_phase(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None, spec_error: str | None,
+                 config: OperatorConfig, work: Work, changes: list[ScaleChange], applies: bool
+                 ) -> tuple[apply.ApplyResult, dict | None, model_check.ModelFinding | None]:
+    """(what applying did, status.internalSecret, the model's finding). A pass that does not apply
+    carries the model's finding from status (no hub call); a model that cannot be served applies
+    nothing: no pod downloads a model it cannot serve."""
+    old = body.get("status") or {}
+    if spec is None:
+        return apply.ApplyResult(error=spec_error), old.get("internalSecret"), None
+    if not applies:
+        return apply.ApplyResult(), old.get("internalSecret"), model_check.carried(body, spec)
+    model = model_check.check(api, body, spec, config)
+    if model.blocking:
+        _model_event(api, body, model)
+        return apply.ApplyResult(), old.get("internalSecret"), model
+    replicas = render_replicas(spec, planned_status(old, changes))
+    scaled = {names(body["metadata"]["name"])[c.role] for c in changes}
+    result, secret = _apply(api, body, model.spec, config, work, replicas, scaled)
+    return result, secret, model
+
+
+def _model_event(api: client.ApiClient, body: dict, model: model_check.ModelFinding) -> None:
+    """A Warning when the model cannot be served, once per distinct message (not per pass)."""
+    old = _condition(body.get("status"), model_check.TYPE)
+    if old.get("message") != model.condition["message"]:
+        apply.post_event(api, body, "Warning", model.condition["reason"], model.condition["message"])
+
+
 def _mark_removals(api: client.ApiClient, namespace: str, obs: Observation | None, changes: list[ScaleChange],
                    config: OperatorConfig) -> None:
     """Before replicas drop, the pods the planner chose are marked so the ReplicaSet removes those
-    (with --mark-pods-for-removal; otherwise the ReplicaSet picks). Either way the running streams of
-    a removed decode pod move when the kubelet's SIGTERM reaches it: its worker hands its sequences
-    (their KV leased) to other decode workers through the router."""
+    (with --mark-pods-for-removal; otherwise the ReplicaSet picks). Groups (a LeaderWorkerSet) go by
+    index, highest first, whatever the planner preferred: pod-deletion-cost does not apply to them.
+    Either way the running streams of a removed decode pod move when the kubelet's SIGTERM reaches
+    it: its worker hands its sequences (their KV leased) to other decode workers through the router."""
     for i, c in enumerate(changes):
-        if not c.remove:
-            continue
-        if not config.mark_pods:
-            message = (f"{c.message}; the planner would remove {', '.join(c.remove)}, the ReplicaSet picks "
-                       "(marking pods is off: --mark-pods-for-removal)")
-        else:
-            role = obs.roles.get(c.role) if obs is not None else None
+        role = obs.roles.get(c.role) if obs is not None else None
+        if c.remove and role is not None and role.group_size > 1:
+            going = removed_by_scale_down(role.pods, c.desired)
+            changes[i] = dataclasses.replace(c, remove=going, message=f"{c.message}; removing {', '.join(going)}")
+        elif c.remove and not config.mark_pods:
+            changes[i] = dataclasses.replace(c, message=(
+                f"{c.message}; the planner would remove {', '.join(c.remove)}, the ReplicaSet picks "
+                "(marking pods is off: --mark-pods-for-removal)"))
+        elif c.remove:
             problems = apply.mark_for_removal(api, namespace, role.pods if role else [], c.remove, now())
             message = f"{c.message}; removing {', '.join(c.remove)}"
             if problems:
                 message += f" (could not mark {'; '.join(problems)}: the ReplicaSet picks instead)"
-        changes[i] = dataclasses.replace(c, message=message)
+            changes[i] = dataclasses.replace(c, message=message)
 
 
 def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config: OperatorConfig, work: Work,
@@ -180,6 +218,8 @@ def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config
         manifests = render(meta, spec, config, replicas, (record or {}).get("uid"))
         applied = apply.apply_all(api, manifests)
         result = dataclasses.replace(applied, created=result.created + applied.created)
+    if not result.error:  # a role that changed kind (Deployment <-> LeaderWorkerSet): the old one goes
+        result = _prune(api, meta, spec, result)
     if result.created or result.updated or result.error:
         log.info("applied %s/%s in %.2fs: %d created, %d updated%s", meta["namespace"], meta["name"],
                  time.monotonic() - t0, len(result.created), len(result.updated),
@@ -194,3 +234,13 @@ def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config
         apply.post_event(api, body, "Normal", "DriftCorrected" if drift else "Updated",
                          "updated " + ", ".join(updated))
     return result, record
+
+
+def _prune(api: client.ApiClient, meta: dict, spec: InferenceServiceSpec,
+           result: apply.ApplyResult) -> apply.ApplyResult:
+    try:
+        deleted = apply.prune(api, meta["uid"], stale_workloads(meta, spec))
+    except Exception as e:  # the API server failing: the next pass prunes
+        log.warning("pruning the old workloads of %s/%s failed: %s", meta["namespace"], meta["name"], e)
+        return result
+    return dataclasses.replace(result, updated=result.updated + [f"{r} (deleted)" for r in deleted])

@@ -6,14 +6,10 @@ PodDisruptionBudget; and the Image type. Declared once here; each component's da
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tandem.operator.spec.fields import IntOrPercent, Rule, api_field
-
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-api_type = dataclass(frozen=True, kw_only=True)
+from tandem.operator.spec.model import DNS_SUBDOMAIN, api_type
 
 
 @api_type

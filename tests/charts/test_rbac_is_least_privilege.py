@@ -1,8 +1,9 @@
 """The chart's RBAC grants exactly the operator's calls: cluster-wide by default, per watched
-namespace when asked, never a wildcard, a Secret read, a delete, a pod made, removed or changed
-(issue 21.7: `pods: patch` only where the planner is allowed to mark the pods a scale-down removes,
-a Role per named namespace, never cluster-wide). (That nothing is missing is proved by the
-end-to-end tests, which run the operator with these rules.)"""
+namespace when asked, never a wildcard, a Secret read (but the hub tokens named in the values),
+a pod made, removed or changed (issue 21.7: `pods: patch` only where the planner is allowed to mark
+the pods a scale-down removes, a Role per named namespace, never cluster-wide), or a delete but of a
+worker role's own workload when it changes kind (a Deployment <-> a LeaderWorkerSet). (That nothing
+is missing is proved by the end-to-end tests, which run the operator with these rules.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ EXPECTED = {
     ("tandem.dev", "inferenceservices"): {"get", "list", "watch"},  # kopf writes nothing on them
     ("tandem.dev", "inferenceservices/status"): {"patch"},
     # server-side apply: PATCH, plus `create` when the PATCH creates the object
-    ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "list", "create", "patch", "delete"},
     ("", "services"): {"get", "list", "create", "patch"},
     ("", "configmaps"): {"get", "create", "patch"},
     ("", "serviceaccounts"): {"get", "create", "patch"},
@@ -23,12 +25,18 @@ EXPECTED = {
     ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"},
     ("policy", "poddisruptionbudgets"): {"get", "create", "patch"},
+    ("", "persistentvolumeclaims"): {"get", "create", "patch"},  # a hub model's shared cache
+    ("batch", "jobs"): {"get", "create", "patch"},  # its download, once per commit
     ("", "secrets"): {"create"},  # each service's internal secret, created once; never read
     ("", "pods"): {"get", "list", "watch"},
-    ("apps", "replicasets"): {"get"},  # held to grant the router's Role (owner-chain discovery)
+    # the owner chain of the pods the operator trusts (and the router's Role grants the same)
+    ("apps", "replicasets"): {"get"},
+    ("apps", "statefulsets"): {"get"},
     ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
     ("", "events"): {"create"},
 }
+# The only kinds the operator deletes: a role's workload of the kind it no longer uses.
+WORKLOADS = {"deployments", "leaderworkersets"}
 FRAMEWORK = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 LEASE = {("coordination.k8s.io", "leases"): {"get", "update", "create"}}
 
@@ -96,7 +104,9 @@ def test_nothing_beyond_the_operators_calls(helm_bin: Path) -> None:
         for (_group, resource), verbs in grants(role).items():
             if resource == "secrets":
                 assert verbs == {"create"}  # never get, list or watch: no Secret is ever read
-            assert "delete" not in verbs and "deletecollection" not in verbs
+            if resource not in WORKLOADS:
+                assert "delete" not in verbs
+            assert "deletecollection" not in verbs
             assert not {"escalate", "bind", "impersonate"} & verbs
             if resource == "pods":
                 assert verbs == {"get", "list", "watch"}  # never makes, changes or removes pods
@@ -133,3 +143,14 @@ def test_marking_follows_the_watched_namespaces_and_is_never_cluster_wide(helm_b
     proc = run_helm(helm_bin, "template", "rel", str(CHART_DIR), "--namespace", "ops",
                     *set_json_args({"autoscaling.markPodsForRemoval.enabled": True}), check=False)
     assert proc.returncode != 0 and "markPodsForRemoval.namespaces" in proc.stderr, proc.stderr
+
+
+def test_hub_token_secrets_are_read_by_name_only(helm_bin: Path) -> None:
+    """With hub.tokenSecrets the operator may `get` exactly those Secrets, nothing else of them."""
+    objs = render(helm_bin, release="rel", namespace="ops", **{"hub.tokenSecrets": ["hf-token", "hf-other"]})
+    (role,) = [r for r in find(objs, "ClusterRole") if not r["metadata"]["name"].endswith("framework")]
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["hf-token", "hf-other"],
+                      "verbs": ["get"]}]
+    others = [r for r in role["rules"] if "secrets" in r["resources"] and not r.get("resourceNames")]
+    assert [r["verbs"] for r in others] == [["create"]]
