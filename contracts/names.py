@@ -1,5 +1,5 @@
 """Names the operator, the router and the workers must agree on: the API group, labels,
-annotations, worker roles, KV backends and ports; and how a pod is judged ready."""
+annotations, worker roles, KV backends and ports; and how a pod is judged ready and whose it is."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ LABEL_ROLE = "tandem.dev/role"
 LABEL_GENERATION = "tandem.dev/generation"
 ANNOTATION_CONFIG_HASH = "tandem.dev/config-hash"
 MANAGED_BY = "tandem-operator"
+# A worker whose tensor-parallel group spans nodes is a LeaderWorkerSet group: its leader pod runs
+# rank 0 (HTTP, scheduler, sampling) and gets traffic; follower pods run the other ranks, get none.
+LABEL_GROUP_MEMBER = "tandem.dev/group-member"
 
 # Ports inside the pods (the router Service's port comes from the spec).
 WORKER_PORT = 8000
@@ -30,6 +33,10 @@ WORKER_PORT_NAME = "http"
 # The tcp KV backend's port on prefill workers: fixed, so the pod spec declares it.
 KV_PORT = 5601
 KV_PORT_NAME = "kv"
+# Where the ranks of a group that spans nodes meet: a port on the leader pod (torch.distributed's
+# store), reached as $LWS_LEADER_ADDRESS:RENDEZVOUS_PORT.
+RENDEZVOUS_PORT = 29500
+RENDEZVOUS_PORT_NAME = "dist"
 
 
 class Role(enum.StrEnum):
@@ -38,6 +45,19 @@ class Role(enum.StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
     COLOCATED = "colocated"
+
+
+class GroupMember(enum.StrEnum):
+    """A pod's place in a group that spans nodes (label LABEL_GROUP_MEMBER)."""
+
+    LEADER = "leader"
+    FOLLOWER = "follower"
+
+
+def serves_requests(pod: dict[str, Any]) -> bool:
+    """Whether a worker pod takes requests: every pod but a group's followers (they run ranks > 0)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(LABEL_GROUP_MEMBER) != GroupMember.FOLLOWER
 
 
 class KVBackend(enum.StrEnum):
@@ -78,3 +98,15 @@ def pod_url(pod: dict[str, Any], default_port: int = WORKER_PORT) -> str | None:
         return None
     host = f"[{ip}]" if ":" in ip else ip
     return f"http://{host}:{pod_port(pod, default_port)}"
+
+
+def controller_ref(obj: dict[str, Any], kind: str, group: str) -> dict[str, Any] | None:
+    """The object's controller ownerReference if it is a `kind` of API group `group`, else None.
+
+    Labels prove nothing (anyone who can create a pod can copy them): the operator and the router
+    trust a pod only through this chain, pod -> ReplicaSet -> Deployment -> InferenceService."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            api_group = str(ref.get("apiVersion", "")).rpartition("/")[0]
+            return ref if ref.get("kind") == kind and api_group == group else None
+    return None

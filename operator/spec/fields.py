@@ -29,8 +29,11 @@ from typing import Any, NewType
 Quantity = NewType("Quantity", str)
 # An object passed through untouched (a core/v1 Affinity, an EnvVarSource): schema-less here.
 FreeForm = NewType("FreeForm", dict)
+# A count or a percentage of pods (a PodDisruptionBudget's maxUnavailable: 1 or "25%").
+IntOrPercent = NewType("IntOrPercent", str)
 
 QUANTITY_PATTERN = r"^([+]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+PERCENT_PATTERN = r"^(100|[1-9]?[0-9])%$"
 
 
 class _Missing:
@@ -69,12 +72,17 @@ class SpecError(ValueError):
 class Rule:
     """A CEL rule (x-kubernetes-validations); `{role}` in the message is filled in per role.
 
-    `check`, when given, is the same rule in Python (True: the value passes): the parser enforces it.
+    `check`, when given, is the same rule in Python (True: the value passes): the parser enforces it
+    with `explain(value)` as its message when that is given (the numbers), else with `message`.
+    `message_expression` is CEL that says the same with the numbers at `kubectl apply`; `message`
+    stays the fallback the API server shows when the expression cannot be evaluated.
     """
 
     rule: str
     message: str
     check: Callable[[Any], bool] | None = dataclasses.field(default=None, compare=False)
+    message_expression: str | None = None
+    explain: Callable[[Any], str] | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -185,7 +193,7 @@ def _check_rules(rules: tuple[Rule, ...], obj: Any, path: str, context: dict[str
     """The rules with a Python twin; the first one broken raises SpecError with the rule's message."""
     for rule in rules:
         if rule.check is not None and not rule.check(obj):
-            raise SpecError(path, fill(rule.message, context))
+            raise SpecError(path, fill(rule.explain(obj) if rule.explain else rule.message, context))
 
 
 def _parse_value(tp: Any, raw: Any, path: str, decl: Decl, context: dict[str, str]) -> Any:
@@ -223,6 +231,13 @@ def _scalar(tp: Any, raw: Any, path: str) -> Any:
             return raw
         if isinstance(raw, int) and not isinstance(raw, bool):
             return str(raw)
+    elif tp is IntOrPercent:  # kept as the JSON had it: an int, or a string like "25%"
+        if isinstance(raw, str):
+            _check({"pattern": PERCENT_PATTERN}, raw, path)
+            return raw
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            _check({"minimum": 0}, raw, path)
+            return raw
     elif tp is bool:
         if isinstance(raw, bool):
             return raw
@@ -247,6 +262,7 @@ def _scalar(tp: Any, raw: Any, path: str) -> Any:
 
 def _wrong_type(tp: Any, raw: Any, path: str) -> Any:
     want = {FreeForm: "an object", Quantity: "a quantity (a number or a string like 64Gi)",
+            IntOrPercent: "a number of pods or a percentage like 25%",
             bool: "true or false", int: "an integer", float: "a number", str: "a string"}[tp]
     raise SpecError(path, f"expected {want}, got {_show(raw)}")
 

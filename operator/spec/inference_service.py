@@ -8,21 +8,26 @@ Prefill and decode are one type, WorkerRole; what differs per role is said where
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tandem.contracts.internal_auth import SECRET_ENV
 from tandem.contracts.names import Role
-from tandem.contracts.routing import (
-    DECODE_HEADROOM_SEQUENCES,
-    PREFILL_SATURATED_TOKENS,
-    PREFIX_SEQUENCE_COST_TOKENS,
-    RoutingPolicy,
-)
 from tandem.operator.spec.autoscaling import AutoscalingSpec
 from tandem.operator.spec.fields import FreeForm, Quantity, Rule, api_field, parse, to_json
+from tandem.operator.spec.model import Model, api_type
+from tandem.operator.spec.parallelism import Parallelism, gpus_rule
+from tandem.operator.spec.pod import (
+    DisruptionBudget,
+    Image,
+    LocalObjectReference,
+    image_pull_secrets,
+    pod_disruption_budget,
+    priority_class_name,
+    runtime_class_name,
+    service_account_name,
+)
+from tandem.operator.spec.router import Router
 
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Variables the operator sets in every worker itself; the CRD refuses them in a role's env.
 RESERVED_ENV = ("POD_IP", "POD_NAME", "TANDEM_GENERATION", SECRET_ENV)
 # The worker roles an InferenceService runs (plain strings: they become labels and file names),
@@ -35,48 +40,6 @@ COMPONENTS: tuple[str, ...] = (*WORKER_ROLES, ROUTER)
 # covers at least one whole KV pull (the worker's 10 s pull timeout) on top of that margin.
 EXIT_MARGIN_S = 5
 PREFILL_MIN_GRACE_S = EXIT_MARGIN_S + 10
-# Spec types are values: immutable, and built by keyword (parse does it from JSON).
-api_type = dataclass(frozen=True, kw_only=True)
-
-
-@api_type
-class PVCSource:
-    """A PersistentVolumeClaim holding the weights, mounted read-only."""
-
-    claim_name: str = api_field("claimName", max_length=253, pattern=DNS_SUBDOMAIN)
-    sub_path: str | None = api_field("subPath", max_length=1024)
-
-    RULES: ClassVar[tuple[Rule, ...]] = (Rule(
-        "!has(self.subPath) || (!self.subPath.startsWith('/') && !self.subPath.contains('..'))",
-        "model.pvc.subPath must be a relative path inside the volume (no leading '/' and no '..')"),)
-
-
-@api_type
-class Model:
-    """Where the weights are (exactly one source: the CEL rule below) and how to load them."""
-
-    path: str | None = api_field(
-        "path", max_length=1024, pattern="^/", description="A directory inside the worker image.")
-    host_path: str | None = api_field(
-        "hostPath", max_length=1024, pattern="^/", description="A directory on the node, mounted read-only.")
-    pvc: PVCSource | None = api_field(
-        "pvc", description="A PersistentVolumeClaim in the same namespace, mounted read-only.")
-    hub: str | None = api_field(
-        "hub", max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$",
-        description="A Hugging Face hub model id (org/name); needs internet access from the nodes.")
-    dtype: str = api_field(
-        "dtype", enum=["auto", "float32", "float16", "bfloat16"], default="auto",
-        description="Weight and activation dtype.")
-    max_model_len: int = api_field(
-        "maxModelLen", minimum=16, maximum=1048576, default=4096,
-        description="Longest sequence (prompt + output) in tokens.")
-    served_name: str | None = api_field(
-        "servedName", max_length=128, pattern="^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
-        description="Model name in the OpenAI API (default: the InferenceService name).")
-
-    RULES: ClassVar[tuple[Rule, ...]] = (Rule(
-        "[has(self.path), has(self.hostPath), has(self.pvc), has(self.hub)].filter(x, x).size() == 1",
-        "model: set exactly one of model.path, model.hostPath, model.pvc or model.hub"),)
 
 
 @api_type
@@ -142,9 +105,15 @@ class WorkerRole:
     """Prefill or decode: one pool of worker pods (`{role}` in a text becomes the role's name)."""
 
     replicas: int = api_field(
-        "replicas", minimum=0, maximum=1000, default=1, description="Number of {role} worker pods.")
+        "replicas", minimum=0, maximum=1000, default=1,
+        description="Number of {role} workers (a worker is one pod, or a group of parallelism.nodes pods).")
     gpus: int = api_field(
-        "gpus", minimum=0, maximum=16, default=1, description="nvidia.com/gpu per pod (0 runs on CPU).")
+        "gpus", minimum=0, maximum=16, default=1,
+        description="nvidia.com/gpu per pod (0 runs on CPU): parallelism.tensor / parallelism.nodes.")
+    parallelism: Parallelism = api_field(
+        "parallelism", default={},
+        description="Tensor parallelism of one {role} worker and the nodes its group spans (replicas count "
+        "groups).")
     cpu: Quantity | None = api_field("cpu", description="CPU request and limit per pod, e.g. 4 or 3500m.")
     memory: Quantity | None = api_field("memory", description="Memory request and limit per pod, e.g. 64Gi.")
     shm_size: Quantity = api_field(
@@ -166,6 +135,16 @@ class WorkerRole:
     termination_grace_period_seconds: int = api_field(
         "terminationGracePeriodSeconds", minimum=0, maximum=86400, default=60,
         description="Time a stopping worker gets to finish its requests.")
+    # Pod settings a platform needs (spec/pod.py).
+    priority_class_name: str | None = priority_class_name()
+    runtime_class_name: str | None = runtime_class_name()
+    image_pull_secrets: tuple[LocalObjectReference, ...] | None = image_pull_secrets()
+    service_account_name: str | None = service_account_name(
+        "ServiceAccount of the {role} pods (it must exist), e.g. one a cloud maps to an identity that may read "
+        "the weights. Its token is not mounted: workers never call the Kubernetes API.")
+    pod_disruption_budget: DisruptionBudget = pod_disruption_budget()
+
+    RULES: ClassVar[tuple[Rule, ...]] = (gpus_rule(),)
 
 
 def _role(role: Role, description: str, **overrides: dict[str, Any]) -> Any:
@@ -238,69 +217,6 @@ class KVTransfer:
 
 
 @api_type
-class RouterService:
-    """The router's Service: the InferenceService's endpoint."""
-
-    type: str = api_field("type", enum=["ClusterIP", "NodePort", "LoadBalancer"], default="ClusterIP")
-    port: int = api_field("port", minimum=1, maximum=65535, default=8000, description="Port of the router Service.")
-
-
-@api_type
-class RouterLimits:
-    """What the router refuses with a 4xx before any worker sees the request."""
-
-    max_prompt_tokens: int | None = api_field(
-        "maxPromptTokens", minimum=1, description="Longest prompt accepted (default: model.maxModelLen - 1).")
-    max_output_tokens: int | None = api_field(
-        "maxOutputTokens", minimum=1, description="Largest max_tokens accepted.")
-    max_body_bytes: int = api_field(
-        "maxBodyBytes", minimum=1024, maximum=1073741824, default=1048576,
-        description="Largest request body in bytes.")
-
-
-@api_type
-class SecretKeyRef:
-    """A key of a Secret in the InferenceService's namespace."""
-
-    name: str = api_field("name", max_length=253, pattern=DNS_SUBDOMAIN)
-    key: str = api_field("key", max_length=253, pattern="^[-._a-zA-Z0-9]+$", default="api-key")
-
-
-@api_type
-class Router:
-    """The OpenAI-compatible router in front of the workers."""
-
-    replicas: int = api_field("replicas", minimum=0, maximum=100, default=1)
-    service: RouterService = api_field("service", default={})
-    policy: str = api_field(
-        "policy", enum=[p.value for p in RoutingPolicy], default=RoutingPolicy.LEAST_LOADED.value,
-        description="How the router picks workers: least-loaded (prefill by queued prompt tokens, decode "
-        "by running sequences and KV usage), round-robin (each pool in turn) or prefix-aware (by the prompt "
-        "tokens a worker must still compute, from the prefix cache it holds, weighed against its load).")
-    short_prompt_tokens: int = api_field(
-        "shortPromptTokens", minimum=0, maximum=1048576, default=0,
-        description="Prompts below this many tokens skip prefill and are prefilled by decode (0: always "
-        "disaggregate); prefix-aware: also a prompt whose decode worker holds all but this many tokens.")
-    prefill_saturated_tokens: int = api_field(
-        "prefillSaturatedTokens", minimum=0, maximum=1048576, default=PREFILL_SATURATED_TOKENS,
-        description="Load-aware disaggregation: when every prefill worker has this many prompt tokens "
-        "queued, a decode worker with headroom prefills the prompt itself (0: never).")
-    decode_headroom_sequences: int = api_field(
-        "decodeHeadroomSequences", minimum=1, maximum=65536, default=DECODE_HEADROOM_SEQUENCES,
-        description="A decode worker running fewer sequences than this (with KV usage under 90% and a "
-        "shorter prompt queue than prefill) has headroom to prefill when prefill is saturated.")
-    prefix_sequence_cost_tokens: int = api_field(
-        "prefixSequenceCostTokens", minimum=0, maximum=1048576, default=PREFIX_SEQUENCE_COST_TOKENS,
-        description="prefix-aware: how many prompt tokens one sequence running on a decode worker weighs "
-        "against the prefix it holds (higher spreads a hot prefix sooner).")
-    limits: RouterLimits = api_field("limits", default={})
-    api_key_secret_ref: SecretKeyRef | None = api_field(
-        "apiKeySecretRef", description="A Secret holding the API key clients must send as a Bearer token.")
-    cpu: Quantity | None = api_field("cpu", description="CPU request and limit per router pod.")
-    memory: Quantity | None = api_field("memory", description="Memory request and limit per router pod.")
-
-
-@api_type
 class NetworkPolicySpec:
     """Who may reach the worker pods: the operator renders one NetworkPolicy per InferenceService."""
 
@@ -312,19 +228,6 @@ class NetworkPolicySpec:
         "metricsFrom", max_items=16,
         description="NetworkPolicyPeers also allowed to the workers' http port, e.g. Prometheus "
         "(/metrics). The internal API on that port still needs the service's secret.")
-
-
-@api_type
-class Image:
-    """The Tandem image of workers and router; what is unset comes from the operator's config."""
-
-    repository: str | None = api_field(
-        "repository", max_length=512,
-        pattern="^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
-    tag: str | None = api_field(
-        "tag", max_length=128,
-        pattern="^[A-Za-z0-9_][A-Za-z0-9_.-]*(@sha256:[a-f0-9]{64})?$|^@?sha256:[a-f0-9]{64}$")
-    pull_policy: str | None = api_field("pullPolicy", enum=["Always", "IfNotPresent", "Never"])
 
 
 @api_type
@@ -348,10 +251,12 @@ class InferenceServiceSpec:
     kv_transfer: KVTransfer = api_field(
         "kvTransfer", default={}, description="How prefill hands the KV cache to decode.")
     router: Router = api_field(
-        "router", default={}, description="The OpenAI-compatible router: the service's endpoint.")
+        "router", default={}, description="The OpenAI-compatible router: the service's endpoint.",
+        context={"role": ROUTER})
     image: Image | None = api_field(
-        "image", description="The Tandem image for workers and router; unset fields come from the "
-        "operator's configuration.")
+        "image", description="The Tandem worker image (prefill and decode); unset fields come from the "
+        "operator's configuration. A tag set here also pins the router's image tag unless router.image sets "
+        "one.")
     network_policy: NetworkPolicySpec = api_field(
         "networkPolicy", default={}, description="Who may reach the worker pods.")
     autoscaling: AutoscalingSpec | None = api_field(

@@ -21,6 +21,8 @@ def test_children_are_the_documented_set(typed, meta):
         ("Service", "llama-prefill"), ("Service", "llama-decode"), ("Service", "llama-router"),
         ("Deployment", "llama-prefill"), ("Deployment", "llama-decode"), ("Deployment", "llama-router"),
         ("NetworkPolicy", "llama-workers"),
+        ("PodDisruptionBudget", "llama-prefill"), ("PodDisruptionBudget", "llama-decode"),
+        ("PodDisruptionBudget", "llama-router"),
     ])
     # the ConfigMap and the NetworkPolicy come before the pods they concern
     kinds = [m["kind"] for m in out]
@@ -48,7 +50,8 @@ def test_router_role_grants_only_reads_of_pods_and_their_owners(typed, meta):
     role = _by(out, "Role", "llama-router")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": ["apps"], "resources": ["replicasets", "deployments"], "verbs": ["get"]},
+        {"apiGroups": ["apps"], "resources": ["replicasets", "deployments", "statefulsets"], "verbs": ["get"]},
+        {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"], "verbs": ["get"]},
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
     ]
     binding = _by(out, "RoleBinding", "llama-router")

@@ -16,6 +16,7 @@ from tandem.operator.spec import InferenceServiceSpec, SpecError
 
 ROLE = {
     "replicas": 2, "gpus": 1, "cpu": "4", "memory": "64Gi", "shmSize": "8Gi",
+    "parallelism": {"tensor": 2, "nodes": 2, "topologyKey": "example.com/rack"},
     "nodeSelector": {"pool": "p"},
     "tolerations": [{"key": "k", "operator": "Equal", "value": "v", "effect": "NoSchedule",
                      "tolerationSeconds": 5}],
@@ -24,10 +25,18 @@ ROLE = {
     "engine": {"maxBatchedTokens": 8, "maxNumSeqs": 2, "kvBlocks": 10, "kvMemoryFraction": 0.5,
                "prefixCaching": False},
     "terminationGracePeriodSeconds": 30,
+    "priorityClassName": "serving", "runtimeClassName": "nvidia", "imagePullSecrets": [{"name": "regcred"}],
+    "serviceAccountName": "weights-reader",
+    "podDisruptionBudget": {"enabled": True, "maxUnavailable": "25%", "minAvailable": 1},
 }
 # Every field set (CEL rules are the API server's, so all model sources at once parse here).
 FULL = {
     "model": {"path": "/m", "hostPath": "/h", "pvc": {"claimName": "c", "subPath": "s"}, "hub": "org/m",
+              "revision": "v1.0", "tokenSecretRef": {"name": "hf", "key": "token"},
+              "cache": {"pvc": {"size": "10Gi", "storageClassName": "nfs", "accessMode": "ReadWriteMany"},
+                        "hostPath": {"path": "/var/cache/tandem"}, "emptyDir": {"sizeLimit": "40Gi"}},
+              "image": {"reference": "registry.io/models/llama:1", "pullPolicy": "IfNotPresent",
+                        "path": "/models"},
               "dtype": "bfloat16", "maxModelLen": 2048, "servedName": "m"},
     "prefill": ROLE,
     "decode": copy.deepcopy(ROLE),  # its own copy: a case changes one role only
@@ -38,7 +47,11 @@ FULL = {
                "shortPromptTokens": 0, "prefillSaturatedTokens": 4096, "decodeHeadroomSequences": 8,
                "prefixSequenceCostTokens": 128, "limits": {"maxPromptTokens": 10, "maxOutputTokens": 10,
                                                   "maxBodyBytes": 2048},
-               "apiKeySecretRef": {"name": "s", "key": "k"}, "cpu": 1, "memory": "1Gi"},
+               "apiKeySecretRef": {"name": "s", "key": "k"}, "cpu": 1, "memory": "1Gi",
+               "priorityClassName": "serving", "runtimeClassName": "runc", "imagePullSecrets": [{"name": "r"}],
+               "image": {"repository": "reg.io/router", "tag": "1.0", "pullPolicy": "Never"},
+               "serviceAccountName": "router-sa", "podDisruptionBudget": {"enabled": False, "maxUnavailable": 2,
+                                                                          "minAvailable": "50%"}},
     "image": {"repository": "reg.io/x", "tag": "1.0", "pullPolicy": "Always"},
     "networkPolicy": {"enabled": False, "metricsFrom": [{"podSelector": {}}]},
     "autoscaling": {

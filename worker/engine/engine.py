@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from tandem.contracts import timing
 from tandem.contracts.protocol import FinishReason, GenerateRequest, SamplingParams
 from tandem.worker.engine.admission import Admission
 from tandem.worker.engine.batch import run_batch
@@ -23,13 +24,15 @@ from tandem.worker.engine.config import EngineConfig
 from tandem.worker.engine.decode_step import prepare_kernels
 from tandem.worker.engine.detokenizer import IncrementalDetokenizer
 from tandem.worker.engine.errors import ModelLoadError, RequestError
+from tandem.worker.engine.grammar import GrammarCompiler
 from tandem.worker.engine.leases import Lease, LeaseKeeping
 from tandem.worker.engine.loader import LoadedModel, load_model
 from tandem.worker.engine.migration import Migration
-from tandem.worker.engine.paged_forward import BatchItem, PagedForward, kv_layout_for
+from tandem.worker.engine.paged_forward import BatchItem, kv_layout_for, model_runner
 from tandem.worker.engine.prefix_cache import PrefixCache, PublishingLock, prefix_salt
+from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.scheduler import ScheduledChunk, Scheduler
-from tandem.worker.engine.sequence import SeqOutput, SeqStatus, Sequence
+from tandem.worker.engine.sequence import SeqOutput, Sequence
 from tandem.worker.engine.validation import check_sampling, generated_ids, tokenize
 from tandem.worker.engine.weights import model_weights
 
@@ -58,7 +61,7 @@ def _available_memory(device: torch.device) -> int:
 
 
 class Engine(Admission, LeaseKeeping, Migration):
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, lease_s: float = 30.0):
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, lease_s: float = timing.KV_LEASE_S):
         if config.threads:
             torch.set_num_threads(config.threads)
         if config.block_size < 1 or config.max_num_seqs < 1 or config.max_batched_tokens < 1:
@@ -80,8 +83,9 @@ class Engine(Admission, LeaseKeeping, Migration):
         lm = self.loaded
         self.tokenizer = lm.tokenizer
         self.vocab_size = int(lm.config.vocab_size)
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
         self.served_name = config.served_name or lm.name
-        probe = kv_layout_for(lm.config, 1, config.block_size, lm.dtype)
+        probe = kv_layout_for(lm.config, 1, config.block_size, lm.dtype, lm.group)
         num_blocks = config.num_blocks
         if num_blocks is None:
             default_fraction = 0.9 if lm.device.type == "cuda" else 0.25
@@ -92,7 +96,7 @@ class Engine(Admission, LeaseKeeping, Migration):
                 num_blocks = min(num_blocks, config.max_num_seqs * probe.blocks_for(lm.max_model_len))
         if num_blocks < 1:
             raise ModelLoadError("no memory left for the KV pool; lower kv_memory_fraction or set num_blocks")
-        self.layout = kv_layout_for(lm.config, num_blocks, config.block_size, lm.dtype)
+        self.layout = kv_layout_for(lm.config, num_blocks, config.block_size, lm.dtype, lm.group)
         self.max_model_len = lm.max_model_len
         if config.max_model_len is not None:
             self.max_model_len = min(config.max_model_len, lm.max_model_len)
@@ -116,7 +120,7 @@ class Engine(Admission, LeaseKeeping, Migration):
         )
         weights = model_weights(lm)
         kernels, why = prepare_kernels(weights, config.compile, self.pool, self.max_model_len)
-        self.runner = PagedForward(weights, self.pool, self.layout, kernels)
+        self.runner = model_runner(weights, self.pool, self.layout, kernels)
         log.info("engine: %s on %s, %d thread(s); decode step: %s; prefill up to %d prompt tokens per step; "
                  "prefix caching %s", str(lm.dtype).removeprefix("torch."), lm.device, torch.get_num_threads(),
                  why, self.scheduler.prefill_chunk_tokens, "on" if config.prefix_caching else "off")
@@ -133,11 +137,9 @@ class Engine(Admission, LeaseKeeping, Migration):
         self._claims: set[str] = set()  # request ids of handoffs being pulled: queued, not added yet
         self.stats = EngineStats()
         self.on_step: Callable[[float, int], None] = lambda seconds, num_tokens: None
-        # Called when blocks come back from outside the step (a lease released, a pull given up),
-        # so a step loop waiting for free blocks wakes up.
-        self.on_blocks_freed: Callable[[], None] = lambda: None
         self._in_flight: set[str] = set()
-        self._abort_after_step: set[str] = set()
+        self._abort_after_step: set[str] = set()  # aborted while in the step's forward pass
+        self._abort_after_pull: set[str] = set()  # aborted while their KV was being pulled
         self._migrating = False  # draining: every sequence leaves at the start of the next step
 
     # ---- requests in ----------------------------------------------------------------------
@@ -178,6 +180,8 @@ class Engine(Admission, LeaseKeeping, Migration):
             stop_ids=frozenset(p.stop_token_ids),
         )
         seq.detok = IncrementalDetokenizer(self.tokenizer, prompt, p.stop)
+        if p.structured is not None:
+            seq.grammar = self.grammars.compile(p.structured)
         self._replay(seq, resumed, req.emitted_chars)
         return seq
 
@@ -187,13 +191,13 @@ class Engine(Admission, LeaseKeeping, Migration):
         already ended is left FINISHED (its producer died before it could say so)."""
         for i, tok in enumerate(resumed):
             seq.output_ids.append(tok)
-            reason = self._finish_reason(seq, tok)
+            reason = seq.stop_reason(tok)
             seq.detok.take()
             if reason is not None:
                 if i != len(resumed) - 1:
                     raise RequestError(f"generated_token_ids go on after token {i} ended the request",
                                        param="generated_token_ids")
-                seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
+                seq.status, seq.finish_reason = RequestState.FINISHED, reason
         if emitted_chars is not None:
             try:
                 seq.detok.resume_at(emitted_chars)
@@ -201,13 +205,17 @@ class Engine(Admission, LeaseKeeping, Migration):
                 raise RequestError(f"emitted_chars: {e}", param="emitted_chars") from e
 
     def abort(self, request_id: str, lease_token: str | None = None) -> bool:
-        """Cancel a request and free what it holds here: a running sequence, and its KV lease
-        when lease_token proves it (the lease's token went only to the decode worker and router)."""
-        found = lease_token is not None and self.release_lease(request_id, lease_token)
+        """Cancel a request in any state and free what it holds here; its KV lease only when
+        lease_token proves it (the lease's token went only to the decode worker and router). One
+        inside a step's forward pass, or being pulled, ends when that step or pull does."""
+        found = lease_token is not None and self._end_lease(request_id, lease_token)
         with self.lock:
             seq = self.seqs.get(request_id)
             if seq is None:
                 return found
+            if seq.status == RequestState.PULLING:
+                self._abort_after_pull.add(request_id)
+                return True
             if request_id in self._in_flight:
                 self._abort_after_step.add(request_id)
                 return True
@@ -287,8 +295,10 @@ class Engine(Admission, LeaseKeeping, Migration):
         """Add a sampled token, apply the stop rules, finish or lease the sequence; under the lock."""
         seq.output_ids.append(tok)
         self.stats.generation_tokens_total += 1
-        reason = self._finish_reason(seq, tok)
+        reason = seq.stop_reason(tok)
         out = SeqOutput(seq.request_id, token_ids=[tok])
+        if seq.sampled_logprobs is not None:
+            out.logprobs, seq.sampled_logprobs = [seq.sampled_logprobs], None
         if reason is not None:
             out.text, out.finished, out.finish_reason = seq.detok.take(final=True), True, reason
             self._finish(seq, reason)
@@ -297,23 +307,13 @@ class Engine(Admission, LeaseKeeping, Migration):
             if seq.prefill_only:
                 self.scheduler.running.remove(seq)
                 del self.seqs[seq.request_id]
-                self._lease(seq)
+                self._lease(seq, RequestState.LEASED)
                 out.kv_blocks = list(seq.block_table)
         return out
 
-    @staticmethod
-    def _finish_reason(seq: Sequence, tok: int) -> FinishReason | None:
-        """The stop rules for `tok`, just appended to seq.output_ids (it also feeds the detokenizer)."""
-        p = seq.params
-        if (tok in seq.eos_ids and not p.ignore_eos) or tok in seq.stop_ids or seq.detok.add(tok):
-            return FinishReason.STOP
-        if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= seq.max_total_len:
-            return FinishReason.LENGTH
-        return None
-
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.stats.requests_finished[reason.value] = self.stats.requests_finished.get(reason.value, 0) + 1
-        seq.status = SeqStatus.FINISHED
+        seq.status = RequestState.FINISHED
         seq.finish_reason = reason
         self.seqs.pop(seq.request_id, None)
         self.scheduler.remove(seq)

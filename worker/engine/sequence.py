@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.contracts.protocol import FinishReason, SamplingParams
-
-
-class SeqStatus(enum.StrEnum):
-    WAITING = "waiting"  # queued (new, or preempted and waiting to be recomputed)
-    RUNNING = "running"  # in the running batch
-    LEASED = "leased"  # first token out (prefill) or migrated: blocks kept until a peer pulls them
-    FINISHED = "finished"
+from tandem.worker.engine.request_state import RequestState
 
 
 @dataclass
@@ -30,6 +23,7 @@ class SeqOutput:
     # The leased blocks holding the KV: a prefill's prompt, or a migrated sequence's computed tokens
     kv_blocks: list[int] | None = None
     migrated: bool = False  # the engine is draining: the sequence left it (kv_blocks: leased KV, if any)
+    logprobs: list[Any] | None = None  # TokenLogprobs per token_ids entry, when the request asked
 
 
 @dataclass(eq=False)  # identity: queues find and remove *this* sequence
@@ -43,7 +37,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     prefill_only: bool = False  # prefill role: stop after the first token and lease the blocks
     arrival: float = 0.0
-    status: SeqStatus = SeqStatus.WAITING
+    status: RequestState = RequestState.WAITING
     num_computed: int = 0  # tokens of all_ids whose K/V are in the pool
     block_table: list[int] = field(default_factory=list)
     num_preemptions: int = 0
@@ -56,6 +50,8 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list, repr=False)
     num_registered_blocks: int = 0
     stop_ids: frozenset[int] = frozenset()  # params.stop_token_ids, for a constant-time check per token
+    grammar: Any = None  # grammar.Grammar of a structured output, advanced with every token taken
+    sampled_logprobs: Any = None  # the TokenLogprobs of the token just sampled (batch.py), until taken
 
     @property
     def all_ids(self) -> list[int]:
@@ -72,4 +68,15 @@ class Sequence:
 
     @property
     def finished(self) -> bool:
-        return self.status == SeqStatus.FINISHED
+        return self.status == RequestState.FINISHED
+
+    def stop_reason(self, tok: int) -> FinishReason | None:
+        """The stop rules for `tok`, just appended to output_ids (it also feeds the detokenizer)."""
+        p = self.params
+        if (tok in self.eos_ids and not p.ignore_eos) or tok in self.stop_ids or self.detok.add(tok):
+            return FinishReason.STOP
+        if self.grammar is not None and self.grammar.accept(tok):
+            return FinishReason.STOP
+        if len(self.output_ids) >= p.max_tokens or self.num_tokens >= self.max_total_len:
+            return FinishReason.LENGTH
+        return None

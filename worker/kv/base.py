@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Collection
+from collections.abc import Awaitable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tandem.contracts import timing
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.kv_layout import KVLayout
-from tandem.contracts.protocol import KVSource
+from tandem.contracts.protocol import KVRank, KVSource
 
 if TYPE_CHECKING:  # torch is only needed by the workers that hold a pool
     import torch
@@ -42,8 +43,8 @@ class KVTransferError(RuntimeError):
 @dataclass
 class KVTransferConfig:
     backend: str = "nixl"  # "nixl" | "tcp" | "memory"
-    timeout_s: float = 10.0  # a handoff that takes longer fails with TIMED_OUT
-    lease_s: float = 30.0  # prefill side: blocks not pulled by then are reclaimed
+    timeout_s: float = timing.KV_TRANSFER_TIMEOUT_S  # a handoff that takes longer fails with TIMED_OUT
+    lease_s: float = timing.KV_LEASE_S  # prefill side: blocks not pulled by then are reclaimed
     host: str = "127.0.0.1"  # address peers use to reach this worker (the pod IP in a cluster)
     extra: dict[str, Any] = field(default_factory=dict)  # backend options (UCX settings, limits)
     # The service's internal secret (tandem.contracts.internal_auth): sent on the HTTP calls to
@@ -59,9 +60,10 @@ class LeaseKeeper(Protocol):
     Every lease carries an unguessable token (KVSource.lease_token); a peer proves with it that
     the prefill result naming these blocks was handed to it."""
 
-    def check_read(self, request_id: str, lease_token: str, block_ids: Collection[int]) -> bool:
+    def check_read(self, request_id: str, lease_token: str, block_ids: Collection[int]) -> bool | Awaitable[bool]:
         """True when request_id holds a live lease, lease_token is its token and every block is
-        one of the lease's blocks (a subset: decode may pull only the blocks it lacks)."""
+        one of the lease's blocks (a subset: decode may pull only the blocks it lacks). A rank of a
+        tensor-parallel group answers asynchronously: it asks its rank 0, which holds the leases."""
         ...
 
     def release_lease(self, request_id: str, lease_token: str) -> bool:
@@ -118,8 +120,13 @@ class KVTransport(abc.ABC):
         """Backend-specific fields a prefill result carries in KVSource.extra."""
         return {}
 
+    def source_ranks(self) -> list[KVRank]:
+        """A tensor-parallel worker's other ranks, which a KVSource it hands out carries."""
+        return []
+
     @abc.abstractmethod
-    async def pull(self, request_id: str, source: KVSource, local_block_ids: list[int]) -> TransferStats:
+    async def pull(self, request_id: str, source: KVSource, local_block_ids: list[int],
+                   release: bool = True) -> TransferStats:
         """Decode side: copy source.block_ids of the remote pool into local_block_ids, then
         signal the prefill side (quoting source.lease_token). Raises KVTransferError within
         config.timeout_s on failure."""

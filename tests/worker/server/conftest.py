@@ -59,13 +59,14 @@ async def start_worker(server_loaded_toy, toy_model_dir):
     from tandem.worker.engine.async_engine import AsyncEngine
     from tandem.worker.engine.config import EngineConfig
     from tandem.worker.engine.engine import Engine
+    from tandem.worker.engine.kv_pull import KVEndpoint
     from tandem.worker.server.app import WorkerSettings, WorkerState, attach_engine, create_app
 
     started: list[tuple[Worker, AsyncEngine, object]] = []
 
     async def start(role: str = "colocated", kv_backend: str | None = None, lease_s: float = 30.0,
                     attach: bool = True, secret: str | None = None, stall_s: float = 120.0,
-                    **overrides) -> Worker:
+                    serve_kv: bool | None = None, **overrides) -> Worker:
         cfg = dict(model=str(toy_model_dir), num_blocks=128, block_size=8, max_num_seqs=8,
                    max_batched_tokens=256)
         cfg.update(overrides)
@@ -76,7 +77,8 @@ async def start_worker(server_loaded_toy, toy_model_dir):
         client = TestClient(TestServer(create_app(state)))
         await client.start_server()
         state.settings.advertise_url = str(client.make_url("")).rstrip("/")
-        aeng = AsyncEngine(eng, stall_s=stall_s)
+        aeng = AsyncEngine(eng, stall_s=stall_s, on_step_gap=state.metrics.step_gap_seconds.observe,
+                           on_pulled=state.metrics.observe_pull)
         transport = None
         if kv_backend is not None:
             from tandem.worker.kv.base import KVTransferConfig
@@ -85,12 +87,15 @@ async def start_worker(server_loaded_toy, toy_model_dir):
             transport = create_transport(kv_backend, eng.pool, eng.layout, engine_id,
                                          KVTransferConfig(backend=kv_backend, timeout_s=5.0, lease_s=lease_s,
                                                           extra={"prometheus_registry": state.metrics.registry},
-                                                          secret=secret, serve=role != "decode"))
+                                                          secret=secret,
+                                                          serve=role != "decode" if serve_kv is None else serve_kv))
             await transport.start()
         w = Worker(client, state, eng, transport)
         started.append((w, aeng, transport))
         if attach:
-            aeng.start()
+            aeng.start(None if transport is None else KVEndpoint(
+                transport, state.settings.advertise_url, engine_id, state.settings.generation,
+                state.settings.reserve_wait_s))
             attach_engine(state, aeng, transport)
         return w
 
