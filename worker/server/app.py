@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -29,11 +29,7 @@ from tandem.worker.server.parsing import RequestRefused
 from tandem.worker.server.responses import error_response, need_engine
 from tandem.worker.server.state import STATE_KEY, WorkerSettings, WorkerState
 
-if TYPE_CHECKING:  # torch stays out of the import: the server starts before the model loads
-    from tandem.worker.engine.async_engine import AsyncEngine
-    from tandem.worker.kv.base import KVTransport
-
-__all__ = ["STATE_KEY", "WorkerSettings", "WorkerState", "attach_engine", "create_app", "error_response"]
+__all__ = ["STATE_KEY", "WorkerSettings", "WorkerState", "create_app", "error_response"]
 
 log = logging.getLogger("tandem.worker.server")
 
@@ -138,14 +134,3 @@ def create_app(state: WorkerState) -> web.Application:
     tokenizer_files.add_routes(app, state)  # GET /internal/tokenizer
     kv_events.add_routes(app, state)  # GET /internal/kv/events
     return app
-
-
-def attach_engine(state: WorkerState, engine: AsyncEngine, transport: KVTransport | None = None) -> None:
-    """Wire a started AsyncEngine (and transport) into the state and mark the worker ready."""
-    state.engine = engine
-    state.transport = transport
-    engine.engine.on_step = state.metrics.observe_step
-    if transport is not None:
-        transport.leases = engine
-        state.settings.kv_backend = transport.name
-    state.ready = True
