@@ -1,5 +1,5 @@
 """A GenerateRequest made into a Sequence: its parameters checked and its prompt tokenized where
-they enter (validation.py), its grammar compiled, and tokens it generated elsewhere replayed, so the
+they enter (request_checks.py), its grammar compiled, and tokens it generated elsewhere replayed, so the
 engine continues from exactly the state of the worker that sampled them."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from tandem.contracts.protocol import GenerateRequest, SamplingParams
 from tandem.worker.engine.detokenizer import IncrementalDetokenizer
 from tandem.worker.engine.errors import RequestError
 from tandem.worker.engine.grammar import GrammarCompiler
+from tandem.worker.engine.request_checks import check_sampling, generated_ids, tokenize
 from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.sequence import Sequence
-from tandem.worker.engine.validation import check_sampling, generated_ids, tokenize
 
 
 class Intake:

@@ -83,7 +83,7 @@ class PullTransport(KVTransport):
         if tuple(pool.shape) != layout.shape:
             raise ValueError(f"pool shape {tuple(pool.shape)} does not match the layout {layout.shape}")
         self.kv_health = TransferHealth(self.name, engine_id,
-                                        config.extra.get("prometheus_registry"),
+                                        config.extra.get("kv_metrics"),
                                         self._transport_info())
         self._peers: dict[str, dict[str, Any]] = {}  # url -> metadata of the engine last seen there
         self._peer_locks: dict[str, asyncio.Lock] = {}

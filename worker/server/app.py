@@ -5,7 +5,7 @@ middleware and the plain endpoints (/health, /ready, /v1/models, /metrics, /inte
 generate.py streams /internal/generate (the engine pulls a handoff's KV first); prefill.py serves
 /internal/prefill, /internal/abort and the /internal/kv/* lease and transport endpoints;
 tokenizer_files.py /internal/tokenizer; kv_events.py /internal/kv/events. Shared: state.py (settings,
-state), responses.py (OpenAI-format errors), parsing.py (strict bodies), auth.py (the secret).
+state), http_errors.py (OpenAI-format errors), parsing.py (strict bodies), auth.py (the secret).
 
 Model endpoints answer 503 until the model is loaded; errors before a stream starts are OpenAI-format
 4xx/5xx bodies; once streaming, a failure ends the NDJSON stream with an error event. A client that
@@ -25,8 +25,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tandem.contracts.protocol import REQUEST_ID_HEADER, WorkerInfo
 from tandem.worker.server import generate, kv_events, prefill, tokenizer_files
 from tandem.worker.server.auth import internal_auth
+from tandem.worker.server.http_errors import error_response, need_engine
 from tandem.worker.server.parsing import RequestRefused
-from tandem.worker.server.responses import error_response, need_engine
 from tandem.worker.server.state import STATE_KEY, WorkerSettings, WorkerState
 
 __all__ = ["STATE_KEY", "WorkerSettings", "WorkerState", "create_app", "error_response"]

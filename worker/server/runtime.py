@@ -124,7 +124,7 @@ class WorkerRuntime:
             state.load_error = str(e)
             raise StartupError(f"cannot start the engine: {e}") from e
         host = state.settings.advertise_url.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-        kv_config = cfg.kv_transfer_config(host, {"prometheus_registry": state.metrics.registry})
+        kv_config = cfg.kv_transfer_config(host, {"kv_metrics": state.metrics.kv_transfer})
         try:
             await start_serving(state, engine, stall_s=cfg.engine_stall_s, kv_backend=str(cfg.kv_backend),
                                 kv_config=kv_config)

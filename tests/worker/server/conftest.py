@@ -86,7 +86,7 @@ async def start_worker(server_loaded_toy, toy_model_dir):
         await client.start_server()
         state.settings.advertise_url = str(client.make_url("")).rstrip("/")
         kv_config = KVTransferConfig(backend=kv_backend or "none", timeout_s=5.0, lease_s=lease_s,
-                                     extra={"prometheus_registry": state.metrics.registry},
+                                     extra={"kv_metrics": state.metrics.kv_transfer},
                                      secret=secret, serve=role != "decode" if serve_kv is None else serve_kv)
         w = Worker(client, state, eng, lambda: start_serving(state, eng, stall_s=stall_s,
                                                              kv_backend=kv_backend or "none", kv_config=kv_config))
