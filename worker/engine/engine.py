@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Collection
 
 import torch
+from tandem.contracts import timing
 from tandem.contracts.protocol import FinishReason, GenerateRequest
 from tandem.worker.engine.admission import AdmissionControl
 from tandem.worker.engine.batch import run_batch
@@ -43,7 +44,7 @@ KVEventCallback = Callable[[list[bytes], list[bytes]], None]
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, lease_s: float = 30.0, *,
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, lease_s: float = timing.KV_LEASE_S, *,
                  on_step: Callable[[float, int], None] = lambda seconds, num_tokens: None):
         """`on_step(seconds, tokens)` after every step that ran, before its outputs go out."""
         config.check()

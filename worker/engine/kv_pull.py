@@ -31,6 +31,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tandem.contracts import timing
 from tandem.contracts.kv_layout import KVLayout
 from tandem.contracts.protocol import GenerateRequest, KVSource
 from tandem.worker.engine.errors import RequestError
@@ -63,7 +64,7 @@ class KVEndpoint:
     url: str  # where peers reach its HTTP API
     engine_id: str
     generation: str = ""
-    reserve_wait_s: float = 2.0  # a handoff waits this long at most for free blocks to receive its KV
+    reserve_wait_s: float = timing.KV_RESERVE_WAIT_S  # a handoff waits this long for blocks to receive its KV
 
     def source(self, request_id: str, block_ids: list[int], num_tokens: int, lease_token: str) -> KVSource:
         """Where a peer finds the KV of `num_tokens` tokens this worker leased in `block_ids`."""
