@@ -29,7 +29,7 @@ from tandem.worker.engine.engine_stats import EngineStats
 from tandem.worker.engine.intake import Intake
 from tandem.worker.engine.leases import LeaseTable
 from tandem.worker.engine.loader import LoadedModel, load_model
-from tandem.worker.engine.migration import kv_to_hand_out
+from tandem.worker.engine.migration import hand_out
 from tandem.worker.engine.paged_forward import BatchItem, model_runner
 from tandem.worker.engine.pool_sizing import size_pool
 from tandem.worker.engine.prefix_cache import PrefixCache, PullReservation, prefix_salt
@@ -220,6 +220,9 @@ class Engine:
             return lease is not None
 
     def _aborted(self, seq: Sequence) -> SeqOutput:
+        """Under the lock: seq ends (WAITING, RUNNING, or LEASED by the step it was aborted in)."""
+        if seq.status.holds_lease:
+            self._end_lease(seq.request_id, None)
         self._finish(seq, FinishReason.ABORT)
         return SeqOutput(seq.request_id, text=seq.final_text(), finished=True, finish_reason=FinishReason.ABORT)
 
@@ -270,8 +273,8 @@ class Engine:
                 if out is not None:
                     emits.append((c.seq, out))
             for rid in self._abort_after_step:
-                seq = self.seqs.get(rid)
-                if seq is not None:
+                seq = self.seqs.get(rid) or (self.leases[rid].seq if rid in self.leases else None)
+                if seq is not None:  # a prefill this very step leased: nobody has its token yet
                     emits.append((seq, self._aborted(seq)))
             self._abort_after_step = set()
             self.stats.steps_total += 1
@@ -343,21 +346,8 @@ class Engine:
             self._migrating = True
 
     def _hand_out(self) -> None:
-        emits = []
         with self.lock:
-            for seq in [s for s in self.seqs.values() if not s.prefill_only and s.status != RequestState.PULLING]:
-                self.scheduler.take_out(seq)
-                del self.seqs[seq.request_id]
-                kv_blocks = kv_to_hand_out(seq, self.layout)
-                if kv_blocks is not None:
-                    self.leases.add(seq, RequestState.MIGRATING)
-                else:
-                    self.scheduler.free_blocks(seq)
-                    seq.status = RequestState.FINISHED
-                how = "recompute" if kv_blocks is None else "kv"
-                self.stats.migrated_out[how] = self.stats.migrated_out.get(how, 0) + 1
-                log.info("migrating out (%s)", how, extra={"request_id": seq.request_id})
-                emits.append((seq, SeqOutput(seq.request_id, migrated=True, kv_blocks=kv_blocks)))
+            emits = hand_out(self.seqs, self.scheduler, self.leases, self.layout, self.stats.migrated_out)
         for seq, out in emits:
             seq.emit(out)
 

@@ -10,8 +10,15 @@ FINISHED without KV and are recomputed elsewhere. Each gets a last output with `
 
 from __future__ import annotations
 
+import logging
+
 from tandem.contracts.kv_layout import KVLayout
-from tandem.worker.engine.sequence import Sequence
+from tandem.worker.engine.leases import LeaseTable
+from tandem.worker.engine.request_state import RequestState
+from tandem.worker.engine.scheduler import Scheduler
+from tandem.worker.engine.sequence import SeqOutput, Sequence
+
+log = logging.getLogger("tandem.worker.engine")
 
 
 def kv_to_hand_out(seq: Sequence, layout: KVLayout) -> list[int] | None:
@@ -22,3 +29,25 @@ def kv_to_hand_out(seq: Sequence, layout: KVLayout) -> list[int] | None:
     if seq.output_ids and seq.num_pending == 1 and len(seq.block_table) >= kv_blocks:
         return seq.block_table[:kv_blocks]
     return None
+
+
+def hand_out(seqs: dict[str, Sequence], scheduler: Scheduler, leases: LeaseTable, layout: KVLayout,
+             migrated_out: dict[str, int]) -> list[tuple[Sequence, SeqOutput]]:
+    """Under the engine's lock: every sequence in `seqs` but a prefill's or one being pulled leaves
+    the scheduler, MIGRATING with its KV leased or FINISHED with its blocks freed; counted by how
+    in `migrated_out`. The outputs to emit once the lock is let go."""
+    emits = []
+    for seq in [s for s in seqs.values() if not s.prefill_only and s.status != RequestState.PULLING]:
+        scheduler.take_out(seq)
+        del seqs[seq.request_id]
+        kv_blocks = kv_to_hand_out(seq, layout)
+        if kv_blocks is not None:
+            leases.add(seq, RequestState.MIGRATING)
+        else:
+            scheduler.free_blocks(seq)
+            seq.status = RequestState.FINISHED
+        how = "recompute" if kv_blocks is None else "kv"
+        migrated_out[how] = migrated_out.get(how, 0) + 1
+        log.info("migrating out (%s)", how, extra={"request_id": seq.request_id})
+        emits.append((seq, SeqOutput(seq.request_id, migrated=True, kv_blocks=kv_blocks)))
+    return emits
