@@ -73,13 +73,13 @@ async def start_worker(server_loaded_toy, toy_model_dir):
 
     async def start(role: str = "colocated", kv_backend: str | None = None, lease_s: float = 30.0,
                     attach: bool = True, secret: str | None = None, stall_s: float = 120.0,
-                    serve_kv: bool | None = None, **overrides) -> Worker:
+                    serve_kv: bool | None = None, generation: str = "g1", **overrides) -> Worker:
         cfg = dict(model=str(toy_model_dir), num_blocks=128, block_size=8, max_num_seqs=8,
                    max_batched_tokens=256)
         cfg.update(overrides)
         engine_id = f"test-{role}-{uuid.uuid4().hex[:8]}"
         state = WorkerState(WorkerSettings(role=Role(role), advertise_url="", engine_id=engine_id,
-                                           generation="g1", reserve_wait_s=2.0, internal_secret=secret))
+                                           generation=generation, reserve_wait_s=2.0, internal_secret=secret))
         eng = Engine(EngineConfig(**cfg), loaded=server_loaded_toy, lease_s=lease_s,
                      on_step=state.metrics.observe_step)
         client = TestClient(TestServer(create_app(state)))
