@@ -178,6 +178,7 @@ async def serve(cfg: WorkerConfig) -> int:
     # torch and transformers load only now, so /health answers while they import.
     from tandem.worker.engine.async_engine import AsyncEngine
     from tandem.worker.engine.engine import Engine
+    from tandem.worker.engine.kv_pull import KVEndpoint
 
     transport = None
     aeng = None
@@ -203,8 +204,10 @@ async def serve(cfg: WorkerConfig) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             # again: a transfer library may have replaced the handlers while it started
             loop.add_signal_handler(sig, stop.set)
-        aeng = AsyncEngine(engine, stall_s=cfg.engine_stall_s)
-        aeng.start()
+        aeng = AsyncEngine(engine, stall_s=cfg.engine_stall_s, on_step_gap=state.metrics.step_gap_seconds.observe,
+                           on_pulled=state.metrics.observe_pull)
+        aeng.start(None if transport is None else KVEndpoint(
+            transport, settings.advertise_url, engine_id, settings.generation, settings.reserve_wait_s))
         attach_engine(state, aeng, transport)
         log.info("ready: serving %s (max_model_len %d, %d KV blocks of %d tokens, kv backend %s)",
                  engine.served_name, engine.max_model_len, engine.layout.num_blocks, engine.layout.block_size,
