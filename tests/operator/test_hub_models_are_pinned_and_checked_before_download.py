@@ -253,3 +253,21 @@ def _total(proc, name: str) -> float:
     """A counter summed over its labels."""
     return sum(float(line.split()[-1]) for line in proc.get_text("/metrics").splitlines()
                if line.startswith(name + "{"))
+
+
+def test_an_oci_image_source_reaches_the_pods_as_an_image_volume(api, operator, namespace):
+    reference = "registry.test/models/tiny@sha256:" + "c" * 64
+    _create(api, namespace, "car", {"model": {"image": {"reference": reference, "pullPolicy": "IfNotPresent"}},
+                                    "prefill": CPU, "decode": CPU, "kvTransfer": {"backend": "tcp"}})
+    tis = _model_condition(api, namespace, "car", "Unknown")
+    assert _cond(tis, "ModelReady")["reason"] == "NotChecked"
+    assert "with model.image each worker checks it when it starts" in _cond(tis, "ModelReady")["message"]
+    pods = wait_until(lambda: client.CoreV1Api(api).list_namespaced_pod(
+        namespace, label_selector="tandem.dev/service=car,tandem.dev/role=decode").items, timeout=90,
+        what="a decode pod")
+    pod = api.sanitize_for_serialization(pods[0])
+    assert {"name": "model", "image": {"reference": reference, "pullPolicy": "IfNotPresent"}} in pod["spec"]["volumes"]
+    mounts = pod["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "model", "mountPath": "/model-image", "readOnly": True} in mounts
+    config = client.CoreV1Api(api).read_namespaced_config_map("car-config", namespace).data["decode.yaml"]
+    assert "model: /model-image/models" in config
