@@ -22,10 +22,11 @@ REQUIRED = {
 
 
 def exported_metric_names() -> set[str]:
-    """Metric names defined in worker/ (router, workers, KV transfer), as Prometheus exposes
-    them: a counter's name gets `_total` whether or not the code spells it."""
+    """Metric names defined in router/ and worker/ (router, workers, KV transfer), as Prometheus
+    exposes them: a counter's name gets `_total` whether or not the code spells it."""
     names: set[str] = set()
-    for path in (REPO_ROOT / "worker").rglob("*.py"):
+    paths = [*(REPO_ROOT / "router").rglob("*.py"), *(REPO_ROOT / "worker").rglob("*.py")]
+    for path in paths:
         text = path.read_text()
         for kind, name in re.findall(
             r"(Counter|CounterMetricFamily|Histogram|HistogramMetricFamily|Gauge|"

@@ -23,10 +23,11 @@ from tandem.worker.engine.config import EngineConfig
 from tandem.worker.engine.decode_step import prepare_kernels
 from tandem.worker.engine.detokenizer import IncrementalDetokenizer
 from tandem.worker.engine.errors import ModelLoadError, RequestError
+from tandem.worker.engine.grammar import GrammarCompiler
 from tandem.worker.engine.leases import Lease, LeaseKeeping
 from tandem.worker.engine.loader import LoadedModel, load_model
 from tandem.worker.engine.migration import Migration
-from tandem.worker.engine.paged_forward import BatchItem, PagedForward, kv_layout_for
+from tandem.worker.engine.paged_forward import BatchItem, kv_layout_for, model_runner
 from tandem.worker.engine.prefix_cache import PrefixCache, PublishingLock, prefix_salt
 from tandem.worker.engine.scheduler import ScheduledChunk, Scheduler
 from tandem.worker.engine.sequence import SeqOutput, SeqStatus, Sequence
@@ -80,8 +81,9 @@ class Engine(Admission, LeaseKeeping, Migration):
         lm = self.loaded
         self.tokenizer = lm.tokenizer
         self.vocab_size = int(lm.config.vocab_size)
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
         self.served_name = config.served_name or lm.name
-        probe = kv_layout_for(lm.config, 1, config.block_size, lm.dtype)
+        probe = kv_layout_for(lm.config, 1, config.block_size, lm.dtype, lm.group)
         num_blocks = config.num_blocks
         if num_blocks is None:
             default_fraction = 0.9 if lm.device.type == "cuda" else 0.25
@@ -92,7 +94,7 @@ class Engine(Admission, LeaseKeeping, Migration):
                 num_blocks = min(num_blocks, config.max_num_seqs * probe.blocks_for(lm.max_model_len))
         if num_blocks < 1:
             raise ModelLoadError("no memory left for the KV pool; lower kv_memory_fraction or set num_blocks")
-        self.layout = kv_layout_for(lm.config, num_blocks, config.block_size, lm.dtype)
+        self.layout = kv_layout_for(lm.config, num_blocks, config.block_size, lm.dtype, lm.group)
         self.max_model_len = lm.max_model_len
         if config.max_model_len is not None:
             self.max_model_len = min(config.max_model_len, lm.max_model_len)
@@ -116,7 +118,7 @@ class Engine(Admission, LeaseKeeping, Migration):
         )
         weights = model_weights(lm)
         kernels, why = prepare_kernels(weights, config.compile, self.pool, self.max_model_len)
-        self.runner = PagedForward(weights, self.pool, self.layout, kernels)
+        self.runner = model_runner(weights, self.pool, self.layout, kernels)
         log.info("engine: %s on %s, %d thread(s); decode step: %s; prefill up to %d prompt tokens per step; "
                  "prefix caching %s", str(lm.dtype).removeprefix("torch."), lm.device, torch.get_num_threads(),
                  why, self.scheduler.prefill_chunk_tokens, "on" if config.prefix_caching else "off")
@@ -178,6 +180,8 @@ class Engine(Admission, LeaseKeeping, Migration):
             stop_ids=frozenset(p.stop_token_ids),
         )
         seq.detok = IncrementalDetokenizer(self.tokenizer, prompt, p.stop)
+        if p.structured is not None:
+            seq.grammar = self.grammars.compile(p.structured)
         self._replay(seq, resumed, req.emitted_chars)
         return seq
 
@@ -289,6 +293,8 @@ class Engine(Admission, LeaseKeeping, Migration):
         self.stats.generation_tokens_total += 1
         reason = self._finish_reason(seq, tok)
         out = SeqOutput(seq.request_id, token_ids=[tok])
+        if seq.sampled_logprobs is not None:
+            out.logprobs, seq.sampled_logprobs = [seq.sampled_logprobs], None
         if reason is not None:
             out.text, out.finished, out.finish_reason = seq.detok.take(final=True), True, reason
             self._finish(seq, reason)
@@ -306,6 +312,8 @@ class Engine(Admission, LeaseKeeping, Migration):
         """The stop rules for `tok`, just appended to seq.output_ids (it also feeds the detokenizer)."""
         p = seq.params
         if (tok in seq.eos_ids and not p.ignore_eos) or tok in seq.stop_ids or seq.detok.add(tok):
+            return FinishReason.STOP
+        if seq.grammar is not None and seq.grammar.accept(tok):
             return FinishReason.STOP
         if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= seq.max_total_len:
             return FinishReason.LENGTH
