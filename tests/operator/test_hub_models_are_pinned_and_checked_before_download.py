@@ -106,7 +106,7 @@ def test_a_model_the_workers_cannot_serve_is_refused_before_anything_downloads(a
                                     "decode": CPU | {"parallelism": {"tensor": 3}}})
     model = _cond(_model_condition(api, namespace, "tp3", "False"), "ModelReady")
     assert model["reason"] == "ParallelismMismatch"
-    assert "decode.parallelism: tensor_parallel 3 does not divide the model's 4 attention heads" in model["message"]
+    assert "decode tensor parallelism 3 does not divide the model's 4 attention heads" in model["message"]
     assert _children(api, namespace) == {"Deployment": [], "Job": [], "PersistentVolumeClaim": [], "Pod": []}, \
         "nothing may start downloading a model that cannot be served"
 
