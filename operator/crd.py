@@ -117,6 +117,10 @@ def status_schema() -> dict[str, Any]:
                                   "properties": {"reason": {"type": "string", "maxLength": 64},
                                                  "message": {"type": "string", "maxLength": 4096}}},
                   }},
+        "internalSecret": {"type": "object", "description": "The Secret the service's router and workers "
+                           "share, as the operator created it (never read back): a Secret created again "
+                           "gets a new uid, and the pods roll onto it.", "properties": {
+                               "name": {"type": "string"}, "uid": {"type": "string"}}},
     }}
 
 
