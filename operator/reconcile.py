@@ -104,10 +104,10 @@ def _status(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None
         generation = old.get("observedGeneration")
     if model is not None:
         spec = model.spec  # a hub model pinned to its commit: the generation the pods carry
-    if spec is None or (model is not None and model.blocking):
-        # What runs came from an earlier spec: keep what status said of it.
+    if spec is None:  # what runs came from an earlier spec: keep what status said of it
         url, label = old.get("endpoint"), old.get("generation")
-        url = url if spec is None else endpoint(meta["name"], meta["namespace"], spec)
+    elif model is not None and model.blocking:  # nothing of this spec was applied: the pods are older
+        url, label = endpoint(meta["name"], meta["namespace"], spec), old.get("generation")
     else:
         url, label = endpoint(meta["name"], meta["namespace"], spec), generation_hash(spec, config)
     stamp = now()
