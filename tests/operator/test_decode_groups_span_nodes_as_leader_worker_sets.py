@@ -2,8 +2,8 @@
 renders a LeaderWorkerSet, the LWS controller (built from sigs.k8s.io/lws, its webhooks served by the
 harness) makes the groups, the scheduler places each group's pods on distinct nodes of the decode
 pool within one rack, the InferenceService is Ready only while every pod of a group is, and it
-scales by whole groups; a spec that fits the group on one node again turns it back into a Deployment.
-The operator runs with the Helm chart's RBAC.
+scales by whole groups, comes back when deleted (drift); a spec that fits the group on one node again
+turns it back into a Deployment. The operator runs with the Helm chart's RBAC.
 
 The test adds its own KWOK GPU nodes (pool `tp-groups`, two racks of two nodes) so that keeping a
 group inside one rack is a real constraint; they are deleted at the end.
@@ -153,6 +153,14 @@ def test_a_two_node_decode_group_is_placed_together_ready_as_one_and_scaled_by_g
     crds.patch_namespaced_custom_object(*GVP[:2], namespace, GVP[2], name, {"spec": {"decode": {"replicas": 1}}})
     wait_until(lambda: _ready_with(api, namespace, name, "1/1") and sorted(_groups(api, namespace, name)) == ["0"],
                timeout=120, what="one group left, the highest index removed whole")
+
+    # Drift: a deleted LeaderWorkerSet comes back at the next resync, groups and all.
+    crds.delete_namespaced_custom_object("leaderworkerset.x-k8s.io", "v1", namespace, "leaderworkersets",
+                                         f"{name}-decode")
+    wait_until(lambda: crds.get_namespaced_custom_object("leaderworkerset.x-k8s.io", "v1", namespace,
+                                                         "leaderworkersets", f"{name}-decode")["metadata"]["uid"]
+               != lws["metadata"]["uid"], timeout=60, what="the LeaderWorkerSet re-created")
+    wait_until(lambda: _ready_with(api, namespace, name, "1/1"), timeout=120, what="Ready again after the drift")
 
     # Back to one node per group: the LeaderWorkerSet goes, a Deployment of 4-GPU pods takes over.
     crds.patch_namespaced_custom_object(*GVP[:2], namespace, GVP[2], name, {"spec": {"decode": {
