@@ -330,6 +330,9 @@ class WorkerInfo:
     outstanding_prompt_tokens: int  # prompt tokens queued or being prefilled
     # tokenizer_digest of what GET /internal/tokenizer serves; "" until the worker has computed it
     tokenizer_sha256: str = ""
+    # The KV cache's dtype ("float32", "bfloat16", ...; "" while loading): how closely two workers'
+    # log probabilities can agree (the router's handoff parity probe, router/parity.py).
+    dtype: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
