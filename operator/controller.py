@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from kubernetes import client
-from tandem.operator import apply, probe
+from tandem.operator import apply, probe, router_parity
 from tandem.operator.autoscaling.autoscaler import Planning, decide
 from tandem.operator.config import OperatorConfig
 from tandem.operator.metrics import METRICS, OperatorMetrics
@@ -127,8 +127,9 @@ class Controller:
                 self.metrics.decided(*key, decision, state.planning.snapshot)
         if kv is None:
             kv = await probe.probe_workers(obs, self.config, self.session)
+        parity = await router_parity.read_routers(obs, self.config, self.session)
         result = await asyncio.to_thread(run_pass, self.api, body, self.config, work, state.memory,
-                                         decision, obs, kv)
+                                         decision, obs, kv, parity)
         if work.trigger is Trigger.SPEC:
             log.info("%s/%s: generation %s reconciled%s", *key, body["metadata"].get("generation"),
                      f" ({result.error})" if result.error else "")

@@ -32,6 +32,7 @@ from tandem.operator.autoscaling.status import (
 )
 from tandem.operator.config import OperatorConfig
 from tandem.operator.group_pods import removed_by_scale_down
+from tandem.operator.handoff_condition import RouterParity
 from tandem.operator.observe import Owners, observe
 from tandem.operator.ownership import REFUSED, secret_record
 from tandem.operator.render import (
@@ -48,8 +49,9 @@ from tandem.operator.work import Work
 
 log = logging.getLogger(__name__)
 
-# KVTransferReady reasons that earn a Warning event, once per transition into them.
-KV_WARNINGS = ("RDMAFallback", "TransferFailing")
+# Condition reasons that earn a Warning event, once per transition into them.
+WARNINGS = {"KVTransferReady": ("RDMAFallback", "TransferFailing", "BandwidthBelowFloor"),
+            "HandoffVerified": ("ParityMismatch",)}
 
 
 def now() -> str:
@@ -60,7 +62,8 @@ def now() -> str:
 class Memory:
     """What a pass remembers of the service between passes (kept by the controller, per service)."""
 
-    kv_reason: str | None = None  # KVTransferReady's reason as last written: one Warning per transition
+    # WARNINGS' conditions' reasons as last written: one Warning per transition
+    warned: dict[str, str] = field(default_factory=dict)
     owners: Owners = field(default_factory=dict)  # the owner chain's ReplicaSets/StatefulSets, read once each
     applied: dict[str, apply.Applied] = field(default_factory=dict)  # what each child was applied as
     pruned: tuple[str, ...] | None = None  # the stale kinds last pruned (a role changing kind prunes again)
@@ -71,12 +74,13 @@ def _condition(status: dict | None, type_: str) -> dict:
     return next((c for c in conditions if c.get("type") == type_), {})
 
 
-def _kv_event(api: client.ApiClient, body: dict, new_status: dict, memory: Memory) -> None:
-    """A Warning when KV transfer turns bad (not on every pass while it stays bad)."""
-    old, new = _condition(body.get("status"), "KVTransferReady"), _condition(new_status, "KVTransferReady")
-    seen, memory.kv_reason = memory.kv_reason, new.get("reason", "")
-    if new.get("reason") in KV_WARNINGS and new.get("reason") not in (old.get("reason"), seen):
-        apply.post_event(api, body, "Warning", new["reason"], new["message"])
+def _warning_events(api: client.ApiClient, body: dict, new_status: dict, memory: Memory) -> None:
+    """A Warning when KV transfer or a handoff's parity turns bad (not on every pass while it stays bad)."""
+    for type_, reasons in WARNINGS.items():
+        old, new = _condition(body.get("status"), type_), _condition(new_status, type_)
+        seen, memory.warned[type_] = memory.warned.get(type_), new.get("reason", "")
+        if new.get("reason") in reasons and new.get("reason") not in (old.get("reason"), seen):
+            apply.post_event(api, body, "Warning", new["reason"], new["message"])
 
 
 def parse_spec(body: dict) -> tuple[InferenceServiceSpec | None, str | None]:
@@ -118,10 +122,11 @@ def _status(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None
 
 def run_pass(api: client.ApiClient, body: dict, config: OperatorConfig, work: Work, memory: Memory,
              decision: Decision | None = None, obs: Observation | None = None,
-             kv_probes: list[KVProbe] | None = None) -> apply.ApplyResult:
+             kv_probes: list[KVProbe] | None = None, parity: list[RouterParity] | None = None) -> apply.ApplyResult:
     """One pass over `body` (just read): the planner's `decision` (made from `obs`) acted on, the
     children applied when `work.apply` asks or the decision changes replicas, status written once if
-    it changed. `kv_probes` are the workers' KV health answers (None: not probed)."""
+    it changed. `kv_probes` are the workers' KV health answers, `parity` the routers' handoff parity
+    reports (None: not probed)."""
     meta = body["metadata"]
     spec, spec_error = parse_spec(body)
     old = body.get("status") or {}
@@ -144,10 +149,11 @@ def run_pass(api: client.ApiClient, body: dict, config: OperatorConfig, work: Wo
     unchanged = not changes and not (result.created or result.updated or result.error)
     status = _status(api, body, spec, config, generation, memory, decision, model=model,
                      seen=obs if unchanged else None, apply_error=apply_error,
-                     apply_reason=apply_reason or "ApplyFailed", spec_error=spec_error, kv_probes=kv_probes)
+                     apply_reason=apply_reason or "ApplyFailed", spec_error=spec_error, kv_probes=kv_probes,
+                     parity=parity)
     if secret:
         status["internalSecret"] = secret
-    _kv_event(api, body, status, memory)
+    _warning_events(api, body, status, memory)
     if not same_status(old, status):
         apply.write_status(api, meta["namespace"], meta["name"], status, old)
     body["status"] = status

@@ -4,10 +4,12 @@ Conditions (type, status, CamelCase reason, message, lastTransitionTime, observe
   PrefillReady, DecodeReady, RouterReady  from each Deployment and its pods; a pod the scheduler
                                           cannot place surfaces as reason Unschedulable with the
                                           scheduler's own message
+  HandoffVerified                         from the routers' handoff parity probes
+                                          (tandem.operator.handoff_condition)
   KVTransferReady                         from probing every ready prefill/decode pod's
                                           /internal/kv/health (kv_condition): True Healthy; False
-                                          TransferFailing / RDMAFallback; Unknown Unreachable /
-                                          NoWorkers / NotProbed (probing turned off)
+                                          TransferFailing / RDMAFallback / BandwidthBelowFloor;
+                                          Unknown Unreachable / NoWorkers / NotProbed (probing off)
   Ready                                   True when the three roles are; otherwise the most
                                           actionable failing reason (Unschedulable first);
                                           ApplyFailed when the API server refuses a child,
@@ -33,7 +35,9 @@ from typing import Any
 
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.names import Role, serves_requests
+from tandem.operator import kv_bandwidth
 from tandem.operator.group_pods import ready_groups
+from tandem.operator.handoff_condition import RouterParity, handoff_condition
 from tandem.operator.spec import COMPONENTS, ROUTER, InferenceServiceSpec
 
 CONDITION_FOR = {Role.PREFILL.value: "PrefillReady", Role.DECODE.value: "DecodeReady", ROUTER: "RouterReady"}
@@ -86,6 +90,7 @@ class Observation:
     apply_reason: str = "ApplyFailed"  # Ready's reason for it (AdoptionRefused: another owner holds a child)
     spec_error: str | None = None  # why the operator cannot use the spec (tandem.operator.spec.SpecError)
     kv_probes: list[KVProbe] | None = None  # None: the operator does not probe (--no-kv-probe)
+    parity: list[RouterParity] | None = None  # the routers' handoff parity reports (None: not probed)
 
 
 @dataclass(frozen=True)
@@ -215,7 +220,8 @@ def compute_conditions(spec: InferenceServiceSpec | None, obs: Observation,
             reason = min((c["reason"] for c in failing), key=_urgency)
             ready = condition("Ready", "False", reason, "; ".join(c["message"] for c in failing))
     autoscaling = [scaling.condition] if scaling is not None else []
-    return [ready, *roles, kv_condition(spec, obs.kv_probes), *([model] if model else []), *autoscaling]
+    return [ready, *roles, kv_condition(spec, obs.kv_probes), handoff_condition(obs, obs.parity),
+            *([model] if model else []), *autoscaling]
 
 
 def _plural(n: int, word: str) -> str:
@@ -225,9 +231,11 @@ def _plural(n: int, word: str) -> str:
 def kv_condition(spec: InferenceServiceSpec | None, probes: list[KVProbe] | None) -> dict[str, str]:
     """KVTransferReady from the workers' own health reports; the worst finding wins.
 
-    Order: TransferFailing (requests fail now), RDMAFallback (slow, silently), Unreachable,
-    NoWorkers, Healthy. Each message names the pods so `kubectl describe` points at them.
-    RDMAFallback needs the spec (kvTransfer.rdma); without a readable one it is not judged.
+    Order: TransferFailing (requests fail now), RDMAFallback (slow, silently), BandwidthBelowFloor (a
+    worker measured less than kvTransfer.minBandwidthGBps: tandem.operator.kv_bandwidth), Unreachable,
+    NoWorkers, Healthy (with the bandwidth measured per transport). Each message names the pods so
+    `kubectl describe` points at them. RDMAFallback and the floor need the spec; without a readable
+    one they are not judged.
     """
     type_ = "KVTransferReady"
     if probes is None:
@@ -254,6 +262,10 @@ def kv_condition(spec: InferenceServiceSpec | None, probes: list[KVProbe] | None
                 parts.append(f"pod {p.pod} ({p.role}) uses {t.network or 'tcp'}: {why}")
             return condition(type_, "False", "RDMAFallback",
                              "kvTransfer.rdma is set but KV moves without RDMA: " + "; ".join(parts))
+    speeds = kv_bandwidth.measured(answered)
+    slow = kv_bandwidth.below_floor(speeds, spec.kv_transfer.min_bandwidth_gbps if spec is not None else None)
+    if slow is not None:
+        return condition(type_, "False", "BandwidthBelowFloor", slow)
     unreachable = [p for p in probes if p not in answered]
     if unreachable:
         parts = [f"pod {p.pod} ({p.role}): "
@@ -268,6 +280,8 @@ def kv_condition(spec: InferenceServiceSpec | None, probes: list[KVProbe] | None
         paths[path] = paths.get(path, 0) + 1
     summary = "; ".join(f"{_plural(n, 'worker')} report{'s' if n == 1 else ''} {path}"
                         for path, n in sorted(paths.items()))
+    if speeds:
+        summary += "; " + kv_bandwidth.summary(speeds)
     return condition(type_, "True", "Healthy", summary)
 
 

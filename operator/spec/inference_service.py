@@ -205,6 +205,11 @@ class KVTransfer:
     ipc_lock: bool = api_field(
         "ipcLock", default=False,
         description="Add the IPC_LOCK capability (pinning memory for RDMA registration).")
+    min_bandwidth_gbps: float | None = api_field(
+        "minBandwidthGBps", minimum=0, exclusive_minimum=True, maximum=10000,
+        description="The slowest KV handoff bandwidth (GB/s, over a worker's recent transfers) that counts "
+        "as working: KVTransferReady turns False (BandwidthBelowFloor) when a worker measures less, e.g. "
+        "NIXL/UCX fallen back to TCP. Unset: not judged.")
 
     RULES: ClassVar[tuple[Rule, ...]] = (
         Rule("!(has(self.hostNetwork) && self.hostNetwork) || has(self.rdma)",

@@ -42,7 +42,8 @@ FULL = {
     "decode": copy.deepcopy(ROLE),  # its own copy: a case changes one role only
     "kvTransfer": {"backend": "nixl", "blockSize": 32,
                    "ucx": {"transports": "rc", "netDevices": "mlx5_0:1", "env": {"UCX_A": "1"}},
-                   "rdma": {"resourceName": "rdma/ib", "count": 1}, "hostNetwork": True, "ipcLock": True},
+                   "rdma": {"resourceName": "rdma/ib", "count": 1}, "hostNetwork": True, "ipcLock": True,
+                   "minBandwidthGBps": 5.0},
     "router": {"replicas": 1, "service": {"type": "NodePort", "port": 80}, "policy": "least-loaded",
                "shortPromptTokens": 0, "prefillSaturatedTokens": 4096, "decodeHeadroomSequences": 8,
                "prefixSequenceCostTokens": 128, "limits": {"maxPromptTokens": 10, "maxOutputTokens": 10,
