@@ -110,6 +110,7 @@ class Pair:
 class _Worker:
     role: Role
     generation: str
+    engine_id: str = ""  # "" until the worker answered /internal/info
     state: ParityState = ParityState.UNCHECKED
     checking: bool = False
     last: ProbeResult | None = None
@@ -133,14 +134,15 @@ class ParityTable:
 
     def update(self, views: Sequence[WorkerView]) -> None:
         """Follow the router's workers: new ones start UNCHECKED, gone ones are forgotten, and one
-        whose role or generation changed (a new pod on an old address) starts over."""
+        whose role, generation or engine changed (a restart, a new pod on an old address) starts over."""
         seen = {v.url: v for v in views if prefill_side(v) or v.serves_decode}
         for url in [u for u in self.workers if u not in seen]:
             del self.workers[url]
         for url, v in seen.items():
             w = self.workers.get(url)
-            if w is None or (w.role, w.generation) != (v.role, v.generation):
-                self.workers[url] = _Worker(v.role, v.generation)
+            if w is None or (w.role, w.generation) != (v.role, v.generation) or (
+                    v.engine_id and w.engine_id != v.engine_id):
+                self.workers[url] = _Worker(v.role, v.generation, v.engine_id)
 
     def state(self, url: str) -> ParityState | None:
         w = self.workers.get(url)

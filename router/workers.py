@@ -60,6 +60,7 @@ class _Entry:
             router_prompt_tokens=self.router_prompt_tokens,
             tokenizer_sha256=info.tokenizer_sha256 if info else "",
             dtype=info.dtype if info else "",
+            engine_id=info.engine_id if info else "",
             parity=parity(self.target.url) if parity is not None else None,
         )
 

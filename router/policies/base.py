@@ -75,6 +75,7 @@ class WorkerView:
     router_prompt_tokens: int = 0
     tokenizer_sha256: str = ""  # what its /internal/info reports ("" unknown)
     dtype: str = ""  # its KV cache's dtype, from /internal/info
+    engine_id: str = ""  # from /internal/info: a restarted worker (same address) has a new one
     # Its standing from the handoff parity probe (router/parity.py); None: the router does not probe.
     parity: ParityState | None = None
 

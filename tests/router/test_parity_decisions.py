@@ -142,7 +142,7 @@ def test_a_probe_that_cannot_finish_is_retried_with_backoff():
     assert table.next_pair([p, d], 200.0 + 5.0) is not None
 
 
-def test_a_gone_worker_is_forgotten_and_a_new_pod_on_its_address_starts_over():
+def test_a_gone_worker_is_forgotten_and_a_new_worker_on_its_address_starts_over():
     p, d = view("http://p", Role.PREFILL), view("http://d", Role.DECODE)
     table = ParityTable()
     table.update([p, d])
@@ -151,6 +151,15 @@ def test_a_gone_worker_is_forgotten_and_a_new_pod_on_its_address_starts_over():
     table.finish(pair, result(pair, ProbeOutcome.MATCH, 0.0), 0.0)
     table.update([p, view("http://d", Role.DECODE, gen="g2")])
     assert table.state(d.url) is ParityState.UNCHECKED and table.state(p.url) is ParityState.VERIFIED
+    d.engine_id = "d-1"
+    table.update([p, d])
+    pair = table.next_pair([p, d], 0.0)
+    table.begin(pair)
+    table.finish(pair, result(pair, ProbeOutcome.MATCH, 0.0), 0.0)
+    assert table.state(d.url) is ParityState.VERIFIED
+    d.engine_id = "d-2"  # the same pod's worker restarted: what was proven of it no longer holds
+    table.update([p, d])
+    assert table.state(d.url) is ParityState.UNCHECKED
     table.update([p])
     assert set(table.workers) == {p.url}
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.kv_layout import KVLayout
+from tandem.worker.kv import throttle
 from tandem.worker.kv.base import KVTransferConfig, KVTransferError
 from tandem.worker.kv.byte_ranges import Range, blocks_touched
 from tandem.worker.kv.pulling import PullTransport, pool_bytes
@@ -112,6 +113,7 @@ class TcpTransport(PullTransport):
         self._idle: dict[str, list[tuple[socket.socket, float]]] = {}  # peer engine_id -> (conn, idle since)
         self.port: int | None = None
         self.serving: set[str] = set()  # request ids whose bytes are being sent now
+        self._throttle = throttle.rate_from_env()  # tests only: a transport below the bandwidth floor
 
     async def start(self) -> None:
         if not self.config.serve:
@@ -280,8 +282,11 @@ class TcpTransport(PullTransport):
         total = sum(n for _, n in ranges)
         async with asyncio.timeout(self.limits.send_s):
             await send_frame(loop, sock, {"ok": True, "bytes": total})
+            sent = 0
             for s, n in ranges:
                 await loop.sock_sendall(sock, self._mem[s:s + n])
+                sent += n
+                await throttle.pace(sent, t0, self._throttle)
         self.serving.discard(rid)
         self.kv_health.success("serve", total, time.monotonic() - t0)
 
