@@ -1,0 +1,113 @@
+"""The handoff parity probe: what one probe costs, and how far a good pairing's logprobs stray, per dtype.
+
+    python -m bench parity_probe [--dtypes float32 bfloat16] [--probes 20] [--load-streams 8]
+
+Per dtype, a prefill and a decode worker (the ~42M-parameter engine Llama, TCP, one core each) and
+the router's own probe (router/parity_probe.py: the decode worker alone, then prefill -> KV pulled
+-> decode, 96 prompt and 8 teacher-forced tokens) run `probes` times on idle workers, then `probes`
+times beside a load: `load-streams` long greedy streams on the decode worker and a stream of
+prompts on the prefill worker, so the probe's rows share batches (and their kernels' shapes) with
+other requests. Reported: the probe's seconds and the largest |logprob difference| it measured, idle
+and loaded, against the router's tolerance for that dtype (router/parity.py TOLERANCE). `ok` is
+false when a good pairing ever exceeds the tolerance (a probe that would cry wolf).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+
+from bench.lib.metrics import distribution
+from bench.lib.models import engine_model_dir
+from bench.lib.processes import worker_process
+from bench.lib.ready import wait_ready
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--probes", type=int, default=20, help="probes per phase (idle, loaded)")
+    parser.add_argument("--load-streams", type=int, default=8, help="decode streams beside the loaded probes")
+
+
+async def _decode_load(session, url: str, stop: asyncio.Event, n: int) -> None:
+    """n greedy streams of 256 tokens on the decode worker, restarted until `stop`."""
+    async def one(i: int) -> None:
+        k = 0
+        while not stop.is_set():
+            k += 1
+            body = {"request_id": f"load-{i}-{k}", "prompt_token_ids": [random.randrange(3, 256) for _ in range(64)],
+                    "sampling": {"max_tokens": 256, "temperature": 0, "ignore_eos": True}}
+            with contextlib.suppress(Exception):
+                async with session.post(url + "/internal/generate", json=body) as r:
+                    async for _ in r.content:
+                        if stop.is_set():
+                            break
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+
+
+async def _prefill_load(session, url: str, stop: asyncio.Event) -> None:
+    """Prompts of 200 tokens on the prefill worker, one after another, each lease freed at once."""
+    k = 0
+    while not stop.is_set():
+        k += 1
+        body = {"request_id": f"pload-{k}", "prompt_token_ids": [random.randrange(3, 256) for _ in range(200)],
+                "sampling": {"max_tokens": 4, "temperature": 0, "ignore_eos": True}}
+        with contextlib.suppress(Exception):
+            async with session.post(url + "/internal/prefill", json=body) as r:
+                res = await r.json()
+            token = (res.get("kv") or {}).get("lease_token")
+            await session.post(url + "/internal/abort", json={"request_id": body["request_id"], "lease_token": token})
+
+
+async def _probes(client, pair, tolerance: float, n: int) -> dict:
+    from tandem.router.parity_probe import run_probe
+
+    results = [await run_probe(client, pair, tolerance, timeout_s=60) for _ in range(n)]
+    diffs = [r.max_abs_diff for r in results if r.max_abs_diff is not None]
+    return {"seconds": distribution([r.seconds for r in results]), "max_abs_diff": max(diffs, default=None),
+            "outcomes": {o: sum(r.outcome.value == o for r in results) for o in ("match", "mismatch", "error")},
+            "errors": sorted({r.message for r in results if r.outcome.value == "error"})[:3]}
+
+
+async def _one_dtype(dtype: str, args: argparse.Namespace) -> dict:
+    import aiohttp
+    from tandem.contracts.names import Role
+    from tandem.router.parity import Pair, tolerance_for
+    from tandem.router.policies.base import WorkerView
+    from tandem.router.worker_client import HttpWorkerClient
+
+    model = engine_model_dir()
+    procs = [worker_process(f"{role}-{dtype}", role, model, args.out_dir / f"{role}-{dtype}.log", cpu,
+                            "--dtype", dtype) for role, cpu in (("prefill", 0), ("decode", 1))]
+    for p in procs:
+        p.start()
+    try:
+        await wait_ready(procs)
+        pair = Pair(WorkerView(procs[0].url, Role.PREFILL, dtype=dtype),
+                    WorkerView(procs[1].url, Role.DECODE, dtype=dtype), frozenset())
+        tolerance = tolerance_for(dtype)
+        async with aiohttp.ClientSession() as session:
+            client = HttpWorkerClient(session)
+            idle = await _probes(client, pair, tolerance, args.probes)
+            stop = asyncio.Event()
+            load = asyncio.gather(_decode_load(session, procs[1].url, stop, args.load_streams),
+                                  _prefill_load(session, procs[0].url, stop))
+            await asyncio.sleep(2.0)  # the load is running before the first probe
+            loaded = await _probes(client, pair, tolerance, args.probes)
+            stop.set()
+            await load
+    finally:
+        for p in procs:
+            p.stop()
+    return {"tolerance": tolerance, "idle": idle, "loaded": loaded}
+
+
+def run(args: argparse.Namespace) -> dict:
+    out = {dtype: asyncio.run(_one_dtype(dtype, args)) for dtype in args.dtypes}
+    ok = all(phase["outcomes"]["mismatch"] == 0 and phase["outcomes"]["error"] == 0
+             for r in out.values() for phase in (r["idle"], r["loaded"]))
+    return {"ok": ok, "dtypes": out, "probes": args.probes, "load_streams": args.load_streams,
+            "note": "noisy: shared 2-core machine; seconds are wall time of one probe (2 model paths, 1 pull)"}
