@@ -190,6 +190,10 @@ class KVSource:
     # KV heads tandem.contracts.kv_layout.kv_heads_of_rank gives it; one lease (rank 0's, above)
     # covers every rank's blocks. Empty: one rank.
     ranks: list[KVRank] = field(default_factory=list)
+    # The tandem.dev/generation of the worker that leased the KV (a prefill worker, or a draining
+    # decode worker). A worker of another generation refuses it (400 kv_generation_mismatch): the
+    # same tokens through other weights are other KV, and must never reach its cache.
+    generation: str = ""
 
     def __post_init__(self) -> None:
         self.ranks = [r if isinstance(r, KVRank) else KVRank(**r) for r in self.ranks]

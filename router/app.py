@@ -32,7 +32,6 @@ from tandem.router.orchestrator import (
 )
 from tandem.router.policies.base import PolicySettings, RoutingPolicy
 from tandem.router.policies.registry import policy_class
-from tandem.router.pool import Target, WorkerPool
 from tandem.router.prefix_index import PrefixIndex
 from tandem.router.responses import Responder
 from tandem.router.sse import ResponseShape
@@ -46,6 +45,7 @@ from tandem.router.validation import (
     parse_request,
 )
 from tandem.router.worker_client import HttpWorkerClient, Timeouts
+from tandem.router.workers import Target, WorkerSet
 
 log = logging.getLogger("tandem.router")
 
@@ -95,7 +95,7 @@ class Router:
         self.discovery = discovery  # None: static targets from config
         self.created = int(time.time())
         self.session: aiohttp.ClientSession | None = None
-        self.pool: WorkerPool | None = None
+        self.pool: WorkerSet | None = None
         self.orchestrator: Orchestrator | None = None
         self.responder: Responder | None = None
         self.tokens: TokenizerSync | None = None
@@ -124,7 +124,7 @@ class Router:
         self.tokens = TokenizerSync(client, self.config.tokenizer)
         if self.config.tokenizer not in (WORKERS, OFF):
             self.tokens.load_dir()
-        self.pool = WorkerPool(client, poll_interval_s=self.config.poll_interval_s, served_model=self.config.model,
+        self.pool = WorkerSet(client, poll_interval_s=self.config.poll_interval_s, served_model=self.config.model,
                                listeners=[self.tokens.refresh])
         self.orchestrator = Orchestrator(
             client,

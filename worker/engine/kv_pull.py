@@ -31,6 +31,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tandem.contracts import timing
 from tandem.contracts.kv_layout import KVLayout
 from tandem.contracts.protocol import GenerateRequest, KVSource
 from tandem.worker.engine.errors import RequestError
@@ -63,14 +64,14 @@ class KVEndpoint:
     url: str  # where peers reach its HTTP API
     engine_id: str
     generation: str = ""
-    reserve_wait_s: float = 2.0  # a handoff waits this long at most for free blocks to receive its KV
+    reserve_wait_s: float = timing.KV_RESERVE_WAIT_S  # a handoff waits this long for blocks to receive its KV
 
     def source(self, request_id: str, block_ids: list[int], num_tokens: int, lease_token: str) -> KVSource:
         """Where a peer finds the KV of `num_tokens` tokens this worker leased in `block_ids`."""
         t = self.transport
         return KVSource(url=self.url, engine_id=self.engine_id, backend=t.name, block_ids=block_ids,
                         num_tokens=num_tokens, lease_token=lease_token, extra=t.source_extra(),
-                        ranks=t.source_ranks())
+                        ranks=t.source_ranks(), generation=self.generation)
 
 
 def _mismatch(message: str, code: str | None = "kv_mismatch", param: str = "kv_source") -> RequestError:
@@ -79,12 +80,18 @@ def _mismatch(message: str, code: str | None = "kv_mismatch", param: str = "kv_s
 
 def check_source(endpoint: KVEndpoint | None, src: KVSource, seq: Sequence, layout: KVLayout) -> None:
     """RequestError (400) when the KV source cannot belong to this request on this worker: it must
-    hold the KV of every token but the last generated one (a handoff: the prompt)."""
+    come from a worker of this worker's generation, over its backend, and hold the KV of every token
+    but the last generated one (a handoff: the prompt). Checked before any block is reserved."""
     if not seq.output_ids:
         raise _mismatch("kv_source needs the tokens generated so far: generated_token_ids (a handoff: "
                         "the prefill worker's first token, or first_token_id)", None, "generated_token_ids")
     if endpoint is None:
         raise _mismatch("this worker has no KV transport (--kv-backend none)", "kv_backend_mismatch")
+    if src.generation != endpoint.generation:
+        raise _mismatch(f"kv_source holds KV of generation {src.generation!r}, this worker serves "
+                        f"{endpoint.generation!r}: its weights may differ, so that KV is not for it "
+                        "(recompute the request here, or pull on a worker of that generation)",
+                        "kv_generation_mismatch")
     if src.backend != endpoint.transport.name:
         raise _mismatch(f"kv_source.backend is {src.backend!r}, this worker uses "
                         f"{endpoint.transport.name!r}", "kv_backend_mismatch")

@@ -1,4 +1,4 @@
-"""The ranges of the sampling controls beyond temperature/top-k/top-p (validation.py checks those):
+"""The ranges of the sampling controls beyond temperature/top-k/top-p (request_checks.py checks those):
 penalties, min_p, min_tokens, logit_bias, logprobs and the structured-output spec's shape, checked
 where a request enters so nothing one request carries can fail a step that others share.
 """

@@ -18,7 +18,7 @@ from tandem.contracts.protocol import WorkerInfo
 from tandem.router.policies.base import WorkerView
 from tandem.router.worker_client import WorkerClient, WorkerFailed
 
-log = logging.getLogger("tandem.router.pool")
+log = logging.getLogger("tandem.router.workers")
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,10 @@ class _Entry:
 
 
 @dataclass
-class WorkerPool:
+class WorkerSet:
+    """Every worker this router knows and how loaded each is (in the engine, a "pool" is the KV
+    tensor; here it is a set of worker processes)."""
+
     client: WorkerClient
     poll_interval_s: float = 0.5
     served_model: str | None = None  # fixed by configuration, else learnt from the workers
