@@ -135,6 +135,10 @@ class SamplingParams:
     # The output's grammar (worker/engine/grammar.py): {"json_schema": {...}}, {"json_object": true},
     # {"regex": "..."}, {"choice": [...]} or {"lark": "..."}; None: unconstrained.
     structured: dict[str, Any] | None = None
+    # Teacher forcing (internal: the router's handoff parity probe, router/parity_probe.py): the
+    # token at output index i is forced_token_ids[i] whatever the draw, and logprobs score it, so two
+    # paths through the model can be compared on the same continuation. Never set from the public API.
+    forced_token_ids: list[int] = field(default_factory=list)
 
     def to_wire(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -333,6 +337,9 @@ class WorkerInfo:
     outstanding_prompt_tokens: int  # prompt tokens queued or being prefilled
     # tokenizer_digest of what GET /internal/tokenizer serves; "" until the worker has computed it
     tokenizer_sha256: str = ""
+    # The KV cache's dtype ("float32", "bfloat16", ...; "" while loading): how closely two workers'
+    # log probabilities can agree (the router's handoff parity probe, router/parity.py).
+    dtype: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

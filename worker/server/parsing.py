@@ -90,6 +90,7 @@ _SAMPLING: dict[str, tuple[Callable[[Any], bool], str]] = {
     "logit_bias": (lambda v: isinstance(v, dict), "an object of token id -> bias"),
     "logprobs": (_opt(_int), "an integer"),
     "structured": (_opt(lambda v: isinstance(v, dict)), "an object"),
+    "forced_token_ids": (_ids, "a list of token ids"),
 }
 def _kv_rank(v: Any) -> bool:
     """One more rank of a tensor-parallel source (tandem.contracts.protocol.KVRank)."""
