@@ -103,6 +103,8 @@ def top_k_valid(k: int) -> bool:
     return k >= -1
 
 
+MAX_CACHE_SALT_CHARS = 256  # GenerateRequest.cache_salt
+
 # The most alternatives a request may ask logprobs for (OpenAI's top_logprobs allows 20).
 MAX_TOP_LOGPROBS = 20
 # logit_bias values, as OpenAI bounds them.
@@ -241,6 +243,11 @@ class GenerateRequest:
     # Set by the router when kv_source is a migrated sequence's (the URL of the decode worker it
     # leaves): counted and logged apart from prefill handoffs.
     migrated_from: str | None = None
+    # A tenant's salt for the prefix cache (vLLM's `cache_salt`): mixed into the names of the
+    # request's KV blocks (tandem.contracts.prefix.request_salt), so a request reuses cached KV only
+    # of requests with the same salt, and no tenant can time another's prompts by their cache hits.
+    # None: shared with every unsalted request. At most MAX_CACHE_SALT_CHARS characters.
+    cache_salt: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"sampling": self.sampling.to_wire()}

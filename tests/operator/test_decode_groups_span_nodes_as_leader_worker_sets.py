@@ -97,9 +97,14 @@ def _set_ready(api, pod, ready: bool) -> None:
                                                       {"status": {"conditions": conditions}})
 
 
+@pytest.fixture(scope="module")
+def operator(start_operator, chart_rbac):
+    """One operator for the module (two would race for each service's internal Secret)."""
+    return start_operator(kubeconfig=chart_rbac().kubeconfig)
+
+
 def test_a_two_node_decode_group_is_placed_together_ready_as_one_and_scaled_by_groups(
-        k8s, api, start_operator, chart_rbac, namespace, rack_nodes):
-    start_operator(kubeconfig=chart_rbac().kubeconfig)
+        k8s, api, operator, namespace, rack_nodes):
     name = "tp"
     body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
             "spec": spec()}
@@ -174,9 +179,8 @@ def test_a_two_node_decode_group_is_placed_together_ready_as_one_and_scaled_by_g
                timeout=60, what="the groups' pods gone")
 
 
-def test_a_group_larger_than_its_pool_is_reported_with_the_numbers(k8s, api, start_operator, namespace):
+def test_a_group_larger_than_its_pool_is_reported_with_the_numbers(k8s, api, operator, namespace):
     """The default decode pool has two nodes: a group of three cannot be placed, and status says why."""
-    start_operator()
     name = "toolarge"
     bad = spec()
     bad["decode"] |= {"gpus": 1, "parallelism": {"tensor": 3, "nodes": 3},
@@ -187,4 +191,5 @@ def test_a_group_larger_than_its_pool_is_reported_with_the_numbers(k8s, api, sta
                      and t, timeout=90, what="DecodeReady reason Unschedulable")
     message = _cond(tis, "DecodeReady")["message"]
     assert "a decode group needs 3 distinct nodes of its pool" in message, message
-    assert "cannot be scheduled" in message and _cond(tis, "Ready")["reason"] == "Unschedulable"
+    assert "cannot be scheduled" in message
+    assert _cond(tis, "Ready")["reason"] == "Unschedulable", json.dumps(tis["status"], indent=1)

@@ -12,7 +12,12 @@ from tandem.contracts.protocol import GenerateRequest, SamplingParams
 from tandem.worker.engine.detokenizer import IncrementalDetokenizer
 from tandem.worker.engine.errors import RequestError
 from tandem.worker.engine.grammar import GrammarCompiler
-from tandem.worker.engine.request_checks import check_sampling, generated_ids, tokenize
+from tandem.worker.engine.request_checks import (
+    check_cache_salt,
+    check_sampling,
+    generated_ids,
+    tokenize,
+)
 from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.sequence import Sequence
 
@@ -58,7 +63,7 @@ class Intake:
             request_id=req.request_id, prompt_ids=prompt, params=p, max_total_len=self.max_model_len,
             seed=p.seed if p.seed is not None else random.getrandbits(62), eos_ids=self.eos_ids,
             prefill_only=prefill_only, arrival=time.monotonic(), num_resumed=len(resumed),
-            stop_ids=frozenset(p.stop_token_ids),
+            stop_ids=frozenset(p.stop_token_ids), cache_salt=check_cache_salt(req.cache_salt),
         )
         seq.detok = IncrementalDetokenizer(self.tokenizer, prompt, p.stop)
         if p.structured is not None:

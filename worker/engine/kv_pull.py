@@ -24,6 +24,7 @@ from it and only the rest is read from the lease (a subset of its blocks).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -103,11 +104,13 @@ def check_source(endpoint: KVEndpoint | None, src: KVSource, seq: Sequence, layo
 
 
 async def pull(eng: Engine, endpoint: KVEndpoint, req: GenerateRequest, seq: Sequence,
-               wait_for: Callable[[Callable[[], Any], float], Coroutine[Any, Any, Any]]) -> PullReport:
+               wait_for: Callable[[Callable[[], Any], float], Coroutine[Any, Any, Any]],
+               blocks_freed: Callable[[], None]) -> PullReport:
     """Take `seq` (claimed) through PULLING: reserve blocks (waiting for them at most
     reserve_wait_s, with `wait_for`), read the KV into them, and queue it for a seat with its KV.
     Raises RequestError with nothing left allocated (503 busy when no blocks came, 503
-    kv_transfer_failed when the read failed)."""
+    kv_transfer_failed when the read failed), except blocks a failed read may still write into:
+    those stay out of use until it has stopped (then `blocks_freed()`)."""
     from tandem.worker.kv.base import KVTransferError
 
     rid, src = req.request_id, req.kv_source
@@ -123,14 +126,13 @@ async def pull(eng: Engine, endpoint: KVEndpoint, req: GenerateRequest, seq: Seq
     t0 = time.monotonic()
     try:
         stats = await endpoint.transport.pull(rid, missing, res.fresh)
-    except KVTransferError as e:
-        eng.fail_pull(seq)
+    except BaseException as e:
+        _give_back(eng, seq, endpoint.transport.still_writing(rid), blocks_freed)
+        if not isinstance(e, KVTransferError):
+            raise
         log.warning("KV pull failed: %s", e, extra={"request_id": rid, "state": str(e.state)})
         raise RequestError(f"KV transfer from {src.url} failed ({e.state}): {e}", status=503,
                            type_="service_unavailable", code="kv_transfer_failed") from e
-    except BaseException:
-        eng.fail_pull(seq)
-        raise
     eng.finish_pull(seq)
     log.debug("KV pulled: %d bytes in %d transfers, %.1f ms", stats.bytes, stats.num_transfers,
               stats.seconds * 1e3, extra={"request_id": rid, "blocks": stats.num_blocks, "cached_blocks": held})
@@ -139,3 +141,20 @@ async def pull(eng: Engine, endpoint: KVEndpoint, req: GenerateRequest, seq: Seq
                  src.num_tokens - missing.num_tokens, extra={"request_id": rid, "from": req.migrated_from})
     return PullReport(seconds=time.monotonic() - t0, saved_bytes=held * eng.layout.block_bytes,
                       pulled_tokens=missing.num_tokens, migrated_from=req.migrated_from)
+
+
+def _give_back(eng: Engine, seq: Sequence, landing: asyncio.Future | None, blocks_freed: Callable[[], None]) -> None:
+    """PULLING -> FINISHED after a failed pull; blocks a READ may still write into (`landing`: the
+    transport could not stop it in time) are freed only once it has stopped, never reused before."""
+    if landing is None:
+        eng.fail_pull(seq)
+        return
+    kept = eng.fail_pull(seq, keep_blocks=True)
+    log.error("a failed KV read may still write into %d blocks: they stay out of use until it stops",
+              len(kept), extra={"request_id": seq.request_id})
+
+    def landed(_: asyncio.Future) -> None:
+        eng.free_landed(kept)
+        blocks_freed()
+
+    landing.add_done_callback(landed)

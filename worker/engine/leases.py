@@ -36,8 +36,8 @@ class LeaseTable:
     """Leases by request id: what each holds, its token and when it expires (see the module docstring)."""
 
     def __init__(self, lease_s: float):
-        if lease_s <= 0:
-            raise ValueError(f"lease_s must be > 0, got {lease_s}")
+        if lease_s < 0:
+            raise ValueError(f"lease_s must be >= 0 (0: a lease ends at its first expiry check), got {lease_s}")
         self.lease_s = lease_s
         self._leases: dict[str, Lease] = {}
 

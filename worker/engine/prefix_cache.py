@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tandem.contracts.kv_layout import KVLayout
-from tandem.contracts.prefix import block_hashes
+from tandem.contracts.prefix import block_hashes, request_salt
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.sequence import Sequence
 
@@ -67,7 +67,8 @@ class PrefixCache:
         if len(have) < num_blocks:
             bs = self.block_size
             tokens = seq.all_ids[len(have) * bs: num_blocks * bs]
-            have.extend(block_hashes(tokens, bs, self.salt, parent=have[-1] if have else None))
+            salt = request_salt(self.salt, seq.cache_salt)
+            have.extend(block_hashes(tokens, bs, salt, parent=have[-1] if have else None))
         return have[:num_blocks]
 
     def match(self, seq: Sequence, num_tokens: int) -> list[int]:

@@ -60,6 +60,7 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list, repr=False)
     num_registered_blocks: int = 0
     stop_ids: frozenset[int] = frozenset()  # params.stop_token_ids, for a constant-time check per token
+    cache_salt: str | None = None  # the request's prefix-cache salt: its blocks match only the same salt's
     grammar: Any = None  # grammar.Grammar of a structured output, advanced with every token taken
     sampled_logprobs: Any = None  # the TokenLogprobs of the token just sampled (batch.py), until taken
 

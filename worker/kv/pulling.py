@@ -92,6 +92,7 @@ class PullTransport(KVTransport):
         self._peers = PeerTable(float(config.extra.get("kv_peer_idle_s", PEER_IDLE_S)),
                                 int(config.extra.get("kv_max_peers", MAX_PEERS)))
         self._background: set[asyncio.Task] = set()
+        self._landing: dict[str, list[asyncio.Future]] = {}  # request id -> transfers that may still write
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
@@ -118,6 +119,23 @@ class PullTransport(KVTransport):
         made. Must leave nothing writing into our pool when it returns, raises or is cancelled."""
 
     # --- shared -------------------------------------------------------------------------------
+
+    def still_writing(self, request_id: str) -> asyncio.Future | None:
+        pending = [f for f in self._landing.get(request_id, []) if not f.done()]
+        return asyncio.ensure_future(asyncio.wait(pending)) if pending else None
+
+    def _writing(self, request_id: str, transfer: asyncio.Future) -> None:
+        """A backend's transfer for request_id that may still write into this pool until it is done."""
+        self._landing.setdefault(request_id, []).append(transfer)
+
+        def landed(_: asyncio.Future) -> None:
+            left = [f for f in self._landing.get(request_id, []) if f is not transfer]
+            if left:
+                self._landing[request_id] = left
+            else:
+                self._landing.pop(request_id, None)
+
+        transfer.add_done_callback(landed)
 
     def _base_metadata(self) -> dict[str, Any]:
         return {"backend": self.name, "engine_id": self.engine_id, "layout": self.layout.to_dict()}

@@ -120,6 +120,7 @@ _TOP: dict[str, tuple[Callable[[Any], bool], str]] = {
     "generated_token_ids": (_opt(_ids), "a list of token ids"),
     "emitted_chars": (_opt(_count), "a non-negative integer"),
     "first_token_id": (_opt(_count), "a token id"),
+    "cache_salt": (_opt(lambda v: isinstance(v, str)), "a string"),
     "chat_options": (_opt(lambda v: isinstance(v, dict)), "an object"),
 }
 

@@ -53,4 +53,4 @@ def test_only_a_leasing_state_and_one_lease_per_id():
     with pytest.raises(ValueError):
         table.add(_seq("x", [2]), RequestState.LEASED)
     with pytest.raises(ValueError):
-        LeaseTable(lease_s=0)
+        LeaseTable(lease_s=-1)
