@@ -5,11 +5,12 @@ through a seeded continuation with its log probabilities returned; router/parity
 Both paths score each continuation token the same way where it matters: the prompt in one prefill
 chunk, then one decode step per token, so with the same weights and a faithful handoff the numbers
 agree to the last bit in float32 (a batch shared with other requests can move the last bits). The
-prompt is new per probe, so no earlier probe's KV is found in a prefix cache. The decode worker
-alone goes first, so it computes the prompt from scratch; where the workers know the request's
-prefix-cache salt (`cache_salt`) each path has its own, and the handoff pulls every block; without
-it the decode worker keeps the prompt's full blocks from the first path and pulls the rest (always
-the last block). Everything a failed probe leaves on a worker (a lease, a sequence) is aborted.
+prompt is new per probe and each path runs under a prefix-cache salt of its own (`cache_salt`), so
+neither path, nor any client request, finds the other's KV in a prefix cache: the decode worker
+alone computes the prompt from scratch, and the handoff pulls every block of it. (A worker older
+than the salt ignores it: it then keeps the prompt's full blocks from its own pass, which runs
+first, and pulls the rest, always the last block.) Everything a failed probe leaves on a worker (a
+lease, a sequence) is aborted.
 """
 
 from __future__ import annotations
@@ -33,10 +34,8 @@ def _sampling(continuation: Sequence[int]) -> SamplingParams:
 
 def _request(request_id: str, prompt: Sequence[int], continuation: Sequence[int], salt: str,
              **handoff: object) -> GenerateRequest:
-    req = GenerateRequest(request_id, prompt_token_ids=list(prompt), sampling=_sampling(continuation), **handoff)
-    if hasattr(req, "cache_salt"):  # contracts with the per-request prefix-cache salt (issue 21.13)
-        req.cache_salt = salt
-    return req
+    return GenerateRequest(request_id, prompt_token_ids=list(prompt), sampling=_sampling(continuation),
+                           cache_salt=salt, **handoff)
 
 
 def _scored(entry: object) -> Scored:

@@ -27,7 +27,7 @@ GVP = ("tandem.dev", "v1alpha1", "inferenceservices")
 
 
 def spec(model: Path, floor_gbps: float) -> dict:
-    role = {"replicas": 1, "cpu": "100m", "memory": "1Gi", "nodeSelector": {POOL_LABEL: "cpu"}}
+    role = {"replicas": 1, "gpus": 0, "cpu": "100m", "memory": "1Gi", "nodeSelector": {POOL_LABEL: "cpu"}}
     return {"model": {"path": str(model), "dtype": "float32", "maxModelLen": 512},
             "prefill": role, "decode": role, "router": {"cpu": "50m", "memory": "128Mi"},
             "kvTransfer": {"backend": "tcp", "minBandwidthGBps": floor_gbps}}
