@@ -1,0 +1,99 @@
+"""One parity probe's calls against scripted workers (tandem.testing.fake_workers): what it sends
+(teacher-forced continuation, logprobs, a salt per path, the handoff's first token), how it reads
+the answers, and that a probe that fails part way frees what it left (the prefill lease, the
+decode sequence) and reports an error instead of raising."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tandem.contracts.handoff_parity import ProbeOutcome
+from tandem.contracts.names import Role
+from tandem.contracts.protocol import EventType, FinishReason, KVSource, PrefillResult, StreamEvent
+from tandem.router.parity import Pair, probe_tokens
+from tandem.router.parity_probe import run_probe
+from tandem.router.policies.base import WorkerView
+from tandem.testing.fake_workers import FakeWorkers, busy, died, finish, start
+
+P, D = "http://p", "http://d"
+SEED = 11
+PROMPT, CONT = probe_tokens(SEED)
+PAIR = Pair(WorkerView(P, Role.PREFILL, "g1", dtype="float32"), WorkerView(D, Role.DECODE, "g1", dtype="float32"),
+            frozenset({P, D}))
+
+
+def scored(tokens: list[int], lps: list[float]) -> list[StreamEvent]:
+    return [StreamEvent(EventType.TOKEN, token_ids=[t], text="x", logprobs=[{"id": t, "token": "x", "logprob": lp}])
+            for t, lp in zip(tokens, lps, strict=True)]
+
+
+def prefilled(lp: float) -> PrefillResult:
+    kv = KVSource(P, "p-1", "tcp", list(range(6)), len(PROMPT), lease_token="lease-1")
+    return PrefillResult("rid", list(PROMPT), CONT[0], "x", None, kv,
+                         first_token_logprobs={"id": CONT[0], "token": "x", "logprob": lp})
+
+
+def workers(alone: list[float], handoff: list[float]) -> FakeWorkers:
+    w = FakeWorkers()
+    w.on_generate(D, [start(len(PROMPT)), *scored(CONT, alone), finish(FinishReason.LENGTH)])
+    w.on_prefill(P, prefilled(handoff[0]))
+    w.on_generate(D, [start(len(PROMPT)), *scored(CONT[1:], handoff[1:]), finish(FinishReason.LENGTH)])
+    return w
+
+
+def probe(w: FakeWorkers, tolerance: float = 1e-4):
+    return asyncio.run(run_probe(w, PAIR, tolerance, timeout_s=5, seed=SEED))
+
+
+def test_the_probe_sends_the_forced_continuation_down_both_paths_and_agrees():
+    lps = [-1.0 - i / 8 for i in range(len(CONT))]
+    w = workers(lps, lps)
+    result = probe(w)
+    assert (result.outcome, result.max_abs_diff, result.seed, result.tokens) == (ProbeOutcome.MATCH, 0.0, SEED, 8)
+    alone, handoff = w.made("generate")
+    (pre,) = w.made("prefill")
+    for call in (alone, pre, handoff):
+        assert call.request.prompt_token_ids == PROMPT
+        s = call.request.sampling
+        assert (s.forced_token_ids, s.logprobs, s.temperature, s.max_tokens) == (CONT, 0, 0.0, 8)
+        assert s.ignore_eos
+    assert alone.url == handoff.url == D and pre.url == P
+    assert handoff.request.kv_source.lease_token == "lease-1" and handoff.request.generated_token_ids == CONT[:1]
+    assert handoff.request.request_id == pre.request.request_id != alone.request.request_id
+    assert pre.request.cache_salt == handoff.request.cache_salt != alone.request.cache_salt
+    assert alone.request.cache_salt and w.aborts == []
+
+
+def test_a_difference_in_the_first_token_alone_is_caught():
+    lps = [-1.0] * len(CONT)
+    result = probe(workers(lps, [-2.5, *lps[1:]]))
+    assert result.outcome is ProbeOutcome.MISMATCH and result.max_abs_diff == 1.5
+    assert "continuation token 0" in result.message
+
+
+def test_a_decode_worker_that_dies_in_the_handoff_frees_the_lease_and_its_copy():
+    w = FakeWorkers()
+    w.on_generate(D, [start(len(PROMPT)), *scored(CONT, [-1.0] * 8), finish(FinishReason.LENGTH)])
+    w.on_prefill(P, prefilled(-1.0))
+    w.on_generate(D, [start(len(PROMPT)), died("connection reset")])
+    result = probe(w)
+    assert result.outcome is ProbeOutcome.ERROR and "connection reset" in result.message
+    rid = w.made("prefill")[0].request.request_id
+    assert sorted(zip(w.aborts, w.abort_tokens, strict=True)) == [((D, rid), None), ((P, rid), "lease-1")]
+
+
+def test_a_busy_prefill_worker_is_an_error_to_retry_not_a_verdict():
+    w = FakeWorkers()
+    w.on_generate(D, [start(len(PROMPT)), *scored(CONT, [-1.0] * 8), finish(FinishReason.LENGTH)])
+    w.on_prefill(P, busy())
+    result = probe(w)
+    assert result.outcome is ProbeOutcome.ERROR and result.max_abs_diff is None and "busy" in result.message
+
+
+def test_a_stream_that_ends_without_finish_or_with_an_error_line_is_an_error():
+    for ending in ([], [StreamEvent(EventType.ERROR, error={"message": "engine_error"})]):
+        w = FakeWorkers()
+        w.on_generate(D, [start(len(PROMPT)), *scored(CONT[:3], [-1.0] * 3), *ending])
+        result = probe(w)
+        assert result.outcome is ProbeOutcome.ERROR, ending
+        assert w.aborts == [(D, w.made("generate")[0].request.request_id)]
