@@ -1,4 +1,5 @@
-"""The handoff parity probe: what one probe costs, and how far a good pairing's logprobs stray, per dtype.
+"""The handoff parity probe: what one probe costs, how far a good pairing's logprobs stray, and how
+far a broken one's do, per dtype.
 
     python -m bench parity_probe [--dtypes float32 bfloat16] [--probes 20] [--load-streams 8]
 
@@ -7,9 +8,11 @@ the router's own probe (router/parity_probe.py: the decode worker alone, then pr
 -> decode, 96 prompt and 8 teacher-forced tokens) run `probes` times on idle workers, then `probes`
 times beside a load: `load-streams` long greedy streams on the decode worker and a stream of
 prompts on the prefill worker, so the probe's rows share batches (and their kernels' shapes) with
-other requests. Reported: the probe's seconds and the largest |logprob difference| it measured, idle
-and loaded, against the router's tolerance for that dtype (router/parity.py TOLERANCE). `ok` is
-false when a good pairing ever exceeds the tolerance (a probe that would cry wolf).
+other requests. Then a broken pairing: the same prefill worker with a decode worker of the same
+shapes and other weights (seed 1), `probes` / 4 times. Reported: the probe's seconds and the largest
+|logprob difference| per probe (its distribution), idle, loaded and broken, against the router's
+tolerance for that dtype (router/parity.py TOLERANCE). `ok` is false when a good pairing ever
+exceeds the tolerance or a broken one stays within it.
 """
 
 from __future__ import annotations
@@ -67,9 +70,23 @@ async def _probes(client, pair, tolerance: float, n: int) -> dict:
 
     results = [await run_probe(client, pair, tolerance, timeout_s=60) for _ in range(n)]
     diffs = [r.max_abs_diff for r in results if r.max_abs_diff is not None]
-    return {"seconds": distribution([r.seconds for r in results]), "max_abs_diff": max(diffs, default=None),
+    return {"seconds": distribution([r.seconds for r in results]), "max_abs_diff": distribution(diffs),
             "outcomes": {o: sum(r.outcome.value == o for r in results) for o in ("match", "mismatch", "error")},
             "errors": sorted({r.message for r in results if r.outcome.value == "error"})[:3]}
+
+
+def _other_model_dir():
+    """ENGINE_MODEL's shapes and tokenizer with other weights (seed 1): a broken pairing."""
+    import hashlib
+    import json
+
+    from tandem.worker.local.toy_model import make_toy_model
+
+    from bench.lib.models import ENGINE_MODEL, cache_root
+
+    cfg = {**ENGINE_MODEL, "seed": 1}
+    key = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
+    return make_toy_model(cache_root() / "models" / f"engine-llama42m-{key}", **cfg)
 
 
 async def _one_dtype(dtype: str, args: argparse.Namespace) -> dict:
@@ -79,19 +96,22 @@ async def _one_dtype(dtype: str, args: argparse.Namespace) -> dict:
     from tandem.router.policies.base import WorkerView
     from tandem.router.worker_client import HttpWorkerClient
 
-    model = engine_model_dir()
-    procs = [worker_process(f"{role}-{dtype}", role, model, args.out_dir / f"{role}-{dtype}.log", cpu,
-                            "--dtype", dtype) for role, cpu in (("prefill", 0), ("decode", 1))]
+    specs = (("prefill", "prefill", engine_model_dir(), 0), ("decode", "decode", engine_model_dir(), 1),
+             ("other", "decode", _other_model_dir(), 0))
+    procs = [worker_process(f"{name}-{dtype}", role, model, args.out_dir / f"{name}-{dtype}.log", cpu,
+                            "--dtype", dtype) for name, role, model, cpu in specs]
     for p in procs:
         p.start()
     try:
         await wait_ready(procs)
-        pair = Pair(WorkerView(procs[0].url, Role.PREFILL, dtype=dtype),
-                    WorkerView(procs[1].url, Role.DECODE, dtype=dtype), frozenset())
+        prefill = WorkerView(procs[0].url, Role.PREFILL, dtype=dtype)
+        pair = Pair(prefill, WorkerView(procs[1].url, Role.DECODE, dtype=dtype), frozenset())
+        broken_pair = Pair(prefill, WorkerView(procs[2].url, Role.DECODE, dtype=dtype), frozenset())
         tolerance = tolerance_for(dtype)
         async with aiohttp.ClientSession() as session:
             client = HttpWorkerClient(session)
             idle = await _probes(client, pair, tolerance, args.probes)
+            broken = await _probes(client, broken_pair, tolerance, max(1, args.probes // 4))
             stop = asyncio.Event()
             load = asyncio.gather(_decode_load(session, procs[1].url, stop, args.load_streams),
                                   _prefill_load(session, procs[0].url, stop))
@@ -102,12 +122,13 @@ async def _one_dtype(dtype: str, args: argparse.Namespace) -> dict:
     finally:
         for p in procs:
             p.stop()
-    return {"tolerance": tolerance, "idle": idle, "loaded": loaded}
+    return {"tolerance": tolerance, "idle": idle, "loaded": loaded, "broken": broken}
 
 
 def run(args: argparse.Namespace) -> dict:
     out = {dtype: asyncio.run(_one_dtype(dtype, args)) for dtype in args.dtypes}
     ok = all(phase["outcomes"]["mismatch"] == 0 and phase["outcomes"]["error"] == 0
              for r in out.values() for phase in (r["idle"], r["loaded"]))
+    ok = ok and all(r["broken"]["outcomes"]["match"] == 0 for r in out.values())  # never passes a broken pair
     return {"ok": ok, "dtypes": out, "probes": args.probes, "load_streams": args.load_streams,
             "note": "noisy: shared 2-core machine; seconds are wall time of one probe (2 model paths, 1 pull)"}

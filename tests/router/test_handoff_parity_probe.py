@@ -104,6 +104,7 @@ def test_a_decode_worker_with_other_weights_is_caught_and_gets_no_kv(workers):
         diff = states[workers["other"]][1]
         assert diff is not None and diff > 0.1, "other weights differ by far more than any tolerance"
         assert "tolerance 0.0001" in report.workers[0].last.message
+        assert "confirmed by a second probe" in report.workers[0].last.message
         pulled_before = kv_pulled(workers["other"])
         texts = {complete(r.url) for _ in range(3)}
         assert texts == {alone}, "decode-side prefill: the decode worker's own answer, nothing mixed"
@@ -111,7 +112,7 @@ def test_a_decode_worker_with_other_weights_is_caught_and_gets_no_kv(workers):
         m = scrape(r.url + "/metrics")
         assert value(m, "tandem_router_routes_total", route="parity_mismatch") == 3
         assert value(m, "tandem_router_routes_total", route="disaggregated") == 0
-        assert value(m, "tandem_router_parity_probes_total", outcome="mismatch") == 1
+        assert value(m, "tandem_router_parity_probes_total", outcome="mismatch") == 2  # and its confirmation
         assert value(m, "tandem_router_parity_last_max_abs_logprob_diff") == pytest.approx(diff)
 
 

@@ -1,7 +1,8 @@
 """One parity probe's calls against scripted workers (tandem.testing.fake_workers): what it sends
 (teacher-forced continuation, logprobs, a salt per path, the handoff's first token), how it reads
 the answers, and that a probe that fails part way frees what it left (the prefill lease, the
-decode sequence) and reports an error instead of raising."""
+decode sequence) and reports an error instead of raising; the checker takes one disagreement for
+noise only when a second probe agrees."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tandem.contracts.protocol import EventType, FinishReason, KVSource, Prefill
 from tandem.router.parity import Pair, probe_tokens
 from tandem.router.parity_probe import run_probe
 from tandem.router.policies.base import WorkerView
-from tandem.testing.fake_workers import FakeWorkers, busy, died, finish, start
+from tandem.testing.fake_workers import Call, FakeWorkers, busy, died, finish, start
 
 P, D = "http://p", "http://d"
 SEED = 11
@@ -97,3 +98,61 @@ def test_a_stream_that_ends_without_finish_or_with_an_error_line_is_an_error():
         result = probe(w)
         assert result.outcome is ProbeOutcome.ERROR, ending
         assert w.aborts == [(D, w.made("generate")[0].request.request_id)]
+
+
+class EchoWorkers(FakeWorkers):
+    """Workers that follow the probe's teacher forcing (whatever its seed) and score every token -1.0,
+    the decode worker's handoff path shifted by the next of `shifts` (one per probe)."""
+
+    def __init__(self, shifts: list[float]) -> None:
+        super().__init__()
+        self.shifts = shifts
+        self.add(P, Role.PREFILL)
+        self.add(D, Role.DECODE)
+
+    async def prefill(self, url, request):
+        self.calls.append(Call("prefill", url, request))
+        first = request.sampling.forced_token_ids[0]
+        kv = KVSource(P, "p-1", "tcp", [0], len(request.prompt_token_ids), lease_token="t")
+        return PrefillResult(request.request_id, request.prompt_token_ids, first, "x", None, kv,
+                             first_token_logprobs={"id": first, "token": "x", "logprob": -1.0})
+
+    async def generate(self, url, request):
+        self.calls.append(Call("generate", url, request))
+        handoff = request.kv_source is not None
+        shift = self.shifts.pop(0) if handoff else 0.0
+        forced = request.sampling.forced_token_ids[len(request.generated_token_ids):]
+        yield start(len(request.prompt_token_ids))
+        for ev in scored(forced, [-1.0 + shift] * len(forced)):
+            yield ev
+        yield finish(FinishReason.LENGTH)
+
+
+def _checked(workers: EchoWorkers) -> tuple[dict, list[str]]:
+    from prometheus_client import CollectorRegistry
+    from tandem.router.parity_checker import ParityChecker
+    from tandem.router.workers import Target, WorkerSet
+
+    async def main():
+        pool = WorkerSet(workers)
+        pool.set_targets([Target(P), Target(D)])
+        checker = ParityChecker(workers, CollectorRegistry())
+        checker.attach(pool)
+        await pool.poll_once()
+        assert await checker.settle(10)
+        await checker.stop()
+        return {w.url: w.state.value for w in checker.report().workers}, [w.last.message for w in
+                                                                         checker.report().workers]
+
+    return asyncio.run(main())
+
+
+def test_one_disagreement_is_taken_for_noise_when_a_second_probe_agrees():
+    states, _ = _checked(EchoWorkers(shifts=[0.5, 0.0]))
+    assert states == {P: "verified", D: "verified"}
+
+
+def test_a_disagreement_that_repeats_is_a_mismatch():
+    states, messages = _checked(EchoWorkers(shifts=[0.5, 0.75]))
+    assert states == {P: "mismatch", D: "mismatch"}
+    assert all("0.75" in m and "confirmed by a second probe (0.5 the first time)" in m for m in messages)
