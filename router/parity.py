@@ -47,11 +47,14 @@ def probe_tokens(seed: int) -> tuple[list[int], list[int]]:
     return ids[:PROBE_PROMPT_TOKENS], ids[PROBE_PROMPT_TOKENS:]
 
 
-# Largest |logprob difference| (nats) two paths may show for the same tokens. Identical kernels give
-# exactly 0 in float32; batching with other requests or another chunking changes the last bits
-# (measured here: ~5e-7 in float32). Wrong weights or misplaced KV differ by 0.1 to 10.
-TOLERANCE = {"float32": 1e-4, "float16": 0.05, "bfloat16": 0.1}
-UNKNOWN_DTYPE_TOLERANCE = 0.1
+# Largest |logprob difference| (nats) two paths may show for the same tokens. Idle, identical kernels
+# give exactly 0; a batch shared with other requests changes the kernels' shapes and so the rounding:
+# measured on the ~42M engine model beside 8 streams (`python -m bench parity_probe`), at most 1e-5 in
+# float32 and, in 3 probes of 40, up to 0.28 in bfloat16; other weights differ by 5 to 18.
+# float16 keeps 3 more mantissa bits than bfloat16 (about 8x less rounding). A disagreement counts
+# only once a second probe confirms it (parity_checker.py).
+TOLERANCE = {"float32": 1e-4, "float16": 0.1, "bfloat16": 0.5}
+UNKNOWN_DTYPE_TOLERANCE = 0.5
 
 
 def tolerance_for(dtype: str, override: float | None = None) -> float:
