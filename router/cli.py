@@ -94,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "handoff parity probe proved)")
     parser.add_argument("--parity-tolerance", type=float, default=None,
                         help="largest |logprob difference| (nats) the parity probe accepts (default: by "
-                        "dtype, 1e-4 for float32, 0.1 for float16, 0.5 for bfloat16)")
+                        "dtype, 1e-4 for float32, 0.25 for float16, 1.0 for bfloat16)")
     parser.add_argument("--parity-recheck-s", type=float, default=None,
                         help=f"probe a worker again this long after its last verdict (0: never; default "
                         f"{d.parity_recheck_s})")

@@ -58,8 +58,8 @@ def test_tokens_other_than_the_forced_ones_are_an_error_not_a_verdict():
 
 
 def test_tolerance_by_dtype_unless_configured():
-    assert tolerance_for("float32") == 1e-4 and tolerance_for("bfloat16") == 0.5
-    assert tolerance_for("float16") == 0.1 and tolerance_for("bfloat16", 0.0) == 0.0 and tolerance_for("") == 0.5
+    assert tolerance_for("float32") == 1e-4 and tolerance_for("bfloat16") == 1.0
+    assert tolerance_for("float16") == 0.25 and tolerance_for("bfloat16", 0.0) == 0.0 and tolerance_for("") == 1.0
 
 
 def test_probe_tokens_are_fixed_by_their_seed_and_inside_any_vocabulary():
