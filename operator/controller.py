@@ -2,6 +2,7 @@
 
     the InferenceService created, its spec changed, or seen at start-up -> apply + status
     its resync timer (every --resync-seconds, jittered)                 -> apply + status (drift)
+    a child Deployment deleted or changed by someone else               -> apply + status (drift)
     a child Deployment or pod changed (coalesced for CHILD_DELAY_S)     -> status
     its planner timer (every spec.autoscaling.intervalSeconds)          -> plan + status (+ apply)
     an apply failed in a way retrying can fix (after RETRY_S)           -> apply + status
@@ -76,9 +77,23 @@ class Controller:
             state.generation = meta.get("generation")
             self.queue.add(key, SPEC)
 
-    def child_event(self, namespace: str, service: str) -> None:
-        """A Deployment or pod of the service changed: its status, soon (a burst is one pass)."""
-        self.queue.schedule((namespace, service), STATUS, CHILD_DELAY_S, "child")
+    def child_event(self, namespace: str, service: str, body: dict | None = None,
+                    event_type: str | None = None) -> None:
+        """A Deployment or pod of the service changed: its status, soon (a burst is one pass). A
+        Deployment deleted, or whose spec someone else changed (a generation the operator's last apply
+        did not leave), is drift: applied again at once, not at the next resync."""
+        key = (namespace, service)
+        if body is not None and body.get("kind") == "Deployment" and self._drifted(key, body, event_type):
+            self.queue.add(key, RESYNC)
+            return
+        self.queue.schedule(key, STATUS, CHILD_DELAY_S, "child")
+
+    def _drifted(self, key: Key, body: dict, event_type: str | None) -> bool:
+        state = self.services.get(key)
+        last = state.memory.applied.get(f"Deployment/{body['metadata']['name']}") if state else None
+        if last is None:
+            return False  # not applied by this process yet: its first pass applies anyway
+        return event_type == "DELETED" or body["metadata"].get("generation") != last.generation
 
     async def close(self) -> None:
         if self.session is not None:

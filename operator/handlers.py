@@ -75,6 +75,7 @@ async def service_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
 @kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
-async def child_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A child moved: its owner's status, soon (coalesced per owner)."""
-    memo.controller.child_event(body["metadata"]["namespace"], body["metadata"]["labels"][LABEL_SERVICE])
+async def child_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A child moved: its owner's status soon (coalesced per owner), or its drift corrected now."""
+    memo.controller.child_event(body["metadata"]["namespace"], body["metadata"]["labels"][LABEL_SERVICE],
+                                dict(body), type)

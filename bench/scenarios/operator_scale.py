@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--services", type=int, default=100, help="InferenceServices created at once")
     p.add_argument("--idle-s", type=float, default=120.0, help="the idle window measured after all are Ready")
     p.add_argument("--settle-s", type=float, default=15.0, help="wait this long after Ready before the window")
-    p.add_argument("--resync-s", type=float, default=30.0, help="the operator's --resync-seconds")
+    p.add_argument("--resync-s", type=float, default=60.0, help="the operator's --resync-seconds")
     p.add_argument("--workers", type=int, default=16, help="the operator's --workers")
     p.add_argument("--no-kv-probe", action="store_true", help="run the operator with --no-kv-probe")
     p.add_argument("--ready-timeout-s", type=float, default=1800.0)
