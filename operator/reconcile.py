@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from kubernetes import client
-from tandem.operator import apply, model_check
+from tandem.operator import apply, children, model_check
 from tandem.operator.autoscaling.planner import Decision
 from tandem.operator.autoscaling.status import (
     ScaleChange,
@@ -63,7 +63,7 @@ class Memory:
 
     kv_reason: str | None = None  # KVTransferReady's reason as last written: one Warning per transition
     owners: Owners = field(default_factory=dict)  # the owner chain's ReplicaSets/StatefulSets, read once each
-    applied: dict[str, apply.Applied] = field(default_factory=dict)  # what each child was applied as
+    applied: dict[str, children.Applied] = field(default_factory=dict)  # what each child was applied as
     pruned: tuple[str, ...] | None = None  # the stale kinds last pruned (a role changing kind prunes again)
 
 
@@ -243,7 +243,7 @@ def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config
         result = apply.ApplyResult(error=refused.message, retryable=refused.retryable, reason=REFUSED)
     if not result.error:  # the Secret exists before any pod that mounts it
         manifests = render(meta, spec, config, replicas, (record or {}).get("uid"))
-        applied = apply.apply_all(api, manifests, memory.applied, known)
+        applied = children.apply_all(api, manifests, memory.applied, known)
         result = dataclasses.replace(applied, created=result.created + applied.created)
     if not result.error:  # a role that changed kind (Deployment <-> LeaderWorkerSet): the old one goes
         result = _prune(api, meta, spec, result, memory)
