@@ -20,18 +20,17 @@ from tandem.worker.engine.admission import Admission
 from tandem.worker.engine.batch import run_batch
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.config import EngineConfig
-from tandem.worker.engine.decode_step import prepare_kernels
 from tandem.worker.engine.detokenizer import IncrementalDetokenizer
 from tandem.worker.engine.errors import ModelLoadError, RequestError
 from tandem.worker.engine.leases import Lease, LeaseKeeping
 from tandem.worker.engine.loader import LoadedModel, load_model
 from tandem.worker.engine.migration import Migration
-from tandem.worker.engine.paged_forward import BatchItem, PagedForward, kv_layout_for
+from tandem.worker.engine.model_runner import build_runner
+from tandem.worker.engine.paged_forward import BatchItem, kv_layout_for
 from tandem.worker.engine.prefix_cache import PrefixCache, PublishingLock, prefix_salt
 from tandem.worker.engine.scheduler import ScheduledChunk, Scheduler
 from tandem.worker.engine.sequence import SeqOutput, SeqStatus, Sequence
 from tandem.worker.engine.validation import check_sampling, generated_ids, tokenize
-from tandem.worker.engine.weights import model_weights
 
 log = logging.getLogger("tandem.worker.engine")
 
@@ -75,7 +74,7 @@ class Engine(Admission, LeaseKeeping, Migration):
         self.config = config
         self.loaded = loaded or load_model(
             config.model, dtype=config.dtype, device=config.device, max_model_len=config.max_model_len,
-            trust_remote_code=config.trust_remote_code,
+            trust_remote_code=config.trust_remote_code, backend=config.model_backend,
         )
         lm = self.loaded
         self.tokenizer = lm.tokenizer
@@ -114,9 +113,7 @@ class Engine(Admission, LeaseKeeping, Migration):
             on_preempt=self._on_preempt, prefill_chunk_tokens=config.prefill_chunk_tokens,
             prefix_cache=self.prefix_cache,
         )
-        weights = model_weights(lm)
-        kernels, why = prepare_kernels(weights, config.compile, self.pool, self.max_model_len)
-        self.runner = PagedForward(weights, self.pool, self.layout, kernels)
+        self.runner, why = build_runner(lm, self.pool, self.layout, config.compile, self.max_model_len)
         log.info("engine: %s on %s, %d thread(s); decode step: %s; prefill up to %d prompt tokens per step; "
                  "prefix caching %s", str(lm.dtype).removeprefix("torch."), lm.device, torch.get_num_threads(),
                  why, self.scheduler.prefill_chunk_tokens, "on" if config.prefix_caching else "off")

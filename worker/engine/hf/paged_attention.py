@@ -1,0 +1,153 @@
+"""Tandem's paged attention as a transformers attention function.
+
+Registered in transformers' `AttentionInterface` under ATTENTION_NAME: a model loaded with that
+`attn_implementation` calls `paged_attention` from each of its attention layers with the layer's
+queries, keys and values (rotary and any q/k norm applied, as the model computes them) for the
+step's flat batch of tokens. It writes the keys and values into the pool, then attends: decode
+tokens by block table, prompt chunks over their context, each with the layer's own sliding window,
+logit soft-capping and attention sinks. transformers builds no mask for an implementation it does
+not know, so the step (PagedStep) carries what the masks need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tandem.worker.engine.paged_forward import StepInputs
+
+ATTENTION_NAME = "tandem_paged"
+STEP_KWARG = "tandem_step"  # the model forward's keyword that carries the PagedStep to every layer
+
+
+@dataclass
+class PagedStep:
+    """One forward pass's view of the pool: where each token's K/V goes and what it may attend."""
+
+    pool: torch.Tensor  # [blocks, layers, 2, block_size, kv_heads, head_dim]
+    st: StepInputs
+    decode: torch.Tensor | None = None  # flat rows of the single-token items
+    lens: torch.Tensor | None = None  # their context length, themselves included
+    layers_seen: list[int] = field(default_factory=list)  # layer_idx of every call (the runner checks)
+    _masks: dict[tuple, torch.Tensor | None] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, pool: torch.Tensor, st: StepInputs) -> PagedStep:
+        step = cls(pool, st)
+        if st.decode_rows:
+            step.decode = torch.tensor(st.decode_rows, dtype=torch.long, device=pool.device)
+            step.lens = st.positions[step.decode] + 1
+        return step
+
+    def decode_mask(self, window: int | None) -> torch.Tensor:
+        """[B, 1, 1, L]: the cached positions each decode token sees (its length, its window)."""
+        key = ("decode", window)
+        if key not in self._masks:
+            assert self.st.tables is not None and self.lens is not None
+            length = self.st.tables.shape[1] * self.pool.shape[3]
+            kv = torch.arange(length, device=self.pool.device)[None, :]
+            seen = kv < self.lens[:, None]
+            if window is not None:
+                seen &= kv >= self.lens[:, None] - window
+            self._masks[key] = seen[:, None, None, :]
+        return self._masks[key]
+
+    def chunk_mask(self, i: int, window: int | None) -> torch.Tensor | None:
+        """[1, 1, n, start+n] for chunk i (causal, within the window); None: plain causal from 0."""
+        key = ("chunk", i, window)
+        if key not in self._masks:
+            c = self.st.chunks[i]
+            if not c.start and window is None:
+                self._masks[key] = None
+            else:
+                q = torch.arange(c.start, c.start + c.num_tokens, device=self.pool.device)[:, None]
+                kv = torch.arange(c.start + c.num_tokens, device=self.pool.device)[None, :]
+                seen = kv <= q
+                if window is not None:
+                    seen &= kv > q - window
+                self._masks[key] = seen[None, None]
+        return self._masks[key]
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+           softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, H, n, d] over k, v [B, KV, L, d] (mask [B, 1, n, L] of what is seen; None: causal).
+    SDPA where it computes the same thing; otherwise transformers' eager order: scale, soft-cap,
+    mask, sinks joining the softmax (in float32), then the values."""
+    groups = q.shape[1] // k.shape[1]
+    if softcap is None and sinks is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                              enable_gqa=groups > 1)
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        n, length = scores.shape[-2:]
+        mask = torch.ones(n, length, dtype=torch.bool, device=q.device).tril(length - n)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        sink = sinks.reshape(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1).to(scores.dtype)
+        scores = torch.cat([scores, sink], dim=-1)
+        scores = scores - scores.max(dim=-1, keepdim=True).values
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if sinks is not None:
+        probs = probs[..., :-1]
+    return torch.matmul(probs, v)
+
+
+def paged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: Any, scaling: float | None = None, dropout: float = 0.0,
+                    sliding_window: int | None = None, softcap: float | None = None,
+                    s_aux: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: query [1, H, T, d], key/value [1, KV, T, d]
+    for the step's T tokens; returns [1, T, H, d]."""
+    step: PagedStep | None = kwargs.get(STEP_KWARG)
+    if step is None:
+        raise RuntimeError(f"{type(module).__name__} was called without Tandem's paged step: this model's "
+                           "forward does not pass keyword arguments down to its attention layers")
+    li = module.layer_idx
+    step.layers_seen.append(li)
+    st, pool_layer = step.st, step.pool[:, li]
+    k = key[0].transpose(0, 1)  # [T, KV, d]
+    v = value[0].transpose(0, 1)
+    if k.shape[1:] != pool_layer.shape[3:] or v.shape[1:] != pool_layer.shape[3:]:
+        raise RuntimeError(f"layer {li} produced K {tuple(k.shape[1:])} / V {tuple(v.shape[1:])} per token, "
+                           f"the KV pool holds {tuple(pool_layer.shape[3:])} (kv_heads, head_dim)")
+    pool_layer[st.slot_blocks, 0, st.slot_offsets] = k
+    pool_layer[st.slot_blocks, 1, st.slot_offsets] = v
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    sinks = s_aux if s_aux is not None else getattr(module, "sinks", None)
+    out = torch.empty_like(query)  # [1, H, T, d]
+    if step.decode is not None:
+        assert st.tables is not None
+        kv = pool_layer[st.tables]  # [B, width, 2, bs, KV, d]
+        B = kv.shape[0]
+        ks = kv[:, :, 0].reshape(B, -1, *kv.shape[-2:]).transpose(1, 2)
+        vs = kv[:, :, 1].reshape(B, -1, *kv.shape[-2:]).transpose(1, 2)
+        q = query[0, :, step.decode].transpose(0, 1)[:, :, None]  # [B, H, 1, d]
+        o = attend(q, ks, vs, step.decode_mask(sliding_window), scale, softcap, sinks)
+        out[0, :, step.decode] = o[:, :, 0].transpose(0, 1)
+    for i, c in enumerate(st.chunks):
+        rows = slice(c.offset, c.offset + c.num_tokens)
+        if c.table is None:  # the chunk is the whole sequence so far: its own K/V suffice
+            ks, vs = key[:, :, rows], value[:, :, rows]
+        else:
+            ctx = pool_layer[c.table]  # [nb, 2, bs, KV, d]
+            n = c.start + c.num_tokens
+            ks = ctx[:, 0].reshape(-1, *ctx.shape[-2:])[:n].transpose(0, 1)[None]
+            vs = ctx[:, 1].reshape(-1, *ctx.shape[-2:])[:n].transpose(0, 1)[None]
+        out[:, :, rows] = attend(query[:, :, rows], ks, vs, step.chunk_mask(i, sliding_window), scale, softcap,
+                                 sinks)
+    return out.transpose(1, 2), None
+
+
+def register() -> str:
+    """Make ATTENTION_NAME a valid `attn_implementation` (idempotent); returns the name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, paged_attention)
+    return ATTENTION_NAME
