@@ -124,10 +124,10 @@ def paged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
     out = torch.empty_like(query)  # [1, H, T, d]
     if step.decode is not None:
         assert st.tables is not None
-        kv = pool_layer[st.tables]  # [B, width, 2, bs, KV, d]
-        B = kv.shape[0]
-        ks = kv[:, :, 0].reshape(B, -1, *kv.shape[-2:]).transpose(1, 2)
-        vs = kv[:, :, 1].reshape(B, -1, *kv.shape[-2:]).transpose(1, 2)
+        B, heads_dim = st.tables.shape[0], pool_layer.shape[3:]
+        # K and V gathered apart: each gather is contiguous, so the views below copy nothing more.
+        ks = pool_layer[:, 0][st.tables].view(B, -1, *heads_dim).transpose(1, 2)  # [B, KV, L, d]
+        vs = pool_layer[:, 1][st.tables].view(B, -1, *heads_dim).transpose(1, 2)
         q = query[0, :, step.decode].transpose(0, 1)[:, :, None]  # [B, H, 1, d]
         o = attend(q, ks, vs, step.decode_mask(sliding_window), scale, softcap, sinks)
         out[0, :, step.decode] = o[:, :, 0].transpose(0, 1)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from tandem.contracts.kv_layout import KVLayout
 from tandem.worker.engine.errors import ModelLoadError
+from tandem.worker.engine.hf.packed_linears import pack_linears
 from tandem.worker.engine.hf.paged_attention import STEP_KWARG, PagedStep
 from tandem.worker.engine.paged_forward import BatchItem, StepLogits, step_inputs
 
@@ -33,6 +34,7 @@ class TransformersForward:
         keeps = getattr(model, "_supports_logits_to_keep", None)
         self.keeps_logits = bool(keeps and keeps())
         self._check_every_layer_attends()
+        self.packed = pack_linears(model)
 
     @torch.inference_mode()
     def forward(self, items: list[BatchItem]) -> StepLogits:
