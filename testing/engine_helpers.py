@@ -62,6 +62,23 @@ async def ndjson_events(resp: Any) -> list[dict[str, Any]]:
     return events
 
 
+async def read_until_drained(resp: Any, after_tokens: int, drain: Any) -> list[dict[str, Any]]:
+    """All NDJSON events of a generate stream; `drain()` is called once `after_tokens` tokens have
+    arrived (a migration test drains the worker mid-stream, which then ends it with MIGRATE)."""
+    import json
+
+    events: list[dict[str, Any]] = []
+    drained = False
+    async for line in resp.content:
+        if not line.strip():
+            continue
+        events.append(json.loads(line))
+        if not drained and len(stream_tokens(events)) >= after_tokens:
+            drain()
+            drained = True
+    return events
+
+
 def stream_tokens(events: list[dict[str, Any]]) -> list[int]:
     return [t for e in events if e["type"] == "token" for t in e.get("token_ids", [])]
 

@@ -47,7 +47,9 @@ class InProcessWorkers:
 
     async def start(self, role: str = "colocated", kv_backend: str | None = None, lease_s: float = 30.0,
                     attach: bool = True, secret: str | None = None, stall_s: float = 120.0,
-                    **overrides: Any) -> Worker:
+                    serve: bool | None = None, **overrides: Any) -> Worker:
+        """`serve`: whether the transport serves KV (default: every role but decode; a decode
+        worker that migrates its sequences out serves them)."""
         from aiohttp.test_utils import TestClient, TestServer
         from tandem.contracts.names import Role
         from tandem.worker.engine.async_engine import AsyncEngine
@@ -72,7 +74,8 @@ class InProcessWorkers:
             transport = create_transport(kv_backend, eng.pool, eng.layout, engine_id,
                                          KVTransferConfig(backend=kv_backend, timeout_s=5.0, lease_s=lease_s,
                                                           extra={"prometheus_registry": state.metrics.registry},
-                                                          secret=secret, serve=role != "decode"))
+                                                          secret=secret,
+                                                          serve=role != "decode" if serve is None else serve))
             await transport.start()
         w = Worker(client, state, eng, transport)
         self.started.append((w, aeng, transport))

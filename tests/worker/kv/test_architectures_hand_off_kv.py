@@ -1,7 +1,8 @@
 """Every architecture of testing/tiny_models.py served by workers: colocated, and disaggregated with
 the KV handed from a prefill worker to a decode worker over tcp and nixl, greedy output equals
 transformers' generate token for token (several handoffs at once too); a decode worker that holds
-a conversation's leading blocks pulls only the rest and still matches; every block comes back.
+a conversation's leading blocks pulls only the rest and still matches; a draining decode worker
+migrates a stream to another over the transport; every block comes back.
 
 The workers run in this process (engine thread, the worker's HTTP app on a loopback port, a real
 transport), over one load of each model, so the whole matrix costs seconds per case.
@@ -13,7 +14,7 @@ import asyncio
 
 import pytest
 import torch
-from tandem.testing.engine_helpers import ndjson_events, stream_tokens
+from tandem.testing.engine_helpers import ndjson_events, read_until_drained, stream_tokens
 from tandem.testing.inprocess_worker import InProcessWorkers
 from tandem.testing.tiny_models import ARCHITECTURES, WINDOW, LoadedForTests
 from tandem.testing.tiny_models import random_prompt as prompt
@@ -76,6 +77,40 @@ async def test_colocated_and_disaggregated_equal_generate(arch, backend: str):
         before = saved_bytes(d)
         assert await disaggregated(p, d, "turn2", turn2) == arch.reference(turn2, N)
         assert saved_bytes(d) - before >= (len(turn1) // BS) * d.engine.layout.block_bytes
+    finally:
+        errors = await workers.close()
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("name", ["gemma3", "qwen3_moe"])
+async def test_draining_decode_migrates_streams_on_the_transformers_path(name, tiny_model, backend: str):
+    """A decode worker draining mid-stream hands the sequence (its prompt and generated KV) to another
+    decode worker, which pulls it over the transport and continues: together they equal generate."""
+    arch = LoadedForTests(name, tiny_model(name))
+    workers = InProcessWorkers(arch.loaded, arch.path, block_size=BS, num_blocks=64, compile="off")
+    max_tokens = 20
+    sampling = dict(GREEDY, max_tokens=max_tokens)
+    try:
+        a = await workers.start("decode", kv_backend=backend, serve=True)
+        b = await workers.start("decode", kv_backend=backend)
+
+        def drain() -> None:
+            a.state.ready, a.state.draining = False, True
+            a.state.engine.start_migration()
+
+        ids = prompt(WINDOW + 3, 21)
+        async with a.client.post("/internal/generate", json={"request_id": "mig", "prompt_token_ids": ids,
+                                                             "sampling": sampling}) as r:
+            first = await read_until_drained(r, 5, drain)
+        assert first[-1]["type"] == "migrate", first[-1]
+        generated = stream_tokens(first)
+        body = {"request_id": "mig", "prompt_token_ids": ids, "sampling": sampling, "kv_source": first[-1]["kv"],
+                "generated_token_ids": generated, "migrated_from": a.url}
+        async with b.client.post("/internal/generate", json=body) as r:
+            assert r.status == 200, await r.text()
+            second = await ndjson_events(r)
+        assert generated + stream_tokens(second) == arch.reference(ids, max_tokens)
+        assert b.engine.stats.prefill_tokens_computed_total == 0, "the second worker pulled, never recomputed"
     finally:
         errors = await workers.close()
     assert not errors, errors
