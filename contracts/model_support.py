@@ -53,12 +53,25 @@ EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 TRANSFORMERS_MAX_TENSOR_PARALLEL = 1
 
 
-def rope_type(config_json: dict[str, Any]) -> str:
-    """The rotary variant a config asks for ('default' when it names none)."""
+# Rotary variants whose frequencies transformers recomputes from the longest position in the
+# forward call: in a step that batches many sequences (or prefills a prompt in chunks) that is not
+# each sequence's own length, so no batched engine reproduces generate for them.
+LENGTH_DEPENDENT_ROPE_TYPES = frozenset({"dynamic", "longrope"})
+
+
+def rope_types(config_json: dict[str, Any]) -> set[str]:
+    """The rotary variants a config asks for, one per layer kind where it has several (Gemma 3's
+    rope_parameters are keyed by layer type); {'default'} when it names none."""
     rope = config_json.get("rope_parameters") or config_json.get("rope_scaling") or {}
     if not isinstance(rope, dict):
-        return "default"
-    return str(rope.get("rope_type", rope.get("type", "default")))
+        return {"default"}
+    parts = [v for v in rope.values() if isinstance(v, dict)] or [rope]
+    return {str(p.get("rope_type", p.get("type", "default"))) for p in parts}
+
+
+def rope_type(config_json: dict[str, Any]) -> str:
+    """The rotary variant of a config with one ('default' when it names none)."""
+    return ",".join(sorted(rope_types(config_json)))
 
 
 def uses_sliding_window(config_json: dict[str, Any]) -> bool:
@@ -108,6 +121,10 @@ def _architecture_reason(config_json: dict[str, Any]) -> str | None:
     if config_json.get("quantization_config"):
         method = (config_json["quantization_config"] or {}).get("quant_method", "unnamed")
         return f"quantized checkpoints ({method}) are not supported: serve a float32, float16 or bfloat16 one"
+    if dependent := sorted(rope_types(config_json) & LENGTH_DEPENDENT_ROPE_TYPES):
+        return (f"rope_type {dependent[0]!r} is not supported: transformers recomputes its rotary frequencies "
+                "from the longest position in each forward call, which in a batch of many sequences (or a "
+                "prompt prefilled in chunks) is not each sequence's own length, so outputs would differ")
     if model_type not in TRANSFORMERS_MODEL_TYPES | NATIVE_MODEL_TYPES:
         return (f"model_type {model_type!r} is not supported: Tandem serves the decoder-only causal LMs it "
                 f"has verified ({', '.join(sorted(TRANSFORMERS_MODEL_TYPES | NATIVE_MODEL_TYPES))})")

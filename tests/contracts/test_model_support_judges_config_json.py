@@ -32,7 +32,9 @@ def test_auto_prefers_the_native_path_where_it_is_exact():
     assert serving_backend(cfg("mistral", sliding_window=4096))[0] is ModelBackend.TRANSFORMERS
     assert serving_backend(cfg("mistral", sliding_window=None))[0] is ModelBackend.NATIVE
     assert serving_backend(cfg("qwen2", sliding_window=4096, use_sliding_window=False))[0] is ModelBackend.NATIVE
-    assert serving_backend(cfg("llama", rope_scaling={"rope_type": "longrope"}))[0] is ModelBackend.TRANSFORMERS
+    assert serving_backend(cfg("llama", rope_scaling={"rope_type": "proportional"}))[0] is ModelBackend.TRANSFORMERS
+    assert check_model_config(cfg("gemma3_text", rope_parameters={"full_attention": {"rope_type": "linear"},
+                                                                  "sliding_attention": {"rope_type": "default"}})) is None
     assert serving_backend(cfg("qwen3"), "native")[0] is ModelBackend.NATIVE  # asked for: judged below
 
 
@@ -44,6 +46,9 @@ def test_auto_prefers_the_native_path_where_it_is_exact():
     (cfg("t5", is_encoder_decoder=True), "encoder-decoder"),
     (cfg("llama", quantization_config={"quant_method": "awq"}), "quantized checkpoints (awq)"),
     (cfg("made_up_lm"), "model_type 'made_up_lm' is not supported"),
+    (cfg("phi3", rope_scaling={"type": "longrope", "short_factor": [1.0], "long_factor": [4.0]}),
+     "rope_type 'longrope' is not supported"),
+    (cfg("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "longest position in each forward"),
     ({"architectures": ["X"]}, "names no model_type"),
 ])
 def test_unservable_models_are_refused_with_a_reason(config, words):
@@ -53,8 +58,8 @@ def test_unservable_models_are_refused_with_a_reason(config, words):
 
 def test_a_backend_that_cannot_run_the_model_is_refused():
     assert "no native forward pass" in check_model_config(cfg("qwen3"), backend="native")
-    assert "rope_type 'longrope'" in check_model_config(cfg("llama", rope_scaling={"type": "longrope"}),
-                                                         backend="native")
+    assert "rope_type 'proportional'" in check_model_config(cfg("llama", rope_scaling={"type": "proportional"}),
+                                                             backend="native")
     assert "must be auto, native or transformers" in check_model_config(cfg(), backend="vllm")
     assert check_model_config(cfg("llama"), backend="transformers") is None
 
