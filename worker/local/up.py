@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from tandem.contracts.internal_auth import SECRET_ENV
+from tandem.contracts.model_support import check_model_config
 from tandem.worker.local.processes import ManagedProcess, Supervisor, free_port
 
 # what `tandem up` builds when no --model is given: a bit bigger than the tests' model, still
@@ -141,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
             args.served_name = TOY_SERVED_NAME  # friendlier than the cache folder's name
         if not (model / "config.json").is_file():
             print(f"tandem up: {model} is not a Hugging Face model folder (no config.json)", file=sys.stderr)
+            return 2
+        if (reason := check_model_config(json.loads((model / "config.json").read_text()))) is not None:
+            print(f"tandem up: cannot serve {model}: {reason}", file=sys.stderr)
             return 2
         children = plan(args, model)
         workers = len(children) - 1
