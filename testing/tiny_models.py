@@ -62,9 +62,11 @@ def _gemma3(**ids: int) -> Any:
     from transformers import Gemma3TextConfig
 
     # Layers 0 and 2 local (window, their own rotary base), layer 1 global; the head soft-caps logits.
+    # Untied: Gemma scales its embedding by sqrt(hidden), so with a tied random head every position
+    # would predict its own input token (greedy output one repeated token, telling nothing).
     return Gemma3TextConfig(**COMMON | {"num_hidden_layers": 3}, **ids, head_dim=16, sliding_window=WINDOW,
                             sliding_window_pattern=2, query_pre_attn_scalar=24, final_logit_softcapping=5.0,
-                            rope_local_base_freq=100.0)
+                            rope_local_base_freq=100.0, tie_word_embeddings=False)
 
 
 def _phi3(**ids: int) -> Any:

@@ -2,7 +2,8 @@
 mixtral, qwen3_moe) runs through the engine on the path `auto` chooses and gives greedy outputs
 equal to transformers' generate in float32, token for token: prompts batched together and
 prefilled in chunks that split them across steps (decode tokens and prompt chunks in one step),
-longer than the sliding windows, and again from prefix-cache hits. Llama runs both paths."""
+longer than the sliding windows, and again from prefix-cache hits; and the step's float32 logits
+equal the model's own forward at every position. Llama runs both paths."""
 
 from __future__ import annotations
 
@@ -58,6 +59,24 @@ def test_prefix_cache_hits_equal_generate(arch):
         assert toks == arch.reference(ids, N), f"{arch.name} differs after a prefix-cache hit ({len(ids)} tokens)"
     # 24, 16 and 24 tokens of the first prompt's full blocks came from the cache.
     assert eng.prefix_cache.stats.hit_tokens_total - hits >= 16 + 16
+
+
+def test_step_logits_equal_the_models_own_forward(arch):
+    """Logits, not only their argmax: a prompt prefilled in two chunks then decoded token by token
+    through the runner gives, at every position, the float32 logits of the model's own forward over
+    the whole sequence (so what greedy tokens cannot show, like final soft-capping, is checked)."""
+    from tandem.worker.engine.paged_forward import BatchItem
+
+    eng = engine(arch)
+    ids = prompt(3 * WINDOW + 2, 12)
+    table = list(range(len(ids) // 4 + 1))
+    got = [eng.runner.forward([BatchItem(ids[:9], 0, table, True)]).logits[0],
+           eng.runner.forward([BatchItem(ids[9:20], 9, table, True)]).logits[0]]
+    got += [eng.runner.forward([BatchItem([ids[p]], p, table, True)]).logits[0] for p in range(20, len(ids))]
+    with torch.no_grad():
+        want = arch.hf(torch.tensor([ids])).logits[0].float()
+    positions = [8] + list(range(19, len(ids)))
+    torch.testing.assert_close(torch.stack(got), want[positions], rtol=1e-4, atol=1e-4)
 
 
 def test_llama_runs_the_same_on_both_paths(tiny_model):
