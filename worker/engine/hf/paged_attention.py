@@ -28,14 +28,15 @@ class PagedStep:
 
     pool: torch.Tensor  # [blocks, layers, 2, block_size, kv_heads, head_dim]
     st: StepInputs
+    windows: list[int | None]  # each layer's sliding window as the model's masks apply it (layer_windows)
     decode: torch.Tensor | None = None  # flat rows of the single-token items
     lens: torch.Tensor | None = None  # their context length, themselves included
     layers_seen: list[int] = field(default_factory=list)  # layer_idx of every call (the runner checks)
     _masks: dict[tuple, torch.Tensor | None] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, pool: torch.Tensor, st: StepInputs) -> PagedStep:
-        step = cls(pool, st)
+    def build(cls, pool: torch.Tensor, st: StepInputs, windows: list[int | None]) -> PagedStep:
+        step = cls(pool, st, windows)
         if st.decode_rows:
             step.decode = torch.tensor(st.decode_rows, dtype=torch.long, device=pool.device)
             step.lens = st.positions[step.decode] + 1
@@ -69,6 +70,25 @@ class PagedStep:
                     seen &= kv > q - window
                 self._masks[key] = seen[None, None]
         return self._masks[key]
+
+
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def layer_windows(config: Any) -> list[int | None]:
+    """Each layer's sliding window as transformers' masks apply it (the masks, not the keyword some
+    layers pass, are what generate computes with): `layer_types` names the sliding layers where the
+    config has them, else `sliding_window` applies to every layer. Raises ValueError for a layer
+    kind the paged attention does not compute (chunked, linear, recurrent)."""
+    cfg = config.get_text_config()
+    window = getattr(cfg, "sliding_window", None)
+    types = list(getattr(cfg, "layer_types", None) or [])[: cfg.num_hidden_layers]
+    if not types:
+        return [window] * cfg.num_hidden_layers
+    if unknown := sorted(set(types) - set(ATTENTION_LAYER_TYPES)):
+        raise ValueError(f"layers of type {', '.join(unknown)}: the paged attention computes only "
+                         f"{' and '.join(ATTENTION_LAYER_TYPES)} layers")
+    return [window if t == "sliding_attention" else None for t in types]
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
@@ -109,8 +129,15 @@ def paged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
     if step is None:
         raise RuntimeError(f"{type(module).__name__} was called without Tandem's paged step: this model's "
                            "forward does not pass keyword arguments down to its attention layers")
+    if attention_mask is not None:
+        raise RuntimeError(f"{type(module).__name__} passes an attention mask of its own making; the paged "
+                           "attention builds its masks from positions and windows and cannot honour another")
     li = module.layer_idx
     step.layers_seen.append(li)
+    window = step.windows[li]
+    if sliding_window is not None and sliding_window != window:
+        raise RuntimeError(f"layer {li} asks for a {sliding_window}-token window where the model's masks apply "
+                           f"{window or 'none'}")
     st, pool_layer = step.st, step.pool[:, li]
     k = key[0].transpose(0, 1)  # [T, KV, d]
     v = value[0].transpose(0, 1)
@@ -129,7 +156,7 @@ def paged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
         ks = pool_layer[:, 0][st.tables].view(B, -1, *heads_dim).transpose(1, 2)  # [B, KV, L, d]
         vs = pool_layer[:, 1][st.tables].view(B, -1, *heads_dim).transpose(1, 2)
         q = query[0, :, step.decode].transpose(0, 1)[:, :, None]  # [B, H, 1, d]
-        o = attend(q, ks, vs, step.decode_mask(sliding_window), scale, softcap, sinks)
+        o = attend(q, ks, vs, step.decode_mask(window), scale, softcap, sinks)
         out[0, :, step.decode] = o[:, :, 0].transpose(0, 1)
     for i, c in enumerate(st.chunks):
         rows = slice(c.offset, c.offset + c.num_tokens)
@@ -140,7 +167,7 @@ def paged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
             n = c.start + c.num_tokens
             ks = ctx[:, 0].reshape(-1, *ctx.shape[-2:])[:n].transpose(0, 1)[None]
             vs = ctx[:, 1].reshape(-1, *ctx.shape[-2:])[:n].transpose(0, 1)[None]
-        out[:, :, rows] = attend(query[:, :, rows], ks, vs, step.chunk_mask(i, sliding_window), scale, softcap,
+        out[:, :, rows] = attend(query[:, :, rows], ks, vs, step.chunk_mask(i, window), scale, softcap,
                                  sinks)
     return out.transpose(1, 2), None
 

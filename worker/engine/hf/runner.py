@@ -17,7 +17,7 @@ import torch
 from tandem.contracts.kv_layout import KVLayout
 from tandem.worker.engine.errors import ModelLoadError
 from tandem.worker.engine.hf.packed_linears import pack_linears
-from tandem.worker.engine.hf.paged_attention import STEP_KWARG, PagedStep
+from tandem.worker.engine.hf.paged_attention import STEP_KWARG, PagedStep, layer_windows
 from tandem.worker.engine.paged_forward import BatchItem, StepLogits, step_inputs
 
 log = logging.getLogger("tandem.worker.engine")
@@ -30,7 +30,10 @@ class TransformersForward:
         self.layout = layout
         self.block_size = layout.block_size
         self.device = pool.device
-        self.vocab = int(model.config.get_text_config().vocab_size)
+        try:
+            self.windows = layer_windows(model.config)
+        except ValueError as e:
+            raise ModelLoadError(f"{type(model).__name__} cannot run on the transformers path: {e}") from e
         keeps = getattr(model, "_supports_logits_to_keep", None)
         self.keeps_logits = bool(keeps and keeps())
         self._check_every_layer_attends()
@@ -44,7 +47,7 @@ class TransformersForward:
 
     def _run(self, items: list[BatchItem]) -> tuple[torch.Tensor, PagedStep]:
         st = step_inputs(items, self.block_size, self.device)
-        step = PagedStep.build(self.pool, st)
+        step = PagedStep.build(self.pool, st, self.windows)
         rows = torch.tensor(st.sample_rows or [0], dtype=torch.long, device=self.device)
         kwargs: dict[str, Any] = {STEP_KWARG: step}
         if self.keeps_logits:
@@ -60,7 +63,10 @@ class TransformersForward:
         """One token through the model at start-up (into block 0, which nothing holds yet): every
         layer must have attended through the pool exactly once, in order, or this model computes
         attention some other way and its output would be wrong; refuse it here instead."""
-        _, step = self._run([BatchItem([0], 0, [0], True)])
+        try:
+            _, step = self._run([BatchItem([0], 0, [0], True)])
+        except RuntimeError as e:
+            raise ModelLoadError(f"{type(self.model).__name__} cannot run on the transformers path: {e}") from e
         want = list(range(self.layout.num_layers))
         if step.layers_seen != want:
             raise ModelLoadError(
