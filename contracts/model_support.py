@@ -12,6 +12,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from tandem.contracts.parallelism import tensor_parallel_problem_for
+
 
 class ModelBackend(enum.StrEnum):
     """The forward pass a worker runs: the hand-written one (fastest, Llama family), or
@@ -144,11 +146,8 @@ def _parallel_reason(config_json: dict[str, Any], tensor_parallel: int, backend:
     kv_heads = config_json.get("num_key_value_heads") or heads
     if not isinstance(heads, int) or not isinstance(kv_heads, int):
         return "config.json names no num_attention_heads: cannot split the model across ranks"
-    if heads % tp:
-        return f"tensor_parallel {tp} does not divide the model's {heads} attention heads"
-    if kv_heads % tp and tp % kv_heads:
-        return (f"tensor_parallel {tp} and the model's {kv_heads} KV heads do not fit: one must divide "
-                "the other (each rank holds whole KV heads)")
+    if (problem := tensor_parallel_problem_for(heads, kv_heads, tp)) is not None:
+        return problem
     experts = expert_count(config_json)
     if experts is not None and experts % tp:
         return f"tensor_parallel {tp} does not divide the model's {experts} experts (each rank holds whole experts)"

@@ -22,6 +22,9 @@ LABEL_ROLE = "tandem.dev/role"
 LABEL_GENERATION = "tandem.dev/generation"
 ANNOTATION_CONFIG_HASH = "tandem.dev/config-hash"
 MANAGED_BY = "tandem-operator"
+# A worker whose tensor-parallel group spans nodes is a LeaderWorkerSet group: its leader pod runs
+# rank 0 (HTTP, scheduler, sampling) and gets traffic; follower pods run the other ranks, get none.
+LABEL_GROUP_MEMBER = "tandem.dev/group-member"
 
 # Ports inside the pods (the router Service's port comes from the spec).
 WORKER_PORT = 8000
@@ -30,6 +33,10 @@ WORKER_PORT_NAME = "http"
 # The tcp KV backend's port on prefill workers: fixed, so the pod spec declares it.
 KV_PORT = 5601
 KV_PORT_NAME = "kv"
+# Where the ranks of a group that spans nodes meet: a port on the leader pod (torch.distributed's
+# store), reached as $LWS_LEADER_ADDRESS:RENDEZVOUS_PORT.
+RENDEZVOUS_PORT = 29500
+RENDEZVOUS_PORT_NAME = "dist"
 
 
 class Role(enum.StrEnum):
@@ -38,6 +45,19 @@ class Role(enum.StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
     COLOCATED = "colocated"
+
+
+class GroupMember(enum.StrEnum):
+    """A pod's place in a group that spans nodes (label LABEL_GROUP_MEMBER)."""
+
+    LEADER = "leader"
+    FOLLOWER = "follower"
+
+
+def serves_requests(pod: dict[str, Any]) -> bool:
+    """Whether a worker pod takes requests: every pod but a group's followers (they run ranks > 0)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(LABEL_GROUP_MEMBER) != GroupMember.FOLLOWER
 
 
 class KVBackend(enum.StrEnum):

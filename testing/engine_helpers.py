@@ -62,20 +62,20 @@ async def ndjson_events(resp: Any) -> list[dict[str, Any]]:
     return events
 
 
-async def read_until_drained(resp: Any, after_tokens: int, drain: Any) -> list[dict[str, Any]]:
-    """All NDJSON events of a generate stream; `drain()` is called once `after_tokens` tokens have
-    arrived (a migration test drains the worker mid-stream, which then ends it with MIGRATE)."""
+async def events_until(resp: Any, after_tokens: int, action: Any) -> list[dict[str, Any]]:
+    """All NDJSON events of a /internal/generate stream; `action()` is called once, as soon as
+    `after_tokens` tokens have arrived (a drain, a kill: what the stream should live through)."""
     import json
 
     events: list[dict[str, Any]] = []
-    drained = False
+    done = False
     async for line in resp.content:
         if not line.strip():
             continue
         events.append(json.loads(line))
-        if not drained and len(stream_tokens(events)) >= after_tokens:
-            drain()
-            drained = True
+        if not done and len(stream_tokens(events)) >= after_tokens:
+            action()
+            done = True
     return events
 
 

@@ -47,8 +47,8 @@ class InProcessWorkers:
 
     async def start(self, role: str = "colocated", kv_backend: str | None = None, lease_s: float = 30.0,
                     attach: bool = True, secret: str | None = None, stall_s: float = 120.0,
-                    serve: bool | None = None, **overrides: Any) -> Worker:
-        """`serve`: whether the transport serves KV (default: every role but decode; a decode
+                    serve_kv: bool | None = None, **overrides: Any) -> Worker:
+        """`serve_kv`: whether the transport serves KV (default: every role but decode; a decode
         worker that migrates its sequences out serves them)."""
         from aiohttp.test_utils import TestClient, TestServer
         from tandem.contracts.names import Role
@@ -75,7 +75,7 @@ class InProcessWorkers:
                                          KVTransferConfig(backend=kv_backend, timeout_s=5.0, lease_s=lease_s,
                                                           extra={"prometheus_registry": state.metrics.registry},
                                                           secret=secret,
-                                                          serve=role != "decode" if serve is None else serve))
+                                                          serve=role != "decode" if serve_kv is None else serve_kv))
             await transport.start()
         w = Worker(client, state, eng, transport)
         self.started.append((w, aeng, transport))

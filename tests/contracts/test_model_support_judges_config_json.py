@@ -65,8 +65,8 @@ def test_a_backend_that_cannot_run_the_model_is_refused():
 
 
 @pytest.mark.parametrize(("config", "tp", "words"), [
-    (cfg(num_attention_heads=12), 8, "does not divide the model's 12 attention heads"),
-    (cfg(num_attention_heads=24, num_key_value_heads=6), 4, "6 KV heads do not fit"),
+    (cfg(num_attention_heads=12, num_key_value_heads=4), 8, "does not divide the model's 12 attention heads"),
+    (cfg(num_attention_heads=24, num_key_value_heads=6), 4, "cannot share the model's 6 KV heads"),
     (cfg(), 0, "whole number >= 1"),
     (cfg("qwen3"), 2, "transformers path run on one rank"),
 ])

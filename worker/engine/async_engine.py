@@ -65,6 +65,8 @@ class AsyncEngine:
             return None
         if not self._thread.is_alive():
             return "the engine thread has died"
+        if (problem := self.engine.runner.problem()) is not None:
+            return problem
         stalled = time.monotonic() - self._beat
         if stalled > self.stall_s:
             why = f" (last error: {self._last_error})" if self._last_error else ""

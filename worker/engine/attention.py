@@ -18,16 +18,16 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """One query token per sequence over its cached keys, read from the pool by block table.
 
-    q [B, heads, d]; pool_layer [blocks, 2, block_size, kv_heads, d] (one layer of the pool);
+    q [B, heads, d]; pool_layer [blocks, kv_heads, 2, block_size, d] (one layer of the pool);
     tables [B, max_blocks] (padding any valid block id); lens [B]: cached positions to attend.
     With k_self/v_self [B, kv_heads, d] the token also attends to its own new K/V, which is not in
     the pool yet. Softmax in float32; returns [B, heads, d] in q's dtype."""
     B, max_blocks = tables.shape
-    bs, nkv, d = pool_layer.shape[2], pool_layer.shape[3], pool_layer.shape[4]
+    nkv, bs, d = pool_layer.shape[1], pool_layer.shape[3], pool_layer.shape[4]
     g = q.shape[1] // nkv
-    kv = pool_layer[tables]  # [B, max_blocks, 2, bs, nkv, d]; fused into the loops below when compiled
-    k = kv[:, :, 0].reshape(B, max_blocks * bs, nkv, d).permute(0, 2, 1, 3)[:, :, None]  # [B, nkv, 1, L, d]
-    v = kv[:, :, 1].reshape(B, max_blocks * bs, nkv, d).permute(0, 2, 1, 3)[:, :, None]
+    kv = pool_layer[tables]  # [B, max_blocks, nkv, 2, bs, d]; fused into the loops below when compiled
+    k = kv[:, :, :, 0].permute(0, 2, 1, 3, 4).reshape(B, nkv, max_blocks * bs, d)[:, :, None]  # [B, nkv, 1, L, d]
+    v = kv[:, :, :, 1].permute(0, 2, 1, 3, 4).reshape(B, nkv, max_blocks * bs, d)[:, :, None]
     qf = q.float().view(B, nkv, g, 1, d)
     s = (qf * k.float()).sum(-1) * scale  # [B, nkv, g, L]
     pos = torch.arange(max_blocks * bs, device=q.device)
@@ -45,9 +45,10 @@ def paged_decode_attention(
 def gather_context(pool_layer: torch.Tensor, block_table: torch.Tensor, num_tokens: int
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V [num_tokens, kv_heads, d] of one sequence, copied out of its blocks."""
-    kv = pool_layer[block_table]  # [nb, 2, bs, nkv, d]
-    nkv, d = kv.shape[-2], kv.shape[-1]
-    return kv[:, 0].reshape(-1, nkv, d)[:num_tokens], kv[:, 1].reshape(-1, nkv, d)[:num_tokens]
+    kv = pool_layer[block_table]  # [nb, nkv, 2, bs, d]
+    nkv, d = kv.shape[1], kv.shape[-1]
+    k = kv[:, :, 0].transpose(1, 2).reshape(-1, nkv, d)[:num_tokens]
+    return k, kv[:, :, 1].transpose(1, 2).reshape(-1, nkv, d)[:num_tokens]
 
 
 def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float) -> torch.Tensor:
@@ -69,10 +70,10 @@ def sdpa_decode_attention(q: torch.Tensor, pool_layer: torch.Tensor, tables: tor
     """paged_decode_attention's eager stand-in (no compiler): gathers a padded copy of each
     sequence's blocks and runs SDPA with a length mask, which is faster than the unfused loops."""
     B, max_blocks = tables.shape
-    nkv, d = pool_layer.shape[3], pool_layer.shape[4]
-    kv = pool_layer[tables]  # [B, max_blocks, 2, bs, nkv, d]
-    k = kv[:, :, 0].reshape(B, -1, nkv, d).transpose(1, 2)
-    v = kv[:, :, 1].reshape(B, -1, nkv, d).transpose(1, 2)
+    nkv, d = pool_layer.shape[1], pool_layer.shape[4]
+    kv = pool_layer[tables]  # [B, max_blocks, nkv, 2, bs, d]
+    k = kv[:, :, :, 0].transpose(1, 2).reshape(B, nkv, -1, d)
+    v = kv[:, :, :, 1].transpose(1, 2).reshape(B, nkv, -1, d)
     mask = (torch.arange(k.shape[2], device=q.device)[None, :] < lens[:, None])[:, None, None, :]
     o = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask, scale=scale,
                                        enable_gqa=q.shape[1] != nkv)

@@ -39,18 +39,18 @@ class DecodeStep(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """ids, positions [B]; tables [B, width] covering positions < positions[b].
         Returns logits [B, vocab] (float32), their argmax [B] (greedy rows need nothing else)
-        and the new K/V [B, layers, 2, kv_heads, d]."""
+        and the new K/V [B, kv_heads, layers, 2, d] (the pool's order)."""
         w = self.w
-        h = w.embed[ids]
+        h = w.embed(ids)
         cos, sin = w.cos[positions], w.sin[positions]
         new_kv = []
         for li, layer in enumerate(w.layers):
             q, k, v = layers.qkv(w, layer, h, cos, sin)
-            attn = paged_decode_attention(q, pool[:, li], tables, positions, w.shape.scaling, k, v)
+            attn = paged_decode_attention(q, pool[:, :, li], tables, positions, w.shape.scaling, k, v)
             h = layers.finish(w, layer, h, attn)
-            new_kv.append(torch.stack([k, v], dim=1))
+            new_kv.append(torch.stack([k, v], dim=2))
         logits = layers.logits(w, h)
-        return logits, logits.argmax(-1), torch.stack(new_kv, dim=1)
+        return logits, logits.argmax(-1), torch.stack(new_kv, dim=2)
 
 
 def compiler_found() -> str | None:
@@ -82,14 +82,14 @@ def prepare_kernels(weights: ModelWeights, setting: str, pool: torch.Tensor, max
     """The kernels for an engine, compiled now when the setting asks for it (and why, for the log).
     With compile: auto, a compile that fails leaves the engine eager with a warning, not down."""
     enabled, why = should_compile(setting, pool.device)
-    kernels = kernels_for(weights, enabled, pool.shape[3])
+    kernels = kernels_for(weights, enabled, pool.shape[4])
     try:
         kernels.warm_up(pool, max_context)
     except Exception as e:  # noqa: BLE001 - any compiler failure means the same: run eagerly
         if setting == "on":
             raise
         log.warning("torch.compile failed (%s: %s); the decode step runs eagerly", type(e).__name__, e)
-        kernels = kernels_for(weights, False, pool.shape[3])
+        kernels = kernels_for(weights, False, pool.shape[4])
         why = "eager (torch.compile failed)"
     return kernels, why
 
@@ -131,7 +131,7 @@ class CompiledKernels:
         """Compile every graph the step will need: batch 1, and any batch > 1, each with any
         table width and pool size (dimensions marked dynamic; the rest stay static). Inductor sums
         more than 4096 floats with a different loop, so contexts beyond that get their own graphs."""
-        bs = pool.shape[3]
+        bs = pool.shape[4]
         widths = {MIN_TABLE_WIDTH + 1}  # != batch: sizes equal while tracing risk a specialisation
         if -(-max_context // bs) * bs + 1 > LONG_SUM:
             widths.add(LONG_SUM // bs + 1)
@@ -157,7 +157,7 @@ class CompiledKernels:
         pos = torch.ones(batch, dtype=torch.long, device=dev)
         tables = torch.zeros(batch, width, dtype=torch.long, device=dev)
         q = torch.zeros(batch, self.shape.num_heads, self.shape.head_dim, dtype=pool.dtype, device=dev)
-        pool_layer, lens = pool[:, 0], pos + 1
+        pool_layer, lens = pool[:, :, 0], pos + 1
         dynamic = [(tables, 1), (pool, 0), (pool_layer, 0)]
         if batch > 1:
             dynamic += [(ids, 0), (pos, 0), (tables, 0), (q, 0), (lens, 0)]

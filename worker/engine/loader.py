@@ -40,6 +40,10 @@ class LoadedModel:
     eos_ids: frozenset[int]
     name: str
     backend: ModelBackend = ModelBackend.NATIVE  # the forward pass that runs it (model_runner.py)
+    # Tensor parallelism (engine/parallel/): the rank's group, and the checkpoint folder its
+    # slices are read from (model is None then: no rank loads the whole model).
+    group: Any = None
+    weights_path: str | None = None
 
 
 def resolve_device(device: str) -> Any:
@@ -122,9 +126,9 @@ def read_config_json(src: str, looks_local: bool) -> dict[str, Any]:
         raise ModelLoadError(f"cannot read the model config at {src!r}: {e}") from e
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+def _eos_ids(generation_config: Any, config: Any, tokenizer: Any) -> frozenset[int]:
     ids: set[int] = set()
-    for src in (getattr(model, "generation_config", None), model.config):
+    for src in (generation_config, config):
         eos = getattr(src, "eos_token_id", None) if src is not None else None
         if isinstance(eos, int):
             ids.add(eos)
@@ -161,10 +165,12 @@ def check_before_loading(model: str, backend: str = "auto", tensor_parallel: int
 
 def load_model(
     model: str, *, dtype: str = "auto", device: str = "auto", max_model_len: int | None = None,
-    trust_remote_code: bool = False, backend: str = "auto", tensor_parallel: int = 1,
+    trust_remote_code: bool = False, backend: str = "auto", tensor_parallel: int = 1, weights: bool = True,
 ) -> LoadedModel:
     """Load weights and tokenizer from a local folder, or a hub id resolved through HF_HOME's cache,
-    for the path `backend` (auto | native | transformers) names or auto chooses."""
+    for the path `backend` (auto | native | transformers) names or auto chooses. weights=False:
+    config and tokenizer only (model None), for a tensor-parallel rank, which reads just its slices
+    of the weights (engine/parallel/)."""
     t0 = time.monotonic()
     raw = check_before_loading(model, backend, tensor_parallel)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -179,6 +185,8 @@ def load_model(
     limit = context_limit(config, chosen, max_model_len)
     dev = resolve_device(device)
     torch_dtype, why = resolve_dtype(dtype, config, dev)
+    if not weights:
+        return _without_weights(src, looks_local, config, torch_dtype, dev, limit, trust_remote_code)
     log.info("loading %s weights (%s) onto %s as %s (%s); %s path (%s)", config.model_type, src, dev,
              str(torch_dtype).removeprefix("torch."), why, chosen.value, why_path)
     extra: dict[str, Any] = {}
@@ -203,5 +211,22 @@ def load_model(
         time.monotonic() - t0, n_params / 1e6, config.num_hidden_layers, limit,
     )
     name = Path(src).name if looks_local else model
-    return LoadedModel(hf_model, tokenizer, config, torch_dtype, dev, limit, _eos_ids(hf_model, tokenizer), name,
-                       chosen)
+    eos = _eos_ids(getattr(hf_model, "generation_config", None), config, tokenizer)
+    return LoadedModel(hf_model, tokenizer, config, torch_dtype, dev, limit, eos, name, chosen)
+
+
+def _without_weights(src: str, looks_local: bool, config: Any, dtype: Any, dev: Any, limit: int,
+                     trust_remote_code: bool) -> LoadedModel:
+    from transformers import AutoTokenizer, GenerationConfig
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
+        try:
+            generation = GenerationConfig.from_pretrained(src)
+        except OSError:  # no generation_config.json: the model config's eos only
+            generation = None
+    except Exception as e:  # noqa: BLE001
+        raise ModelLoadError(f"cannot load the tokenizer at {src!r}: {e}") from e
+    name = Path(src).name if looks_local else src
+    return LoadedModel(None, tokenizer, config, dtype, dev, limit, _eos_ids(generation, config, tokenizer), name,
+                       weights_path=src if looks_local else None)

@@ -10,7 +10,7 @@ tokens then attend by block table, and each chunk with SDPA over its context.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from tandem.contracts.kv_layout import KVLayout
@@ -32,7 +32,8 @@ class BatchItem:
     sample: bool  # return logits for the last token
 
 
-def kv_layout_for(config, num_blocks: int, block_size: int, dtype: torch.dtype) -> KVLayout:
+def kv_layout_for(config, num_blocks: int, block_size: int, dtype: torch.dtype, group: Any = None) -> KVLayout:
+    """The pool layout of a model on one rank (`group`: its tensor-parallel group; None: alone)."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return KVLayout(
         num_blocks=num_blocks,
@@ -41,7 +42,20 @@ def kv_layout_for(config, num_blocks: int, block_size: int, dtype: torch.dtype) 
         num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,  # MHA configs name none
         head_dim=head_dim,
         dtype=str(dtype).removeprefix("torch."),
+        tp_size=group.size if group is not None else 1,
+        tp_rank=group.rank if group is not None else 0,
     )
+
+
+def model_runner(weights: ModelWeights, pool: torch.Tensor, layout: KVLayout, kernels: CompiledKernels) -> Any:
+    """The engine's one model runner: this forward pass, or under tensor parallelism rank 0's, which
+    runs the step on every rank of the group (parallel/executor.py)."""
+    runner = PagedForward(weights, pool, layout, kernels)
+    if weights.group.size == 1:
+        return runner
+    from tandem.worker.engine.parallel.executor import LeaderRunner
+
+    return LeaderRunner(runner, weights.group)
 
 
 @dataclass
@@ -122,6 +136,11 @@ class PagedForward:
         self.kernels = kernels
         self.device = pool.device
 
+    def problem(self) -> str | None:
+        """Why this runner cannot run a step any more (a tensor-parallel group that failed:
+        parallel/executor.py), or None; the engine's health reports it."""
+        return None
+
     @torch.inference_mode()
     def forward(self, items: list[BatchItem]) -> StepLogits:
         """Logits (float32) for the last token of every item with sample=True, in order."""
@@ -129,7 +148,7 @@ class PagedForward:
         if st.decode_only and self.kernels.decode_step is not None:
             with torch.compiler.set_stance(RECOMPILE_STANCE):
                 logits, argmax, new_kv = self.kernels.decode_step(st.ids, st.positions, st.tables, self.pool)
-            self.pool[st.slot_blocks, :, :, st.slot_offsets] = new_kv
+            self.pool[st.slot_blocks, :, :, :, st.slot_offsets] = new_kv
             if len(st.sample_rows) == len(items):
                 return StepLogits(logits, argmax)
             rows = torch.tensor(st.sample_rows, device=self.device)
@@ -138,15 +157,15 @@ class PagedForward:
 
     def _eager(self, st: StepInputs) -> torch.Tensor:
         w, pool = self.w, self.pool
-        h = w.embed[st.ids]
+        h = w.embed(st.ids)
         cos, sin = w.cos[st.positions], w.sin[st.positions]
         dec = torch.tensor(st.decode_rows, dtype=torch.long, device=self.device) if st.decode_rows else None
         lens = st.positions[dec] + 1 if dec is not None else None
         for li, layer in enumerate(w.layers):
             q, k, v = layers.qkv(w, layer, h, cos, sin)
-            pool_layer = pool[:, li]
-            pool_layer[st.slot_blocks, 0, st.slot_offsets] = k
-            pool_layer[st.slot_blocks, 1, st.slot_offsets] = v
+            pool_layer = pool[:, :, li]
+            pool_layer[st.slot_blocks, :, 0, st.slot_offsets] = k
+            pool_layer[st.slot_blocks, :, 1, st.slot_offsets] = v
             out = torch.empty_like(q)
             if dec is not None:
                 with torch.compiler.set_stance(RECOMPILE_STANCE):

@@ -25,8 +25,8 @@ from tandem.worker.engine.sequence import Sequence
 
 def prefix_salt(layout: KVLayout, model_type: str, vocab_size: int) -> bytes:
     """What must match for two pools' blocks of equal tokens to hold the same KV (the pool size
-    need not): the model's shape, the dtype and the block size."""
-    shape = {k: v for k, v in layout.to_dict().items() if k != "num_blocks"}
+    and the tensor-parallel group need not): the model's shape, the dtype and the block size."""
+    shape = {k: v for k, v in layout.to_dict().items() if k not in ("num_blocks", "tp_size", "tp_rank")}
     doc = json.dumps({"layout": shape, "model_type": model_type, "vocab": vocab_size}, sort_keys=True)
     return hashlib.sha256(doc.encode()).digest()[:8]
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Collection
+from collections.abc import Awaitable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.kv_layout import KVLayout
-from tandem.contracts.protocol import KVSource
+from tandem.contracts.protocol import KVRank, KVSource
 
 if TYPE_CHECKING:  # torch is only needed by the workers that hold a pool
     import torch
@@ -59,9 +59,10 @@ class LeaseKeeper(Protocol):
     Every lease carries an unguessable token (KVSource.lease_token); a peer proves with it that
     the prefill result naming these blocks was handed to it."""
 
-    def check_read(self, request_id: str, lease_token: str, block_ids: Collection[int]) -> bool:
+    def check_read(self, request_id: str, lease_token: str, block_ids: Collection[int]) -> bool | Awaitable[bool]:
         """True when request_id holds a live lease, lease_token is its token and every block is
-        one of the lease's blocks (a subset: decode may pull only the blocks it lacks)."""
+        one of the lease's blocks (a subset: decode may pull only the blocks it lacks). A rank of a
+        tensor-parallel group answers asynchronously: it asks its rank 0, which holds the leases."""
         ...
 
     def release_lease(self, request_id: str, lease_token: str) -> bool:
@@ -118,8 +119,13 @@ class KVTransport(abc.ABC):
         """Backend-specific fields a prefill result carries in KVSource.extra."""
         return {}
 
+    def source_ranks(self) -> list[KVRank]:
+        """A tensor-parallel worker's other ranks, which a KVSource it hands out carries."""
+        return []
+
     @abc.abstractmethod
-    async def pull(self, request_id: str, source: KVSource, local_block_ids: list[int]) -> TransferStats:
+    async def pull(self, request_id: str, source: KVSource, local_block_ids: list[int],
+                   release: bool = True) -> TransferStats:
         """Decode side: copy source.block_ids of the remote pool into local_block_ids, then
         signal the prefill side (quoting source.lease_token). Raises KVTransferError within
         config.timeout_s on failure."""

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from tandem.contracts.kv_layout import KVLayout
-from tandem.contracts.protocol import KVSource
+from tandem.contracts.protocol import KVRank, KVSource
 from tandem.worker.kv.base import KVTransferError
+from tandem.worker.kv.byte_ranges import Range, blocks_touched
 from tandem.worker.kv.pulling import PullTransport
 
 ENGINES: dict[str, MemoryTransport] = {}
@@ -38,7 +40,7 @@ class MemoryTransport(PullTransport):
     def metadata(self) -> dict[str, Any]:
         return self._base_metadata()
 
-    async def _peer(self, source: KVSource) -> dict[str, Any]:
+    async def _peer(self, source: KVRank) -> dict[str, Any]:
         peer = ENGINES.get(source.engine_id)
         if peer is None:
             raise KVTransferError(f"no engine {source.engine_id} in this process (stopped or restarted)")
@@ -57,18 +59,25 @@ class MemoryTransport(PullTransport):
         if peer is not None:
             peer.leases.release_lease(request_id, source.lease_token)
 
-    async def _read(self, md: dict[str, Any], request_id: str, lease_token: str,
-                    runs: list[tuple[int, int, int]]) -> int:
+    async def _release_lease(self, request_id: str, source: KVSource) -> None:
+        peer = ENGINES.get(source.engine_id)
+        if peer is None or not peer.leases.release_lease(request_id, source.lease_token):
+            raise KVTransferError(f"the lease of {request_id} was not live when every rank had read")
+
+    async def _read(self, md: dict[str, Any], request_id: str, lease_token: str, ranges: list[Range],
+                    release: bool) -> int:
         peer = ENGINES.get(md["engine_id"])
         if peer is None:
             raise KVTransferError(f"engine {md['engine_id']} stopped during the handoff")
-        blocks = [b for s, _, c in runs for b in range(s, s + c)]
+        bb = peer.layout.block_bytes
+        blocks = sorted({b for s, _, n in ranges for b in blocks_touched(s, n, bb)})
         if not peer.leases.check_read(request_id, lease_token, blocks):
             raise KVTransferError(f"peer {md['engine_id']} refused: no live lease of {request_id} "
                                   "with that token holds these blocks")
-        for s, d, c in runs:
-            self.pool[d:d + c].copy_(peer.pool[s:s + c])
-        peer.kv_health.success("serve", len(blocks) * self.layout.block_bytes)
-        if not peer.leases.release_lease(request_id, lease_token):
+        here, there = self.pool.view(-1).view(torch.uint8), peer.pool.view(-1).view(torch.uint8)
+        for s, d, n in ranges:
+            here[d:d + n].copy_(there[s:s + n])
+        peer.kv_health.success("serve", sum(n for _, _, n in ranges))
+        if release and not peer.leases.release_lease(request_id, lease_token):
             raise KVTransferError("the lease on these blocks expired before the pull finished")
-        return len(runs)
+        return len(ranges)

@@ -53,6 +53,7 @@ import numpy as np
 from tandem.contracts.kv_health import TransportInfo
 from tandem.contracts.kv_layout import KVLayout
 from tandem.worker.kv.base import KVTransferConfig, KVTransferError, TransferState
+from tandem.worker.kv.byte_ranges import Range
 from tandem.worker.kv.health import detect_ucx_transport
 from tandem.worker.kv.nixl_thread import AgentThread
 from tandem.worker.kv.pulling import PullTransport
@@ -215,6 +216,9 @@ class NixlTransport(PullTransport):
         if msg.get("engine_id") != self.engine_id:
             return  # meant for this pod's predecessor
         rid, token = msg["request_id"], msg.get("lease_token")
+        if msg.get("release") is False:  # one rank's READ of a tensor-parallel pull: released at rank 0
+            self.kv_health.success("serve", int(msg.get("bytes", 0)))
+            return
         if not isinstance(token, str) or not self.leases.release_lease(rid, token):
             # A READ cannot be checked per block (README): this only refuses to free on its word.
             self.kv_health.failure("serve", f"{rid}: completion without the lease's token, or after it ended")
@@ -250,21 +254,19 @@ class NixlTransport(PullTransport):
         except Exception as e:  # noqa: BLE001 - forgetting is best effort
             log.warning("removing NIXL agent %s failed: %s", name, e)
 
-    async def _read(self, md: dict[str, Any], request_id: str, lease_token: str,
-                    runs: list[tuple[int, int, int]]) -> int:
-        bb = self.layout.block_bytes
+    async def _read(self, md: dict[str, Any], request_id: str, lease_token: str, ranges: list[Range],
+                    release: bool) -> int:
         notif = json.dumps({"request_id": request_id, "engine_id": md["engine_id"],
-                            "lease_token": lease_token,
-                            "bytes": sum(c for _, _, c in runs) * bb}).encode()
+                            "lease_token": lease_token, "release": release,
+                            "bytes": sum(n for _, _, n in ranges)}).encode()
         posted: list[Any] = []  # the handle, once the agent thread has made it
 
         def post() -> concurrent.futures.Future:
             agent = self._agent.agent
             local = agent.get_xfer_descs(np.array(
-                [(self._base + d * bb, c * bb, self._dev) for _, d, c in runs], dtype=np.uint64),
-                self._mem_type)
+                [(self._base + d, n, self._dev) for _, d, n in ranges], dtype=np.uint64), self._mem_type)
             remote = agent.get_xfer_descs(np.array(
-                [(md["base_address"] + s * bb, c * bb, md["device_id"]) for s, _, c in runs],
+                [(md["base_address"] + s, n, md["device_id"]) for s, _, n in ranges],
                 dtype=np.uint64), md["mem_type"])
             try:
                 handle = agent.initialize_xfer("READ", local, remote, md["agent_name"], notif)
@@ -295,7 +297,7 @@ class NixlTransport(PullTransport):
             if not finished:
                 log.info("aborting the unfinished NIXL READ of %s", request_id)
             await self._settle("release of a READ", lambda: self._release(posted, md))
-        return len(runs)
+        return len(ranges)
 
     def _release(self, posted: list[Any], md: dict[str, Any]) -> None:
         """On the agent thread: free the transfer; an unfinished one is aborted, disconnecting the

@@ -16,7 +16,12 @@ Protocol (the same for every backend; why it is this way):
   is never used twice.
 - Layout compatibility (KVLayout.compatible_with) and every block id are checked
   before a byte moves. Adjacent blocks that are adjacent on BOTH sides merge into
-  one transfer.
+  one transfer (byte_ranges.py).
+- Tensor parallelism: each rank pulls the KV heads its pool holds straight from the
+  source rank(s) that hold them (KVSource.ranks, contracts/kv_layout.py pull_plan),
+  a contiguous slice of each block; one lease, the source's rank 0's, covers every
+  rank, and is released over HTTP once every rank has read (a released lease must
+  have been live, so no rank read reused blocks).
 - Trust: every HTTP call to a peer carries the service's internal secret
   (config.secret, `Authorization: Bearer`); the prefill side serves and frees only
   the blocks of a live lease proven by its token (source.lease_token), asking its
@@ -40,8 +45,8 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from tandem.contracts.internal_auth import auth_headers
 from tandem.contracts.kv_health import KVHealth, TransportInfo
-from tandem.contracts.kv_layout import KVLayout
-from tandem.contracts.protocol import REQUEST_ID_HEADER, KVSource
+from tandem.contracts.kv_layout import HeadSlice, KVLayout, pull_plan
+from tandem.contracts.protocol import REQUEST_ID_HEADER, KVRank, KVSource
 from tandem.worker.kv.base import (
     KVTransferConfig,
     KVTransferError,
@@ -49,23 +54,13 @@ from tandem.worker.kv.base import (
     TransferState,
     TransferStats,
 )
+from tandem.worker.kv.byte_ranges import Range, head_ranges
 from tandem.worker.kv.health import TransferHealth
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
-
-
-def merge_block_pairs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
-    """[(src_first, dst_first, count), ...]: runs consecutive in both pools become one transfer."""
-    runs: list[tuple[int, int, int]] = []
-    for s, d in zip(src, dst, strict=True):
-        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
-            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-        else:
-            runs.append((s, d, 1))
-    return runs
 
 
 def pool_bytes(pool: torch.Tensor) -> memoryview:
@@ -112,11 +107,11 @@ class PullTransport(KVTransport):
         """Drop everything known about a peer (restarted, failed or closing)."""
 
     @abc.abstractmethod
-    async def _read(self, md: dict[str, Any], request_id: str, lease_token: str,
-                    runs: list[tuple[int, int, int]]) -> int:
-        """Copy the runs from the peer's pool into ours and signal completion (quoting the lease
-        token); returns transfers made. Must leave nothing writing into our pool when it returns,
-        raises or is cancelled."""
+    async def _read(self, md: dict[str, Any], request_id: str, lease_token: str, ranges: list[Range],
+                    release: bool) -> int:
+        """Copy the byte ranges (byte_ranges.py) from the peer's pool into ours and, with
+        `release`, signal completion, which ends the lease (quoting its token); returns transfers
+        made. Must leave nothing writing into our pool when it returns, raises or is cancelled."""
 
     # --- shared -------------------------------------------------------------------------------
 
@@ -142,7 +137,7 @@ class PullTransport(KVTransport):
         if self._session is not None:
             await self._session.close()
 
-    async def _peer(self, source: KVSource) -> dict[str, Any]:
+    async def _peer(self, source: KVRank) -> dict[str, Any]:
         """The metadata of the engine that holds source's blocks: cached, or fetched if it restarted."""
         cached = self._peers.get(source.url)
         if cached is not None and cached["engine_id"] == source.engine_id:
@@ -152,7 +147,7 @@ class PullTransport(KVTransport):
         async with self._peer_locks.setdefault(source.url, asyncio.Lock()):
             return await self._discover(source)
 
-    async def _discover(self, source: KVSource) -> dict[str, Any]:
+    async def _discover(self, source: KVRank) -> dict[str, Any]:
         cached = self._peers.get(source.url)
         if cached is not None and cached["engine_id"] == source.engine_id:
             return cached
@@ -174,7 +169,7 @@ class PullTransport(KVTransport):
         self._peers[source.url] = md
         return md
 
-    async def _fetch(self, source: KVSource) -> dict[str, Any]:
+    async def _fetch(self, source: KVRank) -> dict[str, Any]:
         """GET the peer's metadata and check it can serve us at all (backend, layout)."""
         session = await self._http()
         try:
@@ -219,16 +214,34 @@ class PullTransport(KVTransport):
         if any(not 0 <= b < self.layout.num_blocks for b in local_block_ids):
             raise KVTransferError(f"destination block ids outside this pool of {self.layout.num_blocks}")
 
-    async def pull(self, request_id: str, source: KVSource, local_block_ids: list[int]) -> TransferStats:
+    def plan(self, source: KVSource) -> dict[int, list[HeadSlice]]:
+        """Source rank -> the head slices this pool reads from it (tandem.contracts.kv_layout)."""
+        by_rank: dict[int, list[HeadSlice]] = {}
+        for s in pull_plan(self.layout.num_kv_heads, source.tensor_parallel, self.layout.tp_size,
+                           self.layout.tp_rank):
+            by_rank.setdefault(s.source_rank, []).append(s)
+        return by_rank
+
+    async def pull(self, request_id: str, source: KVSource, local_block_ids: list[int],
+                   release: bool = True) -> TransferStats:
+        """Read this pool's KV heads of source's blocks from the source rank(s) that hold them.
+        One rank on each side: the read itself ends the lease (the original protocol). Otherwise
+        every source rank is read at once without releasing, and then, with `release`, the lease
+        (rank 0's, covering every rank) is released and must still have been live: a rank of a
+        tensor-parallel decode worker pulls with release=False and its rank 0 releases once every
+        rank is done (parallel/group_transport.py)."""
         t0 = time.monotonic()
-        moving = False  # a failure while bytes move may mean the peer is gone: forget it then
+        in_band = release and source.tensor_parallel == 1 and self.layout.tp_size == 1
+        moving: set[int] = set()  # source ranks read from when it failed: forget those peers
         try:
+            if source.tensor_parallel > 1 and source.backend != self.name:
+                raise KVTransferError(f"source backend {source.backend!r}, this worker {self.name!r}")
             async with asyncio.timeout(self.config.timeout_s):
-                md = await self._peer(source)
-                self._check(source, local_block_ids, md)
-                runs = merge_block_pairs(source.block_ids, local_block_ids)
-                moving = True
-                transfers = await self._read(md, request_id, source.lease_token, runs) if runs else 0
+                reads = [self._read_rank(request_id, source, r, slices, local_block_ids, in_band, moving)
+                         for r, slices in self.plan(source).items()]
+                done = await all_or_none(reads)
+                if release and not in_band:
+                    await self._release_lease(request_id, source)
         except TimeoutError:
             err = KVTransferError(f"KV handoff of {request_id} from {source.url} took longer than "
                                   f"{self.config.timeout_s} s", TransferState.TIMED_OUT)
@@ -242,21 +255,48 @@ class PullTransport(KVTransport):
             raise KVTransferError(f"KV handoff of {request_id} from {source.url} failed: "
                                   f"{type(e).__name__}: {e}") from e
         except asyncio.CancelledError:
-            await self._failed(request_id, source, False, "cancelled")  # others may share the peer
+            await self._failed(request_id, source, set(), "cancelled")  # others may share the peer
             raise
         seconds = time.monotonic() - t0
-        nbytes = len(local_block_ids) * self.layout.block_bytes
+        nbytes = sum(n for n, _ in done)
         self.kv_health.success("pull", nbytes, seconds)
-        return TransferStats(request_id, nbytes, seconds, len(local_block_ids), transfers)
+        return TransferStats(request_id, nbytes, seconds, len(local_block_ids), sum(t for _, t in done))
 
-    async def _failed(self, request_id: str, source: KVSource, moving: bool, error: str) -> None:
-        """Count the failure, forget a peer that failed mid-transfer (so its metadata is fetched
-        afresh next time) and ask it to free the request's blocks if it still listens."""
+    async def _read_rank(self, request_id: str, source: KVSource, rank: int, slices: list[HeadSlice],
+                         local_block_ids: list[int], release: bool, moving: set[int]) -> tuple[int, int]:
+        """(bytes, transfers) read from one rank of the source."""
+        md = await self._peer(source.rank(rank))
+        self._check(source, local_block_ids, md)
+        remote = KVLayout(**md["layout"])
+        ranges = [r for s in slices for r in head_ranges(remote, self.layout, s, source.block_ids, local_block_ids)]
+        if not ranges:
+            return 0, 0
+        moving.add(rank)
+        return sum(n for _, _, n in ranges), await self._read(md, request_id, source.lease_token, ranges, release)
+
+    async def _release_lease(self, request_id: str, source: KVSource) -> None:
+        """End the lease at the source's rank 0 now that every rank has read; it must have been live
+        (else its blocks may have been reused while they were read)."""
+        session = await self._http()
+        async with session.post(source.url.rstrip("/") + "/internal/kv/release",
+                                json={"request_id": request_id, "lease_token": source.lease_token},
+                                headers={REQUEST_ID_HEADER: request_id}) as resp:
+            doc = await resp.json() if resp.status == 200 else {}
+        if not doc.get("released"):
+            raise KVTransferError(f"the lease of {request_id} at {source.url} was not live when every rank "
+                                  "had read (expired or released): re-run prefill")
+
+    async def _failed(self, request_id: str, source: KVSource, moving: set[int], error: str) -> None:
+        """Count the failure, forget the peers that failed mid-transfer (so their metadata is
+        fetched afresh next time) and ask the source to free the request's blocks if it still
+        listens."""
         self.kv_health.failure("pull", error)
         log.warning("kv pull of %s from %s failed: %s", request_id, source.url, error)
-        cached = self._peers.get(source.url)
-        if moving and cached is not None and cached["engine_id"] == source.engine_id:
-            await self._drop_peer(source.url)
+        for r in moving:
+            endpoint = source.rank(r)
+            cached = self._peers.get(endpoint.url)
+            if cached is not None and cached["engine_id"] == endpoint.engine_id:
+                await self._drop_peer(endpoint.url)
         if self._closed:
             return
         # The release is best effort and bounded: a dead peer's engine reclaims by lease.
@@ -274,3 +314,21 @@ class PullTransport(KVTransport):
                 await resp.read()
         except (TimeoutError, aiohttp.ClientError, OSError):
             pass
+
+
+async def all_or_none(coros: list[Any]) -> list[Any]:
+    """Every coroutine's result; when one raises, the rest are cancelled and awaited (none may
+    still write into the pool) before its exception is raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    if not tasks:
+        return []
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for t in tasks:
+        if not t.cancelled() and t.exception() is not None:
+            raise t.exception()
+    return [t.result() for t in tasks]

@@ -4,11 +4,14 @@ The prefill side listens on a fixed port (config.port; advertised in its metadat
 side keeps a small pool of connections per peer. Every connection opens with the mutual HMAC
 handshake of tcp_wire.py; then, per pull:
 
-    decode -> prefill   {"op": "read", "request_id", "engine_id", "lease_token", "runs": [[first, count], ...]}
-    prefill -> decode   {"ok": true, "bytes": N} then N raw bytes, the runs in order
+    decode -> prefill   {"op": "read", "request_id", "engine_id", "lease_token",
+                         "ranges": [[offset, bytes], ...], "release": true}
+    prefill -> decode   {"ok": true, "bytes": N} then N raw bytes, the ranges in order
                         (or {"ok": false, "error"}, nothing sent, when the engine_id is not ours or
-                        no live lease with that token holds every block of the runs)
-    decode -> prefill   {"op": "release", "request_id", "lease_token"}
+                        no live lease with that token holds every block the ranges touch)
+    decode -> prefill   {"op": "release", "request_id", "lease_token"} (only after a read with
+                        "release": true; a rank of a tensor-parallel pull reads with false, and the
+                        lease is released once at the source's rank 0, see pulling.py)
     prefill -> decode   {"ok": true} once the lease is freed; {"ok": false} when it was not ours
                         to free (expired: the blocks may have been reused mid-send, so the decode
                         side fails instead of using them; or a wrong token)
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import socket
 import time
@@ -38,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.kv_layout import KVLayout
 from tandem.worker.kv.base import KVTransferConfig, KVTransferError
+from tandem.worker.kv.byte_ranges import Range, blocks_touched
 from tandem.worker.kv.pulling import PullTransport, pool_bytes
 from tandem.worker.kv.tcp_wire import (
     HandshakeError,
@@ -231,13 +236,13 @@ class TcpTransport(PullTransport):
                         "the lease on these blocks was not held with that token (expired, released "
                         "or another token)")})
                 elif op == "read":
-                    refusal = self._refusal(msg, rid, token)
+                    refusal = await self._refusal(msg, rid, token)
                     if refusal is not None:
                         log.warning("KV port refused a read: %s", refusal, extra={"request_id": rid})
                         await send_frame(loop, sock, {"ok": False, "error": refusal})
                         continue
-                    current = rid, token
-                    await self._send_blocks(loop, sock, rid, msg["runs"])
+                    current = (rid, token) if msg.get("release", True) else None
+                    await self._send_ranges(loop, sock, rid, msg["ranges"])
                 else:
                     raise ConnectionError(f"unknown op {op!r}")
         except (OSError, ConnectionError, ValueError, TypeError) as e:
@@ -249,31 +254,34 @@ class TcpTransport(PullTransport):
                 log.warning("kv peer dropped %s mid-transfer (%s): freeing its blocks", rid, e)
                 self.leases.release_lease(rid, token)
 
-    def _refusal(self, msg: dict[str, Any], rid: str, token: str) -> str | None:
+    async def _refusal(self, msg: dict[str, Any], rid: str, token: str) -> str | None:
         """Why a read must not be served (nothing is sent then), or None."""
         if msg.get("engine_id") != self.engine_id:
             return f"this is {self.engine_id}, not {msg.get('engine_id')}: the blocks are gone"
-        runs = msg.get("runs")
-        if not isinstance(runs, list) or not all(
-                isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r) for r in runs):
-            return "runs must be a list of [first, count] integer pairs"
-        if any(c <= 0 or s < 0 or s + c > self.layout.num_blocks for s, c in runs):
-            return "block ids out of range"
-        if not self.leases.check_read(rid, token, [b for s, c in runs for b in range(s, s + c)]):
+        ranges, release = msg.get("ranges"), msg.get("release", True)
+        if not isinstance(ranges, list) or not isinstance(release, bool) or not all(
+                isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r) for r in ranges):
+            return "ranges must be a list of [offset, bytes] integer pairs, release true or false"
+        if any(n <= 0 or s < 0 or s + n > len(self._mem) for s, n in ranges):
+            return "byte ranges outside the pool"
+        blocks = {b for s, n in ranges for b in blocks_touched(s, n, self.layout.block_bytes)}
+        allowed = self.leases.check_read(rid, token, sorted(blocks))
+        if inspect.isawaitable(allowed):  # a rank asks its group's rank 0, which holds the leases
+            allowed = await allowed
+        if not allowed:
             return f"no live lease of {rid} with that token holds these blocks"
         return None
 
-    async def _send_blocks(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, rid: str,
-                           runs: list[list[int]]) -> None:
-        """The header and the runs' bytes, straight from the pool, within tcp_send_s."""
-        bb = self.layout.block_bytes
+    async def _send_ranges(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, rid: str,
+                           ranges: list[list[int]]) -> None:
+        """The header and the ranges' bytes, straight from the pool, within tcp_send_s."""
         self.serving.add(rid)
         t0 = time.monotonic()
-        total = sum(c for _, c in runs) * bb
+        total = sum(n for _, n in ranges)
         async with asyncio.timeout(self.limits.send_s):
             await send_frame(loop, sock, {"ok": True, "bytes": total})
-            for s, c in runs:
-                await loop.sock_sendall(sock, self._mem[s * bb:(s + c) * bb])
+            for s, n in ranges:
+                await loop.sock_sendall(sock, self._mem[s:s + n])
         self.serving.discard(rid)
         self.kv_health.success("serve", total, time.monotonic() - t0)
 
@@ -329,22 +337,24 @@ class TcpTransport(PullTransport):
                 sock.close()
                 raise
 
-    async def _read(self, md: dict[str, Any], request_id: str, lease_token: str,
-                    runs: list[tuple[int, int, int]]) -> int:
+    async def _read(self, md: dict[str, Any], request_id: str, lease_token: str, ranges: list[Range],
+                    release: bool) -> int:
         loop = asyncio.get_running_loop()
-        bb = self.layout.block_bytes
         sock, reply = await self._request(md, {
             "op": "read", "request_id": request_id, "engine_id": md["engine_id"],
-            "lease_token": lease_token, "runs": [[s, c] for s, _, c in runs]})
+            "lease_token": lease_token, "ranges": [[s, n] for s, _, n in ranges], "release": release})
         ok = False
         try:
             if not reply.get("ok"):
                 ok = True  # refused before any byte: the connection is clean
                 raise KVTransferError(f"peer {md['engine_id']} refused: {reply.get('error')}")
-            if reply.get("bytes") != sum(c for _, _, c in runs) * bb:
+            if reply.get("bytes") != sum(n for _, _, n in ranges):
                 raise KVTransferError(f"peer {md['engine_id']} announced {reply.get('bytes')} bytes")
-            for _, d, c in runs:
-                await recv_exact(loop, sock, self._mem[d * bb:(d + c) * bb])
+            for _, d, n in ranges:
+                await recv_exact(loop, sock, self._mem[d:d + n])
+            if not release:
+                ok = True
+                return len(ranges)
             await send_frame(loop, sock, {"op": "release", "request_id": request_id,
                                           "lease_token": lease_token})
             ack = await recv_frame(loop, sock)
@@ -357,4 +367,4 @@ class TcpTransport(PullTransport):
                 self._idle[md["engine_id"]].append((sock, time.monotonic()))
             else:
                 sock.close()
-        return len(runs)
+        return len(ranges)

@@ -79,7 +79,21 @@ _SAMPLING: dict[str, tuple[Callable[[Any], bool], str]] = {
              "a string or a list of strings"),
     "stop_token_ids": (_ids, "a list of token ids"),
     "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
+    "min_p": (_number, "a number"),
+    "min_tokens": (_int, "an integer"),
+    "presence_penalty": (_number, "a number"),
+    "frequency_penalty": (_number, "a number"),
+    "repetition_penalty": (_number, "a number"),
+    "logit_bias": (lambda v: isinstance(v, dict), "an object of token id -> bias"),
+    "logprobs": (_opt(_int), "an integer"),
+    "structured": (_opt(lambda v: isinstance(v, dict)), "an object"),
 }
+def _kv_rank(v: Any) -> bool:
+    """One more rank of a tensor-parallel source (tandem.contracts.protocol.KVRank)."""
+    return (isinstance(v, dict) and set(v) <= {"url", "engine_id", "extra"} and isinstance(v.get("url"), str)
+            and bool(v["url"]) and isinstance(v.get("engine_id"), str) and isinstance(v.get("extra", {}), dict))
+
+
 _KV_SOURCE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "url": (lambda v: isinstance(v, str) and bool(v), "a URL"),
     "engine_id": (lambda v: isinstance(v, str), "a string"),
@@ -88,6 +102,8 @@ _KV_SOURCE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "num_tokens": (_count, "a non-negative integer"),
     "extra": (lambda v: isinstance(v, dict), "an object"),
     "lease_token": (lambda v: isinstance(v, str), "a string"),
+    "ranks": (lambda v: isinstance(v, list) and all(map(_kv_rank, v)),
+              "a list of objects with a url, an engine_id and an optional extra object"),
 }
 _TOP: dict[str, tuple[Callable[[Any], bool], str]] = {
     "prompt": (_opt(lambda v: isinstance(v, str)), "a string"),
@@ -99,6 +115,7 @@ _TOP: dict[str, tuple[Callable[[Any], bool], str]] = {
     "generated_token_ids": (_opt(_ids), "a list of token ids"),
     "emitted_chars": (_opt(_count), "a non-negative integer"),
     "first_token_id": (_opt(_count), "a token id"),
+    "chat_options": (_opt(lambda v: isinstance(v, dict)), "an object"),
 }
 
 

@@ -11,10 +11,10 @@ PROMPT = ("Once upon a time there was a little model that wanted to speak every 
 
 
 def _pool_kv(eng, block_table: list[int], num_tokens: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    blocks = eng.pool[torch.tensor(block_table), layer]  # [nb, 2, bs, kv_heads, head_dim]
-    k = blocks[:, 0].reshape(-1, *blocks.shape[-2:])[:num_tokens]
-    v = blocks[:, 1].reshape(-1, *blocks.shape[-2:])[:num_tokens]
-    return k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, tokens, head_dim], as the cache holds them
+    blocks = eng.pool[torch.tensor(block_table), :, layer]  # [nb, kv_heads, 2, bs, head_dim]
+    k = blocks[:, :, 0].transpose(0, 1).flatten(1, 2)[:, :num_tokens]
+    v = blocks[:, :, 1].transpose(0, 1).flatten(1, 2)[:, :num_tokens]
+    return k, v  # [kv_heads, tokens, head_dim], as the cache holds them
 
 
 def test_pool_holds_the_same_kv_as_transformers(make_engine, hf_toy, loaded_toy):

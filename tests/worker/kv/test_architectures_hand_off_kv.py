@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 import torch
-from tandem.testing.engine_helpers import ndjson_events, read_until_drained, stream_tokens
+from tandem.testing.engine_helpers import events_until, ndjson_events, stream_tokens
 from tandem.testing.inprocess_worker import InProcessWorkers
 from tandem.testing.tiny_models import ARCHITECTURES, WINDOW, LoadedForTests
 from tandem.testing.tiny_models import random_prompt as prompt
@@ -91,7 +91,7 @@ async def test_draining_decode_migrates_streams_on_the_transformers_path(name, t
     max_tokens = 20
     sampling = dict(GREEDY, max_tokens=max_tokens)
     try:
-        a = await workers.start("decode", kv_backend=backend, serve=True)
+        a = await workers.start("decode", kv_backend=backend, serve_kv=True)
         b = await workers.start("decode", kv_backend=backend)
 
         def drain() -> None:
@@ -101,7 +101,7 @@ async def test_draining_decode_migrates_streams_on_the_transformers_path(name, t
         ids = prompt(WINDOW + 3, 21)
         async with a.client.post("/internal/generate", json={"request_id": "mig", "prompt_token_ids": ids,
                                                              "sampling": sampling}) as r:
-            first = await read_until_drained(r, 5, drain)
+            first = await events_until(r, 5, drain)
         assert first[-1]["type"] == "migrate", first[-1]
         generated = stream_tokens(first)
         body = {"request_id": "mig", "prompt_token_ids": ids, "sampling": sampling, "kv_source": first[-1]["kv"],

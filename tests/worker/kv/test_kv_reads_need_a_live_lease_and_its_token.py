@@ -58,12 +58,14 @@ async def test_reads_without_a_live_lease_and_its_token_are_refused(peer_process
         loop = asyncio.get_running_loop()
         sock = await _raw(await _kv_port(prefill), SECRET)
         try:
-            for runs in ([[src.block_ids[0] + 100, 1]], [[other.block_ids[0], 1]],
-                         [[src.block_ids[0], 5], [other.block_ids[0], 1]], [[0, 10**6]]):
+            bb = SMALL_LAYOUT.block_bytes
+            first, theirs = src.block_ids[0] * bb, other.block_ids[0] * bb
+            for ranges in ([[first + 100 * bb, bb]], [[theirs, 1]], [[first, 5 * bb], [theirs, bb]],
+                           [[0, 10**6 * bb]], [[(src.block_ids[-1] + 1) * bb - 1, 2]]):  # last: into a neighbour
                 await send_frame(loop, sock, {"op": "read", "request_id": "r1", "engine_id": src.engine_id,
-                                              "lease_token": src.lease_token, "runs": runs})
+                                              "lease_token": src.lease_token, "ranges": ranges})
                 reply = await asyncio.wait_for(recv_frame(loop, sock), 10)
-                assert reply["ok"] is False, runs
+                assert reply["ok"] is False, ranges
                 # The next frame on the wire answers the next request: nothing was sent in between.
                 await send_frame(loop, sock, {"op": "release", "request_id": "none", "lease_token": "t"})
                 nxt = await asyncio.wait_for(recv_frame(loop, sock), 10)

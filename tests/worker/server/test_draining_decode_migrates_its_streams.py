@@ -6,8 +6,8 @@ While it drains, the worker answers new requests 503 `draining` with Retry-After
 from __future__ import annotations
 
 from tandem.testing.engine_helpers import (
+    events_until,
     ndjson_events,
-    read_until_drained,
     reference_generate,
     stream_text,
     stream_tokens,
@@ -37,7 +37,7 @@ async def test_migrated_stream_continues_on_another_decode_worker(start_worker, 
 
     async with a.client.post("/internal/generate", json={"request_id": "mig", "prompt": PROMPT,
                                                           "sampling": SAMPLING}) as resp:
-        first = await read_until_drained(resp, 6, drain)
+        first = await events_until(resp, 6, drain)
     last = first[-1]
     assert last["type"] == "migrate", last
     generated = stream_tokens(first)
@@ -71,7 +71,7 @@ async def test_kv_source_must_cover_all_but_the_last_token(start_worker, server_
     b = await start_worker(role="decode", kv_backend="memory", block_size=8)
     async with a.client.post("/internal/generate", json={"request_id": "short", "prompt": PROMPT,
                                                           "sampling": SAMPLING}) as resp:
-        first = await read_until_drained(resp, 4, a.state.engine.start_migration)
+        first = await events_until(resp, 4, a.state.engine.start_migration)
     kv, generated = first[-1]["kv"], first[-1]["generated_token_ids"]
     body = {"request_id": "short", "prompt": PROMPT, "sampling": SAMPLING, "kv_source": kv,
             "generated_token_ids": generated[:-1]}  # one token fewer than the KV was computed for

@@ -26,7 +26,7 @@ STEP_KWARG = "tandem_step"  # the model forward's keyword that carries the Paged
 class PagedStep:
     """One forward pass's view of the pool: where each token's K/V goes and what it may attend."""
 
-    pool: torch.Tensor  # [blocks, layers, 2, block_size, kv_heads, head_dim]
+    pool: torch.Tensor  # [blocks, kv_heads, layers, 2, block_size, head_dim] (contracts/kv_layout.py)
     st: StepInputs
     windows: list[int | None]  # each layer's sliding window as the model's masks apply it (layer_windows)
     decode: torch.Tensor | None = None  # flat rows of the single-token items
@@ -47,7 +47,7 @@ class PagedStep:
         key = ("decode", window)
         if key not in self._masks:
             assert self.st.tables is not None and self.lens is not None
-            length = self.st.tables.shape[1] * self.pool.shape[3]
+            length = self.st.tables.shape[1] * self.pool.shape[4]
             kv = torch.arange(length, device=self.pool.device)[None, :]
             seen = kv < self.lens[:, None]
             if window is not None:
@@ -138,23 +138,26 @@ def paged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
     if sliding_window is not None and sliding_window != window:
         raise RuntimeError(f"layer {li} asks for a {sliding_window}-token window where the model's masks apply "
                            f"{window or 'none'}")
-    st, pool_layer = step.st, step.pool[:, li]
+    st, pool_layer = step.st, step.pool[:, :, li]  # [blocks, KV, 2, bs, d]
     k = key[0].transpose(0, 1)  # [T, KV, d]
     v = value[0].transpose(0, 1)
-    if k.shape[1:] != pool_layer.shape[3:] or v.shape[1:] != pool_layer.shape[3:]:
+    held = (pool_layer.shape[1], pool_layer.shape[4])
+    if k.shape[1:] != held or v.shape[1:] != held:
         raise RuntimeError(f"layer {li} produced K {tuple(k.shape[1:])} / V {tuple(v.shape[1:])} per token, "
-                           f"the KV pool holds {tuple(pool_layer.shape[3:])} (kv_heads, head_dim)")
-    pool_layer[st.slot_blocks, 0, st.slot_offsets] = k
-    pool_layer[st.slot_blocks, 1, st.slot_offsets] = v
+                           f"the KV pool holds {held} (kv_heads, head_dim)")
+    pool_layer[st.slot_blocks, :, 0, st.slot_offsets] = k
+    pool_layer[st.slot_blocks, :, 1, st.slot_offsets] = v
+    # Heads first: gathering blocks from these views gives [KV, blocks..., bs, d] in one contiguous
+    # copy, which reshapes to [KV, tokens, d] without another.
+    keys, values = pool_layer[:, :, 0].transpose(0, 1), pool_layer[:, :, 1].transpose(0, 1)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     sinks = s_aux if s_aux is not None else getattr(module, "sinks", None)
     out = torch.empty_like(query)  # [1, H, T, d]
     if step.decode is not None:
         assert st.tables is not None
-        B, heads_dim = st.tables.shape[0], pool_layer.shape[3:]
-        # K and V gathered apart: each gather is contiguous, so the views below copy nothing more.
-        ks = pool_layer[:, 0][st.tables].view(B, -1, *heads_dim).transpose(1, 2)  # [B, KV, L, d]
-        vs = pool_layer[:, 1][st.tables].view(B, -1, *heads_dim).transpose(1, 2)
+        B, heads, d = st.tables.shape[0], *held
+        ks = keys[:, st.tables].view(heads, B, -1, d).transpose(0, 1)  # [B, KV, L, d]
+        vs = values[:, st.tables].view(heads, B, -1, d).transpose(0, 1)
         q = query[0, :, step.decode].transpose(0, 1)[:, :, None]  # [B, H, 1, d]
         o = attend(q, ks, vs, step.decode_mask(window), scale, softcap, sinks)
         out[0, :, step.decode] = o[:, :, 0].transpose(0, 1)
@@ -163,10 +166,9 @@ def paged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
         if c.table is None:  # the chunk is the whole sequence so far: its own K/V suffice
             ks, vs = key[:, :, rows], value[:, :, rows]
         else:
-            ctx = pool_layer[c.table]  # [nb, 2, bs, KV, d]
             n = c.start + c.num_tokens
-            ks = ctx[:, 0].reshape(-1, *ctx.shape[-2:])[:n].transpose(0, 1)[None]
-            vs = ctx[:, 1].reshape(-1, *ctx.shape[-2:])[:n].transpose(0, 1)[None]
+            ks = keys[:, c.table].view(held[0], -1, held[1])[None, :, :n]  # [1, KV, n, d]
+            vs = values[:, c.table].view(held[0], -1, held[1])[None, :, :n]
         out[:, :, rows] = attend(query[:, :, rows], ks, vs, step.chunk_mask(i, window), scale, softcap,
                                  sinks)
     return out.transpose(1, 2), None

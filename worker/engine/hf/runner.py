@@ -39,6 +39,10 @@ class TransformersForward:
         self._check_every_layer_attends()
         self.packed = pack_linears(model)
 
+    def problem(self) -> str | None:
+        """Nothing breaks this runner for good between steps (one process, one rank)."""
+        return None
+
     @torch.inference_mode()
     def forward(self, items: list[BatchItem]) -> StepLogits:
         """Logits (float32) for the last token of every item with sample=True, in order."""
