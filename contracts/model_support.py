@@ -29,9 +29,19 @@ NATIVE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
 NATIVE_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 
 # Decoder-only causal LMs whose transformers definitions run on Tandem's paged KV cache, each one
-# checked token for token against transformers' generate (tests/worker/engine/test_architectures_*).
+# checked token for token against transformers' generate, and logit for logit against its forward:
+# the first eight in depth (tests/worker/engine/test_architectures_match_generate.py, and with KV
+# handoff, prefix caching and migration in tests/worker/kv/test_architectures_hand_off_kv.py), the
+# rest on a tiny model each in the first file.
 TRANSFORMERS_MODEL_TYPES = frozenset({
     "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "qwen3_moe", "mixtral",
+    "afmoe", "apertus", "arcee", "aria_text", "beam", "bitnet", "cohere", "cohere2", "cohere2_moe", "cwm",
+    "ernie4_5", "ernie4_5_moe", "exaone4", "exaone_moe", "flex_olmo", "flint", "gemma", "gemma2", "glm", "glm4",
+    "glm4_moe", "gpt2", "gpt_neox", "gpt_oss", "granite", "granite_swa", "granitemoe", "granitemoe_swa",
+    "granitemoeshared", "helium", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "internlm3",
+    "iquestcoder", "jais2", "kolibri1", "laguna", "mellum", "minimax_m2", "minimax_m3_vl_text", "ministral",
+    "ministral3", "nanochat", "olmo", "olmo2", "olmo3", "olmoe", "opt", "persimmon", "phi", "phimoe",
+    "qwen2_moe", "seed_oss", "smollm3", "solar_open", "starcoder2", "vaultgemma",
 })
 
 _LATENT = ("uses multi-head latent attention (MLA): its KV cache holds one compressed latent per token "

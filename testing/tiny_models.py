@@ -96,6 +96,29 @@ ARCHITECTURES: dict[str, Callable[..., Any]] = {
 }
 
 
+# Further families, each with a generic tiny config: transformers' own config class with the sizes
+# below where it has such a field (so sliding windows shrink to WINDOW and heads untie), and its own
+# defaults otherwise. Together with ARCHITECTURES, every type on the transformers path of
+# contracts/model_support.py.
+GENERIC_SIZES: dict[str, Any] = COMMON | dict(
+    head_dim=16, sliding_window=WINDOW, tie_word_embeddings=False, moe_intermediate_size=32, num_experts=4,
+    num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, shared_expert_intermediate_size=32)
+
+
+# Weights drawn from another seed where seed 0's tiny model has two logits equal to float32's
+# precision at some test position (greedy output would then hinge on rounding, not on the model).
+SEEDS = {"cohere": 1}
+
+
+def generic_config(model_type: str, **ids: int) -> Any:
+    """A tiny config of any model type: GENERIC_SIZES where the config class has the field."""
+    from transformers import AutoConfig
+
+    base = AutoConfig.for_model(model_type)
+    sizes = {k: v for k, v in (GENERIC_SIZES | ids).items() if hasattr(base, k)}
+    return AutoConfig.for_model(model_type, **sizes)
+
+
 def _biases_matter(model: Any) -> None:
     """Bias vectors initialise to zero; draw them so a model that ignored them would differ."""
     import torch
@@ -106,9 +129,10 @@ def _biases_matter(model: Any) -> None:
                 p.normal_(0, 0.5)
 
 
-def make_tiny_model(arch: str, path: str | os.PathLike, seed: int = 0) -> Path:
-    """Create (once) the tiny `arch` model + tokenizer folder at `path`; safe under concurrent
-    callers (built in a temporary sibling folder, renamed into place)."""
+def make_tiny_model(arch: str, path: str | os.PathLike, seed: int | None = None) -> Path:
+    """Create (once) the tiny `arch` model + tokenizer folder at `path` (an ARCHITECTURES name, or any
+    model type, from generic_config); safe under concurrent callers (built in a temporary sibling
+    folder, renamed into place)."""
     import torch
     from tandem.worker.local.toy_model import toy_tokenizer
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -120,8 +144,9 @@ def make_tiny_model(arch: str, path: str | os.PathLike, seed: int = 0) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         tokenizer = toy_tokenizer()
-        config = ARCHITECTURES[arch](**{key: getattr(tokenizer, key)
-                                        for key in ("bos_token_id", "eos_token_id", "pad_token_id")})
+        ids = {key: getattr(tokenizer, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        config = ARCHITECTURES[arch](**ids) if arch in ARCHITECTURES else generic_config(arch, **ids)
+        seed = SEEDS.get(arch, 0) if seed is None else seed
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
         _biases_matter(model)

@@ -3,13 +3,14 @@ mixtral, qwen3_moe) runs through the engine on the path `auto` chooses and gives
 equal to transformers' generate in float32, token for token: prompts batched together and
 prefilled in chunks that split them across steps (decode tokens and prompt chunks in one step),
 longer than the sliding windows, and again from prefix-cache hits; and the step's float32 logits
-equal the model's own forward at every position. Llama runs both paths."""
+equal the model's own forward at every position. Llama runs both paths. Every other model type the
+transformers path lists runs the same checks on a generic tiny model (testing/tiny_models.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from tandem.contracts.model_support import ModelBackend
+from tandem.contracts.model_support import TRANSFORMERS_MODEL_TYPES, ModelBackend
 from tandem.testing.engine_helpers import greedy, run_to_completion, submit, tokens_of
 from tandem.testing.tiny_models import ARCHITECTURES, WINDOW, LoadedForTests
 from tandem.testing.tiny_models import random_prompt as prompt
@@ -61,10 +62,9 @@ def test_prefix_cache_hits_equal_generate(arch):
     assert eng.prefix_cache.stats.hit_tokens_total - hits >= 16 + 16
 
 
-def test_step_logits_equal_the_models_own_forward(arch):
-    """Logits, not only their argmax: a prompt prefilled in two chunks then decoded token by token
-    through the runner gives, at every position, the float32 logits of the model's own forward over
-    the whole sequence (so what greedy tokens cannot show, like final soft-capping, is checked)."""
+def check_logits(arch) -> None:
+    """A prompt prefilled in two chunks then decoded token by token through the runner gives, at
+    every position, the float32 logits of the model's own forward over the whole sequence."""
     from tandem.worker.engine.paged_forward import BatchItem
 
     eng = engine(arch)
@@ -77,6 +77,25 @@ def test_step_logits_equal_the_models_own_forward(arch):
         want = arch.hf(torch.tensor([ids])).logits[0].float()
     positions = [8] + list(range(19, len(ids)))
     torch.testing.assert_close(torch.stack(got), want[positions], rtol=1e-4, atol=1e-4)
+
+
+def test_step_logits_equal_the_models_own_forward(arch):
+    """Logits, not only their argmax: what greedy tokens cannot show, like final soft-capping."""
+    check_logits(arch)
+
+
+# Every other type on the transformers path (contracts/model_support.py), on a generic tiny model.
+OTHER_TYPES = sorted(TRANSFORMERS_MODEL_TYPES - set(ARCHITECTURES) - {"gemma3_text"})
+
+
+@pytest.mark.parametrize("model_type", OTHER_TYPES)
+def test_every_other_listed_type_equals_generate(model_type, tiny_model):
+    arch = LoadedForTests(model_type, tiny_model(model_type))
+    assert arch.loaded.backend is ModelBackend.TRANSFORMERS
+    prompts = [prompt(n, seed) for seed, n in enumerate((5, WINDOW + 5, 30))]
+    for ids, toks in zip(prompts, run(engine(arch), prompts, "g"), strict=True):
+        assert toks == arch.reference(ids, N), f"{model_type} differs on a {len(ids)}-token prompt"
+    check_logits(arch)
 
 
 def test_llama_runs_the_same_on_both_paths(tiny_model):
