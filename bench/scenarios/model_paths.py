@@ -1,9 +1,9 @@
 """Native forward pass against the transformers path on the same Llama: decode throughput at N
 streams (default 32), one engine in-process on one CPU thread, fp32.
 
-    .venv/bin/python -m bench.scenarios.model_paths [--streams 32] [--reps 3] [--new-tokens 48]
+    .venv/bin/python -m bench model_paths [--streams 32] [--reps 5] [--new-tokens 48]
 
-Model: issue 13's random ~42M-parameter Llama (bench/engine_model.py). Arms: `native` (the
+Model: issue 13's random ~42M-parameter Llama (bench/lib/models.py). Arms: `native` (the
 hand-written pass, its decode step compiled where a C++ compiler is found, as a worker runs it),
 `native-eager` (compile off: what the compiler adds) and `transformers` (the model's own classes
 with Tandem's paged attention, eager). Each repetition runs every arm on the same prompts, in a
@@ -14,10 +14,8 @@ every stream decodes; the outputs of all arms are checked equal.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 ARMS = {"native": ("native", "auto"), "native-eager": ("native", "off"), "transformers": ("transformers", "off")}
 
@@ -26,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=48)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--arms", default=",".join(ARMS))
 
 
@@ -48,7 +46,7 @@ def run(args: argparse.Namespace) -> dict:
     from tandem.worker.engine.engine import Engine
     from tandem.worker.engine.loader import load_model
 
-    from bench.engine_model import engine_model_dir
+    from bench.lib.models import engine_model_dir
 
     torch.set_num_threads(1)
     model_dir = str(engine_model_dir())
@@ -76,27 +74,12 @@ def run(args: argparse.Namespace) -> dict:
         print(" ".join(f"{arm} {rates[arm][-1]:.0f} tok/s" for arm in arms), flush=True)
     median = {arm: statistics.median(r) for arm, r in rates.items()}
     result = {"streams": args.streams, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-              "model": "engine-llama42m (bench/engine_model.py), float32, 1 thread",
+              "model": "engine-llama42m (bench/lib/models.py), float32, 1 thread",
               "tokens_per_s": rates, "median_tokens_per_s": median}
-    if "native" in median and "transformers" in median:
-        result["transformers_over_native"] = median["transformers"] / median["native"]
-    if "native-eager" in median and "transformers" in median:
-        result["transformers_over_native_eager"] = median["transformers"] / median["native-eager"]
+    for base in ("native", "native-eager"):
+        if base in rates and "transformers" in rates:
+            # Per repetition (the arms ran back to back on the same prompts), then the median.
+            paired = [t / b for t, b in zip(rates["transformers"], rates[base], strict=True)]
+            result[f"transformers_over_{base.replace('-', '_')}"] = {"median": statistics.median(paired),
+                                                                     "per_rep": paired}
     return result
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    parser.add_argument("--out", default="bench/results/model_paths/latest.json")
-    args = parser.parse_args()
-    result = run(args)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(json.dumps({k: v for k, v in result.items() if k != "tokens_per_s"}, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
