@@ -103,6 +103,10 @@ def status_schema() -> dict[str, Any]:
         "endpoint": {"type": "string", "description": "In-cluster URL of the router."},
         "generation": {"type": "string",
                        "description": "tandem.dev/generation of the current prefill/decode pods."},
+        "internalSecret": {"type": "object", "description": "The Secret the service's router and workers "
+                           "share, as the operator created it (never read back): a Secret created again "
+                           "gets a new uid, and the pods roll onto it.", "properties": {
+                               "name": {"type": "string"}, "uid": {"type": "string"}}},
     }}
 
 

@@ -55,6 +55,7 @@ class InProcessWorkers:
         from tandem.worker.engine.async_engine import AsyncEngine
         from tandem.worker.engine.config import EngineConfig
         from tandem.worker.engine.engine import Engine
+        from tandem.worker.engine.kv_pull import KVEndpoint
         from tandem.worker.server.app import WorkerSettings, WorkerState, attach_engine, create_app
 
         eng = Engine(EngineConfig(model=self.model_dir, **self.defaults | overrides), loaded=self.loaded,
@@ -65,7 +66,8 @@ class InProcessWorkers:
         client = TestClient(TestServer(create_app(state)))
         await client.start_server()
         state.settings.advertise_url = str(client.make_url("")).rstrip("/")
-        aeng = AsyncEngine(eng, stall_s=stall_s)
+        aeng = AsyncEngine(eng, stall_s=stall_s, on_step_gap=state.metrics.step_gap_seconds.observe,
+                           on_pulled=state.metrics.observe_pull)
         transport = None
         if kv_backend is not None:
             from tandem.worker.kv.base import KVTransferConfig
@@ -80,7 +82,9 @@ class InProcessWorkers:
         w = Worker(client, state, eng, transport)
         self.started.append((w, aeng, transport))
         if attach:
-            aeng.start()
+            aeng.start(None if transport is None else KVEndpoint(
+                transport, state.settings.advertise_url, engine_id, state.settings.generation,
+                state.settings.reserve_wait_s))
             attach_engine(state, aeng, transport)
         return w
 

@@ -10,13 +10,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
+from tandem.contracts import timing
 from tandem.contracts.names import KV_PORT, ROUTER_PORT, WORKER_PORT
 from tandem.operator.render.objects import Manifest, metadata, names
 from tandem.operator.render.weights import model_arg
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
 from tandem.operator.spec.inference_service import EXIT_MARGIN_S
 
-KV_LEASE_S = 30  # how long prefill keeps KV no decode worker has pulled (the worker's own default)
+KV_LEASE_S = int(timing.KV_LEASE_S)  # how long prefill keeps KV no decode worker has pulled (the worker's own default)
 
 
 def drain_times(spec: InferenceServiceSpec, role: str) -> dict[str, int]:

@@ -1,8 +1,9 @@
 """The routing policy interface: what a policy sees (one request's info, a snapshot of the workers)
 and what it decides (a plan, a prefill retry target, a decode resume target).
 
-A policy only decides. The request state machine (orchestrator.py) makes every call, retry and
-abort, so a new policy plugs in without touching it. A policy that routes by prefix sets
+A policy only decides. The request state machine (decide.py) asks it for workers and the driver
+(orchestrator.py) makes every call, retry and abort, so a new policy plugs in without touching
+either. A policy that routes by prefix sets
 `uses_prefix_index`: the router then keeps a `PrefixIndex` (which worker holds which block
 hashes, fed by the workers' KV events) and hands it over in `PolicySettings.prefix_index`.
 

@@ -3,7 +3,7 @@ renders a LeaderWorkerSet, the LWS controller (built from sigs.k8s.io/lws, its w
 harness) makes the groups, the scheduler places each group's pods on distinct nodes of the decode
 pool within one rack, the InferenceService is Ready only while every pod of a group is, and it
 scales by whole groups; a spec that fits the group on one node again turns it back into a Deployment.
-The operator runs with the RBAC operator/RBAC.md documents.
+The operator runs with the Helm chart's RBAC.
 
 The test adds its own KWOK GPU nodes (pool `tp-groups`, two racks of two nodes) so that keeping a
 group inside one rack is a real constraint; they are deleted at the end.
@@ -98,8 +98,8 @@ def _set_ready(api, pod, ready: bool) -> None:
 
 
 def test_a_two_node_decode_group_is_placed_together_ready_as_one_and_scaled_by_groups(
-        k8s, api, start_operator, documented_rbac_kubeconfig, namespace, rack_nodes):
-    start_operator(kubeconfig=documented_rbac_kubeconfig)
+        k8s, api, start_operator, chart_rbac, namespace, rack_nodes):
+    start_operator(kubeconfig=chart_rbac().kubeconfig)
     name = "tp"
     body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
             "spec": spec()}

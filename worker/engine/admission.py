@@ -14,8 +14,9 @@ from tandem.contracts.kv_layout import KVLayout
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.errors import RequestError
 from tandem.worker.engine.prefix_cache import PrefixCache, PublishingLock
+from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.scheduler import Scheduler
-from tandem.worker.engine.sequence import SeqStatus, Sequence
+from tandem.worker.engine.sequence import SeqOutput, Sequence
 
 
 @dataclass
@@ -44,9 +45,11 @@ class Admission:
     config: Any
     stats: Any
     max_waiting: int
-    on_blocks_freed: Callable[[], None]
     _claims: set[str]
     _in_flight: set[str]
+    _abort_after_pull: set[str]
+    _aborted: Callable[[Sequence], SeqOutput]
+    _emit: Callable[[Sequence, SeqOutput], None]
 
     def add(self, seq: Sequence) -> None:
         """Queue a sequence to be prefilled (locally) and decoded. RequestError 409 for an id in
@@ -59,12 +62,14 @@ class Admission:
 
     def claim(self, request_id: str) -> None:
         """Take a place in the queue before any work for a request (tokenizing, a KV pull), so a
-        duplicate id or a full queue is refused first; add/add_prefilled (or release_claim) ends it."""
+        duplicate id or a full queue is refused first; add or finish_pull (or unclaim) ends it."""
         with self.lock:
             self._admit(request_id)
             self._claims.add(request_id)
 
-    def release_claim(self, request_id: str) -> None:
+    def unclaim(self, request_id: str) -> None:
+        """Let go of a claim that never became a sequence (its request failed before it was queued);
+        a no-op once add or finish_pull took it over."""
         with self.lock:
             self._claims.discard(request_id)
 
@@ -88,13 +93,13 @@ class Admission:
                                f"{queued} wait (at most {self.max_waiting}): retry shortly or elsewhere",
                                status=429, type_="service_unavailable", code="queue_full", retry_after_s=1.0)
 
-    def reserve_for_pull(self, seq: Sequence) -> PullReservation | None:
-        """Blocks for the KV of all but the last token (a handoff: the prompt; a migration: prompt
-        and generated tokens) before a pull: the leading blocks this pool already caches
-        (at least the last block is still pulled: the pull also ends the peer's lease), then new
-        blocks for the rest; None when the pool is too full right now. Under the engine's lock (so
-        a step never finds fewer free blocks than it just counted), and leaving a block per running
-        sequence for their next tokens."""
+    def begin_pull(self, seq: Sequence) -> PullReservation | None:
+        """PULLING (its claim still held): blocks for the KV of all but the last token (a handoff:
+        the prompt; a migration: prompt and generated tokens): the leading blocks this pool already
+        caches (at least the last block is still pulled: the pull also ends the peer's lease), then
+        new blocks for the rest, held by the sequence; None when the pool is too full right now.
+        Under the engine's lock (so a step never finds fewer free blocks than it just counted), and
+        leaving a block per running sequence for their next tokens."""
         n = seq.num_tokens - 1
         with self.lock:
             hit = self.prefix_cache.match(seq, n - 1)
@@ -102,26 +107,38 @@ class Admission:
             if self.allocator.num_free - need - self.allocator.num_to_take(hit) < len(self.scheduler.running):
                 return None
             self.prefix_cache.hit(hit, n)
-            return PullReservation(cached=hit, fresh=self.allocator.allocate(need))
+            res = PullReservation(cached=hit, fresh=self.allocator.allocate(need))
+            seq.block_table = res.blocks
+            seq.status = RequestState.PULLING
+            self.seqs[seq.request_id] = seq
+            return res
 
-    def free_blocks(self, block_ids: list[int]) -> None:
-        with self.lock:
-            self.allocator.free(block_ids)
-        self.on_blocks_freed()
-
-    def add_prefilled(self, seq: Sequence, block_ids: list[int]) -> None:
-        """Queue a sequence whose KV for all but its last token is already in block_ids (pulled
-        from a prefill worker or a draining decode worker, or cached here) for a seat in the
-        running batch; its last generated token, replayed by make_sequence, is the next one to run.
-        Its claim (if any) ends here."""
+    def finish_pull(self, seq: Sequence) -> None:
+        """PULLING -> WAITING: the KV of all but its last token is in its blocks (pulled from a
+        prefill worker or a draining decode worker, or cached here); it queues for a seat in the
+        running batch, and its last generated token (replayed by make_sequence) is the next one
+        to run. Its claim ends here. One aborted while it was pulled ends now, blocks freed."""
         with self.lock:
             self._take_claim(seq.request_id)
-            self.seqs[seq.request_id] = seq
-            seq.block_table = list(block_ids)
-            seq.num_computed = seq.num_tokens - 1
-            self.prefix_cache.commit(seq)
-            self.stats.prompt_tokens_total += len(seq.prompt_ids)
-            self.scheduler.add_ready(seq)
+            if seq.request_id in self._abort_after_pull:
+                self._abort_after_pull.discard(seq.request_id)
+                out = self._aborted(seq)
+            else:
+                seq.num_computed = seq.num_tokens - 1
+                self.prefix_cache.commit(seq)
+                self.stats.prompt_tokens_total += len(seq.prompt_ids)
+                self.scheduler.add_ready(seq)
+                return
+        self._emit(seq, out)
+
+    def fail_pull(self, seq: Sequence) -> None:
+        """PULLING -> FINISHED: the pull failed (or was cancelled); its blocks go back to the pool.
+        Its claim stays with the caller (unclaim)."""
+        with self.lock:
+            self._abort_after_pull.discard(seq.request_id)
+            self.seqs.pop(seq.request_id, None)
+            self.prefix_cache.release(seq)
+            seq.status = RequestState.FINISHED
 
     def withdraw(self, request_id: str) -> bool:
         """Take a request out of the queue if it has not started (its caller will not wait longer);
@@ -131,5 +148,5 @@ class Admission:
             if seq is None or request_id in self._in_flight or not self.scheduler.withdraw(seq):
                 return False
             del self.seqs[request_id]
-            seq.status = SeqStatus.FINISHED
+            seq.status = RequestState.FINISHED
             return True

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from tandem.contracts import timing
 from tandem.contracts.protocol import FinishReason, GenerateRequest, SamplingParams
 from tandem.worker.engine.admission import Admission
 from tandem.worker.engine.batch import run_batch
@@ -29,8 +30,9 @@ from tandem.worker.engine.migration import Migration
 from tandem.worker.engine.model_runner import build_runner
 from tandem.worker.engine.paged_forward import BatchItem, kv_layout_for
 from tandem.worker.engine.prefix_cache import PrefixCache, PublishingLock, prefix_salt
+from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.scheduler import ScheduledChunk, Scheduler
-from tandem.worker.engine.sequence import SeqOutput, SeqStatus, Sequence
+from tandem.worker.engine.sequence import SeqOutput, Sequence
 from tandem.worker.engine.validation import check_sampling, generated_ids, tokenize
 
 log = logging.getLogger("tandem.worker.engine")
@@ -58,7 +60,7 @@ def _available_memory(device: torch.device) -> int:
 
 
 class Engine(Admission, LeaseKeeping, Migration):
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, lease_s: float = 30.0):
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, lease_s: float = timing.KV_LEASE_S):
         if config.threads:
             torch.set_num_threads(config.threads)
         if config.block_size < 1 or config.max_num_seqs < 1 or config.max_batched_tokens < 1:
@@ -132,11 +134,9 @@ class Engine(Admission, LeaseKeeping, Migration):
         self._claims: set[str] = set()  # request ids of handoffs being pulled: queued, not added yet
         self.stats = EngineStats()
         self.on_step: Callable[[float, int], None] = lambda seconds, num_tokens: None
-        # Called when blocks come back from outside the step (a lease released, a pull given up),
-        # so a step loop waiting for free blocks wakes up.
-        self.on_blocks_freed: Callable[[], None] = lambda: None
         self._in_flight: set[str] = set()
-        self._abort_after_step: set[str] = set()
+        self._abort_after_step: set[str] = set()  # aborted while in the step's forward pass
+        self._abort_after_pull: set[str] = set()  # aborted while their KV was being pulled
         self._migrating = False  # draining: every sequence leaves at the start of the next step
 
     # ---- requests in ----------------------------------------------------------------------
@@ -188,13 +188,13 @@ class Engine(Admission, LeaseKeeping, Migration):
         already ended is left FINISHED (its producer died before it could say so)."""
         for i, tok in enumerate(resumed):
             seq.output_ids.append(tok)
-            reason = self._finish_reason(seq, tok)
+            reason = seq.stop_reason(tok)
             seq.detok.take()
             if reason is not None:
                 if i != len(resumed) - 1:
                     raise RequestError(f"generated_token_ids go on after token {i} ended the request",
                                        param="generated_token_ids")
-                seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
+                seq.status, seq.finish_reason = RequestState.FINISHED, reason
         if emitted_chars is not None:
             try:
                 seq.detok.resume_at(emitted_chars)
@@ -202,13 +202,17 @@ class Engine(Admission, LeaseKeeping, Migration):
                 raise RequestError(f"emitted_chars: {e}", param="emitted_chars") from e
 
     def abort(self, request_id: str, lease_token: str | None = None) -> bool:
-        """Cancel a request and free what it holds here: a running sequence, and its KV lease
-        when lease_token proves it (the lease's token went only to the decode worker and router)."""
-        found = lease_token is not None and self.release_lease(request_id, lease_token)
+        """Cancel a request in any state and free what it holds here; its KV lease only when
+        lease_token proves it (the lease's token went only to the decode worker and router). One
+        inside a step's forward pass, or being pulled, ends when that step or pull does."""
+        found = lease_token is not None and self._end_lease(request_id, lease_token)
         with self.lock:
             seq = self.seqs.get(request_id)
             if seq is None:
                 return found
+            if seq.status == RequestState.PULLING:
+                self._abort_after_pull.add(request_id)
+                return True
             if request_id in self._in_flight:
                 self._abort_after_step.add(request_id)
                 return True
@@ -288,7 +292,7 @@ class Engine(Admission, LeaseKeeping, Migration):
         """Add a sampled token, apply the stop rules, finish or lease the sequence; under the lock."""
         seq.output_ids.append(tok)
         self.stats.generation_tokens_total += 1
-        reason = self._finish_reason(seq, tok)
+        reason = seq.stop_reason(tok)
         out = SeqOutput(seq.request_id, token_ids=[tok])
         if seq.sampled_logprobs is not None:
             out.logprobs, seq.sampled_logprobs = [seq.sampled_logprobs], None
@@ -300,25 +304,13 @@ class Engine(Admission, LeaseKeeping, Migration):
             if seq.prefill_only:
                 self.scheduler.running.remove(seq)
                 del self.seqs[seq.request_id]
-                self._lease(seq)
+                self._lease(seq, RequestState.LEASED)
                 out.kv_blocks = list(seq.block_table)
         return out
 
-    @staticmethod
-    def _finish_reason(seq: Sequence, tok: int) -> FinishReason | None:
-        """The stop rules for `tok`, just appended to seq.output_ids (it also feeds the detokenizer)."""
-        p = seq.params
-        if (tok in seq.eos_ids and not p.ignore_eos) or tok in seq.stop_ids or seq.detok.add(tok):
-            return FinishReason.STOP
-        if seq.grammar is not None and seq.grammar.accept(tok):
-            return FinishReason.STOP
-        if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= seq.max_total_len:
-            return FinishReason.LENGTH
-        return None
-
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.stats.requests_finished[reason.value] = self.stats.requests_finished.get(reason.value, 0) + 1
-        seq.status = SeqStatus.FINISHED
+        seq.status = RequestState.FINISHED
         seq.finish_reason = reason
         self.seqs.pop(seq.request_id, None)
         self.scheduler.remove(seq)

@@ -11,13 +11,14 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.prefix_cache import PublishingLock
+from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.scheduler import Scheduler
-from tandem.worker.engine.sequence import SeqStatus, Sequence
+from tandem.worker.engine.sequence import Sequence
 
 log = logging.getLogger("tandem.worker.engine")
 
@@ -43,22 +44,16 @@ class LeaseKeeping:
     scheduler: Scheduler
     leases: dict[str, Lease]
     lease_s: float
-    on_blocks_freed: Callable[[], None]
 
-    def _lease(self, seq: Sequence) -> None:
-        """Under the lock: seq's blocks now wait for a peer to pull them."""
-        seq.status = SeqStatus.LEASED
+    def _lease(self, seq: Sequence, state: RequestState) -> None:
+        """Under the lock: seq's blocks now wait for a peer to pull them (LEASED or MIGRATING)."""
+        seq.status = state
         self.leases[seq.request_id] = Lease(seq, time.monotonic() + self.lease_s)
 
-    def release(self, request_id: str) -> bool:
-        """Free the blocks a prefill result leased (expired, or its result never handed out).
-        In-process callers only: peers go through release_lease, which wants the token."""
-        return self._drop_lease(request_id, None)
-
     def release_lease(self, request_id: str, lease_token: str) -> bool:
-        """LeaseKeeper: free a lease whose token a peer quoted (pulled, released or given up);
-        False, freeing nothing, for a wrong token or a lease already gone."""
-        return self._drop_lease(request_id, lease_token)
+        """LeaseKeeper: a peer is done with a lease whose token it quoted (pulled, released or given
+        up): its blocks are freed; False, freeing nothing, for a wrong token or a lease gone."""
+        return self._end_lease(request_id, lease_token)
 
     def check_read(self, request_id: str, lease_token: str, block_ids: Collection[int]) -> bool:
         """LeaseKeeper: whether a peer may read these blocks: a live lease of request_id, proven
@@ -74,15 +69,16 @@ class LeaseKeeping:
             lease = self.leases.get(request_id)
             return None if lease is None else lease.token
 
-    def _drop_lease(self, request_id: str, lease_token: str | None) -> bool:
+    def _end_lease(self, request_id: str, lease_token: str | None) -> bool:
+        """LEASED/MIGRATING -> FINISHED, its blocks freed, when lease_token is its token (None: an
+        in-process caller, i.e. the expiry)."""
         with self.lock:
             lease = self.leases.get(request_id)
             if lease is None or (lease_token is not None and not _same_token(lease.token, lease_token)):
                 return False
             del self.leases[request_id]
             self.scheduler.free_blocks(lease.seq)
-            lease.seq.status = SeqStatus.FINISHED
-        self.on_blocks_freed()
+            lease.seq.status = RequestState.FINISHED
         return True
 
     def expire_leases(self, now: float | None = None) -> list[str]:
@@ -91,7 +87,7 @@ class LeaseKeeping:
             expired = [rid for rid, lease in self.leases.items() if lease.expires <= now]
         for rid in expired:
             log.warning("KV lease expired before a peer pulled it", extra={"request_id": rid})
-            self.release(rid)
+            self._end_lease(rid, None)
         return expired
 
     def next_lease_expiry(self) -> float | None:

@@ -16,8 +16,9 @@ from typing import Any
 
 from tandem.contracts.kv_layout import KVLayout
 from tandem.worker.engine.prefix_cache import PublishingLock
+from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.scheduler import Scheduler
-from tandem.worker.engine.sequence import SeqOutput, SeqStatus, Sequence
+from tandem.worker.engine.sequence import SeqOutput, Sequence
 
 log = logging.getLogger("tandem.worker.engine")
 
@@ -31,7 +32,7 @@ class Migration:
     seqs: dict[str, Sequence]
     stats: Any
     _migrating: bool
-    _lease: Callable[[Sequence], None]
+    _lease: Callable[[Sequence, RequestState], None]
     _emit: Callable[[Sequence, SeqOutput], None]
 
     def start_migration(self) -> None:
@@ -45,7 +46,7 @@ class Migration:
     def _hand_out(self) -> None:
         emits = []
         with self.lock:
-            for seq in [s for s in self.seqs.values() if not s.prefill_only]:
+            for seq in [s for s in self.seqs.values() if not s.prefill_only and s.status != RequestState.PULLING]:
                 emits.append((seq, self._migrate_out(seq)))
         for seq, out in emits:
             self._emit(seq, out)
@@ -56,11 +57,11 @@ class Migration:
         del self.seqs[seq.request_id]
         kv_blocks = self.layout.blocks_for(seq.num_computed)
         if seq.output_ids and seq.num_pending == 1 and len(seq.block_table) >= kv_blocks:
-            self._lease(seq)
+            self._lease(seq, RequestState.MIGRATING)
             how, out = "kv", SeqOutput(seq.request_id, migrated=True, kv_blocks=seq.block_table[:kv_blocks])
         else:
             self.scheduler.free_blocks(seq)
-            seq.status = SeqStatus.FINISHED
+            seq.status = RequestState.FINISHED
             how, out = "recompute", SeqOutput(seq.request_id, migrated=True)
         self.stats.migrated_out[how] = self.stats.migrated_out.get(how, 0) + 1
         log.info("migrating out (%s)", how, extra={"request_id": seq.request_id})

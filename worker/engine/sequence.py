@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.contracts.protocol import FinishReason, SamplingParams
-
-
-class SeqStatus(enum.StrEnum):
-    WAITING = "waiting"  # queued (new, or preempted and waiting to be recomputed)
-    RUNNING = "running"  # in the running batch
-    LEASED = "leased"  # first token out (prefill) or migrated: blocks kept until a peer pulls them
-    FINISHED = "finished"
+from tandem.worker.engine.request_state import RequestState
 
 
 @dataclass
@@ -44,7 +37,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     prefill_only: bool = False  # prefill role: stop after the first token and lease the blocks
     arrival: float = 0.0
-    status: SeqStatus = SeqStatus.WAITING
+    status: RequestState = RequestState.WAITING
     num_computed: int = 0  # tokens of all_ids whose K/V are in the pool
     block_table: list[int] = field(default_factory=list)
     num_preemptions: int = 0
@@ -75,4 +68,15 @@ class Sequence:
 
     @property
     def finished(self) -> bool:
-        return self.status == SeqStatus.FINISHED
+        return self.status == RequestState.FINISHED
+
+    def stop_reason(self, tok: int) -> FinishReason | None:
+        """The stop rules for `tok`, just appended to output_ids (it also feeds the detokenizer)."""
+        p = self.params
+        if (tok in self.eos_ids and not p.ignore_eos) or tok in self.stop_ids or self.detok.add(tok):
+            return FinishReason.STOP
+        if self.grammar is not None and self.grammar.accept(tok):
+            return FinishReason.STOP
+        if len(self.output_ids) >= p.max_tokens or self.num_tokens >= self.max_total_len:
+            return FinishReason.LENGTH
+        return None

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tandem.contracts import timing
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.kv_layout import KVLayout
 from tandem.contracts.protocol import KVRank, KVSource
@@ -42,8 +43,8 @@ class KVTransferError(RuntimeError):
 @dataclass
 class KVTransferConfig:
     backend: str = "nixl"  # "nixl" | "tcp" | "memory"
-    timeout_s: float = 10.0  # a handoff that takes longer fails with TIMED_OUT
-    lease_s: float = 30.0  # prefill side: blocks not pulled by then are reclaimed
+    timeout_s: float = timing.KV_TRANSFER_TIMEOUT_S  # a handoff that takes longer fails with TIMED_OUT
+    lease_s: float = timing.KV_LEASE_S  # prefill side: blocks not pulled by then are reclaimed
     host: str = "127.0.0.1"  # address peers use to reach this worker (the pod IP in a cluster)
     extra: dict[str, Any] = field(default_factory=dict)  # backend options (UCX settings, limits)
     # The service's internal secret (tandem.contracts.internal_auth): sent on the HTTP calls to

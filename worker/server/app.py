@@ -2,7 +2,7 @@
 
 Routes, by file: this one has the application (create_app: the table of every route), the error
 middleware and the plain endpoints (/health, /ready, /v1/models, /metrics, /internal/info);
-generate.py streams /internal/generate (handoff.py: the KV pull before it); prefill.py serves
+generate.py streams /internal/generate (the engine pulls a handoff's KV first); prefill.py serves
 /internal/prefill, /internal/abort and the /internal/kv/* lease and transport endpoints;
 tokenizer_files.py /internal/tokenizer; kv_events.py /internal/kv/events. Shared: state.py (settings,
 state), responses.py (OpenAI-format errors), parsing.py (strict bodies), auth.py (the secret).
@@ -145,8 +145,7 @@ def attach_engine(state: WorkerState, engine: AsyncEngine, transport: KVTranspor
     state.engine = engine
     state.transport = transport
     engine.engine.on_step = state.metrics.observe_step
-    engine.on_step_gap = state.metrics.step_gap_seconds.observe
     if transport is not None:
-        transport.leases = engine.engine
+        transport.leases = engine
         state.settings.kv_backend = transport.name
     state.ready = True

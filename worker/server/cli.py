@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tandem.contracts import timing
 from tandem.contracts.model_support import ModelBackend
 from tandem.contracts.names import KVBackend, Role
 from tandem.worker.server.config import WorkerConfig
@@ -66,14 +67,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "their request and start prompts that share a prefix from them (default on)")
     a("--kv-backend", choices=BACKENDS, default=None,
       help="KV transfer backend (default nixl for prefill/decode, none for colocated)")
-    a("--kv-timeout-s", type=float, default=None, help="a KV pull that takes longer fails (default 10)")
+    a("--kv-timeout-s", type=float, default=None, help=f"a KV pull that takes longer fails (default {timing.KV_TRANSFER_TIMEOUT_S:g})")
     a("--kv-reserve-wait-s", type=float, default=None, help="decode: a handoff waits this long for free "
-      "KV blocks, then answers 503 with Retry-After (default 2)")
+      f"KV blocks, then answers 503 with Retry-After (default {timing.KV_RESERVE_WAIT_S:g})")
     a("--prefill-queue-s", type=float, default=None, help="a prefill still queued after this is answered "
-      "429 with Retry-After, well before the router's prefill timeout (default 10)")
+      f"429 with Retry-After, well before the router's prefill timeout (default {timing.PREFILL_QUEUE_S:g})")
     a("--engine-stall-s", type=float, default=None, help="an engine thread without progress this long "
       "(or dead) turns /health and /ready to 503 (default 120)")
-    a("--kv-lease-s", type=float, default=None, help="prefill: free unpulled KV blocks after this (default 30)")
+    a("--kv-lease-s", type=float, default=None,
+      help=f"prefill: free unpulled KV blocks after this (default {timing.KV_LEASE_S:g})")
     a("--kv-port", type=int, default=None, help="tcp KV backend: the port prefill serves KV on "
       "(default 5601; 0 picks a free one)")
     a("--internal-secret-file", default=None, help="file holding the service's internal secret (a mounted "
@@ -85,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "running sequences to other decode workers (their KV pulled from here; the router carries each "
       "stream over) instead of waiting for them to finish (default on for decode, needs a kv backend)")
     a("--heartbeat-s", type=float, default=None, help="a generate stream silent this long (a queued "
-      "request) gets a keep-alive line, so the router does not take it for a hang (default 5)")
+      f"request) gets a keep-alive line, so the router does not take it for a hang (default {timing.HEARTBEAT_S:g})")
     a("--threads", type=int, default=None, help="torch.set_num_threads")
     a("--served-name", default=None, help="model name in /v1/models (default: the folder's name)")
     a("--generation", default=None, help="tandem.dev/generation (default $TANDEM_GENERATION)")
@@ -180,6 +182,7 @@ async def serve(cfg: WorkerConfig) -> int:
     # torch and transformers load only now, so /health answers while they import.
     from tandem.worker.engine.async_engine import AsyncEngine
     from tandem.worker.engine.engine import Engine
+    from tandem.worker.engine.kv_pull import KVEndpoint
 
     transport = None
     aeng = None
@@ -205,8 +208,10 @@ async def serve(cfg: WorkerConfig) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             # again: a transfer library may have replaced the handlers while it started
             loop.add_signal_handler(sig, stop.set)
-        aeng = AsyncEngine(engine, stall_s=cfg.engine_stall_s)
-        aeng.start()
+        aeng = AsyncEngine(engine, stall_s=cfg.engine_stall_s, on_step_gap=state.metrics.step_gap_seconds.observe,
+                           on_pulled=state.metrics.observe_pull)
+        aeng.start(None if transport is None else KVEndpoint(
+            transport, settings.advertise_url, engine_id, settings.generation, settings.reserve_wait_s))
         attach_engine(state, aeng, transport)
         log.info("ready: serving %s (max_model_len %d, %d KV blocks of %d tokens, kv backend %s)",
                  engine.served_name, engine.max_model_len, engine.layout.num_blocks, engine.layout.block_size,

@@ -124,3 +124,11 @@ class WorkerMetrics:
     def observe_step(self, seconds: float, num_tokens: int) -> None:
         self.step_seconds.observe(seconds)
         self.step_tokens.observe(num_tokens)
+
+    def observe_pull(self, report: Any) -> None:
+        """One handoff's KV pulled (engine/kv_pull.py PullReport)."""
+        self.kv_pull_seconds.observe(report.seconds)
+        self.kv_pull_saved_bytes.inc(report.saved_bytes)
+        if report.migrated_from is not None:
+            self.migrations_in.inc()
+            self.migration_pulled_tokens.inc(report.pulled_tokens)

@@ -79,13 +79,13 @@ def _save_with_toy_tokenizer(model, toy_model_dir: Path, dest: Path) -> str:
     return str(dest)
 
 
-def test_non_llama_architecture_is_refused(tmp_path, toy_model_dir):
-    from transformers import GPT2Config, GPT2LMHeadModel
+def test_an_architecture_neither_path_verified_is_refused(tmp_path, toy_model_dir):
+    from transformers import BloomConfig, BloomForCausalLM
 
     path = _save_with_toy_tokenizer(
-        GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=512, n_positions=64)),
-        toy_model_dir, tmp_path / "gpt2")
-    with pytest.raises(ModelLoadError, match="model_type 'gpt2' is not supported"):
+        BloomForCausalLM(BloomConfig(n_layer=1, hidden_size=32, n_head=2, vocab_size=512)),
+        toy_model_dir, tmp_path / "bloom")
+    with pytest.raises(ModelLoadError, match="model_type 'bloom' is not supported"):
         load_model(path)
 
 

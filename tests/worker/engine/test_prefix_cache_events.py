@@ -54,7 +54,7 @@ def test_snapshot_plus_events_equal_the_cache(make_engine):
         eng.step()
         with eng.lock:
             assert sub.held == set(eng.cached_block_hashes())
-    eng.release("lease")
+    eng.abort("lease", eng.lease_token("lease"))
     assert eng.allocator.evictions_total > 0 and eng.stats.preemptions_total > 0
     assert sub.calls > 0
     with eng.lock:

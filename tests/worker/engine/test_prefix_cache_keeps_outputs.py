@@ -126,7 +126,7 @@ def test_leased_prefill_blocks_are_cached_once_released(make_engine, loaded_toy)
         assert outs[-1].kv_blocks == eng.leases[rid].seq.block_table
         firsts.append(outs[-1].token_ids)
         check_blocks_accounted(eng)
-        assert eng.release(rid)
+        assert eng.abort(rid, eng.lease_token(rid))
     assert firsts[0] == firsts[1]
     assert eng.prefix_cache.stats.hit_tokens_total == (len(p) - 1) // BS * BS  # the second one's
     check_blocks_accounted(eng)
@@ -152,7 +152,7 @@ def test_books_balance_after_mixed_traffic(make_engine):
             eng.abort("run1")
             eng.abort("abort-waiting")
     run_checked(eng)
-    assert eng.leases and eng.release("lease")
+    assert eng.leases and eng.abort("lease", eng.lease_token("lease"))
     check_blocks_accounted(eng)
     assert eng.allocator.num_used == 0
     assert all(eng.allocator.refcount(b) == 0 for b in range(eng.allocator.num_blocks))
