@@ -61,8 +61,13 @@ REFUSED_MODEL_TYPES: dict[str, str] = {
 # Where a config.json names its routed experts' count (Mixtral, Qwen-MoE, DeepSeek/GLM style).
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
-# Tensor parallelism on the transformers path is not built yet: those models run on one rank.
-TRANSFORMERS_MAX_TENSOR_PARALLEL = 1
+# Split across a tensor-parallel group on the transformers path (attention heads and dense MLPs by
+# the model's own plan, routed experts whole per rank: worker/engine/hf/tensor_parallel.py),
+# verified at tensor_parallel 2 (tests/worker/engine/test_transformers_path_splits_across_ranks.py).
+# Other types on that path run on one rank.
+TRANSFORMERS_TENSOR_PARALLEL_TYPES = frozenset({
+    "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "mixtral", "qwen3_moe",
+})
 
 
 # Rotary variants whose frequencies transformers recomputes from the longest position in the
@@ -149,9 +154,10 @@ def _parallel_reason(config_json: dict[str, Any], tensor_parallel: int, backend:
     tp = tensor_parallel
     if tp == 1:
         return None
-    if backend is ModelBackend.TRANSFORMERS and tp > TRANSFORMERS_MAX_TENSOR_PARALLEL:
-        return (f"tensor_parallel {tp} is not available for {config_json.get('model_type')!r}: models on the "
-                f"transformers path run on one rank (tensor_parallel {TRANSFORMERS_MAX_TENSOR_PARALLEL})")
+    model_type = config_json.get("model_type")
+    if backend is ModelBackend.TRANSFORMERS and model_type not in TRANSFORMERS_TENSOR_PARALLEL_TYPES:
+        return (f"tensor_parallel {tp} is not available for {model_type!r}: on the transformers path only "
+                f"{', '.join(sorted(TRANSFORMERS_TENSOR_PARALLEL_TYPES))} split across ranks; it runs on one")
     heads = config_json.get("num_attention_heads")
     kv_heads = config_json.get("num_key_value_heads") or heads
     if not isinstance(heads, int) or not isinstance(kv_heads, int):

@@ -68,7 +68,8 @@ def test_a_backend_that_cannot_run_the_model_is_refused():
     (cfg(num_attention_heads=12, num_key_value_heads=4), 8, "does not divide the model's 12 attention heads"),
     (cfg(num_attention_heads=24, num_key_value_heads=6), 4, "cannot share the model's 6 KV heads"),
     (cfg(), 0, "whole number >= 1"),
-    (cfg("qwen3"), 2, "transformers path run on one rank"),
+    (cfg("phi3"), 2, "on the transformers path only"),
+    (cfg("mixtral", num_local_experts=6), 4, "does not divide the model's 6 experts"),
 ])
 def test_a_tensor_parallel_size_that_does_not_fit_is_refused(config, tp, words):
     reason = check_model_config(config, tensor_parallel=tp)
@@ -79,3 +80,4 @@ def test_tensor_parallel_sizes_that_split_evenly_pass():
     assert check_model_config(cfg(), tensor_parallel=8) is None  # 32 heads, 8 KV heads
     assert check_model_config(cfg(num_key_value_heads=2), tensor_parallel=4) is None  # KV heads replicated
     assert check_model_config(cfg(num_key_value_heads=None), tensor_parallel=4) is None  # MHA
+    assert check_model_config(cfg("qwen3_moe", num_experts=128), tensor_parallel=8) is None  # 16 experts a rank

@@ -169,8 +169,9 @@ def load_model(
 ) -> LoadedModel:
     """Load weights and tokenizer from a local folder, or a hub id resolved through HF_HOME's cache,
     for the path `backend` (auto | native | transformers) names or auto chooses. weights=False:
-    config and tokenizer only (model None), for a tensor-parallel rank, which reads just its slices
-    of the weights (engine/parallel/)."""
+    config and tokenizer only (model None), for a tensor-parallel rank of the native path, which
+    reads just its slices of the weights (engine/parallel/); the transformers path loads the model
+    and splits it (hf/tensor_parallel.py)."""
     t0 = time.monotonic()
     raw = check_before_loading(model, backend, tensor_parallel)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -185,7 +186,7 @@ def load_model(
     limit = context_limit(config, chosen, max_model_len)
     dev = resolve_device(device)
     torch_dtype, why = resolve_dtype(dtype, config, dev)
-    if not weights:
+    if not weights and chosen is ModelBackend.NATIVE:  # the transformers path splits a loaded model
         return _without_weights(src, looks_local, config, torch_dtype, dev, limit, trust_remote_code)
     log.info("loading %s weights (%s) onto %s as %s (%s); %s path (%s)", config.model_type, src, dev,
              str(torch_dtype).removeprefix("torch."), why, chosen.value, why_path)
