@@ -8,6 +8,7 @@ write to a child is the pod annotations that name the pods a scale-down removes 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import logging
 import os
@@ -58,6 +59,34 @@ class ApplyResult:
     error: str | None = None
     retryable: bool = False
     reason: str = "ApplyFailed"  # Ready's reason when error is set (AdoptionRefused: ownership.py)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What a child was last applied as, and the object the apply returned: an unchanged manifest
+    over an unchanged object needs no apply (a resync then costs a GET per child, not a PATCH)."""
+
+    digest: str
+    resource_version: str
+    generation: int | None = None
+
+
+def _digest(manifest: dict) -> str:
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
+
+
+def _untouched(live: dict, manifest: dict, last: Applied | None, digest: str) -> bool:
+    """Whether `live` is still what applying this very manifest left: the same resourceVersion, or for
+    a workload whose status its controller keeps writing, the same spec generation and our labels."""
+    if last is None or last.digest != digest:
+        return False
+    meta = live["metadata"]
+    if meta.get("resourceVersion") == last.resource_version:
+        return True
+    if manifest["kind"] not in SCALED_KINDS or meta.get("generation") != last.generation:
+        return False
+    labels = meta.get("labels") or {}
+    return all(labels.get(k) == v for k, v in (manifest["metadata"].get("labels") or {}).items())
 
 
 def ref(manifest: dict) -> str:
@@ -154,25 +183,32 @@ def _error_text(e: ApiException) -> str:
         return f"{e.status} {e.reason}"
 
 
-def apply_all(api: client.ApiClient, manifests: list[dict]) -> ApplyResult:
+def apply_all(api: client.ApiClient, manifests: list[dict], applied: dict[str, Applied] | None = None) -> ApplyResult:
     """Applies children in order; stops at the first failure and says whether retrying may help.
 
     A GET before each apply tells created/updated/unchanged apart (a no-op apply keeps the
     resourceVersion), which is what the events on the CR report, and whose an existing object is:
-    one the InferenceService does not control is refused, not taken over (ownership.refusal).
+    one the InferenceService does not control is refused, not taken over (ownership.refusal). With
+    `applied` (kept per service) a child nobody changed since the same manifest was applied is not
+    applied again.
     """
-    result = ApplyResult()
+    result, applied = ApplyResult(), {} if applied is None else applied
     for manifest in manifests:
+        digest = _digest(manifest)
         try:
             live = _live(api, manifest)
             refused = refusal(live, manifest) if live is not None else None
             if refused is not None:
                 return ApplyResult(result.created, result.updated, refused.message, refused.retryable, REFUSED)
+            if live is not None and _untouched(live, manifest, applied.get(ref(manifest)), digest):
+                continue
             if (live is not None and manifest["kind"] in SCALED_KINDS and "replicas" not in manifest["spec"]
                     and owns_replicas(live)):
                 release_replicas(api, manifest, live)
             before = live["metadata"]["resourceVersion"] if live is not None else None
-            after = server_side_apply(api, manifest)["metadata"]["resourceVersion"]
+            stored = server_side_apply(api, manifest)["metadata"]
+            after = stored["resourceVersion"]
+            applied[ref(manifest)] = Applied(digest, after, stored.get("generation"))
         except ApiException as e:
             result.error = f"applying {ref(manifest)}: {_error_text(e)}{_missing_kind_hint(manifest, e)}"
             # 4xx other than conflicts/throttling: the API server refuses what we rendered.

@@ -18,6 +18,7 @@ import logging
 import random
 from dataclasses import dataclass, field
 
+import aiohttp
 from kubernetes import client
 from tandem.operator import apply, probe
 from tandem.operator.autoscaling.autoscaler import Planning, decide
@@ -53,6 +54,7 @@ class Controller:
         self.api, self.config, self.metrics = api, config, metrics
         self.queue: WorkQueue[Key, Work] = WorkQueue(self.timed_pass, merge, workers, metrics.queue_wait.observe)
         self.services: dict[Key, ServiceState] = {}
+        self.session: aiohttp.ClientSession | None = None  # pod answers, one pool for the process
         metrics.queue_depth.set_function(lambda: self.queue.depth)
         metrics.queue_active.set_function(lambda: self.queue.active)
         metrics.services.set_function(lambda: len(self.services))
@@ -76,6 +78,10 @@ class Controller:
     def child_event(self, namespace: str, service: str) -> None:
         """A Deployment or pod of the service changed: its status, soon (a burst is one pass)."""
         self.queue.schedule((namespace, service), STATUS, CHILD_DELAY_S, "child")
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
 
     def forget(self, key: Key) -> None:
         """Everything kept for a service that is gone."""
@@ -112,12 +118,15 @@ class Controller:
         spec, spec_error = parse_spec(body)
         obs = await asyncio.to_thread(observe, self.api, *key, body["metadata"].get("uid"), state.memory.owners)
         decision = kv = None
+        if self.session is None:
+            self.session = probe.new_session()
         if work.plan and spec is not None:
-            decision, kv = await decide(state.planning, body["metadata"].get("uid"), spec, obs, self.config)
+            decision, kv = await decide(state.planning, body["metadata"].get("uid"), spec, obs, self.config,
+                                        self.session)
             if decision is not None:
                 self.metrics.decided(*key, decision, state.planning.snapshot)
         if kv is None:
-            kv = await probe.probe_workers(obs, self.config)
+            kv = await probe.probe_workers(obs, self.config, self.session)
         result = await asyncio.to_thread(run_pass, self.api, body, self.config, work, state.memory,
                                          decision, obs, kv)
         if work.trigger is Trigger.SPEC:

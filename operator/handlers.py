@@ -56,6 +56,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     memo.queue_task.cancel()
     await asyncio.gather(memo.queue_task, return_exceptions=True)
+    await memo.controller.close()
     memo.api.close()
 
 

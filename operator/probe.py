@@ -73,10 +73,11 @@ async def _read(resp: aiohttp.ClientResponse, url: str, max_bytes: int) -> tuple
     return body.decode("utf-8", errors="replace"), None
 
 
-async def _get(session: aiohttp.ClientSession, url: str, max_bytes: int) -> tuple[str | None, str | None]:
+async def _get(session: aiohttp.ClientSession, url: str, max_bytes: int,
+               limit: aiohttp.ClientTimeout) -> tuple[str | None, str | None]:
     """(body, None) for a 200, else (None, why): never raises for what a pod answers or does not."""
     try:
-        async with session.get(url, headers={"Accept-Encoding": "identity"}) as resp:
+        async with session.get(url, headers={"Accept-Encoding": "identity"}, timeout=limit) as resp:
             if resp.status != 200:
                 return None, f"HTTP {resp.status} from {url}"
             return await _read(resp, url, max_bytes)
@@ -86,13 +87,22 @@ async def _get(session: aiohttp.ClientSession, url: str, max_bytes: int) -> tupl
         return None, f"{url}: {e or type(e).__name__}"
 
 
-async def get_all(urls: list[str], timeout_s: float, max_bytes: int) -> list[tuple[str | None, str | None]]:
+def new_session() -> aiohttp.ClientSession:
+    """A session for pod answers (compressed ones are refused, not inflated); the controller keeps one
+    for the process, so a pass does not build a connection pool."""
+    return aiohttp.ClientSession(trust_env=False, auto_decompress=False)
+
+
+async def get_all(urls: list[str], timeout_s: float, max_bytes: int,
+                  session: aiohttp.ClientSession | None = None) -> list[tuple[str | None, str | None]]:
     """GET every URL concurrently, each within timeout_s and max_bytes: (body, None) or (None, why)."""
     if not urls:
         return []
+    if session is None:
+        async with new_session() as own:
+            return await get_all(urls, timeout_s, max_bytes, own)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout, trust_env=False, auto_decompress=False) as session:
-        return list(await asyncio.gather(*(_get(session, url, max_bytes) for url in urls)))
+    return list(await asyncio.gather(*(_get(session, url, max_bytes, timeout) for url in urls)))
 
 
 def _kv_probe(target: Target, body: str | None, error: str | None) -> KVProbe:
@@ -104,24 +114,28 @@ def _kv_probe(target: Target, body: str | None, error: str | None) -> KVProbe:
         return KVProbe(target.pod, target.role, error=f"{target.url} answered no KV health document")
 
 
-async def probe_all(found: list[Target], timeout_s: float) -> list[KVProbe]:
+async def probe_all(found: list[Target], timeout_s: float,
+                    session: aiohttp.ClientSession | None = None) -> list[KVProbe]:
     """One probe per target, concurrently; a probe that fails says why instead of raising."""
-    answers = await get_all([t.url for t in found], timeout_s, HEALTH_MAX_BYTES)
+    answers = await get_all([t.url for t in found], timeout_s, HEALTH_MAX_BYTES, session)
     probes = [_kv_probe(t, body, error) for t, (body, error) in zip(found, answers, strict=True)]
     _count("kv_health", [p.error for p in probes])
     return probes
 
 
-async def probe_workers(obs: Observation, config: OperatorConfig) -> list[KVProbe] | None:
+async def probe_workers(obs: Observation, config: OperatorConfig,
+                        session: aiohttp.ClientSession | None = None) -> list[KVProbe] | None:
     """The ready workers' KV health for KVTransferReady; None when probing is turned off."""
     if not config.kv_probe:
         return None
-    return await probe_all(targets(obs), config.kv_probe_timeout_s)
+    return await probe_all(targets(obs), config.kv_probe_timeout_s, session)
 
 
-async def read_metrics(pods: list[tuple[str, str, bool, str | None]], timeout_s: float) -> list[PodScrape]:
+async def read_metrics(pods: list[tuple[str, str, bool, str | None]], timeout_s: float,
+                       session: aiohttp.ClientSession | None = None) -> list[PodScrape]:
     """(name, role, ready, /metrics URL or None) per pod -> what each pod's /metrics says, or why not."""
-    answers = iter(await get_all([url for *_, url in pods if url is not None], timeout_s, METRICS_MAX_BYTES))
+    urls = [url for *_, url in pods if url is not None]
+    answers = iter(await get_all(urls, timeout_s, METRICS_MAX_BYTES, session))
     pages = []
     for name, role, ready, url in pods:
         text, error = next(answers) if url is not None else (None, "not ready" if not ready else "no pod IP")

@@ -61,7 +61,9 @@ class Memory:
     """What a pass remembers of the service between passes (kept by the controller, per service)."""
 
     kv_reason: str | None = None  # KVTransferReady's reason as last written: one Warning per transition
-    owners: Owners = field(default_factory=dict)  # the owner chain's ReplicaSets, read once each
+    owners: Owners = field(default_factory=dict)  # the owner chain's ReplicaSets/StatefulSets, read once each
+    applied: dict[str, apply.Applied] = field(default_factory=dict)  # what each child was applied as
+    pruned: tuple[str, ...] | None = None  # the stale kinds last pruned (a role changing kind prunes again)
 
 
 def _condition(status: dict | None, type_: str) -> dict:
@@ -87,22 +89,25 @@ def parse_spec(body: dict) -> tuple[InferenceServiceSpec | None, str | None]:
 
 def _status(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None,
             config: OperatorConfig, generation: int | None, memory: Memory, decision: Decision | None = None,
-            model: model_check.ModelFinding | None = None, **findings: object) -> dict:
-    """Observes the children and computes status; `findings` are Observation fields
-    (apply_error, spec_error, kv_probes) that the caller knows and the API server does not;
-    `decision` is the planner's, when one was just made; `model` what model_check found."""
+            model: model_check.ModelFinding | None = None, seen: Observation | None = None,
+            **findings: object) -> dict:
+    """Computes status from the children, observed now unless `seen` still holds (the pass changed
+    none); `findings` are Observation fields (apply_error, spec_error, kv_probes) that the caller
+    knows and the API server does not; `decision` is the planner's, when one was just made; `model`
+    what model_check found."""
     meta = body["metadata"]
-    obs = dataclasses.replace(observe(api, meta["namespace"], meta["name"], meta.get("uid"), memory.owners),
-                              **findings)
+    if seen is None:
+        seen = observe(api, meta["namespace"], meta["name"], meta.get("uid"), memory.owners)
+    obs = dataclasses.replace(seen, **findings)
     old = body.get("status") or {}
     if generation is None:
         generation = old.get("observedGeneration")
     if model is not None:
         spec = model.spec  # a hub model pinned to its commit: the generation the pods carry
-    if spec is None or (model is not None and model.blocking):
-        # What runs came from an earlier spec: keep what status said of it.
+    if spec is None:  # what runs came from an earlier spec: keep what status said of it
         url, label = old.get("endpoint"), old.get("generation")
-        url = url if spec is None else endpoint(meta["name"], meta["namespace"], spec)
+    elif model is not None and model.blocking:  # nothing of this spec was applied: the pods are older
+        url, label = endpoint(meta["name"], meta["namespace"], spec), old.get("generation")
     else:
         url, label = endpoint(meta["name"], meta["namespace"], spec), generation_hash(spec, config)
     stamp = now()
@@ -123,7 +128,7 @@ def run_pass(api: client.ApiClient, body: dict, config: OperatorConfig, work: Wo
     changes = scale_changes(spec, old, decision) if spec is not None and decision is not None else []
     _mark_removals(api, meta["namespace"], obs, changes, config)
     applies = work.apply or bool(changes)
-    result, secret, model = _apply_phase(api, body, spec, spec_error, config, work, changes, applies)
+    result, secret, model = _apply_phase(api, body, spec, spec_error, config, work, changes, applies, memory)
     ready = _condition(old, "Ready")
     if result.error and ready.get("message") != result.error:
         # Once per distinct failure, not per pass.
@@ -136,7 +141,9 @@ def run_pass(api: client.ApiClient, body: dict, config: OperatorConfig, work: Wo
     else:  # nothing applied: what the last apply found still holds
         failed = ready.get("reason") in ("ApplyFailed", REFUSED)
         generation, apply_error, apply_reason = None, ready["message"] if failed else None, ready.get("reason")
-    status = _status(api, body, spec, config, generation, memory, decision, model=model, apply_error=apply_error,
+    unchanged = not changes and not (result.created or result.updated or result.error)
+    status = _status(api, body, spec, config, generation, memory, decision, model=model,
+                     seen=obs if unchanged else None, apply_error=apply_error,
                      apply_reason=apply_reason or "ApplyFailed", spec_error=spec_error, kv_probes=kv_probes)
     if secret:
         status["internalSecret"] = secret
@@ -151,7 +158,7 @@ def run_pass(api: client.ApiClient, body: dict, config: OperatorConfig, work: Wo
 
 
 def _apply_phase(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None, spec_error: str | None,
-                 config: OperatorConfig, work: Work, changes: list[ScaleChange], applies: bool
+                 config: OperatorConfig, work: Work, changes: list[ScaleChange], applies: bool, memory: Memory
                  ) -> tuple[apply.ApplyResult, dict | None, model_check.ModelFinding | None]:
     """(what applying did, status.internalSecret, the model's finding). A pass that does not apply
     carries the model's finding from status (no hub call); a model that cannot be served applies
@@ -167,7 +174,7 @@ def _apply_phase(api: client.ApiClient, body: dict, spec: InferenceServiceSpec |
         return apply.ApplyResult(), old.get("internalSecret"), model
     replicas = render_replicas(spec, planned_status(old, changes))
     scaled = {names(body["metadata"]["name"])[c.role] for c in changes}
-    result, secret = _apply(api, body, model.spec, config, work, replicas, scaled)
+    result, secret = _apply(api, body, model.spec, config, work, replicas, scaled, memory)
     return result, secret, model
 
 
@@ -203,7 +210,7 @@ def _mark_removals(api: client.ApiClient, namespace: str, obs: Observation | Non
 
 
 def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config: OperatorConfig, work: Work,
-           replicas: dict[str, int | None], scaled: set[str]) -> tuple[apply.ApplyResult, dict | None]:
+           replicas: dict[str, int | None], scaled: set[str], memory: Memory) -> tuple[apply.ApplyResult, dict | None]:
     """Renders and applies every child, the internal Secret first; posts Created/Updated/DriftCorrected
     events (not for the Deployments in `scaled`: the planner's ScaledUp/ScaledDown events say why those
     changed). Returns what happened and status.internalSecret."""
@@ -216,10 +223,10 @@ def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config
         result = apply.ApplyResult(error=refused.message, retryable=refused.retryable, reason=REFUSED)
     if not result.error:  # the Secret exists before any pod that mounts it
         manifests = render(meta, spec, config, replicas, (record or {}).get("uid"))
-        applied = apply.apply_all(api, manifests)
+        applied = apply.apply_all(api, manifests, memory.applied)
         result = dataclasses.replace(applied, created=result.created + applied.created)
     if not result.error:  # a role that changed kind (Deployment <-> LeaderWorkerSet): the old one goes
-        result = _prune(api, meta, spec, result)
+        result = _prune(api, meta, spec, result, memory)
     if result.created or result.updated or result.error:
         log.info("applied %s/%s in %.2fs: %d created, %d updated%s", meta["namespace"], meta["name"],
                  time.monotonic() - t0, len(result.created), len(result.updated),
@@ -236,11 +243,18 @@ def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config
     return result, record
 
 
-def _prune(api: client.ApiClient, meta: dict, spec: InferenceServiceSpec,
-           result: apply.ApplyResult) -> apply.ApplyResult:
+def _prune(api: client.ApiClient, meta: dict, spec: InferenceServiceSpec, result: apply.ApplyResult,
+           memory: Memory) -> apply.ApplyResult:
+    """Deletes a role's workload of the kind it no longer uses: once per change of kinds (and once
+    after the operator starts), not every pass."""
+    stale = stale_workloads(meta, spec)
+    kinds = tuple(apply.ref(stub) for stub in stale)
+    if memory.pruned == kinds:
+        return result
     try:
-        deleted = apply.prune(api, meta["uid"], stale_workloads(meta, spec))
+        deleted = apply.prune(api, meta["uid"], stale)
     except Exception as e:  # the API server failing: the next pass prunes
         log.warning("pruning the old workloads of %s/%s failed: %s", meta["namespace"], meta["name"], e)
         return result
+    memory.pruned = kinds
     return dataclasses.replace(result, updated=result.updated + [f"{r} (deleted)" for r in deleted])

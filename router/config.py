@@ -64,6 +64,11 @@ class RouterConfig:
     kube_request_timeout_s: float = 10.0  # one list (or connect) call to the API server
     watch_timeout_s: int = 60  # the API server ends each watch after this; a relist follows
     watch_stall_s: float = 30.0  # a watch silent this much longer than its timeout is stalled: relist
+    # The handoff parity probe (router/parity.py): a pairing takes KV handoffs only once proven.
+    parity_probe: bool = True
+    parity_tolerance: float | None = None  # nats; None: by the workers' dtype (parity.TOLERANCE)
+    parity_recheck_s: float = 0.0  # probe a worker again this long after its verdict (0: only when it appears)
+    parity_probe_timeout_s: float = 30.0
     log_format: str = "text"
     log_level: str = "info"
 
@@ -115,6 +120,9 @@ def _check_routing(c: RouterConfig) -> None:
         value = getattr(c, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    if c.parity_tolerance is not None and not (isinstance(c.parity_tolerance, int | float)
+                                               and 0 <= c.parity_tolerance < float("inf")):
+        raise ValueError(f"parity_tolerance must be a number >= 0 (nats), got {c.parity_tolerance!r}")
     from tandem.router.tool_parsers import PARSERS
 
     if c.tool_call_parser not in PARSERS:

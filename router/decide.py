@@ -129,8 +129,10 @@ def _resume_choice(j: Journey, workers: Sequence[WorkerView], exclude: set[str])
 
 def _kv_choice(j: Journey, workers: Sequence[WorkerView], exclude: set[str]) -> WorkerView | None:
     """A decode worker that may pull the journey's KV: only one of the generation that computed it
-    (another model's weights would read it as garbage, and cache it)."""
-    return _resume_choice(j, [w for w in workers if w.generation == j.kv_generation], exclude)
+    (another model's weights would read it as garbage, and cache it), never one a parity probe found
+    disagreeing."""
+    pool = [w for w in workers if w.generation == j.kv_generation and not w.parity_mismatch]
+    return _resume_choice(j, pool, exclude)
 
 
 def _next_decode(j: Journey, workers: Sequence[WorkerView], exclude: set[str]) -> tuple[WorkerView | None, tuple]:

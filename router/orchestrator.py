@@ -3,7 +3,7 @@
 One request's state lives in its `Journey` (journey.py); what happens next is `decide`'s call,
 a pure step over the journey and an outcome (steps.py). This driver does the I/O around it: it
 calls workers through a `WorkerClient` (worker_client.py, an in-process fake in the tests), keeps
-the pool's router-side counts, sleeps when told to wait, sends aborts, counts metrics and writes
+the worker set's router-side counts, sleeps when told to wait, sends aborts, counts metrics and writes
 the log, and turns what happened into the next outcome. It yields router-level events (Started,
 Tokens, Finished) and raises RouterError; app.py turns those into OpenAI responses.
 
@@ -27,7 +27,6 @@ from tandem.router.errors import RouterError
 from tandem.router.journey import Event, Finished, Journey, Phase, Rules, Started, Tokens
 from tandem.router.metrics import RouterMetrics
 from tandem.router.policies.base import RequestInfo, RoutingPolicy
-from tandem.router.pool import WorkerPool
 from tandem.router.steps import (
     TERMINAL_LINES,
     Abort,
@@ -52,6 +51,7 @@ from tandem.router.steps import (
 )
 from tandem.router.validation import Limits, ParsedRequest
 from tandem.router.worker_client import WorkerBusy, WorkerClient, WorkerFailed
+from tandem.router.workers import WorkerSet
 
 log = logging.getLogger("tandem.router")
 
@@ -65,8 +65,8 @@ class _Stream:
     worker until the first token (released with the call)."""
 
     def __init__(self, orch: Orchestrator, url: str, j: Journey, queued: int) -> None:
-        self.url, self.queued, self._pool = url, queued, orch.pool
-        orch.pool.assign(url, queued)
+        self.url, self.queued, self._workers = url, queued, orch.workers
+        orch.workers.assign(url, queued)
         orch.metrics.worker_requests.labels("decode").inc()
         self._events: AsyncGenerator[StreamEvent, None] = orch.client.generate(url, j.worker_request(decode=True))
         self._open = True
@@ -79,7 +79,7 @@ class _Stream:
 
     def prefilled(self) -> None:
         if self.queued:
-            self._pool.prefilled(self.url, self.queued)
+            self._workers.prefilled(self.url, self.queued)
             self.queued = 0
 
     async def close(self) -> None:
@@ -88,13 +88,13 @@ class _Stream:
             try:
                 await self._events.aclose()
             finally:
-                self._pool.release(self.url, self.queued)
+                self._workers.release(self.url, self.queued)
 
 
 @dataclass
 class Orchestrator:
     client: WorkerClient
-    pool: WorkerPool
+    workers: WorkerSet
     policy: RoutingPolicy
     metrics: RouterMetrics
     limits: Limits = field(default_factory=Limits)
@@ -131,7 +131,7 @@ class Orchestrator:
             return
         self.metrics.worker_failures.labels(fault.role).inc()
         if fault.error.dead:
-            self.pool.report_failure(fault.url, str(fault.error))
+            self.workers.report_failure(fault.url, str(fault.error))
 
     def _count_prefix(self, info: RequestInfo | None, action: Action) -> None:
         plan = action.plan
@@ -171,7 +171,7 @@ class Orchestrator:
 
     def _outcome(self, cls: type, *args, terminal: bool = True) -> Outcome:
         """An outcome stamped with the time and, where a choice may follow, the workers' snapshot."""
-        return cls(*args, workers=self.pool.views() if terminal else (), now=time.monotonic())
+        return cls(*args, workers=self.workers.views() if terminal else (), now=time.monotonic())
 
     async def run(self, req: ParsedRequest, j: Journey) -> AsyncIterator[Event]:
         """The events of one request. Raises RouterError for anything the client must see."""
@@ -227,14 +227,14 @@ class Orchestrator:
 
     async def _prefill(self, j: Journey, action: PrefillOn) -> Outcome:
         url = action.worker.url
-        self.pool.assign(url, action.work)
+        self.workers.assign(url, action.work)
         self.metrics.worker_requests.labels("prefill").inc()
         try:
             res = await self.client.prefill(url, j.worker_request(decode=False))
         except (WorkerFailed, RouterError) as exc:
             res = exc
         finally:
-            self.pool.release(url, action.work)
+            self.workers.release(url, action.work)
         if isinstance(res, WorkerFailed):
             return self._outcome(Failed, url, res)
         if isinstance(res, RouterError):

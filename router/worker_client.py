@@ -1,6 +1,6 @@
 """The router's calls to workers, and what their failures mean for the request.
 
-The request driver (orchestrator.py) and the pool (pool.py) talk to workers only through
+The request driver (orchestrator.py) and the worker set (workers.py) talk to workers only through
 `WorkerClient`; `HttpWorkerClient` is the real one (aiohttp, the internal protocol of
 tandem.contracts.protocol), tests use an in-process fake. A call that fails raises one of two:
 - `RouterError`: the client's fault (a 4xx about its own request): passed to it unchanged;

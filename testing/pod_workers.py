@@ -1,6 +1,6 @@
 """Real processes standing in for the pods of the test control plane (KWOK runs no containers).
 
-KWOK gives pods loopback IPs (testing/cluster.py POD_CIDR), so a `tandem worker` bound to a pod's IP
+KWOK gives pods loopback IPs (testing/cluster.py Cluster.pod_cidr), so a `tandem worker` bound to a pod's IP
 and its rendered port is reachable exactly where the operator's probe and the router's Kubernetes
 discovery look for that pod. Every process is killed for sure by ProcessGroup.stop().
 """

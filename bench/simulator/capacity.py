@@ -1,6 +1,6 @@
 """What one replica can do, as measured: prefill time per prompt, decode step time per batch size.
 
-The figures come from bench/simulator/capacity_cpu.json, written by `python -m bench.simulator.calibrate`
+The figures come from bench/simulator/capacity_cpu.json, written by `python -m bench calibrate`
 (Tandem's engine on the `make bench` model, one pinned thread). Decode steps are interpolated
 between the measured batch sizes and extended past the largest with the last slope; where a
 smaller batch measured slower than a bigger one (others' load on a shared machine only ever adds

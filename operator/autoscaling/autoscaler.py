@@ -28,6 +28,7 @@ import asyncio
 import time
 from dataclasses import dataclass, replace
 
+import aiohttp
 from tandem.contracts.names import pod_ready, pod_url
 from tandem.operator import probe
 from tandem.operator.autoscaling.planner import Decision, PlannerState, plan
@@ -50,7 +51,8 @@ class Planning:
 
 
 async def decide(planning: Planning, uid: str | None, spec: InferenceServiceSpec, obs: Observation,
-                 config: OperatorConfig) -> tuple[Decision | None, list[KVProbe] | None]:
+                 config: OperatorConfig, session: aiohttp.ClientSession | None = None
+                 ) -> tuple[Decision | None, list[KVProbe] | None]:
     """One decision for one service from its pods' metrics (None: nothing to decide), and the KV
     probes taken alongside. Updates `planning` in place."""
     a = spec.autoscaling
@@ -61,8 +63,8 @@ async def decide(planning: Planning, uid: str | None, spec: InferenceServiceSpec
     if any(role not in obs.roles for role in a.roles):
         return None, None  # the Deployments are not there yet: the apply creates them first
     stamp = time.monotonic()
-    scrape, kv = await asyncio.gather(scrape_round(obs, stamp, config.metrics_timeout_s),
-                                      probe.probe_workers(obs, config))
+    scrape, kv = await asyncio.gather(scrape_round(obs, stamp, config.metrics_timeout_s, session),
+                                      probe.probe_workers(obs, config, session))
     planning.window = (planning.window or MetricsWindow(float(a.window_s))).add(scrape)
     current = {role: obs.roles[role].replicas for role in a.roles}
     seeded = _seeded(planning.state, a, current, stamp)
@@ -80,7 +82,8 @@ def _seeded(state: PlannerState | None, spec: AutoscalingSpec, current: dict[str
     return replace(state, history={**state.history, **fresh}) if fresh else state
 
 
-async def scrape_round(obs: Observation, stamp: float, timeout_s: float) -> ScrapeRound:
+async def scrape_round(obs: Observation, stamp: float, timeout_s: float,
+                       session: aiohttp.ClientSession | None = None) -> ScrapeRound:
     """GET /metrics of every ready router, prefill and decode pod; a pod not ready or without an IP
     is listed unread (the planner counts only ready pods, and says which it could not read)."""
     pods: list[tuple[str, str, bool, str | None]] = []
@@ -90,5 +93,5 @@ async def scrape_round(obs: Observation, stamp: float, timeout_s: float) -> Scra
             url = pod_url(pod)
             ready = pod_ready(pod)
             pods.append((pod["metadata"]["name"], role, ready, url + METRICS_PATH if ready and url else None))
-    return ScrapeRound(stamp, tuple(await probe.read_metrics(pods, timeout_s)))
+    return ScrapeRound(stamp, tuple(await probe.read_metrics(pods, timeout_s, session)))
 

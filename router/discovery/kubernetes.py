@@ -38,8 +38,8 @@ from tandem.contracts.names import (
     pod_url,
     serves_requests,
 )
-from tandem.router.pool import Target
 from tandem.router.worker_client import describe
+from tandem.router.workers import Target
 
 log = logging.getLogger("tandem.router.discovery")
 

@@ -12,8 +12,9 @@ router carries each stream over.
 The streams are held open until the pod is gone, so none can finish first (issue 21.12: on a fresh
 machine they once did, and no stream migrated): both decode workers are frozen (SIGSTOP) once every
 stream has its first tokens, the scale-down runs while they are frozen (the kubelet's SIGTERM to the
-removed one waits, pending), and each stream is checked to be mid-flight before they thaw (SIGCONT).
-The router's chunk timeout is raised so the frozen workers' silence is not taken for death.
+removed one waits, pending), and each stream is checked to be mid-flight before they thaw (SIGCONT):
+the survivor first, until the router sees it ready again, then the removed one. The router's chunk
+timeout is raised so the frozen workers' silence is not taken for death.
 """
 
 from __future__ import annotations
@@ -88,8 +89,8 @@ def test_streams_survive_a_decode_scale_down_by_migrating(
 
     streams = CompletionStreams(router.url, model, [PROMPTS[i % len(PROMPTS)] for i in range(STREAMS)], MAX_TOKENS)
     streams.wait(lambda: min(streams.chunks) >= TOKENS_BEFORE, 120, "every stream's first tokens")
-    frozen = [workers[p["metadata"]["name"]] for p in decode]
-    for w in frozen:
+    frozen = {p["metadata"]["name"]: workers[p["metadata"]["name"]] for p in decode}
+    for w in frozen.values():
         os.kill(w.proc.pid, signal.SIGSTOP)  # no token moves until the pod is gone
     try:
         patch = {"spec": {"autoscaling": {"decode": {"minReplicas": 1, "maxReplicas": 1}}}}
@@ -98,8 +99,14 @@ def test_streams_survive_a_decode_scale_down_by_migrating(
         with streams.changed:
             mid_flight = [(i, n, f) for i, (n, f) in enumerate(zip(streams.chunks, streams.finish, strict=True))]
         assert all(f is None and TOKENS_BEFORE <= n < MAX_TOKENS for _, n, f in mid_flight), mid_flight
+        # The survivor thaws first, and the router sees it ready again (its health polls failed while it
+        # was frozen); then the removed worker thaws, takes its pending SIGTERM and hands its streams over.
+        (survivor,) = [w for pod, w in frozen.items() if pod not in removed]
+        os.kill(survivor.proc.pid, signal.SIGCONT)
+        wait_until(lambda: router.metric('tandem_router_workers{ready="true",role="decode"}') == 1, timeout=60,
+                   what="the router seeing the surviving decode worker ready")
     finally:
-        for w in frozen:
+        for w in frozen.values():
             os.kill(w.proc.pid, signal.SIGCONT)
     streams.join(300)  # every stream ended by max_tokens, none with an error
     for i, text in enumerate(streams.texts):

@@ -1,5 +1,5 @@
 """The driver (orchestrator.py) against in-process fake workers: it performs what `decide` asks on
-the wire (calls in order, aborts with lease tokens, the pool's counts, metrics) and ends every
+the wire (calls in order, aborts with lease tokens, the worker set's counts, metrics) and ends every
 request cleanly, whether it finishes, fails, or its consumer goes away. The decisions themselves
 are tested without I/O in test_request_state_machine.py. No processes: milliseconds each."""
 
@@ -23,8 +23,8 @@ from tandem.router.orchestrator import (
     Tokens,
 )
 from tandem.router.policies.registry import create_policy
-from tandem.router.pool import Target, WorkerPool
 from tandem.router.validation import Limits
+from tandem.router.workers import Target, WorkerSet
 from tandem.testing.fake_workers import (
     FakeWorkers,
     busy,
@@ -45,10 +45,10 @@ def fake() -> FakeWorkers:
 
 
 async def machine(fake: FakeWorkers, **kw) -> Orchestrator:
-    pool = WorkerPool(fake)
-    pool.set_targets([Target(url) for url in fake.infos])
-    await pool.poll_once()
-    return Orchestrator(fake, pool, create_policy("least-loaded"), RouterMetrics(), limits=kw.pop("limits", Limits()),
+    workers = WorkerSet(fake)
+    workers.set_targets([Target(url) for url in fake.infos])
+    await workers.poll_once()
+    return Orchestrator(fake, workers, create_policy("least-loaded"), RouterMetrics(), limits=kw.pop("limits", Limits()),
                         **kw)
 
 
@@ -89,7 +89,7 @@ async def test_a_handoff_reaches_the_client_as_one_stream(fake):
     assert ctx.route is RouteReason.DISAGGREGATED and ctx.phase is Phase.FINISHED
     assert metric(orch, "tandem_router_routes_total", route="disaggregated") == 1
     assert metric(orch, "tandem_router_worker_requests_total", role="prefill") == 1
-    assert fake.aborts == [] and all(v.router_inflight == 0 for v in orch.pool.views())
+    assert fake.aborts == [] and all(v.router_inflight == 0 for v in orch.workers.views())
 
 
 async def test_failed_prefill_workers_are_aborted_and_the_dead_one_kept_out(fake):
@@ -106,7 +106,7 @@ async def test_failed_prefill_workers_are_aborted_and_the_dead_one_kept_out(fake
     assert metric(orch, "tandem_router_routes_total", route="prefill_failed") == 1
     assert metric(orch, "tandem_router_worker_failures_total", role="prefill") == 2
     assert {url for url, _ in fake.aborts} == {"p1", "p2"}
-    ready = {v.url: v.ready for v in orch.pool.views()}
+    ready = {v.url: v.ready for v in orch.workers.views()}
     assert ready == {"p1": False, "p2": True, "d1": True}  # dead is out until it polls well; busy is not
 
 
@@ -121,7 +121,7 @@ async def test_a_stream_that_ends_without_a_finish_is_resumed_and_counted(fake):
     assert metric(orch, "tandem_router_decode_resumes_total") == 1
     assert metric(orch, "tandem_router_worker_failures_total", role="decode") == 1
     assert sorted(fake.aborts) == [("d1", "r1"), ("p1", "r1")]
-    assert not {v.url: v.ready for v in orch.pool.views()}["d1"]
+    assert not {v.url: v.ready for v in orch.workers.views()}["d1"]
 
 
 async def test_a_refused_handoff_is_aborted_before_the_resume_goes_out(fake):
@@ -151,7 +151,7 @@ async def test_a_consumer_that_stops_early_aborts_every_touched_worker(fake):
     assert sorted(zip(fake.aborts, fake.abort_tokens, strict=True)) == [
         (("d1", "r1"), None), (("p1", "r1"), "token-of-p1")]
     assert not ctx.done and ctx.phase is Phase.DECODE
-    assert all(v.router_inflight == 0 and v.router_prompt_tokens == 0 for v in orch.pool.views())
+    assert all(v.router_inflight == 0 and v.router_prompt_tokens == 0 for v in orch.workers.views())
 
 
 async def test_a_prompt_over_the_limit_after_prefill_frees_the_lease_at_once(fake):
@@ -287,4 +287,4 @@ async def test_a_client_gone_after_the_move_frees_the_lease_the_next_worker_has_
     await _disconnect_when(orch, ctx, lambda: [c.url for c in fake.made("generate")] == ["d1", "d2"])
     aborts = dict(zip(fake.aborts, fake.abort_tokens, strict=True))
     assert aborts == {("p1", "r1"): "token-of-p1", ("d1", "r1"): "token-of-d1", ("d2", "r1"): None}
-    assert all(v.router_inflight == 0 for v in orch.pool.views())
+    assert all(v.router_inflight == 0 for v in orch.workers.views())

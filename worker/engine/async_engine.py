@@ -119,7 +119,7 @@ class AsyncEngine:
                 eng.add(seq)
             else:
                 try:
-                    report = await kv_pull.pull(eng, self.kv, req, seq, self.wait_for)
+                    report = await kv_pull.pull(eng, self.kv, req, seq, self.wait_for, self._blocks_freed)
                 finally:
                     self._blocks_freed()  # a failed pull gave its blocks back; a good one queued a sequence
                 self.on_pulled(report)

@@ -24,6 +24,7 @@ from it and only the rest is read from the lease (a subset of its blocks).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -31,6 +32,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tandem.contracts import timing
 from tandem.contracts.kv_layout import KVLayout
 from tandem.contracts.protocol import GenerateRequest, KVSource
 from tandem.worker.engine.errors import RequestError
@@ -63,14 +65,14 @@ class KVEndpoint:
     url: str  # where peers reach its HTTP API
     engine_id: str
     generation: str = ""
-    reserve_wait_s: float = 2.0  # a handoff waits this long at most for free blocks to receive its KV
+    reserve_wait_s: float = timing.KV_RESERVE_WAIT_S  # a handoff waits this long for blocks to receive its KV
 
     def source(self, request_id: str, block_ids: list[int], num_tokens: int, lease_token: str) -> KVSource:
         """Where a peer finds the KV of `num_tokens` tokens this worker leased in `block_ids`."""
         t = self.transport
         return KVSource(url=self.url, engine_id=self.engine_id, backend=t.name, block_ids=block_ids,
                         num_tokens=num_tokens, lease_token=lease_token, extra=t.source_extra(),
-                        ranks=t.source_ranks())
+                        ranks=t.source_ranks(), generation=self.generation)
 
 
 def _mismatch(message: str, code: str | None = "kv_mismatch", param: str = "kv_source") -> RequestError:
@@ -79,12 +81,18 @@ def _mismatch(message: str, code: str | None = "kv_mismatch", param: str = "kv_s
 
 def check_source(endpoint: KVEndpoint | None, src: KVSource, seq: Sequence, layout: KVLayout) -> None:
     """RequestError (400) when the KV source cannot belong to this request on this worker: it must
-    hold the KV of every token but the last generated one (a handoff: the prompt)."""
+    come from a worker of this worker's generation, over its backend, and hold the KV of every token
+    but the last generated one (a handoff: the prompt). Checked before any block is reserved."""
     if not seq.output_ids:
         raise _mismatch("kv_source needs the tokens generated so far: generated_token_ids (a handoff: "
                         "the prefill worker's first token, or first_token_id)", None, "generated_token_ids")
     if endpoint is None:
         raise _mismatch("this worker has no KV transport (--kv-backend none)", "kv_backend_mismatch")
+    if src.generation != endpoint.generation:
+        raise _mismatch(f"kv_source holds KV of generation {src.generation!r}, this worker serves "
+                        f"{endpoint.generation!r}: its weights may differ, so that KV is not for it "
+                        "(recompute the request here, or pull on a worker of that generation)",
+                        "kv_generation_mismatch")
     if src.backend != endpoint.transport.name:
         raise _mismatch(f"kv_source.backend is {src.backend!r}, this worker uses "
                         f"{endpoint.transport.name!r}", "kv_backend_mismatch")
@@ -96,11 +104,13 @@ def check_source(endpoint: KVEndpoint | None, src: KVSource, seq: Sequence, layo
 
 
 async def pull(eng: Engine, endpoint: KVEndpoint, req: GenerateRequest, seq: Sequence,
-               wait_for: Callable[[Callable[[], Any], float], Coroutine[Any, Any, Any]]) -> PullReport:
+               wait_for: Callable[[Callable[[], Any], float], Coroutine[Any, Any, Any]],
+               blocks_freed: Callable[[], None]) -> PullReport:
     """Take `seq` (claimed) through PULLING: reserve blocks (waiting for them at most
     reserve_wait_s, with `wait_for`), read the KV into them, and queue it for a seat with its KV.
     Raises RequestError with nothing left allocated (503 busy when no blocks came, 503
-    kv_transfer_failed when the read failed)."""
+    kv_transfer_failed when the read failed), except blocks a failed read may still write into:
+    those stay out of use until it has stopped (then `blocks_freed()`)."""
     from tandem.worker.kv.base import KVTransferError
 
     rid, src = req.request_id, req.kv_source
@@ -116,14 +126,13 @@ async def pull(eng: Engine, endpoint: KVEndpoint, req: GenerateRequest, seq: Seq
     t0 = time.monotonic()
     try:
         stats = await endpoint.transport.pull(rid, missing, res.fresh)
-    except KVTransferError as e:
-        eng.fail_pull(seq)
+    except BaseException as e:
+        _give_back(eng, seq, endpoint.transport.still_writing(rid), blocks_freed)
+        if not isinstance(e, KVTransferError):
+            raise
         log.warning("KV pull failed: %s", e, extra={"request_id": rid, "state": str(e.state)})
         raise RequestError(f"KV transfer from {src.url} failed ({e.state}): {e}", status=503,
                            type_="service_unavailable", code="kv_transfer_failed") from e
-    except BaseException:
-        eng.fail_pull(seq)
-        raise
     eng.finish_pull(seq)
     log.debug("KV pulled: %d bytes in %d transfers, %.1f ms", stats.bytes, stats.num_transfers,
               stats.seconds * 1e3, extra={"request_id": rid, "blocks": stats.num_blocks, "cached_blocks": held})
@@ -132,3 +141,20 @@ async def pull(eng: Engine, endpoint: KVEndpoint, req: GenerateRequest, seq: Seq
                  src.num_tokens - missing.num_tokens, extra={"request_id": rid, "from": req.migrated_from})
     return PullReport(seconds=time.monotonic() - t0, saved_bytes=held * eng.layout.block_bytes,
                       pulled_tokens=missing.num_tokens, migrated_from=req.migrated_from)
+
+
+def _give_back(eng: Engine, seq: Sequence, landing: asyncio.Future | None, blocks_freed: Callable[[], None]) -> None:
+    """PULLING -> FINISHED after a failed pull; blocks a READ may still write into (`landing`: the
+    transport could not stop it in time) are freed only once it has stopped, never reused before."""
+    if landing is None:
+        eng.fail_pull(seq)
+        return
+    kept = eng.fail_pull(seq, keep_blocks=True)
+    log.error("a failed KV read may still write into %d blocks: they stay out of use until it stops",
+              len(kept), extra={"request_id": seq.request_id})
+
+    def landed(_: asyncio.Future) -> None:
+        eng.free_landed(kept)
+        blocks_freed()
+
+    landing.add_done_callback(landed)

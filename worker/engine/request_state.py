@@ -31,7 +31,7 @@ tokenized (off the event loop) and its parameters checked, and it enters WAITING
 
 Ending something has one verb per meaning (engine.py): `abort` cancels a request in any state (a
 lease handed out needs its token; a request inside a step or a pull ends when that step or pull
-does); `withdraw` takes back a request that has not started (its caller stopped waiting);
+does, even if that step leased it: nobody has that lease's token yet); `withdraw` takes back a request that has not started (its caller stopped waiting);
 `release_lease` is a peer saying it is done with a lease, proven by its token; `expire_leases`
 ends the leases nobody came for; `unclaim` lets go of a claim that never became a sequence.
 """

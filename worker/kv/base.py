@@ -9,6 +9,7 @@ name through registry.py, so importing Tandem never requires nixl.
 from __future__ import annotations
 
 import abc
+import asyncio
 import enum
 from collections.abc import Awaitable, Collection
 from dataclasses import dataclass, field
@@ -123,6 +124,12 @@ class KVTransport(abc.ABC):
     def source_ranks(self) -> list[KVRank]:
         """A tensor-parallel worker's other ranks, which a KVSource it hands out carries."""
         return []
+
+    def still_writing(self, request_id: str) -> asyncio.Future | None:
+        """After a failed pull of request_id: a transfer that may still write into its destination
+        blocks (its abort has not returned within timeout_s), done once it has stopped; the caller
+        keeps those blocks out of use until then. None: nothing writes there any more."""
+        return None
 
     @abc.abstractmethod
     async def pull(self, request_id: str, source: KVSource, local_block_ids: list[int],

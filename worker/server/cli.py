@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from tandem.contracts.names import KVBackend, Role
 from tandem.worker.server.config import WorkerConfig
 
 ROLES = tuple(r.value for r in Role)
-SHUTDOWN_GRACE_S = 5.0
 BACKENDS = tuple(b.value for b in KVBackend)
 
 
@@ -141,14 +139,12 @@ def advertise_url(cfg: WorkerConfig, port: int) -> str:
 
 
 async def serve(cfg: WorkerConfig) -> int:
-    import asyncio
+    """Boot, ready, run until SIGTERM, drain, stop (worker/server/runtime.py); the exit status."""
     import logging
-    import signal
 
-    from aiohttp import web
     from tandem.worker.engine.errors import ModelLoadError
     from tandem.worker.engine.loader import check_before_loading
-    from tandem.worker.server.app import WorkerSettings, WorkerState, attach_engine, create_app
+    from tandem.worker.server.runtime import StartupError, WorkerRuntime
 
     log = logging.getLogger("tandem.worker")
     try:
@@ -156,100 +152,23 @@ async def serve(cfg: WorkerConfig) -> int:
     except ModelLoadError as e:
         log.error("cannot start the engine: %s", e)
         return 1
-    engine_id, _ = engine_identity()
-    settings = WorkerSettings(role=cfg.role, advertise_url="", engine_id=engine_id, generation=cfg.generation or "",
-                              kv_backend=str(cfg.kv_backend), served_name=cfg.served_name,
-                              reserve_wait_s=cfg.kv_reserve_wait_s, prefill_queue_s=cfg.prefill_queue_s,
-                              internal_secret=cfg.internal_secret, heartbeat_s=cfg.heartbeat_s)
     if cfg.internal_secret is None:
         log.warning("no internal secret ($TANDEM_INTERNAL_SECRET or --internal-secret-file): /internal/* "
                     "and the KV transfer accept anyone who can reach this worker")
-    state = WorkerState(settings)
-    # After the drain, streams still open get SHUTDOWN_GRACE_S to send their last line.
-    runner = web.AppRunner(create_app(state), handler_cancellation=True, access_log=None,
-                           shutdown_timeout=SHUTDOWN_GRACE_S)
-    await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port)
-    await site.start()
-    port = runner.addresses[0][1]
-    settings.advertise_url = advertise_url(cfg, port)
-    log.info("listening on %s:%d (advertised as %s), role %s, engine_id %s", cfg.host, port,
-             settings.advertise_url, settings.role.value, engine_id)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    # torch and transformers load only now, so /health answers while they import.
-    from tandem.worker.engine.async_engine import AsyncEngine
-    from tandem.worker.engine.engine import Engine
-    from tandem.worker.engine.kv_pull import KVEndpoint
-
-    transport = None
-    aeng = None
+    engine_id, _ = engine_identity()
+    runtime = WorkerRuntime(cfg, engine_id, advertise_url=lambda port: advertise_url(cfg, port))
     try:
+        await runtime.boot()
         try:
-            engine = await asyncio.to_thread(Engine, cfg.engine_config(), lease_s=cfg.kv_lease_s)
-        except (ModelLoadError, ValueError) as e:
-            state.load_error = str(e)
-            log.error("cannot start the engine: %s", e)
+            await runtime.ready()
+        except StartupError as e:
+            log.error("%s", e)
             return 1
-        if cfg.kv_backend is not KVBackend.NONE:
-            from tandem.worker.kv.registry import create_transport
-
-            host = settings.advertise_url.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-            kv_config = cfg.kv_transfer_config(host, {"prometheus_registry": state.metrics.registry})
-            try:
-                transport = create_transport(str(cfg.kv_backend), engine.pool, engine.layout, engine_id, kv_config)
-                await transport.start()
-            except Exception as e:  # noqa: BLE001 - report any backend failure the same way
-                state.load_error = f"KV backend {cfg.kv_backend.value!r} failed to start: {e}"
-                log.error("%s", state.load_error)
-                return 1
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            # again: a transfer library may have replaced the handlers while it started
-            loop.add_signal_handler(sig, stop.set)
-        aeng = AsyncEngine(engine, stall_s=cfg.engine_stall_s, on_step_gap=state.metrics.step_gap_seconds.observe,
-                           on_pulled=state.metrics.observe_pull)
-        aeng.start(None if transport is None else KVEndpoint(
-            transport, settings.advertise_url, engine_id, settings.generation, settings.reserve_wait_s))
-        attach_engine(state, aeng, transport)
-        log.info("ready: serving %s (max_model_len %d, %d KV blocks of %d tokens, kv backend %s)",
-                 engine.served_name, engine.max_model_len, engine.layout.num_blocks, engine.layout.block_size,
-                 cfg.kv_backend.value)
-        await stop.wait()
-        state.ready, state.draining = False, True  # /ready 503 and new requests 503 draining
-        if cfg.migrate_on_drain and transport is not None:
-            log.info("draining: handing %d sequences to other decode workers", len(engine.seqs))
-            aeng.start_migration()  # each stream ends with MIGRATE; the drain waits for the pulls
-        await drain(engine, cfg.drain_s, log, lambda: state.open_streams)
-        for rid in list(engine.seqs):  # their streams end with finish_reason abort: the router resumes them
-            aeng.abort(rid)
-        log.info("shutting down")
+        await runtime.until_stopped()
+        await runtime.drain()
         return 0
     finally:
-        state.ready = False
-        await runner.cleanup()
-        if aeng is not None:
-            await aeng.stop()
-        if transport is not None:
-            await transport.close()
-
-
-async def drain(engine: Any, within: float, log: Any, open_streams: Callable[[], int] = lambda: 0) -> None:
-    """Let running sequences finish (or migrate), other workers pull leased KV, and every stream
-    write its last line (a FINISH, or the MIGRATE of a sequence handed out without KV, which no
-    lease keeps the drain waiting for) before the process exits, so scaling a pool down does not
-    fail the handoffs and migrations in flight."""
-    import asyncio
-    import time
-
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if engine.idle() and open_streams() == 0:
-            return
-        await asyncio.sleep(0.05)  # the engine thread finishes them; nothing to await on here
-    if engine.seqs or engine.leases:
-        log.warning("drain timed out with %d sequences and %d leases left", len(engine.seqs), len(engine.leases))
+        await runtime.stop()
 
 
 def run(args: argparse.Namespace) -> int:

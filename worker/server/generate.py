@@ -25,7 +25,8 @@ from aiohttp import web
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import NDJSON, REQUEST_ID_HEADER, EventType, StreamEvent
 from tandem.worker.engine.token_texts import TokenTexts
-from tandem.worker.server.responses import model_request, refused
+from tandem.worker.server.http_errors import refused
+from tandem.worker.server.parsing import model_request
 from tandem.worker.server.state import WorkerState
 
 log = logging.getLogger("tandem.worker.server")

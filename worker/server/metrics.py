@@ -12,6 +12,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from tandem.worker.kv.health import KVTransferMetrics
 
 
 class EngineCollector(Collector):
@@ -83,6 +84,7 @@ class WorkerMetrics:
     def __init__(self, get_engine: Callable[[], Any], get_problem: Callable[[], str | None] = lambda: None):
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(get_engine, get_problem))
+        self.kv_transfer = KVTransferMetrics(self.registry)  # for the KV transport (config.extra["kv_metrics"])
         self.refused = Counter(
             "tandem_worker_requests_refused", "Requests refused because the worker was full, by reason "
             "(queue_full, kv_cache_full, prefill_queue_timeout); answered 429/503 with Retry-After",

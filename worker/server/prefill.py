@@ -17,8 +17,8 @@ from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.names import KVBackend, Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER, PrefillResult
 from tandem.worker.engine.token_texts import TokenTexts
-from tandem.worker.server.parsing import request_id_body
-from tandem.worker.server.responses import error_response, model_request, refused
+from tandem.worker.server.http_errors import error_response, refused
+from tandem.worker.server.parsing import model_request, request_id_body
 from tandem.worker.server.state import STATE_KEY
 
 log = logging.getLogger("tandem.worker.server")

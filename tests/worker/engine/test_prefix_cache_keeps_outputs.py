@@ -161,12 +161,11 @@ def test_books_balance_after_mixed_traffic(make_engine):
 
 
 def test_cache_off_computes_everything(make_engine, reference):
-    from tandem.worker.server.kv_events import KVEventSource
-
     eng = make_engine(block_size=BS, max_waiting=64, prefix_caching=False)
     p = ids(30, 9)
     assert generate(eng, [p, p], 5, "o") == [reference(p, 5)] * 2
     assert eng.prefix_cache.stats.query_tokens_total == eng.prefix_cache.stats.hit_tokens_total == 0
     assert eng.allocator.num_cached == 0 and not eng.cached_block_hashes()
-    assert not isinstance(eng, KVEventSource)  # its KV event stream says it has no cache
-    assert isinstance(make_engine(block_size=BS, max_waiting=64), KVEventSource)
+    follow = (lambda *snapshot: None, lambda stored, removed: None)
+    assert not eng.follow_kv_events(*follow)  # its KV event stream says it has no cache
+    assert make_engine(block_size=BS, max_waiting=64).follow_kv_events(*follow)
