@@ -13,12 +13,14 @@ import json
 import logging
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tandem.contracts.names import GROUP, PLURAL, VERSION
 from tandem.operator.config import DEFAULT_API_TIMEOUT_SECONDS, FIELD_MANAGER, HANDOVER_MANAGER
+from tandem.operator.metrics import METRICS
 from tandem.operator.ownership import REFUSED, refusal
 
 log = logging.getLogger(__name__)
@@ -107,10 +109,11 @@ def request(
     body: dict | None = None,
     content_type: str | None = None,
     timeout_s: float | None = None,
+    accept: str = "application/json",
 ) -> dict:
     """One raw API call returning the JSON body as a dict; non-2xx raises ApiException. `timeout_s`
     bounds it (default API_TIMEOUT_S)."""
-    headers = {"Accept": "application/json"}
+    headers = {"Accept": accept}
     if content_type:
         headers["Content-Type"] = content_type
     params = api.param_serialize(
@@ -122,7 +125,9 @@ def request(
         auth_settings=["BearerToken"],
     )
     limit = API_TIMEOUT_S if timeout_s is None else timeout_s
-    resp = api.call_api(*params, _request_timeout=(min(5.0, limit), limit))
+    METRICS.api_requests.labels(method).inc()
+    with METRICS.api_seconds.time():
+        resp = api.call_api(*params, _request_timeout=(min(5.0, limit), limit))
     resp.read()
     text = (resp.data or b"").decode("utf-8", errors="replace")
     if not 200 <= resp.status <= 299:
@@ -142,9 +147,13 @@ def server_side_apply(api: client.ApiClient, manifest: dict) -> dict:
     )
 
 
-def _live(api: client.ApiClient, manifest: dict) -> dict | None:
+# The object's metadata alone: what deciding whether (and how) to apply needs, a fraction of the bytes.
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+
+
+def _live(api: client.ApiClient, manifest: dict, metadata_only: bool = False) -> dict | None:
     try:
-        return request(api, "GET", _path(manifest))
+        return request(api, "GET", _path(manifest), accept=METADATA_ONLY if metadata_only else "application/json")
     except ApiException as e:
         if e.status == 404:
             return None
@@ -183,20 +192,34 @@ def _error_text(e: ApiException) -> str:
         return f"{e.status} {e.reason}"
 
 
-def apply_all(api: client.ApiClient, manifests: list[dict], applied: dict[str, Applied] | None = None) -> ApplyResult:
+_READS: ThreadPoolExecutor | None = None
+
+
+def _reader() -> ThreadPoolExecutor:
+    """The threads that read a pass's children at once (a process-wide pool: passes run in threads)."""
+    global _READS
+    if _READS is None:
+        _READS = ThreadPoolExecutor(16, thread_name_prefix="read")
+    return _READS
+
+
+def apply_all(api: client.ApiClient, manifests: list[dict], applied: dict[str, Applied] | None = None,
+              known: dict[str, dict] | None = None) -> ApplyResult:
     """Applies children in order; stops at the first failure and says whether retrying may help.
 
-    A GET before each apply tells created/updated/unchanged apart (a no-op apply keeps the
-    resourceVersion), which is what the events on the CR report, and whose an existing object is:
-    one the InferenceService does not control is refused, not taken over (ownership.refusal). With
-    `applied` (kept per service) a child nobody changed since the same manifest was applied is not
-    applied again.
+    A GET of each child's metadata before its apply tells created/updated/unchanged apart (a no-op
+    apply keeps the resourceVersion), which is what the events on the CR report, and whose an
+    existing object is: one the InferenceService does not control is refused, not taken over
+    (ownership.refusal). With `applied` (kept per service) a child nobody changed since the same
+    manifest was applied is not applied again; `known` holds children just listed (by ref: no GET).
     """
-    result, applied = ApplyResult(), {} if applied is None else applied
-    for manifest in manifests:
+    result, applied, known = ApplyResult(), {} if applied is None else applied, known or {}
+    # All reads at once (a pass waits one round trip), of what was not just listed.
+    reads = [None if ref(m) in known else _reader().submit(_live, api, m, True) for m in manifests]
+    for manifest, read in zip(manifests, reads, strict=True):
         digest = _digest(manifest)
         try:
-            live = _live(api, manifest)
+            live = known.get(ref(manifest)) if read is None else read.result()
             refused = refusal(live, manifest) if live is not None else None
             if refused is not None:
                 return ApplyResult(result.created, result.updated, refused.message, refused.retryable, REFUSED)
@@ -204,7 +227,7 @@ def apply_all(api: client.ApiClient, manifests: list[dict], applied: dict[str, A
                 continue
             if (live is not None and manifest["kind"] in SCALED_KINDS and "replicas" not in manifest["spec"]
                     and owns_replicas(live)):
-                release_replicas(api, manifest, live)
+                release_replicas(api, manifest, live if "spec" in live else _live(api, manifest) or live)
             before = live["metadata"]["resourceVersion"] if live is not None else None
             stored = server_side_apply(api, manifest)["metadata"]
             after = stored["resourceVersion"]
