@@ -39,7 +39,7 @@ def kv_layout_for(config, num_blocks: int, block_size: int, dtype: torch.dtype, 
         num_blocks=num_blocks,
         num_layers=config.num_hidden_layers,
         block_size=block_size,
-        num_kv_heads=config.num_key_value_heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,  # MHA configs name none
         head_dim=head_dim,
         dtype=str(dtype).removeprefix("torch."),
         tp_size=group.size if group is not None else 1,

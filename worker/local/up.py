@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from tandem.contracts.internal_auth import SECRET_ENV
+from tandem.contracts.model_support import check_model_config
 from tandem.weights.hub import HubError
 from tandem.weights.local import is_hub_id, model_folder
 from tandem.worker.local.processes import ManagedProcess, Supervisor, free_port
@@ -150,6 +151,9 @@ def run(args: argparse.Namespace) -> int:
             args.served_name = args.model.partition("@")[0]  # not the snapshot folder's commit
         if not (model / "config.json").is_file():
             print(f"tandem up: {model} is not a Hugging Face model folder (no config.json)", file=sys.stderr)
+            return 2
+        if (reason := check_model_config(json.loads((model / "config.json").read_text()))) is not None:
+            print(f"tandem up: cannot serve {model}: {reason}", file=sys.stderr)
             return 2
         children = plan(args, model)
         workers = len(children) - 1

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.contracts import timing
+from tandem.contracts.model_support import ModelBackend
 from tandem.contracts.names import KVBackend, Role
 from tandem.worker.server.config import WorkerConfig
 
@@ -57,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "--max-batched-tokens for prefill)")
     a("--compile", choices=("auto", "on", "off"), default=None, help="torch.compile the decode step at "
       "start-up (default auto: on a CPU with a C++ compiler; never for --role prefill)")
+    a("--model-backend", choices=tuple(b.value for b in ModelBackend), default=None, help="the forward pass: "
+      "native (hand-written, Llama/Mistral/Qwen2), transformers (the model's own classes with paged attention), "
+      "or auto (default: native where it is exact, else transformers)")
     a("--prefix-caching", action=argparse.BooleanOptionalAction, default=None, help="keep KV blocks after "
       "their request and start prompts that share a prefix from them (default on)")
     a("--kv-backend", choices=BACKENDS, default=None,
@@ -139,12 +143,12 @@ async def serve(cfg: WorkerConfig) -> int:
     import logging
 
     from tandem.worker.engine.errors import ModelLoadError
-    from tandem.worker.engine.loader import model_source
+    from tandem.worker.engine.loader import check_before_loading
     from tandem.worker.server.runtime import StartupError, WorkerRuntime
 
     log = logging.getLogger("tandem.worker")
     try:
-        model_source(cfg.model)
+        check_before_loading(cfg.model, cfg.model_backend.value)
     except ModelLoadError as e:
         log.error("cannot start the engine: %s", e)
         return 1

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from tandem.contracts import timing
 from tandem.contracts.internal_auth import SECRET_ENV, load_secret
+from tandem.contracts.model_support import ModelBackend
 from tandem.contracts.names import KV_PORT, KVBackend, Role
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from tandem.worker.kv.base import KVTransferConfig
 
 
-_ENUMS = (Role, KVBackend)
+_ENUMS = (Role, KVBackend, ModelBackend)
 
 # A colocated or decode worker prefills in small chunks so the streams it is decoding wait one
 # chunk per step (about 60-150 ms on one CPU core), not a whole prompt; a prefill worker has no
@@ -51,6 +52,7 @@ class WorkerConfig:
     # Prompt tokens per step, all prompts together; None: the role's default (ROLE_PREFILL_CHUNK)
     prefill_chunk_tokens: int | None = None
     compile: str = "auto"  # auto | on | off: torch.compile the decode step at start-up
+    model_backend: ModelBackend = ModelBackend.AUTO  # the forward pass (contracts/model_support.py)
     prefix_caching: bool = True  # keep KV blocks after their request and reuse them for equal prefixes
     kv_backend: KVBackend | None = None  # None: nixl for prefill/decode, none for colocated
     threads: int | None = None
@@ -127,6 +129,7 @@ class WorkerConfig:
             max_batched_tokens=self.max_batched_tokens,
             max_model_len=self.max_model_len, served_name=self.served_name, threads=self.threads,
             prefill_chunk_tokens=self.effective_prefill_chunk_tokens(), prefix_caching=self.prefix_caching,
+            model_backend=self.model_backend.value,
             # A prefill worker never runs a decode step: nothing to compile there.
             compile="off" if self.role is Role.PREFILL and self.compile == "auto" else self.compile,
         )
