@@ -30,6 +30,14 @@ WORKER_PORT_NAME = "http"
 # The tcp KV backend's port on prefill workers: fixed, so the pod spec declares it.
 KV_PORT = 5601
 KV_PORT_NAME = "kv"
+# A tensor-parallel group's rendezvous: rank 0 (the leader) listens here for the other ranks
+# (`tandem worker --leader-address HOST:PORT`, default $LWS_LEADER_ADDRESS with this port).
+TP_RENDEZVOUS_PORT = 5602
+TP_RENDEZVOUS_PORT_NAME = "rendezvous"
+# What LeaderWorkerSet sets in a group's pods, and the worker's group flags default from.
+LWS_LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"  # the leader pod's stable address (no port)
+LWS_GROUP_SIZE_ENV = "LWS_GROUP_SIZE"  # pods in the group
+LWS_WORKER_INDEX_ENV = "LWS_WORKER_INDEX"  # this pod's index in the group (the leader's is 0)
 
 
 class Role(enum.StrEnum):

@@ -86,7 +86,7 @@ def prepare_kernels(weights: ModelWeights, setting: str, pool: torch.Tensor, max
     try:
         kernels.warm_up(pool, max_context)
     except Exception as e:  # noqa: BLE001 - any compiler failure means the same: run eagerly
-        if setting == "on":
+        if setting == "on" or weights.group.size > 1:  # ranks must not run different graphs
             raise
         log.warning("torch.compile failed (%s: %s); the decode step runs eagerly", type(e).__name__, e)
         kernels = kernels_for(weights, False, pool.shape[4])

@@ -57,6 +57,24 @@ def _available_memory(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def pool_blocks(config: EngineConfig, lm: LoadedModel) -> int:
+    """The KV pool's size in blocks: num_blocks, or what kv_memory_fraction of the free memory holds
+    (a tensor-parallel rank's blocks hold its heads only: lm.group)."""
+    if config.num_blocks is not None:
+        num_blocks = config.num_blocks
+    else:
+        probe = kv_layout_for(lm.config, 1, config.block_size, lm.dtype, lm.group)
+        default_fraction = 0.9 if lm.device.type == "cuda" else 0.25
+        fraction = config.kv_memory_fraction or default_fraction
+        num_blocks = int(_available_memory(lm.device) * fraction) // probe.block_bytes
+        # On a CPU there is no point in more than every sequence at full context.
+        if lm.device.type == "cpu" and config.kv_memory_fraction is None:
+            num_blocks = min(num_blocks, config.max_num_seqs * probe.blocks_for(lm.max_model_len))
+    if num_blocks < 1:
+        raise ModelLoadError("no memory left for the KV pool; lower kv_memory_fraction or set num_blocks")
+    return num_blocks
+
+
 class Engine(Admission, LeaseKeeping, Migration):
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, lease_s: float = 30.0):
         if config.threads:
@@ -81,17 +99,7 @@ class Engine(Admission, LeaseKeeping, Migration):
         self.tokenizer = lm.tokenizer
         self.vocab_size = int(lm.config.vocab_size)
         self.served_name = config.served_name or lm.name
-        probe = kv_layout_for(lm.config, 1, config.block_size, lm.dtype, lm.group)
-        num_blocks = config.num_blocks
-        if num_blocks is None:
-            default_fraction = 0.9 if lm.device.type == "cuda" else 0.25
-            fraction = config.kv_memory_fraction or default_fraction
-            num_blocks = int(_available_memory(lm.device) * fraction) // probe.block_bytes
-            # On a CPU there is no point in more than every sequence at full context.
-            if lm.device.type == "cpu" and config.kv_memory_fraction is None:
-                num_blocks = min(num_blocks, config.max_num_seqs * probe.blocks_for(lm.max_model_len))
-        if num_blocks < 1:
-            raise ModelLoadError("no memory left for the KV pool; lower kv_memory_fraction or set num_blocks")
+        num_blocks = pool_blocks(config, lm)
         self.layout = kv_layout_for(lm.config, num_blocks, config.block_size, lm.dtype, lm.group)
         self.max_model_len = lm.max_model_len
         if config.max_model_len is not None:

@@ -128,6 +128,9 @@ class StepLogits(NamedTuple):
 
 
 class PagedForward:
+    # A tensor-parallel runner (parallel/executor.py) lists its group's other ranks (KVRank endpoints).
+    ranks: tuple = ()
+
     def __init__(self, weights: ModelWeights, pool: torch.Tensor, layout: KVLayout, kernels: CompiledKernels):
         self.w = weights
         self.pool = pool

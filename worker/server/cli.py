@@ -82,6 +82,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "stream over) instead of waiting for them to finish (default on for decode, needs a kv backend)")
     a("--heartbeat-s", type=float, default=None, help="a generate stream silent this long (a queued "
       "request) gets a keep-alive line, so the router does not take it for a hang (default 5)")
+    a("--tensor-parallel", type=int, default=None, metavar="N", help="ranks (one process per device) that "
+      "share the model: weights, attention heads and KV cache split N ways. Alone on a node this process "
+      "is rank 0 and starts the others (default 1)")
+    a("--rank", type=int, default=None, metavar="K", help="a group spanning nodes: this process's rank, the "
+      "first of its node (default $LWS_WORKER_INDEX x N / $LWS_GROUP_SIZE)")
+    a("--local-ranks", type=int, default=None, metavar="L", help="a group spanning nodes: ranks on this "
+      "node, this process and L-1 it starts (default N / $LWS_GROUP_SIZE, else 1)")
+    a("--leader-address", default=None, metavar="HOST:PORT", help="where rank 0 listens for the other ranks "
+      "(default $LWS_LEADER_ADDRESS, port 5602; unset: a group on this node)")
+    a("--tp-timeout-s", type=float, default=None, help="a wait between the ranks longer than this fails "
+      "the group (default 60)")
     a("--threads", type=int, default=None, help="torch.set_num_threads")
     a("--served-name", default=None, help="model name in /v1/models (default: the folder's name)")
     a("--generation", default=None, help="tandem.dev/generation (default $TANDEM_GENERATION)")
@@ -179,10 +190,18 @@ async def serve(cfg: WorkerConfig) -> int:
 
     transport = None
     aeng = None
+    leader = None  # tensor parallelism: rank 0's side of the group (engine/parallel/leader.py)
     try:
         try:
-            engine = await asyncio.to_thread(Engine, cfg.engine_config(), lease_s=cfg.kv_lease_s)
-        except (ModelLoadError, ValueError) as e:
+            if cfg.tensor_parallel > 1:
+                from tandem.worker.engine.parallel.leader import GroupLeader
+
+                leader = GroupLeader(cfg, engine_id, settings.advertise_url)
+                leader.start()
+                engine = await asyncio.to_thread(leader.load_engine, cfg.kv_lease_s)
+            else:
+                engine = await asyncio.to_thread(Engine, cfg.engine_config(), lease_s=cfg.kv_lease_s)
+        except (ModelLoadError, ValueError, RuntimeError) as e:  # RuntimeError: a group that did not form
             state.load_error = str(e)
             log.error("cannot start the engine: %s", e)
             return 1
@@ -198,6 +217,12 @@ async def serve(cfg: WorkerConfig) -> int:
                 state.load_error = f"KV backend {cfg.kv_backend.value!r} failed to start: {e}"
                 log.error("%s", state.load_error)
                 return 1
+        if leader is not None:
+            ranks = await asyncio.to_thread(leader.wait_for_ranks)
+            if transport is not None:
+                from tandem.worker.engine.parallel.group_transport import GroupTransport
+
+                transport = GroupTransport(transport, ranks)
         for sig in (signal.SIGINT, signal.SIGTERM):
             # again: a transfer library may have replaced the handlers while it started
             loop.add_signal_handler(sig, stop.set)
@@ -222,6 +247,8 @@ async def serve(cfg: WorkerConfig) -> int:
         await runner.cleanup()
         if aeng is not None:
             await aeng.stop()
+        if leader is not None:
+            await asyncio.to_thread(leader.close)
         if transport is not None:
             await transport.close()
 
@@ -264,4 +291,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                           str(Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem")) / "inductor"))
     logging.getLogger("tandem.worker").info("starting worker", extra={"settings": cfg.public()})
+    if cfg.placement.rank > 0:  # a follower rank of a tensor-parallel group: no HTTP API of its own
+        from tandem.worker.engine.parallel.follower import run_follower
+
+        return run_follower(cfg)
     return asyncio.run(serve(cfg))

@@ -40,7 +40,8 @@ def leased_source(state: WorkerState, request_id: str, block_ids: list[int], num
         return None
     t = state.transport
     return KVSource(url=state.settings.advertise_url, engine_id=state.settings.engine_id, backend=t.name,
-                    block_ids=block_ids, num_tokens=num_tokens, lease_token=token, extra=t.source_extra())
+                    block_ids=block_ids, num_tokens=num_tokens, lease_token=token, extra=t.source_extra(),
+                    ranks=t.source_ranks())
 
 
 def check_source(state: WorkerState, req: GenerateRequest, seq: Any) -> web.Response | None:

@@ -1,0 +1,138 @@
+"""Rank 0's side of a tensor-parallel worker: it hosts the rendezvous, starts the other ranks of its
+node as processes (`tandem worker --tensor-parallel N --rank K --leader-address ...`), decides what
+every rank must agree on (agreement.py), builds the one Engine of the group (whose runner sends each
+step to every rank: executor.py), and then gathers the ranks' endpoints for the group's KV
+transport (group_transport.py).
+
+A rank it started that exits while the group starts ends this process too (exit 1): the group can
+never form, and waiting for it would only hold the start-up budget. Once serving, a rank that dies
+fails the group through the step's collectives (executor.py), which fails /health.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from tandem.contracts.parallelism import ParallelismError
+from tandem.worker.engine.parallel.placement import Placement
+from tandem.worker.engine.parallel.sharding import config_problem
+
+log = logging.getLogger("tandem.worker.engine.parallel")
+
+_WATCH_S = 0.5
+
+
+def follower_argv(cfg: Any, rank: int, leader: str, device: str) -> list[str]:
+    """The command line of a rank this process starts: its place in the group and its own network
+    and logging; everything else it takes from rank 0's agreement."""
+    argv = [sys.executable, "-m", "tandem.cli.main", "worker", "--model", cfg.model, "--role", cfg.role.value,
+            "--tensor-parallel", str(cfg.tensor_parallel), "--rank", str(rank), "--local-ranks", "1",
+            "--leader-address", leader, "--host", cfg.host, "--port", "0", "--kv-port", "0", "--device", device,
+            "--kv-backend", cfg.kv_backend.value, "--tp-timeout-s", str(cfg.tp_timeout_s),
+            "--log-format", cfg.log_format, "--log-level", cfg.log_level]
+    if not cfg.migrate_on_drain and cfg.kv_backend.value != "none":
+        argv.append("--no-migrate-on-drain")
+    if cfg.threads:
+        argv += ["--threads", str(cfg.threads)]
+    if cfg.internal_secret_file:
+        argv += ["--internal-secret-file", cfg.internal_secret_file]
+    return argv
+
+
+class GroupLeader:
+    def __init__(self, cfg: Any, engine_id: str, leader_url: str):
+        self.cfg = cfg
+        self.leader_url = leader_url  # rank 0's HTTP API: the ranks ask it about leases
+        self.placement: Placement = cfg.placement
+        self.engine_id = engine_id
+        self.group: Any = None
+        self.engine: Any = None
+        self.children: list[Any] = []
+        self._store: Any = None
+        self._spec: Any = None
+        self._starting = True
+        self._device: Any = None
+
+    def start(self) -> None:
+        """On the main thread (a child dies with the thread that started it): the rendezvous store,
+        then the node's other ranks."""
+        from tandem.worker.engine.parallel.follower import rank_device
+        from tandem.worker.engine.parallel.group import GroupSpec, make_store
+        from tandem.worker.local.processes import ManagedProcess
+
+        p = self.placement
+        config_json = Path(self.cfg.model).expanduser() / "config.json"
+        if config_json.is_file():  # a hub id is checked when the ranks read their slices
+            problem = config_problem(json.loads(config_json.read_text()), p.size)
+            if problem is not None:
+                raise ParallelismError(f"{self.cfg.model}: {problem}")
+        spec = GroupSpec(p.size, p.rank, p.leader_host, p.leader_port, timeout_s=self.cfg.tp_timeout_s)
+        self._store = make_store(spec)
+        self._spec = dataclasses.replace(spec, leader_port=self._store.port)
+        self._device = rank_device(self.cfg.device, 0, 0)
+        for i, rank in enumerate(p.started_ranks, start=1):
+            device = f"cuda:{i}" if self._device.type == "cuda" else str(self._device)
+            argv = follower_argv(self.cfg, rank, f"{p.leader_host}:{self._spec.leader_port}", device)
+            self.children.append(ManagedProcess(f"rank-{rank}", argv, capture=False).start())
+        log.info("tensor parallelism %d: rank 0 at %s:%d, started ranks %s", p.size, p.leader_host,
+                 self._spec.leader_port, list(p.started_ranks) or "none (other nodes start theirs)")
+        threading.Thread(target=self._watch, name="tandem-tp-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        """While the group starts, a started rank that exits ends this process."""
+        stop = threading.Event()
+        while self._starting and not stop.wait(_WATCH_S):
+            for c in self.children:
+                if c.returncode is not None and self._starting:
+                    log.error("rank process %s exited with %s while the group started: giving up", c.name,
+                              c.returncode)
+                    os._exit(1)
+
+    def load_engine(self, lease_s: float) -> Any:
+        """Join the group, publish the agreement and build the group's engine (blocking: run it on a
+        thread). The other ranks load and compile alongside."""
+        from tandem.worker.engine.engine import Engine, pool_blocks
+        from tandem.worker.engine.loader import load_model
+        from tandem.worker.engine.parallel.agreement import Agreement, max_context
+        from tandem.worker.engine.parallel.group import ParallelGroup
+
+        cfg = self.cfg
+        self.group = ParallelGroup.join(self._spec, self._device, self._store)
+        ecfg = dataclasses.replace(cfg.engine_config(), device=str(self._device))
+        lm = load_model(ecfg.model, dtype=ecfg.dtype, device=ecfg.device, max_model_len=ecfg.max_model_len,
+                        trust_remote_code=ecfg.trust_remote_code, weights=False)
+        lm.group = self.group
+        ecfg.num_blocks = pool_blocks(ecfg, lm)
+        kv = cfg.kv_transfer_config("")
+        self.group.publish("agreement", Agreement(
+            engine=dataclasses.asdict(ecfg), engine_id=self.engine_id, leader_url=self.leader_url,
+            max_context=max_context(lm.max_model_len, ecfg.max_model_len, ecfg.num_blocks, ecfg.block_size),
+            role=cfg.role.value, kv_backend=cfg.kv_backend.value,
+            kv={"timeout_s": kv.timeout_s, "lease_s": kv.lease_s, "extra": kv.extra, "serve": kv.serve}))
+        self.engine = Engine(ecfg, loaded=lm, lease_s=lease_s)
+        return self.engine
+
+    def wait_for_ranks(self) -> list[Any]:
+        """Every other rank's endpoint (a KVRank), once it serves; start-up is then over."""
+        endpoints = self.group.gather_published("endpoint", ranks=range(1, self.placement.size))
+        self.engine.runner.ranks = tuple(endpoints)
+        self.group.serving()
+        self._starting = False
+        return endpoints
+
+    def close(self) -> None:
+        """Stop the group: the ranks leave when told (or die with this process), then are reaped."""
+        self._starting = False
+        if self.engine is not None:
+            self.engine.runner.close()  # executor.LeaderRunner
+        for c in self.children:
+            c.stop(grace_s=10.0)
+        if self.group is not None:
+            self.group.close()
