@@ -42,9 +42,9 @@ cluster-down:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# The default scenarios of `python -m bench` (bench/cli.py DEFAULT_SCENARIOS), one after another.
 bench: $(STAMP)
-	$(BIN)/python -m bench.run
-	$(BIN)/python -m bench.multiturn
+	$(BIN)/python -m bench default
 
 clean:
 	rm -rf $(VENV) .cluster

@@ -22,6 +22,9 @@ LABEL_ROLE = "tandem.dev/role"
 LABEL_GENERATION = "tandem.dev/generation"
 ANNOTATION_CONFIG_HASH = "tandem.dev/config-hash"
 MANAGED_BY = "tandem-operator"
+# A worker whose tensor-parallel group spans nodes is a LeaderWorkerSet group: its leader pod runs
+# rank 0 (HTTP, scheduler, sampling) and gets traffic; follower pods run the other ranks, get none.
+LABEL_GROUP_MEMBER = "tandem.dev/group-member"
 
 # Ports inside the pods (the router Service's port comes from the spec).
 WORKER_PORT = 8000
@@ -30,10 +33,10 @@ WORKER_PORT_NAME = "http"
 # The tcp KV backend's port on prefill workers: fixed, so the pod spec declares it.
 KV_PORT = 5601
 KV_PORT_NAME = "kv"
-# A tensor-parallel group's rendezvous: rank 0 (the leader) listens here for the other ranks
-# (`tandem worker --leader-address HOST:PORT`, default $LWS_LEADER_ADDRESS with this port).
-TP_RENDEZVOUS_PORT = 5602
-TP_RENDEZVOUS_PORT_NAME = "rendezvous"
+# Where the ranks of a group that spans nodes meet: a port on the leader pod (torch.distributed's
+# store), reached as $LWS_LEADER_ADDRESS:RENDEZVOUS_PORT (`tandem worker --leader-address HOST:PORT`).
+RENDEZVOUS_PORT = 29500
+RENDEZVOUS_PORT_NAME = "dist"
 # What LeaderWorkerSet sets in a group's pods, and the worker's group flags default from.
 LWS_LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"  # the leader pod's stable address (no port)
 LWS_GROUP_SIZE_ENV = "LWS_GROUP_SIZE"  # pods in the group
@@ -46,6 +49,19 @@ class Role(enum.StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
     COLOCATED = "colocated"
+
+
+class GroupMember(enum.StrEnum):
+    """A pod's place in a group that spans nodes (label LABEL_GROUP_MEMBER)."""
+
+    LEADER = "leader"
+    FOLLOWER = "follower"
+
+
+def serves_requests(pod: dict[str, Any]) -> bool:
+    """Whether a worker pod takes requests: every pod but a group's followers (they run ranks > 0)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(LABEL_GROUP_MEMBER) != GroupMember.FOLLOWER
 
 
 class KVBackend(enum.StrEnum):

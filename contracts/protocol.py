@@ -103,8 +103,17 @@ def top_k_valid(k: int) -> bool:
     return k >= -1
 
 
+# The most alternatives a request may ask logprobs for (OpenAI's top_logprobs allows 20).
+MAX_TOP_LOGPROBS = 20
+# logit_bias values, as OpenAI bounds them.
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
+
+
 @dataclass
 class SamplingParams:
+    """What one sequence samples with. Fields past `ignore_eos` travel only when set (to_wire), so a
+    router that does not use them still talks to a worker that does not know them."""
+
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
@@ -113,6 +122,45 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    min_p: float = 0.0  # drop tokens below min_p x the likeliest one's probability
+    min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens are out
+    presence_penalty: float = 0.0  # OpenAI's, over the generated tokens
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # vLLM's (CTRL's), over prompt and generated tokens
+    logit_bias: dict[str, float] = field(default_factory=dict)  # token id (as a string) -> bias
+    # None: no logprobs; k >= 0: the chosen token's log probability and the k likeliest alternatives
+    logprobs: int | None = None
+    # The output's grammar (worker/engine/grammar.py): {"json_schema": {...}}, {"json_object": true},
+    # {"regex": "..."}, {"choice": [...]} or {"lark": "..."}; None: unconstrained.
+    structured: dict[str, Any] | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return {k: v for k, v in d.items() if k in _ALWAYS_SENT or v != _SAMPLING_DEFAULTS[k]}
+
+
+_ALWAYS_SENT = frozenset({"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
+                          "ignore_eos"})
+_SAMPLING_DEFAULTS = dataclasses.asdict(SamplingParams())
+
+
+LOGPROB_FLOOR = -9999.0  # what a -inf log probability is reported as (JSON has no infinity; vLLM's value)
+
+
+@dataclass
+class TokenLogprobs:
+    """One generated token's log probability and its `top` alternatives as (id, logprob), likeliest
+    first. On the wire (to_wire) each id comes with its text, as the worker's tokenizer decodes it."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+    def to_wire(self, text: Any) -> dict[str, Any]:
+        def one(tok: int, lp: float) -> dict[str, Any]:
+            return {"id": tok, "token": text(tok), "logprob": max(lp, LOGPROB_FLOOR)}
+
+        return one(self.token_id, self.logprob) | {"top": [one(t, lp) for t, lp in self.top]}
 
 
 @dataclass
@@ -165,6 +213,9 @@ class GenerateRequest:
     messages: list[dict[str, Any]] | None = None
     prompt_token_ids: list[int] | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # How `messages` go through the chat template (chat_options.py): add_generation_prompt,
+    # continue_final_message, chat_template_kwargs; None: the defaults (a generation prompt added).
+    chat_options: dict[str, Any] | None = None
     # Disaggregated decode: the prompt's KV is pulled from here; generated_token_ids then holds
     # exactly the prefill worker's first token.
     kv_source: KVSource | None = None
@@ -184,7 +235,7 @@ class GenerateRequest:
     migrated_from: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self) | {"sampling": self.sampling.to_wire()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GenerateRequest:
@@ -206,6 +257,8 @@ class PrefillResult:
     # then there is nothing to hand off and the prefill worker has freed the blocks.
     finish_reason: FinishReason | None
     kv: KVSource | None
+    # The first token's logprobs (TokenLogprobs.to_wire) when sampling.logprobs asked for them.
+    first_token_logprobs: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -233,6 +286,8 @@ class StreamEvent:
     error: dict[str, Any] | None = None  # on ERROR: {"message", "type", "param", "code"}
     kv: KVSource | None = None  # on MIGRATE: where the sequence's KV is leased, if it had any
     generated_token_ids: list[int] = field(default_factory=list)  # on MIGRATE: every token so far
+    # on TOKEN, when sampling.logprobs asked: one TokenLogprobs.to_wire per token id
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, [], "")} | {

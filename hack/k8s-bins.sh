@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane used by the tests (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl, kwok, helm) from Go modules at
-# pinned versions: no prebuilt binary can be downloaded here, the Go module proxy can.
+# kube-controller-manager, kube-scheduler, kubectl, kwok, helm, and the LeaderWorkerSet
+# controller) from Go modules at pinned versions: no prebuilt binary can be downloaded
+# here, the Go module proxy can.
 #
 #   hack/k8s-bins.sh              build what is missing (seconds when all is there)
 #   hack/k8s-bins.sh --print-dir  print the binaries dir; never builds
@@ -16,6 +17,7 @@ K8S_VERSION=v1.37.2        # k8s.io/kubernetes; its staging modules are v0.37.2
 ETCD_VERSION=v3.7.3        # go.etcd.io/etcd/server/v3 (k8s 1.37 builds against etcd 3.7)
 KWOK_VERSION=v0.8.0        # sigs.k8s.io/kwok
 HELM_VERSION=v3.22.0       # helm.sh/helm/v3
+LWS_VERSION=v0.9.0         # sigs.k8s.io/lws: the LeaderWorkerSet controller, its CRD and webhooks (v0.10.0: the proxy refuses its zip, 403)
 GO_PARALLEL=${TANDEM_GO_PARALLEL:-2}  # go build -p: 2 shared cores, kube-apiserver links are big
 # Bump when the build recipe changes (flags, version variables): the cache key includes it, so
 # binaries built by an older recipe are never reused. r2: version ldflags as the upstream Makefiles.
@@ -40,6 +42,16 @@ case $ARCH in x86_64) ARCH=amd64 ;; aarch64) ARCH=arm64 ;; esac
 KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_${OS}-${ARCH}_${RECIPE}"
 KEY_DIR="$CACHE_ROOT/k8s/$KEY"
 BIN_DIR="$KEY_DIR/bin"
+# The LWS controller has its own key (a new LWS version must not rebuild Kubernetes); BIN_DIR
+# holds links to it, so the tests still see one dir. lws-crds.yaml and lws-webhooks.yaml are
+# copied from the module: the CRDs to install and the webhook configurations to point at it.
+LWS_RECIPE=r2  # r2: every CRD the controller watches (LeaderWorkerSet and DisaggregatedSet)
+LWS_DIR="$CACHE_ROOT/k8s/lws-${LWS_VERSION}_${OS}-${ARCH}_${LWS_RECIPE}/bin"
+LWS_FILES=(lws-controller lws-crds.yaml lws-webhooks.yaml)
+LWS_CRD_DIR=config/crd/bases  # the controller also runs a DisaggregatedSet controller: both CRDs
+# The pod webhooks' objectSelector comes from these kustomize patches (kept as the module has them).
+LWS_WEBHOOK_FILES=(config/webhook/manifests.yaml config/webhook/mutating-patch.yaml
+  config/webhook/validating-patch.yaml)
 
 usage() {
   sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
@@ -62,7 +74,7 @@ make_merged() {
   local merged=$1 assets b
   assets=$(cd "$KUBEBUILDER_ASSETS" && pwd)
   mkdir -p "$merged"
-  for b in "${BINARIES[@]}"; do
+  for b in "${BINARIES[@]}" "${LWS_FILES[@]}"; do
     if [[ -e "$assets/$b" ]]; then
       ln -sfn "$assets/$b" "$merged/$b"
     else
@@ -76,6 +88,21 @@ missing() {
   for b in "${BINARIES[@]}"; do
     if [[ -n ${KUBEBUILDER_ASSETS:-} && -e "$KUBEBUILDER_ASSETS/$b" ]]; then continue; fi
     [[ -e "$BIN_DIR/$b" ]] || echo "$b"
+  done
+  for b in "${LWS_FILES[@]}"; do
+    if [[ -n ${KUBEBUILDER_ASSETS:-} && -e "$KUBEBUILDER_ASSETS/$b" ]]; then continue; fi
+    [[ -e "$LWS_DIR/$b" ]] || echo "$b"
+  done
+}
+
+# BIN_DIR's links to the LWS files of the pinned version (relinked when the version changes).
+link_lws() {
+  local b
+  for b in "${LWS_FILES[@]}"; do
+    if [[ -e "$LWS_DIR/$b" && "$(readlink "$BIN_DIR/$b" 2>/dev/null)" != "$LWS_DIR/$b" ]]; then
+      mkdir -p "$BIN_DIR"
+      ln -sfn "$LWS_DIR/$b" "$BIN_DIR/$b"
+    fi
   done
 }
 
@@ -188,6 +215,29 @@ build_module_cmd() {
     -o "$STAGE/$name" "$pkg")
 }
 
+# The LWS controller (its Makefile's version ldflags; the commit is the tag's, which the module
+# proxy's .info names), its CRD and its webhook configurations, from sigs.k8s.io/lws.
+build_lws() {
+  local dir f flags p=sigs.k8s.io/lws/pkg/version
+  dir=$(go mod download -json "sigs.k8s.io/lws@$LWS_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
+  mkdir -p "$LWS_DIR"
+  log "writing lws-crds.yaml and lws-webhooks.yaml from sigs.k8s.io/lws@$LWS_VERSION"
+  for f in "$dir/$LWS_CRD_DIR"/*.yaml; do
+    cat "$f"
+    echo "---"
+  done >"$STAGE/lws-crds.yaml"
+  for f in "${LWS_WEBHOOK_FILES[@]}"; do
+    echo "# $f"
+    cat "$dir/$f"
+    echo
+    echo "---"
+  done >"$STAGE/lws-webhooks.yaml"
+  flags=" -X $p.GitVersion=$LWS_VERSION -X $p.BuildDate=1970-01-01T00:00:00Z -X $p.GitCommit="
+  build_module_cmd lws-controller sigs.k8s.io/lws "$LWS_VERSION" sigs.k8s.io/lws/cmd "$flags"
+  for f in "${LWS_FILES[@]}"; do mv -f "$STAGE/$f" "$LWS_DIR/$f"; done
+}
+
 # helm's Makefile: its version, and the Kubernetes version `helm template` and `helm lint` assume
 # without a cluster (from the client-go helm builds against; unset, helm assumes v1.20).
 helm_ldflags() {
@@ -221,6 +271,7 @@ main() {
     return
   fi
 
+  link_lws
   mapfile -t todo < <(missing)
   if ((${#todo[@]} == 0)); then
     [[ -z ${KUBEBUILDER_ASSETS:-} ]] || make_merged "$(result_dir)"
@@ -235,10 +286,11 @@ main() {
   STAGE=$(mktemp -d "$KEY_DIR/stage.XXXXXX")
   trap 'rm -rf "$STAGE"' EXIT
 
-  local kube=() b
+  local kube=() b lws=0
   for b in "${todo[@]}"; do
     case $b in
       kube-apiserver | kube-controller-manager | kube-scheduler | kubectl) kube+=("$b") ;;
+      lws-*) lws=1 ;;
     esac
   done
   # Each result is moved into place as soon as it is built, so a failure later keeps it.
@@ -254,6 +306,10 @@ main() {
     esac
     mv -f "$STAGE/$b" "$BIN_DIR/$b"
   done
+  if ((lws)); then
+    build_lws
+    link_lws
+  fi
   if ((${#kube[@]} > 0)); then
     build_kubernetes "${kube[@]}"
     for b in "${kube[@]}"; do mv -f "$STAGE/$b" "$BIN_DIR/$b"; done

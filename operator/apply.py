@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tandem.contracts.names import GROUP, LABEL_ROLE, LABEL_SERVICE, PLURAL, VERSION
 from tandem.operator.config import DEFAULT_API_TIMEOUT_SECONDS, FIELD_MANAGER, HANDOVER_MANAGER
-from tandem.operator.status import Observation, RoleObservation
+from tandem.operator.status import Observation, role_observation
 
 log = logging.getLogger(__name__)
 # Every API call is bounded (connect, read): a hung API server must not wedge a reconcile.
@@ -30,12 +30,18 @@ API_TIMEOUT_S = float(os.environ.get("TANDEM_API_TIMEOUT_SECONDS") or DEFAULT_AP
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 CHOSEN = "tandem.dev/chosen-for-removal"
 
+# Kinds whose spec.replicas an external autoscaler may own (External mode).
+SCALED_KINDS = ("Deployment", "LeaderWorkerSet")
 # (apiVersion, kind) -> URL path template of the named object.
 PATHS: dict[tuple[str, str], str] = {
     ("v1", "ConfigMap"): "/api/v1/namespaces/{namespace}/configmaps/{name}",
     ("v1", "Service"): "/api/v1/namespaces/{namespace}/services/{name}",
     ("v1", "ServiceAccount"): "/api/v1/namespaces/{namespace}/serviceaccounts/{name}",
+    ("v1", "PersistentVolumeClaim"): "/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}",
+    ("batch/v1", "Job"): "/apis/batch/v1/namespaces/{namespace}/jobs/{name}",
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"):
+        "/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets/{name}",
     ("networking.k8s.io/v1", "NetworkPolicy"): "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/{name}",
     ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles/{name}",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings/{name}",
@@ -153,13 +159,13 @@ def apply_all(api: client.ApiClient, manifests: list[dict]) -> ApplyResult:
     for manifest in manifests:
         try:
             live = _live(api, manifest)
-            if (live is not None and manifest["kind"] == "Deployment" and "replicas" not in manifest["spec"]
+            if (live is not None and manifest["kind"] in SCALED_KINDS and "replicas" not in manifest["spec"]
                     and owns_replicas(live)):
                 release_replicas(api, manifest, live)
             before = live["metadata"]["resourceVersion"] if live is not None else None
             after = server_side_apply(api, manifest)["metadata"]["resourceVersion"]
         except ApiException as e:
-            result.error = f"applying {ref(manifest)}: {_error_text(e)}"
+            result.error = f"applying {ref(manifest)}: {_error_text(e)}{_missing_kind_hint(manifest, e)}"
             # 4xx other than conflicts/throttling: the API server refuses what we rendered.
             result.retryable = e.status is None or e.status >= 500 or e.status in (409, 429)
             return result
@@ -172,6 +178,33 @@ def apply_all(api: client.ApiClient, manifests: list[dict]) -> ApplyResult:
         elif before != after:
             result.updated.append(ref(manifest))
     return result
+
+
+def _missing_kind_hint(manifest: dict, e: ApiException) -> str:
+    """What to do when the cluster does not serve a kind the spec needs (LeaderWorkerSet's CRD)."""
+    if e.status == 404 and manifest["kind"] == "LeaderWorkerSet":
+        return ("; the LeaderWorkerSet API (sigs.k8s.io/lws) is not installed in this cluster: install it "
+                "to run groups that span nodes (parallelism.nodes > 1), see docs/parallelism.md")
+    return ""
+
+
+def prune(api: client.ApiClient, owner_uid: str, stale: list[dict]) -> list[str]:
+    """Deletes the children a spec no longer renders (a role's Deployment once its groups span nodes,
+    or its LeaderWorkerSet once they fit one node), when the InferenceService `owner_uid` controls
+    them. `stale` holds their (apiVersion, kind, metadata) stubs; returns what was deleted."""
+    deleted = []
+    for stub in stale:
+        live = _live(api, stub)  # None too when the kind is not served (no LWS CRD)
+        owners = (live or {}).get("metadata", {}).get("ownerReferences") or []
+        if not any(o.get("controller") and o.get("uid") == owner_uid for o in owners):
+            continue
+        try:
+            request(api, "DELETE", _path(stub), body={"propagationPolicy": "Background"})
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        deleted.append(ref(stub))
+    return deleted
 
 
 def ensure_internal_secret(api: client.ApiClient, secret: dict) -> ApplyResult:
@@ -218,27 +251,36 @@ def _list(api: client.ApiClient, path: str, selector: str) -> list[dict]:
     return request(api, "GET", path, query=[("labelSelector", selector)]).get("items") or []
 
 
+def _list_groups(api: client.ApiClient, namespace: str, selector: str) -> list[dict]:
+    """The service's LeaderWorkerSets; none where the cluster does not serve the kind."""
+    try:
+        return _list(api, f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets", selector)
+    except ApiException as e:
+        if e.status == 404:
+            return []
+        raise
+
+
 def observe(api: client.ApiClient, namespace: str, name: str) -> Observation:
-    """Lists this InferenceService's Deployments, pods and router Service by label."""
+    """Lists this InferenceService's Deployments, LeaderWorkerSets, pods and router Service by label.
+
+    A role run as a LeaderWorkerSet counts groups: its replicas are groups, and a group is ready
+    when every one of its pods is (status.role_observation)."""
     selector = f"{LABEL_SERVICE}={name}"
-    deployments = _list(api, f"/apis/apps/v1/namespaces/{namespace}/deployments", selector)
+    workloads = _list(api, f"/apis/apps/v1/namespaces/{namespace}/deployments", selector)
+    workloads += _list_groups(api, namespace, selector)
     pods = _list(api, f"/api/v1/namespaces/{namespace}/pods", selector)
     obs = Observation()
-    for d in deployments:
-        role = (d["metadata"].get("labels") or {}).get(LABEL_ROLE)
-        if role is None:
+    for workload in workloads:
+        role = (workload["metadata"].get("labels") or {}).get(LABEL_ROLE)
+        if role is None or workload["metadata"].get("deletionTimestamp"):  # e.g. pruned: kind switched
             continue
         role_pods = [
             p for p in pods
             if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == role
             and not p["metadata"].get("deletionTimestamp")
         ]
-        obs.roles[role] = RoleObservation(
-            exists=True,
-            replicas=d["spec"].get("replicas") or 0,
-            ready=(d.get("status") or {}).get("readyReplicas") or 0,
-            pods=role_pods,
-        )
+        obs.roles[role] = role_observation(workload, role_pods)
     services = _list(api, f"/api/v1/namespaces/{namespace}/services", f"{selector},{LABEL_ROLE}=router")
     obs.router_service = any(s["metadata"]["name"] == f"{name}-router" for s in services)
     return obs

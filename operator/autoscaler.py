@@ -35,6 +35,7 @@ from tandem.operator.autoscaling.planner import Decision, PlannerState, plan
 from tandem.operator.autoscaling.snapshot import MetricsWindow, PodScrape, ScrapeRound, read_pod
 from tandem.operator.autoscaling.status import kept_replicas
 from tandem.operator.config import OperatorConfig
+from tandem.operator.group_pods import removed_by_scale_down
 from tandem.operator.reconcile import now, parse_spec, reconcile_locked, service_lock, write_status
 from tandem.operator.spec import COMPONENTS, AutoscalingSpec
 from tandem.operator.status import KVProbe, Observation
@@ -168,6 +169,9 @@ def act(api: client.ApiClient, namespace: str, name: str, decision: Decision, ob
                 continue
             message = f"{role} {d.message} [{d.reason}]" if d.current == kept else (
                 f"{role} {kept} -> {d.desired} [{d.reason}]: {d.message}")
+            if d.desired < kept and obs.roles[role].group_size > 1:
+                # Groups go by index, highest first, whatever the planner preferred.
+                d = replace(d, remove=removed_by_scale_down(obs.roles[role].pods, d.desired))
             if d.desired < kept and d.remove:
                 # The pods to go are known and marked before replicas drop. Their running streams
                 # move when the kubelet's SIGTERM reaches them: each decode worker hands its

@@ -21,6 +21,7 @@ DEFAULT_RESYNC_SECONDS = 30.0
 DEFAULT_KV_PROBE_TIMEOUT_SECONDS = 3.0
 DEFAULT_METRICS_TIMEOUT_SECONDS = 3.0
 DEFAULT_API_TIMEOUT_SECONDS = 30.0
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
 
 
 def _env_flag(value: str | None, default: bool) -> bool:
@@ -44,13 +45,16 @@ class OperatorConfig:
     # workers' http port (KV probe, metrics). None when the operator runs outside the cluster.
     namespace: str | None = None
     pod_labels: tuple[tuple[str, str], ...] = ()
+    # The Hugging Face hub (or a mirror) the operator resolves revisions on and downloads come from.
+    hub_endpoint: str = DEFAULT_HUB_ENDPOINT
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
         """TANDEM_WORKER_IMAGE (repo[:tag]), TANDEM_IMAGE_PULL_POLICY, TANDEM_RESYNC_SECONDS,
         TANDEM_KV_PROBE (0 turns probing off), TANDEM_KV_PROBE_TIMEOUT_SECONDS,
         TANDEM_METRICS_TIMEOUT_SECONDS, POD_NAMESPACE and
-        TANDEM_OPERATOR_POD_LABELS (a JSON object: the operator pods' labels, set by the chart).
+        TANDEM_OPERATOR_POD_LABELS (a JSON object: the operator pods' labels, set by the chart),
+        HF_ENDPOINT (the hub or a mirror, as huggingface_hub reads it).
         TANDEM_API_TIMEOUT_SECONDS bounds every API call (read in tandem.operator.apply)."""
         env = dict(os.environ if env is None else env)
         repo, tag = split_image(env.get("TANDEM_WORKER_IMAGE", ""))
@@ -68,6 +72,7 @@ class OperatorConfig:
             ),
             namespace=env.get("POD_NAMESPACE") or None,
             pod_labels=tuple(sorted(json.loads(env.get("TANDEM_OPERATOR_POD_LABELS") or "{}").items())),
+            hub_endpoint=(env.get("HF_ENDPOINT") or DEFAULT_HUB_ENDPOINT).rstrip("/"),
         )
 
 

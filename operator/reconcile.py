@@ -23,11 +23,17 @@ import time
 from collections.abc import Iterator
 
 from kubernetes import client
-from tandem.operator import apply
+from tandem.operator import apply, model_check
 from tandem.operator.autoscaling.planner import Decision
 from tandem.operator.autoscaling.status import render_replicas, scaling_status
 from tandem.operator.config import OperatorConfig
-from tandem.operator.render import endpoint, generation_hash, internal_secret, render
+from tandem.operator.render import (
+    endpoint,
+    generation_hash,
+    internal_secret,
+    render,
+    stale_workloads,
+)
 from tandem.operator.spec import InferenceServiceSpec, SpecError
 from tandem.operator.status import KVProbe, compute_status, same_status
 
@@ -91,22 +97,27 @@ def parse_spec(body: dict) -> tuple[InferenceServiceSpec | None, str | None]:
 
 def _status(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None,
             config: OperatorConfig, generation: int | None, decision: Decision | None = None,
-            **findings: object) -> dict:
+            model: model_check.ModelFinding | None = None, **findings: object) -> dict:
     """Observes the children and computes status; `findings` are Observation fields
     (apply_error, spec_error, kv_probes) that the caller knows and the API server does not;
-    `decision` is the planner's, when one was just made."""
+    `decision` is the planner's, when one was just made; `model` what model_check found."""
     meta = body["metadata"]
     obs = dataclasses.replace(apply.observe(api, meta["namespace"], meta["name"]), **findings)
     old = body.get("status") or {}
     if generation is None:
         generation = old.get("observedGeneration")
-    if spec is None:  # what runs came from an earlier spec: keep what status said of it
+    if model is not None:
+        spec = model.spec  # a hub model pinned to its commit: the generation the pods carry
+    if spec is None or (model is not None and model.blocking):
+        # What runs came from an earlier spec: keep what status said of it.
         url, label = old.get("endpoint"), old.get("generation")
+        url = url if spec is None else endpoint(meta["name"], meta["namespace"], spec)
     else:
         url, label = endpoint(meta["name"], meta["namespace"], spec), generation_hash(spec, config)
     stamp = now()
     scaling = scaling_status(spec, obs, old, stamp, decision)
-    return compute_status(spec, obs, old, stamp, generation, url, label, scaling)
+    found = (model.status, model.condition) if model is not None else None
+    return compute_status(spec, obs, old, stamp, generation, url, label, scaling, found)
 
 
 def reconcile(api: client.ApiClient, body: dict, config: OperatorConfig,
@@ -128,23 +139,36 @@ def reconcile_locked(api: client.ApiClient, body: dict, config: OperatorConfig, 
     posts no Created/Updated events (the autoscaler posts its own for a change of replicas)."""
     meta = body["metadata"]
     spec, spec_error = parse_spec(body)
+    model = model_check.check(api, body, spec, config) if spec is not None else None
     if spec is None:
         result = apply.ApplyResult(error=spec_error)
+    elif model is not None and model.blocking:
+        result = apply.ApplyResult()  # nothing is applied: no pod downloads a model it cannot serve
+        _model_event(api, body, model)
     else:
-        result = _apply(api, body, spec, config, drift, announce)
+        result = _apply(api, body, model.spec if model else spec, config, drift, announce)
     if result.error and _ready(body).get("message") != result.error:
         # Once per distinct failure, not per resync.
         reason = "InvalidSpec" if spec is None else "ApplyFailed"
         apply.post_event(api, body, "Warning", reason, result.error)
     # observedGeneration advances only once the spec it describes is applied.
-    generation = None if result.error else meta.get("generation")
+    applied = not result.error and not (model is not None and model.blocking)
+    generation = meta.get("generation") if applied else None
     apply_error = None if spec is None else result.error
-    status = _status(api, body, spec, config, generation,
+    status = _status(api, body, spec, config, generation, model=model,
                      apply_error=apply_error, spec_error=spec_error, kv_probes=kv_probes)
     _kv_event(api, body, status)
     if not same_status(body.get("status"), status):
         apply.write_status(api, meta["namespace"], meta["name"], status, body.get("status"))
     return result
+
+
+def _model_event(api: client.ApiClient, body: dict, model: model_check.ModelFinding) -> None:
+    """A Warning when the model cannot be served, once per distinct message (not per resync)."""
+    old = next((c for c in (body.get("status") or {}).get("conditions") or []
+                if c.get("type") == model_check.TYPE), {})
+    if old.get("message") != model.condition["message"]:
+        apply.post_event(api, body, "Warning", model.condition["reason"], model.condition["message"])
 
 
 def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config: OperatorConfig,
@@ -158,6 +182,8 @@ def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config
         manifests = render(meta, spec, config, render_replicas(spec, body.get("status")))
         applied = apply.apply_all(api, manifests)
         result = dataclasses.replace(applied, created=result.created + applied.created)
+    if not result.error:  # a role that changed kind (Deployment <-> LeaderWorkerSet): the old one goes
+        result = _prune(api, meta, spec, result)
     if result.created or result.updated or result.error:
         log.info("applied %s/%s in %.2fs: %d created, %d updated%s", meta["namespace"], meta["name"],
                  time.monotonic() - t0, len(result.created), len(result.updated),
@@ -178,6 +204,16 @@ def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config
     return result
 
 
+def _prune(api: client.ApiClient, meta: dict, spec: InferenceServiceSpec,
+           result: apply.ApplyResult) -> apply.ApplyResult:
+    try:
+        deleted = apply.prune(api, meta["uid"], stale_workloads(meta, spec))
+    except Exception as e:  # the API server failing: the next pass prunes
+        log.warning("pruning the old workloads of %s/%s failed: %s", meta["namespace"], meta["name"], e)
+        return result
+    return dataclasses.replace(result, updated=result.updated + [f"{r} (deleted)" for r in deleted])
+
+
 def refresh_status(api: client.ApiClient, namespace: str, name: str, config: OperatorConfig,
                    kv_probes: list[KVProbe] | None = None) -> None:
     """Re-reads the CR and its children and writes status if it changed (after a child event)."""
@@ -196,7 +232,7 @@ def write_status(api: client.ApiClient, body: dict, config: OperatorConfig,
     ready = _ready(body)
     apply_error = ready["message"] if ready.get("reason") == "ApplyFailed" else None
     spec, spec_error = parse_spec(body)
-    status = _status(api, body, spec, config, None, decision,
+    status = _status(api, body, spec, config, None, decision, model=model_check.carried(body, spec),
                      apply_error=apply_error, spec_error=spec_error, kv_probes=kv_probes)
     _kv_event(api, body, status)
     if not same_status(old, status):

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.contracts.kv_health import KVHealth
-from tandem.contracts.names import Role
+from tandem.contracts.names import Role, serves_requests
+from tandem.operator.group_pods import ready_groups
 from tandem.operator.spec import COMPONENTS, ROUTER, InferenceServiceSpec
 
 CONDITION_FOR = {Role.PREFILL.value: "PrefillReady", Role.DECODE.value: "DecodeReady", ROUTER: "RouterReady"}
@@ -38,12 +39,31 @@ CONDITION_FOR = {Role.PREFILL.value: "PrefillReady", Role.DECODE.value: "DecodeR
 
 @dataclass
 class RoleObservation:
-    """What the API server says about one role's Deployment and its pods."""
+    """What the API server says about one role's Deployment (or LeaderWorkerSet) and its pods.
+
+    For a LeaderWorkerSet, replicas and ready count groups, `pods` are the groups' leaders (the pods
+    that take requests) and `followers` the other pods; `group_size` is pods per group (1 otherwise).
+    """
 
     exists: bool = False
-    replicas: int = 0  # the Deployment's spec.replicas as applied
-    ready: int = 0  # status.readyReplicas
+    replicas: int = 0  # the workload's spec.replicas as applied
+    ready: int = 0  # ready replicas (for groups: groups whose every pod is ready)
     pods: list[dict[str, Any]] = field(default_factory=list)
+    followers: list[dict[str, Any]] = field(default_factory=list)
+    group_size: int = 1
+
+
+def role_observation(workload: dict[str, Any], pods: list[dict[str, Any]]) -> RoleObservation:
+    """One role from its workload (a Deployment or a LeaderWorkerSet) and its live pods."""
+    spec = workload.get("spec") or {}
+    replicas = spec.get("replicas")
+    if workload.get("kind") != "LeaderWorkerSet":
+        return RoleObservation(True, replicas or 0, (workload.get("status") or {}).get("readyReplicas") or 0,
+                               pods)
+    size = int((spec.get("leaderWorkerTemplate") or {}).get("size") or 1)
+    leaders = [p for p in pods if serves_requests(p)]
+    return RoleObservation(True, 1 if replicas is None else replicas, ready_groups(pods, size), leaders,
+                           [p for p in pods if not serves_requests(p)], size)
 
 
 @dataclass
@@ -117,7 +137,7 @@ def _pod_problem(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
 
 
 def role_condition(role: str, obs: RoleObservation, desired: int) -> dict[str, str]:
-    """One role's readiness condition from its Deployment and pods."""
+    """One role's readiness condition from its workload and pods (for groups: every pod of a group)."""
     type_ = CONDITION_FOR[role]
     if not obs.exists:
         return condition(type_, "False", "DeploymentMissing", f"the {role} Deployment does not exist yet")
@@ -126,17 +146,23 @@ def role_condition(role: str, obs: RoleObservation, desired: int) -> dict[str, s
         return condition(type_, "True", "ScaledToZero", "no prefill pods wanted: decode workers prefill prompts")
     if desired == 0:
         return condition(type_, "False", "ScaledToZero", f"{role}.replicas is 0")
+    unit = "pods" if obs.group_size == 1 else f"groups ({obs.group_size} pods each, ready when all are)"
     if obs.ready >= desired:
-        return condition(type_, "True", "AllReplicasReady", f"{obs.ready}/{desired} {role} pods ready")
-    problem = _pod_problem(obs.pods)
+        return condition(type_, "True", "AllReplicasReady", f"{obs.ready}/{desired} {role} {unit} ready")
+    problem = _pod_problem(obs.pods + obs.followers)
+    if problem and problem[0] == "Unschedulable" and obs.group_size > 1:
+        # The scheduler speaks of one pod; the numbers that matter are the group's.
+        problem = (problem[0], f"a {role} group needs {obs.group_size} distinct nodes of its pool, each with "
+                   f"room for one of its pods; {problem[1]}")
     if obs.ready > 0:
-        msg = f"{obs.ready}/{desired} {role} pods ready"
+        msg = f"{obs.ready}/{desired} {role} {unit} ready"
         if problem:
             msg += f"; {problem[1]}"
         return condition(type_, "True", "MinimumReplicasReady", msg)
     if problem:
         return condition(type_, "False", problem[0], problem[1])
-    return condition(type_, "False", "PodsNotReady", f"0/{desired} {role} pods ready (starting or loading the model)")
+    return condition(type_, "False", "PodsNotReady",
+                     f"0/{desired} {role} {unit} ready (starting or loading the model)")
 
 
 # Ready's reason when several roles fail: the first of these that applies; others in between.
@@ -164,13 +190,17 @@ def desired_replicas(spec: InferenceServiceSpec | None, obs: Observation,
 
 
 def compute_conditions(spec: InferenceServiceSpec | None, obs: Observation,
-                       scaling: Scaling | None = None) -> list[dict[str, str]]:
+                       scaling: Scaling | None = None,
+                       model: dict[str, str] | None = None) -> list[dict[str, str]]:
     """All conditions, without timestamps: Ready first, then per role, then KVTransferReady, then
-    Autoscaling when the spec asks for autoscaling."""
+    ModelReady (when known: tandem.operator.model_check), then Autoscaling when the spec asks for it.
+    A model that cannot be served (ModelReady False) makes Ready False with its reason."""
     desired = desired_replicas(spec, obs, scaling)
     roles = [role_condition(r, obs.roles.get(r, RoleObservation()), desired[r]) for r in COMPONENTS]
     if obs.spec_error:
         ready = condition("Ready", "False", "InvalidSpec", obs.spec_error)
+    elif model is not None and model["status"] == "False":
+        ready = condition("Ready", "False", model["reason"], model["message"])
     elif obs.apply_error:
         ready = condition("Ready", "False", "ApplyFailed", obs.apply_error)
     else:
@@ -182,7 +212,7 @@ def compute_conditions(spec: InferenceServiceSpec | None, obs: Observation,
             reason = min((c["reason"] for c in failing), key=_urgency)
             ready = condition("Ready", "False", reason, "; ".join(c["message"] for c in failing))
     autoscaling = [scaling.condition] if scaling is not None else []
-    return [ready, *roles, kv_condition(spec, obs.kv_probes), *autoscaling]
+    return [ready, *roles, kv_condition(spec, obs.kv_probes), *([model] if model else []), *autoscaling]
 
 
 def _plural(n: int, word: str) -> str:
@@ -266,16 +296,19 @@ def compute_status(
     endpoint: str | None,
     generation_label: str | None,
     scaling: Scaling | None = None,
+    model: tuple[dict[str, Any] | None, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The whole status object to write; equal to old_status when nothing changed.
 
     spec is None when the operator cannot read it (obs.spec_error says why); endpoint and
-    generation_label None leave those fields out; scaling is None without spec.autoscaling.
+    generation_label None leave those fields out; scaling is None without spec.autoscaling;
+    model is (status.model, the ModelReady condition) when known.
     """
     old_status = old_status or {}
     desired = desired_replicas(spec, obs, scaling)
-    conditions = stamp(compute_conditions(spec, obs, scaling), old_status.get("conditions"), now,
-                       observed_generation)
+    model_status, model_condition = model if model is not None else (None, None)
+    conditions = stamp(compute_conditions(spec, obs, scaling, model_condition), old_status.get("conditions"),
+                       now, observed_generation)
     status: dict[str, Any] = {"conditions": conditions}
     if observed_generation is not None:
         status["observedGeneration"] = observed_generation
@@ -297,6 +330,8 @@ def compute_status(
         status["endpoint"] = endpoint
     if generation_label is not None:
         status["generation"] = generation_label
+    if model_status is not None:
+        status["model"] = model_status
     return status
 
 

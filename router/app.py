@@ -20,6 +20,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tandem.contracts.json_body import BodyError, decode_json
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER
+from tandem.router import tokenize_api
+from tandem.router.chat_fields import decode_echo
 from tandem.router.config import RouterConfig
 from tandem.router.errors import RouterError, bad_request, no_worker
 from tandem.router.kv_feed import KVEventFeed
@@ -88,7 +90,7 @@ class Router:
             max_tokens_limit=config.max_tokens_limit,
             default_max_tokens=config.default_max_tokens,
             max_prompt_tokens=config.max_prompt_tokens,
-            max_stop_chars=config.max_stop_chars,
+            max_stop_chars=config.max_stop_chars, tool_call_parser=config.tool_call_parser,
         )
         self.discovery = discovery  # None: static targets from config
         self.created = int(time.time())
@@ -237,6 +239,8 @@ class Router:
         self.metrics.tokenizer_active.set(int(self.tokens is not None and self.tokens.active))
         self.metrics.prefix_index_blocks.set(self.index.total_blocks() if self.index is not None else 0)
         self.metrics.kv_event_streams.set(self.index.workers() if self.index is not None else 0)
+        assert self.pool is not None
+        self.metrics.vllm.workers(self.pool.model(), self.pool.views())
         for role, c in self._counts().items():
             self.metrics.workers.labels(role, "true").set(c["ready"])
             self.metrics.workers.labels(role, "false").set(c["total"] - c["ready"])
@@ -275,6 +279,17 @@ class Router:
         if ids is not None:
             parsed.prompt_token_ids, parsed.prompt, parsed.messages = ids, None, None
 
+    def _default_max_tokens(self, parsed: ParsedRequest) -> None:
+        """A request naming no max_tokens may generate the rest of the context (within the limit and
+        the configured default); without the prompt's tokens, the worker stops at the context."""
+        if parsed.max_tokens_given or self.limits.default_max_tokens is not None:
+            return
+        assert self.pool is not None
+        context = self.pool.max_model_len()
+        if context is not None and parsed.prompt_token_ids is not None:
+            rest = max(1, context - len(parsed.prompt_token_ids))
+            parsed.sampling.max_tokens = min(rest, self.limits.max_tokens_limit)
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, Endpoint.CHAT)
 
@@ -301,7 +316,10 @@ class Router:
                 if served is None:  # no worker has answered yet: which model is unknown
                     raise no_worker("no worker is ready yet; retry shortly.")
                 check_model(parsed.model, served)
+                if parsed.echo_ids:
+                    parsed.echo = decode_echo(self.tokens, parsed.prompt_token_ids or [])
                 await self._tokenize(parsed)
+                self._default_max_tokens(parsed)
                 shape = ResponseShape(
                     endpoint, request_id, parsed.model, int(time.time()), parsed.include_usage
                 )
@@ -349,4 +367,5 @@ def build_app(config: RouterConfig, discovery: Any = None) -> web.Application:
     app.router.add_get("/health", router.health)
     app.router.add_get("/ready", router.ready)
     app.router.add_get("/metrics", router.metrics_endpoint)
+    tokenize_api.add_routes(app, router)  # POST /tokenize, /detokenize
     return app

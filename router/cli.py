@@ -17,7 +17,7 @@ _FLAGS = (
     "host", "port", "namespace", "service", "worker_port", "model", "api_key", "max_body_bytes",
     "max_tokens_limit", "default_max_tokens", "max_prompt_tokens", "short_prompt_threshold", "policy",
     "poll_interval_s", "connect_timeout_s", "chunk_timeout_s", "prefill_timeout_s", "log_format",
-    "log_level", "max_stop_chars", "busy_wait_s", "write_timeout_s", "stream_send_buffer_bytes",
+    "log_level", "max_stop_chars", "tool_call_parser", "busy_wait_s", "write_timeout_s", "stream_send_buffer_bytes",
     "shutdown_grace_s", "prefill_saturated_tokens", "decode_headroom_sequences", "prefix_sequence_cost_tokens",
     "tokenizer",
 )
@@ -48,7 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens-limit", type=int, default=None,
                         help=f"most output tokens one request may ask for (default {d.max_tokens_limit})")
     parser.add_argument("--default-max-tokens", type=int, default=None,
-                        help=f"output tokens when a request names none (default {d.default_max_tokens})")
+                        help="output tokens when a request names none (default: the rest of the context, "
+                        "within --max-tokens-limit)")
+    parser.add_argument("--tool-call-parser", default=None, choices=("hermes", "llama3_json", "mistral"),
+                        help="how the served model writes tool calls (default hermes)")
     parser.add_argument("--max-prompt-tokens", type=int, default=None,
                         help="longest prompt accepted, in tokens (default: the model's context)")
     parser.add_argument("--short-prompt-threshold", type=int, default=None,

@@ -38,7 +38,7 @@ class RouterConfig:
     internal_secret: str | None = field(default=None, repr=False)
     max_body_bytes: int = 4 * 1024 * 1024
     max_tokens_limit: int = 4096
-    default_max_tokens: int = 256
+    default_max_tokens: int | None = None  # None: the rest of the context (within max_tokens_limit), as vLLM
     max_prompt_tokens: int | None = None
     max_stop_chars: int = 256  # longest stop string accepted
     short_prompt_threshold: int = 0  # prompt tokens; 0 sends every prompt through prefill
@@ -49,6 +49,7 @@ class RouterConfig:
     decode_headroom_sequences: int = DECODE_HEADROOM_SEQUENCES
     prefix_sequence_cost_tokens: int = PREFIX_SEQUENCE_COST_TOKENS  # prefix-aware: a running sequence, in tokens
     tokenizer: str = "workers"  # workers (GET /internal/tokenizer) | off | a folder with the files
+    tool_call_parser: str = "hermes"  # how the served model writes tool calls: hermes | llama3_json | mistral
     poll_interval_s: float = 0.5
     connect_timeout_s: float = 3.0
     prefill_timeout_s: float = 60.0
@@ -113,6 +114,10 @@ def _check_routing(c: RouterConfig) -> None:
         value = getattr(c, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    from tandem.router.tool_parsers import PARSERS
+
+    if c.tool_call_parser not in PARSERS:
+        raise ValueError(f"tool_call_parser must be one of {sorted(PARSERS)}, got {c.tool_call_parser!r}")
     if c.tokenizer not in ("workers", "off") and not (Path(c.tokenizer) / "tokenizer.json").is_file():
         raise ValueError(f"tokenizer must be 'workers', 'off' or a folder with tokenizer.json, got {c.tokenizer!r}")
 

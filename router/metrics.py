@@ -8,6 +8,7 @@ failed is in the log, with its address).
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from tandem.router.vllm_metrics import VllmMetrics
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 60, float("inf"))
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.2, 0.5, 1, 2.5, float("inf"))
@@ -118,3 +119,4 @@ class RouterMetrics:
             "tandem_router_workers", "Workers known to the router, by role and readiness.",
             ["role", "ready"], registry=r,
         )
+        self.vllm = VllmMetrics(r)  # the same measurements under vLLM's names (vllm_metrics.py)

@@ -75,6 +75,7 @@ class Started:
 class Tokens:
     token_ids: list[int]
     text: str
+    logprobs: list[dict] | None = None  # per token (TokenLogprobs.to_wire), when the request asked
 
 
 @dataclass
@@ -232,7 +233,8 @@ class Orchestrator:
                 yield Started(p.prompt_tokens)
                 p.generated.append(res.first_token_id)
                 p.chars += len(res.first_token_text)
-                yield Tokens([res.first_token_id], res.first_token_text)
+                first_lp = [res.first_token_logprobs] if res.first_token_logprobs else None
+                yield Tokens([res.first_token_id], res.first_token_text, first_lp)
                 if res.finish_reason is not None:
                     ctx.phase = Phase.FINISHED
                     yield Finished(res.finish_reason.value, p.prompt_tokens, 1)
@@ -256,6 +258,7 @@ class Orchestrator:
         greq = GenerateRequest(
             request_id=ctx.request_id, prompt=req.prompt, messages=req.messages,
             prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
+            chat_options=req.chat_options if req.messages is not None else None,
         )
         if p is not None:
             if p.prompt_ids is not None:
@@ -479,7 +482,7 @@ class Orchestrator:
                 if ev.token_ids or ev.text:
                     p.generated.extend(ev.token_ids)
                     p.chars += len(ev.text)
-                    yield Tokens(list(ev.token_ids), ev.text)
+                    yield Tokens(list(ev.token_ids), ev.text, ev.logprobs or None)
                 if ev.type is EventType.FINISH:
                     reason = ev.finish_reason or FinishReason.STOP
                     if reason in (FinishReason.ABORT, FinishReason.ERROR):

@@ -97,9 +97,15 @@ class WorkerPool:
         if self.served_model:
             return self.served_model
         for e in self._entries.values():
-            if e.info is not None:
+            if e.info is not None and e.info.model:  # a worker still loading reports ""
                 return e.info.model
         return None
+
+    def max_model_len(self) -> int | None:
+        """The smallest context length a ready worker reports (what any of them can serve)."""
+        lens = [e.info.max_model_len for e in self._entries.values()
+                if e.info is not None and e.info.ready and e.info.max_model_len > 0]
+        return min(lens) if lens else None
 
     def report_failure(self, url: str, error: str) -> None:
         e = self._entries.get(url)

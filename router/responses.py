@@ -10,16 +10,19 @@ holding its sequences while the buffers fill.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 from tandem.contracts.protocol import REQUEST_ID_HEADER
+from tandem.router import tools
 from tandem.router.errors import RouterError, upstream_failed
+from tandem.router.fan_out import choices
 from tandem.router.metrics import RouterMetrics
 from tandem.router.orchestrator import (
     Finished,
@@ -28,10 +31,15 @@ from tandem.router.orchestrator import (
     Started,
     Tokens,
 )
-from tandem.router.sse import DONE, ResponseShape, frame
+from tandem.router.sse import DONE, ResponseShape, frame, logprobs_body
 from tandem.router.validation import Endpoint, ParsedRequest
 
 log = logging.getLogger("tandem.router")
+
+
+class Usage(NamedTuple):
+    prompt: int
+    completion: int  # every choice's together
 
 
 class ClientStalled(Exception):
@@ -45,25 +53,50 @@ class Responder:
     write_timeout_s: float = 5.0
     send_buffer_bytes: int = 64 * 1024  # per streaming connection; 0 keeps the OS default
 
+    def _first_token(self, parsed: ParsedRequest, t0: float) -> float:
+        ttft = time.monotonic() - t0
+        self.metrics.ttft.observe(ttft)
+        self.metrics.vllm.ttft.labels(parsed.model).observe(ttft)
+        return ttft
+
+    def _finished(self, parsed: ParsedRequest, done: dict[int, Finished], t0: float, ttft: float | None) -> Usage:
+        """Usage over every choice (the prompt once), and the request's vLLM-named metrics."""
+        prompt = next(iter(done.values())).prompt_tokens
+        completion = sum(f.completion_tokens for f in done.values())
+        reason = done[0].finish_reason
+        self.metrics.vllm.finished(parsed.model, reason, prompt, completion, time.monotonic() - t0, ttft)
+        return Usage(prompt, completion)
+
     async def complete(self, parsed: ParsedRequest, shape: ResponseShape, ctx: RequestContext,
                        t0: float) -> web.Response:
-        """The non-streaming answer: every token collected, then one body."""
-        texts: list[str] = []
-        first = True
-        events = self.orchestrator.run(parsed, ctx)
-        try:
-            async for ev in events:
+        """The non-streaming answer: every choice's tokens collected, then one body."""
+        texts: dict[int, list[str]] = {i: [parsed.echo or ""] for i in range(parsed.n)}
+        logprobs: dict[int, list[dict]] = {i: [] for i in range(parsed.n)}
+        done: dict[int, Finished] = {}
+        ttft: float | None = None
+        async with contextlib.aclosing(choices(self.orchestrator, parsed, ctx)) as events:
+            async for i, ev in events:
                 if isinstance(ev, Tokens):
-                    if first:
-                        self.metrics.ttft.observe(time.monotonic() - t0)
-                        first = False
-                    texts.append(ev.text)
+                    if ttft is None:
+                        ttft = self._first_token(parsed, t0)
+                    texts[i].append(ev.text)
+                    logprobs[i].extend(ev.logprobs or ())
                 elif isinstance(ev, Finished):
-                    body = shape.full("".join(texts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens)
-                    return web.json_response(body, headers={REQUEST_ID_HEADER: ctx.request_id})
-        finally:
-            await events.aclose()
-        raise upstream_failed("the workers ended the request without finishing it")
+                    done[i] = ev
+        if len(done) < parsed.n:
+            raise upstream_failed("the workers ended the request without finishing it")
+        usage = self._finished(parsed, done, t0, ttft)
+        want_lp = parsed.sampling.logprobs is not None
+        out: list[tuple[str | dict, str, dict | None]] = []
+        for i in range(parsed.n):
+            text: str | dict = "".join(texts[i])
+            reason = done[i].finish_reason
+            if parsed.tools is not None:
+                text, called = tools.message(str(text), parsed.tools)
+                reason = "tool_calls" if called else reason
+            out.append((text, reason, logprobs_body(shape.endpoint, logprobs[i]) if want_lp else None))
+        body = shape.full(out, usage.prompt, usage.completion)
+        return web.json_response(body, headers={REQUEST_ID_HEADER: ctx.request_id})
 
     def _bound_buffers(self, request: web.Request) -> None:
         """A small kernel send buffer and transport buffer: a stalled reader blocks a write soon."""
@@ -91,29 +124,37 @@ class Responder:
         """The SSE answer and its status for the metrics (499: the client left or stopped reading)."""
         resp: web.StreamResponse | None = None
         last: float | None = None
-        events = self.orchestrator.run(parsed, ctx)
+        chars = dict.fromkeys(range(parsed.n), 0)  # text sent per choice: completions' text_offset counts from it
+        ttft: float | None = None
+        done: dict[int, Finished] = {}
+        calls = {i: tools.ToolStream(parsed.tools) for i in range(parsed.n)} \
+            if parsed.tools is not None and parsed.tools.parses else {}
+        events = choices(self.orchestrator, parsed, ctx)
         try:
-            async for ev in events:
+            async for i, ev in events:
                 if isinstance(ev, Started) and resp is None:
-                    resp = web.StreamResponse(headers={
-                        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                        REQUEST_ID_HEADER: ctx.request_id,
-                    })
-                    self._bound_buffers(request)
-                    await self._bounded(request, resp.prepare(request))
-                    if shape.endpoint is Endpoint.CHAT:
-                        await self._bounded(request, resp.write(frame(shape.chunk("", role=True))))
+                    resp = await self._start(request, shape, ctx, parsed)
                 elif isinstance(ev, Tokens) and resp is not None:
                     now = time.monotonic()
-                    (self.metrics.ttft if last is None else self.metrics.itl).observe(now - (last or t0))
+                    if ttft is None:
+                        ttft = self._first_token(parsed, t0)
+                    elif last is not None:
+                        self.metrics.itl.observe(now - last)
+                        self.metrics.vllm.itl.labels(parsed.model).observe(now - last)
                     last = now
-                    if ev.text:
-                        await self._bounded(request, resp.write(frame(shape.chunk(ev.text))))
+                    text = calls[i].feed(ev.text) if calls else ev.text
+                    if text or ev.logprobs:
+                        lp = logprobs_body(shape.endpoint, ev.logprobs, chars[i]) if ev.logprobs else None
+                        await self._bounded(request, resp.write(frame(shape.chunk(text, logprobs=lp, index=i))))
+                        chars[i] += len(ev.text)
                 elif isinstance(ev, Finished) and resp is not None:
-                    await self._finish(request, resp, shape, ev)
-                    self.metrics.e2e.observe(time.monotonic() - t0)
-                    return resp, "200"
-            raise upstream_failed("the workers ended the request without finishing it")
+                    done[i] = ev
+                    await self._finish_choice(request, resp, shape, i, ev, calls.get(i))
+            if resp is None or len(done) < parsed.n:
+                raise upstream_failed("the workers ended the request without finishing it")
+            await self._end(request, resp, shape, self._finished(parsed, done, t0, ttft))
+            self.metrics.e2e.observe(time.monotonic() - t0)
+            return resp, "200"
         except (ConnectionResetError, ClientStalled) as exc:
             log.info("request %s: the client %s", ctx.request_id,
                      "stopped reading" if isinstance(exc, ClientStalled) else "went away")
@@ -128,12 +169,37 @@ class Responder:
         finally:
             await events.aclose()
 
-    async def _finish(self, request: web.Request, resp: web.StreamResponse, shape: ResponseShape,
-                      ev: Finished) -> None:
-        final = shape.chunk(None if shape.endpoint is Endpoint.CHAT else "", ev.finish_reason)
+    async def _finish_choice(self, request: web.Request, resp: web.StreamResponse, shape: ResponseShape, i: int,
+                             ev: Finished, calls: tools.ToolStream | None) -> None:
+        """A choice's last chunks: content held back for a possible tool call, the calls, the finish."""
+        reason = ev.finish_reason
+        if calls is not None:
+            rest, found = calls.finish()
+            if rest or found:
+                await self._bounded(request, resp.write(frame(shape.chunk(rest or None, index=i,
+                                                                          tool_calls=found))))
+            reason = "tool_calls" if found else reason
+        final = shape.chunk(None if shape.endpoint is Endpoint.CHAT else "", reason, index=i)
         await self._bounded(request, resp.write(frame(final)))
+
+    async def _start(self, request: web.Request, shape: ResponseShape, ctx: RequestContext,
+                     parsed: ParsedRequest) -> web.StreamResponse:
+        """HTTP 200 and the SSE headers; chat's role chunk and the echoed text, per choice."""
+        resp = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", REQUEST_ID_HEADER: ctx.request_id,
+        })
+        self._bound_buffers(request)
+        await self._bounded(request, resp.prepare(request))
+        for i in range(parsed.n):
+            if shape.endpoint is Endpoint.CHAT:
+                await self._bounded(request, resp.write(frame(shape.chunk("", role=True, index=i))))
+            if parsed.echo:
+                await self._bounded(request, resp.write(frame(shape.chunk(parsed.echo, index=i))))
+        return resp
+
+    async def _end(self, request: web.Request, resp: web.StreamResponse, shape: ResponseShape, usage: Usage) -> None:
         if shape.include_usage:
-            await self._bounded(request, resp.write(frame(shape.usage_chunk(ev.prompt_tokens, ev.completion_tokens))))
+            await self._bounded(request, resp.write(frame(shape.usage_chunk(usage.prompt, usage.completion))))
         await self._bounded(request, resp.write(DONE))
         await self._bounded(request, resp.write_eof())
 

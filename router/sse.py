@@ -27,6 +27,26 @@ def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+def _chat_entry(e: dict[str, Any]) -> dict[str, Any]:
+    token = e["token"]
+    return {"token": token, "logprob": e["logprob"], "bytes": list(token.encode("utf-8", "replace"))}
+
+
+def logprobs_body(endpoint: Endpoint, entries: list[dict[str, Any]], offset: int = 0) -> dict[str, Any]:
+    """OpenAI's logprobs object for tokens' wire entries (TokenLogprobs.to_wire): chat's `content`
+    list, or completions' parallel lists (`text_offset` counts from `offset` characters)."""
+    if endpoint is Endpoint.CHAT:
+        return {"content": [_chat_entry(e) | {"top_logprobs": [_chat_entry(t) for t in e["top"]]}
+                            for e in entries]}
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top"]} for e in entries],
+            "text_offset": offsets}
+
+
 @dataclass
 class ResponseShape:
     """What every body of one response shares: id, creation time, model and endpoint."""
@@ -49,18 +69,22 @@ class ResponseShape:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def chunk(
-        self, text: str | None, finish_reason: str | None = None, role: bool = False
+        self, text: str | None, finish_reason: str | None = None, role: bool = False,
+        logprobs: dict[str, Any] | None = None, index: int = 0, tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """A streamed delta; `role` marks the chat stream's first chunk."""
+        """A streamed delta; `role` marks the chat stream's first chunk; `logprobs` (logprobs_body)
+        those of the delta's tokens."""
         if self.endpoint is Endpoint.CHAT:
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs}
         choice["finish_reason"] = finish_reason
         body = self._base(chunk=True) | {"choices": [choice]}
         if self.include_usage:
@@ -75,20 +99,15 @@ class ResponseShape:
         }
 
     def full(
-        self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
+        self, choices: list[tuple[str | dict[str, Any], str, dict[str, Any] | None]], prompt_tokens: int,
+        completion_tokens: int,
     ) -> dict[str, Any]:
-        """The whole non-streaming response."""
-        if self.endpoint is Endpoint.CHAT:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return self._base(chunk=False) | {
-            "choices": [choice],
-            "usage": usage_dict(prompt_tokens, completion_tokens),
-        }
-
+        """The whole non-streaming response: (text or chat message, finish reason, logprobs body) per choice."""
+        out = []
+        for i, (text, finish_reason, logprobs) in enumerate(choices):
+            if self.endpoint is Endpoint.CHAT:
+                message = text if isinstance(text, dict) else {"role": "assistant", "content": text}
+                out.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish_reason})
+            else:
+                out.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish_reason})
+        return self._base(chunk=False) | {"choices": out, "usage": usage_dict(prompt_tokens, completion_tokens)}

@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from tandem.contracts.chat_options import cut_after_final_message, template_args
 from tandem.contracts.protocol import TOKENIZER_FILES
 
 
@@ -94,23 +95,37 @@ class RouterTokenizer:
         return cls.from_files({name: (path / name).read_text() for name in TOKENIZER_FILES
                                if (path / name).is_file()})
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Text without the special tokens a prompt gets."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
     def encode_prompt(self, text: str) -> list[int]:
         """A completion prompt: special tokens as the tokenizer's post-processor adds them."""
         return self.tokenizer.encode(text, add_special_tokens=True).ids
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], options: dict[str, Any] | None = None) -> str:
         if self.chat_template is None:
             raise ChatTemplateError("this model has no chat template: use /v1/completions")
         import jinja2
 
+        add_generation_prompt, continue_final, extra = template_args(options)
         try:
-            return self.chat_template.render(messages=messages, add_generation_prompt=True,
-                                             **self.special_tokens)
+            rendered = self.chat_template.render(**extra, messages=messages,
+                                                 add_generation_prompt=add_generation_prompt and not continue_final,
+                                                 **self.special_tokens)
+            return cut_after_final_message(rendered, messages) if continue_final else rendered
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(f"cannot apply the chat template to messages: {e}") from e
         except Exception as e:  # noqa: BLE001 - a template fails on odd messages in many ways, as a worker's does
             raise ChatTemplateError(f"cannot apply the chat template to messages: {e!r}") from e
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], options: dict[str, Any] | None = None) -> list[int]:
         """Chat messages through the template; the template writes the special tokens itself."""
-        return self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids
+        return self.tokenizer.encode(self.render_chat(messages, options), add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        """Token ids back to text, special tokens skipped (as the workers' streamed text is)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)

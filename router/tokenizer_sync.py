@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from tandem.contracts.protocol import TOKENIZER_FILES, TokenizerFiles, tokenizer_digest
 from tandem.router.policies.base import WorkerView
@@ -35,6 +35,7 @@ log = logging.getLogger("tandem.router.tokenizer")
 
 WORKERS, OFF = "workers", "off"
 INLINE_CHARS = 16_384  # longer prompts are tokenized off the event loop
+MESSAGE_CHARS = 64  # what one chat message counts for in that size, content aside (its template work)
 POLLS_BEFORE_WARNING = 10  # a worker reports its digest a poll or two after it is ready
 DEGRADED = ("requests go to the workers as text, token counts are estimates, maxPromptTokens is "
             "checked once a worker tokenized the prompt, prefix-aware routing balances load only")
@@ -131,11 +132,12 @@ class TokenizerSync:
         if not self.active or self.tokenizer is None or req.prompt_token_ids is not None:
             return None
         tok = self.tokenizer
-        if req.messages is not None:
-            size = sum(len(m.get("content") or "") for m in req.messages)
-            encode, arg = tok.encode_chat, req.messages
+        if req.messages is not None:  # each message costs template work, even an empty one
+            size = sum(len(m.get("content") or "") + MESSAGE_CHARS for m in req.messages)
+            args: tuple = (req.messages, req.chat_options)
+            encode: Any = tok.encode_chat
         else:
-            size, encode, arg = len(req.prompt or ""), tok.encode_prompt, req.prompt or ""
+            size, encode, args = len(req.prompt or ""), tok.encode_prompt, (req.prompt or "",)
         if size <= INLINE_CHARS:
-            return encode(arg)
-        return await asyncio.to_thread(encode, arg)
+            return encode(*args)
+        return await asyncio.to_thread(encode, *args)

@@ -1,26 +1,32 @@
 """Turns an OpenAI request body into a worker request, or a 400 that names the bad parameter.
 
-Pure: no I/O, so every refusal is unit-tested. What the router refuses on purpose (documented
-here and in the README): n > 1, tools/functions, logprobs/top_logprobs, echo, best_of > 1,
-suffix, non-zero presence/frequency penalties and non-text response formats. Unknown extra
-fields are ignored, as vLLM does; `top_k` and `ignore_eos` are accepted as extensions.
+Pure: no I/O, so every refusal is unit-tested. Which fields are honoured, refused or ignored is
+declared once, in openai_schema.py: a refused field with a value that asks for something is a 400
+naming it, an ignored one (no server implements it) and an unknown one are logged and have no
+effect. The honoured ones are parsed here and in sampling_fields.py.
 """
 
 from __future__ import annotations
 
-import enum
-import math
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.contracts.json_body import INT_MAX, INT_MIN
 from tandem.contracts.protocol import SamplingParams, top_k_valid
+from tandem.router.chat_fields import chat_options, echo_text
 from tandem.router.errors import RouterError, bad_request
+from tandem.router.openai_schema import FIELDS, MESSAGE_FIELDS, Endpoint, Support, inert
+from tandem.router.sampling_fields import is_int as _is_int
+from tandem.router.sampling_fields import is_number as _is_number
+from tandem.router.sampling_fields import is_token_id, parse_controls
+from tandem.router.tools import ToolRequest, arguments_as_objects, parse_tools
 
+__all__ = ["Endpoint", "Limits", "ParsedRequest", "check_model", "check_prompt_tokens", "parse_messages",
+           "parse_request"]
 
-class Endpoint(enum.StrEnum):
-    CHAT = "chat"
-    COMPLETION = "completion"
+log = logging.getLogger("tandem.router")
+MAX_N = 16  # choices one request may ask for (each is a sequence on the workers)
 
 
 @dataclass
@@ -28,10 +34,13 @@ class Limits:
     """What one request may ask for; the operator sets these from the router spec."""
 
     max_tokens_limit: int = 4096  # the most output tokens one request may ask for
-    default_max_tokens: int = 256  # when the client sends none
+    # when the client sends none: None is the rest of the context (as vLLM does), within max_tokens_limit
+    default_max_tokens: int | None = None
     max_prompt_tokens: int | None = None  # checked once the prompt's tokens are known (router or worker)
     max_stop_sequences: int = 16
     max_stop_chars: int = 256  # each stop string: the worker checks them against every new token
+    max_messages: int = 4096  # chat messages in one request (each costs template work)
+    tool_call_parser: str = "hermes"  # how the model writes tool calls (tool_parsers.py)
 
 
 @dataclass
@@ -46,6 +55,12 @@ class ParsedRequest:
     include_usage: bool = False
     user: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    n: int = 1  # choices (fan_out.py)
+    chat_options: dict[str, Any] | None = None  # chat_fields.py: how messages go through the template
+    echo: str | None = None  # text `echo` puts before the output (None: not asked)
+    echo_ids: bool = False  # echo of a token-id prompt: the text is decoded once tokens are known
+    tools: ToolRequest | None = None  # tools.py
+    max_tokens_given: bool = True  # False: the default applies (the rest of the context, app.py)
 
     def prompt_chars(self) -> int:
         """Size of the prompt in characters, for an estimate when its tokens are unknown (policies.base)."""
@@ -58,55 +73,61 @@ class ParsedRequest:
 
 # Chat roles a template knows; anything else is refused here rather than by a worker's template.
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+_logged_fields: set[str] = set()  # ignored and unknown fields are logged once each per process
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+def _check_fields(body: dict[str, Any], endpoint: Endpoint) -> None:
+    """400 for a refused field that asks for something; ignored and unknown fields are logged once."""
+    for name, value in body.items():
+        spec = FIELDS.get(name)
+        if spec is None or endpoint not in spec.endpoints:
+            if name not in _logged_fields and len(_logged_fields) < 1024:
+                _logged_fields.add(name)
+                log.info("ignoring the unknown request field %r", name[:64])
+            continue
+        if spec.support is Support.REFUSED and not inert(name, value):
+            raise bad_request(f"'{name}': {spec.why}.", name)
+        if spec.support is Support.IGNORED and value is not None and name not in _logged_fields:
+            _logged_fields.add(name)
+            log.info("ignoring the request field %r: %s", name, spec.why)
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _chat_extras(req: ParsedRequest, body: dict[str, Any], limits: Limits) -> None:
+    """Chat-template options and tools: the tools go to the template, their grammar (tool_choice
+    required or named) constrains the output."""
+    req.chat_options = chat_options(body)
+    req.tools = parse_tools(body, limits.tool_call_parser)
+    arguments_as_objects(req.messages or [])
+    if req.tools is None:
+        return
+    req.chat_options = (req.chat_options or {}) | {"tools": req.tools.tools}
+    spec = req.tools.grammar_spec()
+    if spec is not None:
+        if req.sampling.structured is not None:
+            raise bad_request("tool_choice 'required' or a named function cannot be combined with another "
+                              "output format.", "tool_choice")
+        req.sampling.structured = spec
 
 
-def _refuse_unsupported(body: dict[str, Any], endpoint: Endpoint) -> None:
-    n = body.get("n")
-    if n is not None and n != 1:
-        if not _is_int(n) or n < 1:
-            raise bad_request("'n' must be a positive integer.", "n")
-        raise bad_request("n > 1 is not supported by this server: send n separate requests.", "n")
-    best_of = body.get("best_of")
-    if best_of not in (None, 1):
-        raise bad_request("best_of > 1 is not supported by this server.", "best_of")
-    for key in ("tools", "functions"):
-        if body.get(key):
-            raise bad_request(f"'{key}' (tool calling) is not supported by this server.", key)
-    tool_choice = body.get("tool_choice")
-    if tool_choice not in (None, "none"):
-        raise bad_request("'tool_choice' is not supported by this server.", "tool_choice")
-    if endpoint is Endpoint.CHAT:
-        if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
-            raise bad_request("logprobs are not supported by this server.", "logprobs")
-    else:
-        if body.get("logprobs") is not None:
-            raise bad_request("logprobs are not supported by this server.", "logprobs")
-        if body.get("echo") not in (None, False):
-            raise bad_request("'echo' is not supported by this server.", "echo")
-        if body.get("suffix") not in (None, ""):
-            raise bad_request("'suffix' is not supported by this server.", "suffix")
-    for key in ("presence_penalty", "frequency_penalty"):
-        v = body.get(key)
-        if v is not None and (not _is_number(v) or v != 0):
-            raise bad_request(f"'{key}' other than 0 is not supported by this server.", key)
-    if body.get("logit_bias"):
-        raise bad_request("'logit_bias' is not supported by this server.", "logit_bias")
-    rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-        raise bad_request("only response_format {'type': 'text'} is supported.", "response_format")
+def _parse_n(n: Any) -> int:
+    if n is None:
+        return 1
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise bad_request(f"'n' must be an integer between 1 and {MAX_N}.", "n")
+    return n
 
 
-def _parse_messages(raw: Any) -> list[dict[str, Any]]:
+def _tool_calls(v: Any) -> bool:
+    return isinstance(v, list) and all(
+        isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
+        for c in v)
+
+
+def parse_messages(raw: Any, limits: Limits) -> list[dict[str, Any]]:
     if not isinstance(raw, list) or not raw:
         raise bad_request("'messages' must be a non-empty list of messages.", "messages")
+    if len(raw) > limits.max_messages:
+        raise bad_request(f"at most {limits.max_messages} messages are allowed in one request.", "messages")
     out = []
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
@@ -131,7 +152,20 @@ def _parse_messages(raw: Any) -> list[dict[str, Any]]:
             content = ""
         elif not isinstance(content, str):
             raise bad_request(f"messages[{i}].content must be a string or a list of text parts.", "messages")
-        out.append({"role": m["role"], "content": content})
+        msg: dict[str, Any] = {"role": m["role"], "content": content}
+        for key in ("name", "tool_call_id"):
+            if m.get(key) is not None:
+                if not isinstance(m[key], str):
+                    raise bad_request(f"messages[{i}].{key} must be a string.", "messages")
+                msg[key] = m[key]
+        if m.get("tool_calls") is not None:
+            if not _tool_calls(m["tool_calls"]):
+                raise bad_request(f"messages[{i}].tool_calls must be a list of function calls.", "messages")
+            msg["tool_calls"] = m["tool_calls"]
+        unknown = sorted(k for k in m if k not in MESSAGE_FIELDS and m[k] is not None)
+        if unknown:
+            raise bad_request(f"messages[{i}].{unknown[0][:40]} is not supported by this server.", "messages")
+        out.append(msg)
     return out
 
 
@@ -141,10 +175,10 @@ def _parse_prompt(raw: Any) -> tuple[str | None, list[int] | None]:
         raw = raw[0]
     if isinstance(raw, str):
         return raw, None
-    if isinstance(raw, list) and raw and all(_is_int(t) and t >= 0 for t in raw):
+    if isinstance(raw, list) and raw and all(is_token_id(t) for t in raw):
         return None, list(raw)
     if isinstance(raw, list) and raw and all(_is_int(t) for t in raw):
-        raise bad_request("token ids in 'prompt' must be non-negative integers.", "prompt")
+        raise bad_request("token ids in 'prompt' must be integers in [0, 2**31).", "prompt")
     if isinstance(raw, list) and len(raw) > 1:
         raise bad_request("batched prompts are not supported: send one prompt per request.", "prompt")
     raise bad_request("'prompt' must be a string (or a list of token ids).", "prompt")
@@ -170,7 +204,7 @@ def _parse_max_tokens(body: dict[str, Any], endpoint: Endpoint, limits: Limits) 
     if endpoint is Endpoint.CHAT and body.get("max_completion_tokens") is not None:
         key, value = "max_completion_tokens", body["max_completion_tokens"]
     if value is None:
-        return min(limits.default_max_tokens, limits.max_tokens_limit)
+        return min(limits.default_max_tokens or limits.max_tokens_limit, limits.max_tokens_limit)
     if not _is_int(value):
         raise bad_request(f"'{key}' must be an integer.", key)
     if value < 1:
@@ -210,6 +244,7 @@ def _parse_sampling(body: dict[str, Any], endpoint: Endpoint, limits: Limits) ->
         if not isinstance(ignore_eos, bool):
             raise bad_request("'ignore_eos' must be a boolean.", "ignore_eos")
         s.ignore_eos = ignore_eos
+    parse_controls(body, endpoint, s)
     return s
 
 
@@ -220,16 +255,23 @@ def parse_request(body: Any, endpoint: Endpoint, limits: Limits) -> ParsedReques
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required and must be a string.", "model")
-    _refuse_unsupported(body, endpoint)
+    _check_fields(body, endpoint)
     req = ParsedRequest(endpoint=endpoint, model=model, sampling=_parse_sampling(body, endpoint, limits))
+    req.n = _parse_n(body.get("n"))
+    req.max_tokens_given = body.get("max_tokens") is not None or (
+        endpoint is Endpoint.CHAT and body.get("max_completion_tokens") is not None)
     if endpoint is Endpoint.CHAT:
         if "prompt" in body:
             raise bad_request("chat completions take 'messages', not 'prompt'.", "prompt")
-        req.messages = _parse_messages(body.get("messages"))
+        req.messages = parse_messages(body.get("messages"), limits)
     else:
         if "prompt" not in body:
             raise bad_request("'prompt' is required.", "prompt")
         req.prompt, req.prompt_token_ids = _parse_prompt(body["prompt"])
+    if endpoint is Endpoint.CHAT:
+        _chat_extras(req, body, limits)
+    req.echo = echo_text(body, endpoint, req.messages, req.prompt)
+    req.echo_ids = req.echo == "" and req.prompt_token_ids is not None
     stream = body.get("stream", False)
     if stream is None:
         stream = False

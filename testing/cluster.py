@@ -1,8 +1,10 @@
 """A real Kubernetes control plane on loopback, for tests and `make cluster`.
 
-Starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK
-(fake kubelets) from the binaries that hack/k8s-bins.sh builds, then registers
-fake GPU/RDMA nodes in labelled pools. Nothing here mocks the Kubernetes API.
+Starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler, KWOK
+(fake kubelets) and the LeaderWorkerSet controller (its webhooks served on loopback,
+see tandem.testing.lws_controller) from the binaries that hack/k8s-bins.sh builds,
+then registers fake GPU/RDMA nodes in labelled pools. Nothing here mocks the
+Kubernetes API.
 
 GPU nodes carry the taint `nvidia.com/gpu=present:NoSchedule` (as GPU clusters
 usually do): workloads meant for them must tolerate it (see GPU_TOLERATION).
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
+from tandem.testing import lws_controller
 from tandem.worker.local.processes import free_port
 
 if TYPE_CHECKING:
@@ -51,6 +54,7 @@ CONTROL_PLANE_BINARIES = (
     "kwok",
     "helm",
     "kwok-stages.yaml",
+    *lws_controller.LWS_BINARIES,
 )
 CLIENT_BINARIES = ("kubectl", "helm")
 
@@ -306,6 +310,7 @@ class Cluster:
             "kcm": (secrets.token_hex(16), "system:kube-controller-manager", ""),
             "scheduler": (secrets.token_hex(16), "system:kube-scheduler", ""),
             "kwok": (secrets.token_hex(16), "kwok", "system:masters"),
+            "lws": (secrets.token_hex(16), "lws-controller", "system:masters"),
         }
         lines = [f'{tok},{user},{user},"{groups}"' for tok, user, groups in tokens.values()]
         (wd / "tokens.csv").write_text("\n".join(lines) + "\n")
@@ -456,6 +461,30 @@ class Cluster:
                 timeout=self.startup_timeout,
                 what="ServiceAccount default/default (kube-controller-manager)",
             )
+            self._start_lws(bins, tokens, api)
+
+    def _start_lws(self, bins: Path, tokens: dict[str, tuple[str, str, str]], api: ApiClient) -> None:
+        """The LeaderWorkerSet controller: its CRDs, the process, then its webhooks pointed at it."""
+        crds = lws_controller.install_crds(api, bins)
+        cert_dir, ca_pem = lws_controller.make_serving_cert(self.work_dir / "pki" / "lws")
+        webhook_port, health_port = free_port(), free_port()
+        config = self.work_dir / "lws-config.yaml"
+        config.write_text(yaml.safe_dump(lws_controller.controller_config(webhook_port, health_port, cert_dir)))
+        wait_until(lambda: self._check_alive() and lws_controller.crds_established(api, crds),
+                   timeout=self.startup_timeout, what=f"CRDs {crds} Established")
+        self._spawn(
+            "lws-controller",
+            [str(bins / "lws-controller"), f"--config={config}", "--zap-log-level=info"],
+            env={"KUBECONFIG": str(self._component_kubeconfig("lws", tokens))},
+        )
+        wait_until(
+            lambda: (self._check_alive() and lws_controller.port_open(webhook_port)
+                     and urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=2).status
+                     == 200),
+            timeout=self.startup_timeout,
+            what="lws-controller /readyz and its webhook server",
+        )
+        lws_controller.install(api, bins, f"https://127.0.0.1:{webhook_port}", ca_pem)
 
     def stop(self) -> None:
         """Kills every component's process group (SIGTERM, then SIGKILL) and removes the work dir."""
@@ -552,11 +581,12 @@ class Cluster:
             )
         subprocess.run(["openssl", *args], check=True, capture_output=True)
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         log = self.work_dir / "logs" / f"{name}.log"
         with log.open("ab") as out:
             popen = subprocess.Popen(
                 argv,
+                env=None if env is None else os.environ | env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

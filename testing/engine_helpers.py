@@ -62,6 +62,23 @@ async def ndjson_events(resp: Any) -> list[dict[str, Any]]:
     return events
 
 
+async def events_until(resp: Any, after_tokens: int, action: Any) -> list[dict[str, Any]]:
+    """All NDJSON events of a /internal/generate stream; `action()` is called once, as soon as
+    `after_tokens` tokens have arrived (a drain, a kill: what the stream should live through)."""
+    import json
+
+    events: list[dict[str, Any]] = []
+    done = False
+    async for line in resp.content:
+        if not line.strip():
+            continue
+        events.append(json.loads(line))
+        if not done and len(stream_tokens(events)) >= after_tokens:
+            action()
+            done = True
+    return events
+
+
 def stream_tokens(events: list[dict[str, Any]]) -> list[int]:
     return [t for e in events if e["type"] == "token" for t in e.get("token_ids", [])]
 

@@ -1,23 +1,17 @@
 """Measures what one replica can do, for the simulator: Tandem's engine on the bench model, one thread.
 
-    .venv/bin/python -m bench.simulator.calibrate [--out bench/simulator/capacity_cpu.json]
+    python -m bench calibrate (bench/scenarios/calibrate.py)
 
 Prefill: the time of the one engine step that prefills a prompt of L tokens (L = 128 .. 1024),
 best of 2 x --repeats, interleaved; fitted as c + L / mu. Decode: the step time with n = 1..32 sequences running
 (prompts of --context tokens, staggered lengths so the batch shrinks one by one); fitted as a + b * n. The model is the one
-`make bench`'s multi-turn part uses (bench.run.MODEL, ~40M parameters, fp32), the process pinned to one core as the
+the multi-turn scenario uses (bench/lib/models.py's MULTITURN_MODEL, ~40M parameters, fp32), the process pinned to one core as the
 bench pins each worker. The machine is shared: run it when it is quiet, and read the spread.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import statistics
-import tempfile
-import time
 from pathlib import Path
 
 PROMPTS = (128, 256, 512, 1024)
@@ -112,44 +106,3 @@ def merge(old: dict, new: dict) -> dict:
                   "decode_step_base_s": a, "decode_step_per_seq_s": b}
     out["runs"] = old.get("runs", 1) + 1
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(Path(__file__).with_name("capacity_cpu.json")))
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--context", type=int, default=256, help="prompt tokens of each decoding sequence")
-    ap.add_argument("--decode-steps", type=int, default=8, help="steps at each batch size")
-    ap.add_argument("--merge", default=None,
-                    help="an earlier output: keep the least time per point over both runs (noise only adds)")
-    ap.add_argument("--core", type=int, default=None, help="pin to this core (default: the last one)")
-    args = ap.parse_args(argv)
-    core = args.core if args.core is not None else (os.cpu_count() or 1) - 1
-    os.sched_setaffinity(0, {core})
-    os.environ["OMP_NUM_THREADS"] = "1"
-    import torch
-    from tandem.worker.local.toy_model import make_toy_model
-
-    from bench.run import MODEL
-
-    torch.set_num_threads(1)
-    model_dir = make_toy_model(Path(tempfile.gettempdir()) / "tandem-sim-calibrate", **MODEL)
-    t0 = time.time()
-    result = measure(model_dir, args.repeats, args.context, args.decode_steps)
-    if args.merge:
-        result = merge(json.loads(Path(args.merge).read_text()), result)
-    result |= {"runs": result.get("runs", 1), "model": MODEL, "threads": 1, "core": core, "context": args.context,
-               "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                        "torch": torch.__version__, "load_average": os.getloadavg()},
-               "measured_at_unix": int(t0), "wall_s": round(time.time() - t0, 1)}
-    fit = result["fit"]
-    print(f"fit: prefill {fit['prefill_tokens_per_s']:.0f} tokens/s + {fit['prefill_overhead_s'] * 1e3:.0f} ms; "
-          f"decode step {fit['decode_step_base_s'] * 1e3:.1f} ms + {fit['decode_step_per_seq_s'] * 1e3:.2f} ms "
-          f"per sequence")
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -4,10 +4,13 @@
 defaulted) and returns every child, all in the CR's namespace, in apply order:
 
   ConfigMap   <name>-config           engine config per role + router config   config_files.py
+  PersistentVolumeClaim <name>-weights, Job <name>-weights-<hash>: a hub model's shared cache
+                                      and its one download (model.cache.pvc)  weights.py
   ServiceAccount/Role/RoleBinding <name>-router: list/watch pods, EndpointSlices router.py
   Service     <name>-prefill/-decode  headless, for discovery                 worker.py
   Service     <name>-router           the endpoint                            router.py
   Deployment  <name>-prefill/-decode  the workers (GPU, RDMA, probes, spread)  worker.py
+   or LeaderWorkerSet                 a role whose groups span nodes           group.py
   Deployment  <name>-router           the OpenAI-compatible router            router.py
   NetworkPolicy <name>-workers        only the service's pods reach workers   trust.py
   (Secret     <name>-internal         the router's and workers' shared secret: created once by
@@ -27,11 +30,13 @@ from tandem.operator.render.config_files import (
     router_config,
     worker_config,
 )
+from tandem.operator.render.group import LWS_API_VERSION, LWS_KIND, worker_group
 from tandem.operator.render.identity import generation_hash, image_ref, short_hash
 from tandem.operator.render.objects import Manifest, names
 from tandem.operator.render.router import endpoint, router_deployment, router_rbac, router_service
 from tandem.operator.render.trust import internal_secret, network_policy
-from tandem.operator.render.worker import worker_deployment, worker_service
+from tandem.operator.render.weights import weights_children
+from tandem.operator.render.worker import worker_deployment, worker_pod_spec, worker_service
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
 
 __all__ = [
@@ -44,6 +49,7 @@ __all__ = [
     "names",
     "render",
     "router_config",
+    "stale_workloads",
     "worker_config",
 ]
 
@@ -62,11 +68,33 @@ def render(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig,
     policy = [network_policy(meta, spec, config)] if spec.network_policy.enabled else []
     return [
         configmap(meta, files),
+        *weights_children(meta, spec, config),
         *router_rbac(meta),
-        *(worker_service(meta, role) for role in WORKER_ROLES),
+        *(worker_service(meta, spec, role) for role in WORKER_ROLES),
         router_service(meta, spec),
         *policy,
-        *(worker_deployment(meta, spec, role, config, hashes[f"{role}.yaml"], counts[role])
+        *(worker_workload(meta, spec, role, config, hashes[f"{role}.yaml"], counts[role])
           for role in WORKER_ROLES),
         router_deployment(meta, spec, config, hashes[f"{ROUTER}.yaml"]),
     ]
+
+
+def worker_workload(meta: dict, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
+                    config_hash: str, replicas: int | None) -> Manifest:
+    """A role's Deployment, or its LeaderWorkerSet when one worker's group spans nodes."""
+    if not spec.role(role).parallelism.spans_nodes:
+        return worker_deployment(meta, spec, role, config, config_hash, replicas)
+    pod = worker_pod_spec(meta["name"], spec, role, config, generation_hash(spec, config))
+    return worker_group(meta, spec, role, config, config_hash, replicas, pod)
+
+
+def stale_workloads(meta: dict, spec: InferenceServiceSpec) -> list[Manifest]:
+    """Stubs of the workloads `render` no longer makes: per role, the kind it does not use now (the
+    Deployment of a role whose groups span nodes, the LeaderWorkerSet of one that fits a node)."""
+    stubs = []
+    for role in WORKER_ROLES:
+        api_version, kind = ((LWS_API_VERSION, LWS_KIND) if not spec.role(role).parallelism.spans_nodes
+                             else ("apps/v1", "Deployment"))
+        stubs.append({"apiVersion": api_version, "kind": kind,
+                      "metadata": {"name": names(meta["name"])[role], "namespace": meta["namespace"]}})
+    return stubs

@@ -12,10 +12,10 @@ from typing import Any
 import yaml
 from tandem.contracts.names import KV_PORT, ROUTER_PORT, WORKER_PORT
 from tandem.operator.render.objects import Manifest, metadata, names
+from tandem.operator.render.weights import model_arg
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
 from tandem.operator.spec.inference_service import EXIT_MARGIN_S
 
-MODEL_DIR = "/models"  # where a hostPath or PVC model is mounted
 KV_LEASE_S = 30  # how long prefill keeps KV no decode worker has pulled (the worker's own default)
 
 
@@ -25,16 +25,6 @@ def drain_times(spec: InferenceServiceSpec, role: str) -> dict[str, int]:
     other decode pods on SIGTERM) is pulled or expired, then exits before the kubelet kills it."""
     drain = max(0, spec.role(role).termination_grace_period_seconds - EXIT_MARGIN_S)
     return {"drain_s": drain, "kv_lease_s": min(KV_LEASE_S, drain)}
-
-
-def model_arg(spec: InferenceServiceSpec) -> str:
-    """What the worker's --model gets: a path inside the container or a hub id."""
-    model = spec.model
-    if model.path is not None:
-        return model.path
-    if model.hub is not None:
-        return model.hub
-    return MODEL_DIR  # hostPath and pvc are mounted here
 
 
 def worker_config(name: str, role: str, spec: InferenceServiceSpec) -> dict[str, Any]:
@@ -57,6 +47,11 @@ def worker_config(name: str, role: str, spec: InferenceServiceSpec) -> dict[str,
         "log_format": "json",
         **drain_times(spec, role),
     }
+    tensor = spec.role(role).parallelism.tensor
+    if tensor > 1:
+        # `tandem worker --tensor-parallel`: the group's ranks; a group that spans nodes finds its
+        # share of them and its leader from the LeaderWorkerSet's LWS_* variables.
+        cfg["tensor_parallel"] = tensor
     if engine.kv_blocks is not None:
         cfg["num_blocks"] = engine.kv_blocks
     if engine.kv_memory_fraction is not None:

@@ -31,12 +31,16 @@ def short_hash(obj: Any, length: int = 10) -> str:
 
 
 def generation_hash(spec: InferenceServiceSpec, config: OperatorConfig) -> str:
-    """tandem.dev/generation: what must match for a prefill worker to hand KV to a decode worker."""
+    """tandem.dev/generation: what must match for a prefill worker to hand KV to a decode worker.
+
+    A hub model counts by its commit (the operator pins spec.model.revision to it before rendering):
+    two generations of one hub id at different commits never pair."""
     model, kv = spec.model, spec.kv_transfer
     return short_hash(
         {
             "source": {"path": model.path, "hostPath": model.host_path, "pvc": to_json(model.pvc),
-                       "hub": model.hub},
+                       "hub": model.hub, **({"revision": model.revision} if model.hub else {}),
+                       **({"image": to_json(model.image)} if model.image else {})},
             "dtype": model.dtype,
             "maxModelLen": model.max_model_len,
             "backend": kv.backend,

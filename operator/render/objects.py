@@ -31,6 +31,7 @@ def names(name: str) -> dict[str, str]:
         "router": f"{name}-router",
         "workers": f"{name}-workers",  # the NetworkPolicy in front of the worker pods
         "internal": f"{name}-internal",  # the Secret the service's router and workers share
+        "weights": f"{name}-weights",  # a hub model's shared cache (claim; its download Jobs add the commit)
     }
 
 

@@ -117,8 +117,11 @@ def router_rbac(meta: dict) -> list[Manifest]:
             "metadata": metadata(meta, account, ROUTER),
             "rules": [
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-                # discovery trusts a pod only through its owners: ReplicaSet -> Deployment -> us
-                {"apiGroups": ["apps"], "resources": ["replicasets", "deployments"], "verbs": ["get"]},
+                # discovery trusts a pod only through its owners: ReplicaSet -> Deployment -> us, or
+                # (a group that spans nodes) StatefulSet -> LeaderWorkerSet -> us
+                {"apiGroups": ["apps"], "resources": ["replicasets", "deployments", "statefulsets"],
+                 "verbs": ["get"]},
+                {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"], "verbs": ["get"]},
                 {
                     "apiGroups": ["discovery.k8s.io"],
                     "resources": ["endpointslices"],

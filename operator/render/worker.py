@@ -20,7 +20,6 @@ from tandem.contracts.names import (
     Role,
 )
 from tandem.operator.config import OperatorConfig
-from tandem.operator.render.config_files import MODEL_DIR
 from tandem.operator.render.identity import generation_hash, image_ref
 from tandem.operator.render.objects import (
     CONFIG_DIR,
@@ -35,16 +34,15 @@ from tandem.operator.render.objects import (
     service,
 )
 from tandem.operator.render.trust import internal_secret_env
+from tandem.operator.render.weights import weights_pod_parts
 from tandem.operator.spec import (
     RESERVED_ENV,
     InferenceServiceSpec,
     KVTransfer,
-    Model,
     WorkerRole,
     to_json,
 )
 
-HF_CACHE_DIR = "/cache"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
@@ -63,18 +61,26 @@ def worker_deployment(meta: dict, spec: InferenceServiceSpec, role: str, config:
     return deployment(meta, role, replicas, pod_labels, config_hash, pod, rollout)
 
 
-def worker_service(meta: dict, role: str) -> Manifest:
-    """Headless Service per worker role: DNS records for discovery, no load balancing."""
-    return service(meta, role, WORKER_PORT, clusterIP="None")
+def worker_service(meta: dict, spec: InferenceServiceSpec, role: str) -> Manifest:
+    """Headless Service per worker role: DNS records for discovery, no load balancing.
+
+    For a role whose groups span nodes it is also the pods' subdomain (the LeaderWorkerSet's name):
+    followers find their leader by its DNS name before any pod is Ready, so it publishes them all.
+    """
+    head: dict[str, Any] = {"clusterIP": "None"}
+    if spec.role(role).parallelism.spans_nodes:
+        head["publishNotReadyAddresses"] = True
+    return service(meta, role, WORKER_PORT, **head)
 
 
 def worker_pod_spec(name: str, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
                     generation: str) -> dict[str, Any]:
     role_spec = spec.role(role)
-    model_volumes, model_mounts = model_volume(spec.model)
+    model_volumes, model_mounts, init_containers = weights_pod_parts(name, spec, config)
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,  # workers never talk to the API server
         "terminationGracePeriodSeconds": role_spec.termination_grace_period_seconds,
+        **({"initContainers": init_containers} if init_containers else {}),
         "containers": [worker_container(name, spec, role, config, generation, model_mounts)],
         "volumes": [
             config_volume(name, f"{role}.yaml"),
@@ -167,7 +173,8 @@ def worker_env(name: str, spec: InferenceServiceSpec, role: str, generation: str
             env.append({"name": "UCX_NET_DEVICES", "value": ucx.net_devices})
         env += [{"name": key, "value": ucx.env[key]} for key in sorted(ucx.env or {})]
     if spec.model.hub is not None:
-        env.append({"name": "HF_HOME", "value": f"{HF_CACHE_DIR}/huggingface"})
+        # The weights are on disk before the worker starts (tandem.operator.render.weights).
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
     # The user's env last: it may tune UCX further; reserved names are refused by the CRD.
     env += [to_json(item) for item in spec.role(role).env or () if item.name not in RESERVED_ENV]
     # One entry per name (server-side apply refuses duplicates): a later setting wins in place.
@@ -175,25 +182,6 @@ def worker_env(name: str, spec: InferenceServiceSpec, role: str, generation: str
     for item in env:
         unique[item["name"]] = item
     return list(unique.values())
-
-
-def model_volume(model: Model) -> tuple[list[dict], list[dict]]:
-    """(volumes, mounts) for the weights: read-only; an in-image path or a hub id needs none."""
-    if model.pvc is not None:
-        volume = {
-            "name": "model",
-            "persistentVolumeClaim": {"claimName": model.pvc.claim_name, "readOnly": True},
-        }
-        mount: dict[str, Any] = {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
-        if model.pvc.sub_path:
-            mount["subPath"] = model.pvc.sub_path
-        return [volume], [mount]
-    if model.host_path is not None:
-        volume = {"name": "model", "hostPath": {"path": model.host_path, "type": "Directory"}}
-        return [volume], [{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}]
-    if model.hub is not None:
-        return [{"name": "hf-cache", "emptyDir": {}}], [{"name": "hf-cache", "mountPath": HF_CACHE_DIR}]
-    return [], []
 
 
 def probes() -> dict[str, Any]:

@@ -18,6 +18,7 @@ from tandem.operator.spec.inference_service import (
     Toleration,
     WorkerRole,
 )
+from tandem.operator.spec.parallelism import Parallelism
 
 __all__ = [
     "AutoscalingSpec",
@@ -34,6 +35,7 @@ __all__ = [
     "KVTransfer",
     "Model",
     "NetworkPolicySpec",
+    "Parallelism",
     "Router",
     "SpecError",
     "Toleration",

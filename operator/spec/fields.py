@@ -69,12 +69,17 @@ class SpecError(ValueError):
 class Rule:
     """A CEL rule (x-kubernetes-validations); `{role}` in the message is filled in per role.
 
-    `check`, when given, is the same rule in Python (True: the value passes): the parser enforces it.
+    `check`, when given, is the same rule in Python (True: the value passes): the parser enforces it
+    with `explain(value)` as its message when that is given (the numbers), else with `message`.
+    `message_expression` is CEL that says the same with the numbers at `kubectl apply`; `message`
+    stays the fallback the API server shows when the expression cannot be evaluated.
     """
 
     rule: str
     message: str
     check: Callable[[Any], bool] | None = dataclasses.field(default=None, compare=False)
+    message_expression: str | None = None
+    explain: Callable[[Any], str] | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -185,7 +190,7 @@ def _check_rules(rules: tuple[Rule, ...], obj: Any, path: str, context: dict[str
     """The rules with a Python twin; the first one broken raises SpecError with the rule's message."""
     for rule in rules:
         if rule.check is not None and not rule.check(obj):
-            raise SpecError(path, fill(rule.message, context))
+            raise SpecError(path, fill(rule.explain(obj) if rule.explain else rule.message, context))
 
 
 def _parse_value(tp: Any, raw: Any, path: str, decl: Decl, context: dict[str, str]) -> Any:

@@ -8,7 +8,6 @@ Prefill and decode are one type, WorkerRole; what differs per role is said where
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tandem.contracts.internal_auth import SECRET_ENV
@@ -21,8 +20,9 @@ from tandem.contracts.routing import (
 )
 from tandem.operator.spec.autoscaling import AutoscalingSpec
 from tandem.operator.spec.fields import FreeForm, Quantity, Rule, api_field, parse, to_json
+from tandem.operator.spec.model import DNS_SUBDOMAIN, Model, api_type
+from tandem.operator.spec.parallelism import Parallelism, gpus_rule
 
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Variables the operator sets in every worker itself; the CRD refuses them in a role's env.
 RESERVED_ENV = ("POD_IP", "POD_NAME", "TANDEM_GENERATION", SECRET_ENV)
 # The worker roles an InferenceService runs (plain strings: they become labels and file names),
@@ -35,48 +35,6 @@ COMPONENTS: tuple[str, ...] = (*WORKER_ROLES, ROUTER)
 # covers at least one whole KV pull (the worker's 10 s pull timeout) on top of that margin.
 EXIT_MARGIN_S = 5
 PREFILL_MIN_GRACE_S = EXIT_MARGIN_S + 10
-# Spec types are values: immutable, and built by keyword (parse does it from JSON).
-api_type = dataclass(frozen=True, kw_only=True)
-
-
-@api_type
-class PVCSource:
-    """A PersistentVolumeClaim holding the weights, mounted read-only."""
-
-    claim_name: str = api_field("claimName", max_length=253, pattern=DNS_SUBDOMAIN)
-    sub_path: str | None = api_field("subPath", max_length=1024)
-
-    RULES: ClassVar[tuple[Rule, ...]] = (Rule(
-        "!has(self.subPath) || (!self.subPath.startsWith('/') && !self.subPath.contains('..'))",
-        "model.pvc.subPath must be a relative path inside the volume (no leading '/' and no '..')"),)
-
-
-@api_type
-class Model:
-    """Where the weights are (exactly one source: the CEL rule below) and how to load them."""
-
-    path: str | None = api_field(
-        "path", max_length=1024, pattern="^/", description="A directory inside the worker image.")
-    host_path: str | None = api_field(
-        "hostPath", max_length=1024, pattern="^/", description="A directory on the node, mounted read-only.")
-    pvc: PVCSource | None = api_field(
-        "pvc", description="A PersistentVolumeClaim in the same namespace, mounted read-only.")
-    hub: str | None = api_field(
-        "hub", max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$",
-        description="A Hugging Face hub model id (org/name); needs internet access from the nodes.")
-    dtype: str = api_field(
-        "dtype", enum=["auto", "float32", "float16", "bfloat16"], default="auto",
-        description="Weight and activation dtype.")
-    max_model_len: int = api_field(
-        "maxModelLen", minimum=16, maximum=1048576, default=4096,
-        description="Longest sequence (prompt + output) in tokens.")
-    served_name: str | None = api_field(
-        "servedName", max_length=128, pattern="^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
-        description="Model name in the OpenAI API (default: the InferenceService name).")
-
-    RULES: ClassVar[tuple[Rule, ...]] = (Rule(
-        "[has(self.path), has(self.hostPath), has(self.pvc), has(self.hub)].filter(x, x).size() == 1",
-        "model: set exactly one of model.path, model.hostPath, model.pvc or model.hub"),)
 
 
 @api_type
@@ -142,9 +100,15 @@ class WorkerRole:
     """Prefill or decode: one pool of worker pods (`{role}` in a text becomes the role's name)."""
 
     replicas: int = api_field(
-        "replicas", minimum=0, maximum=1000, default=1, description="Number of {role} worker pods.")
+        "replicas", minimum=0, maximum=1000, default=1,
+        description="Number of {role} workers (a worker is one pod, or a group of parallelism.nodes pods).")
     gpus: int = api_field(
-        "gpus", minimum=0, maximum=16, default=1, description="nvidia.com/gpu per pod (0 runs on CPU).")
+        "gpus", minimum=0, maximum=16, default=1,
+        description="nvidia.com/gpu per pod (0 runs on CPU): parallelism.tensor / parallelism.nodes.")
+    parallelism: Parallelism = api_field(
+        "parallelism", default={},
+        description="Tensor parallelism of one {role} worker and the nodes its group spans (replicas count "
+        "groups).")
     cpu: Quantity | None = api_field("cpu", description="CPU request and limit per pod, e.g. 4 or 3500m.")
     memory: Quantity | None = api_field("memory", description="Memory request and limit per pod, e.g. 64Gi.")
     shm_size: Quantity = api_field(
@@ -166,6 +130,8 @@ class WorkerRole:
     termination_grace_period_seconds: int = api_field(
         "terminationGracePeriodSeconds", minimum=0, maximum=86400, default=60,
         description="Time a stopping worker gets to finish its requests.")
+
+    RULES: ClassVar[tuple[Rule, ...]] = (gpus_rule(),)
 
 
 def _role(role: Role, description: str, **overrides: dict[str, Any]) -> Any:

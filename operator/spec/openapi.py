@@ -72,7 +72,13 @@ def field_schema(tp: Any, decl: Decl, context: dict[str, str]) -> dict[str, Any]
 
 
 def _validations(rules: tuple[Rule, ...], context: dict[str, str]) -> list[dict[str, str]]:
-    return [{"rule": r.rule, "message": fill(r.message, context)} for r in rules]
+    out = []
+    for r in rules:
+        item = {"rule": r.rule, "message": fill(r.message, context)}
+        if r.message_expression:
+            item["messageExpression"] = fill(r.message_expression, context)
+        out.append(item)
+    return out
 
 
 def _type_schema(tp: Any, decl: Decl, context: dict[str, str]) -> dict[str, Any]:

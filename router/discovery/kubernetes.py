@@ -6,14 +6,18 @@ Ready condition is True, it has an IP and is not being deleted.
 
 Labels prove nothing (anyone who can create a pod can copy them), so a pod gets traffic only when
 its controller chain leads to the InferenceService: pod -> ReplicaSet -> Deployment -> the
-InferenceService named `service`, each link a controller ownerReference whose uid matches the
-object read back from the API server. Verdicts are cached per ReplicaSet uid until the next relist.
+InferenceService named `service`, or, for a worker whose tensor-parallel group spans nodes, pod ->
+StatefulSet -> LeaderWorkerSet -> the InferenceService (only a group's leader pod takes requests:
+followers are labelled tandem.dev/group-member=follower), each link a controller ownerReference
+whose uid matches the object read back from the API server. Verdicts are cached per ReplicaSet or
+StatefulSet uid until the next relist.
 
 Every call has a timeout: a list or a connect `request_timeout_s`; a watch asks the server to end
 it after `watch_timeout_s` and gives up on a connection silent for `watch_stall_s` more (a dead
 load balancer, a half-open TCP connection), then relists. The `kubernetes` client is synchronous,
 so the loop runs in a daemon thread and hands whole snapshots to the event loop. RBAC: `get, list,
-watch` on pods, `get` on apps/replicasets and apps/deployments, in its namespace.
+watch` on pods, `get` on apps/replicasets, apps/deployments, apps/statefulsets and
+leaderworkerset.x-k8s.io/leaderworkersets, in its namespace.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from tandem.contracts.names import (
     Role,
     pod_ready,
     pod_url,
+    serves_requests,
 )
 from tandem.router.pool import Target
 
@@ -59,12 +64,20 @@ def _owner(obj: dict[str, Any], kind: str, group: str, get: Getter) -> dict[str,
     return owner
 
 
-def owned_by_service(replica_set: dict[str, Any], service: str, get_deployment: Getter) -> bool:
-    """Whether a ReplicaSet belongs to a Deployment that the InferenceService `service` controls."""
-    deployment = _owner(replica_set, "Deployment", "apps", get_deployment)
-    if deployment is None:
+LWS_GROUP = "leaderworkerset.x-k8s.io"
+# A pod's controller (kind, API group) -> the kind and group of the workload that controls it.
+WORKLOAD_OF = {("ReplicaSet", "apps"): ("Deployment", "apps"),
+               ("StatefulSet", "apps"): ("LeaderWorkerSet", LWS_GROUP)}
+
+
+def owned_by_service(replica_set: dict[str, Any], service: str, get_deployment: Getter,
+                     workload: tuple[str, str] = ("Deployment", "apps")) -> bool:
+    """Whether a ReplicaSet (or a group's StatefulSet) belongs to a Deployment (or LeaderWorkerSet:
+    `workload` says which) that the InferenceService `service` controls."""
+    owner = _owner(replica_set, *workload, get_deployment)
+    if owner is None:
         return False
-    ref = controller_ref(deployment, "InferenceService", "tandem.dev")
+    ref = controller_ref(owner, "InferenceService", "tandem.dev")
     return ref is not None and ref.get("name") == service
 
 
@@ -75,6 +88,8 @@ def pod_target(pod: dict[str, Any], default_port: int) -> Target | None:
         role = Role(labels.get(LABEL_ROLE, ""))
     except ValueError:
         return None  # e.g. the router's own pods
+    if not serves_requests(pod):
+        return None  # a group's follower: its ranks run behind the leader's HTTP API
     url = pod_url(pod, default_port)
     if url is None:
         return None
@@ -127,14 +142,28 @@ class KubernetesDiscovery:
     def stop(self) -> None:
         self._stop.set()
 
+    def _readers(self, apps: Any) -> dict[str, tuple[Callable[..., Any], Callable[..., Any]]]:
+        """Per pod controller kind: how to read it, and how to read the workload that controls it."""
+        from kubernetes import client
+
+        def read_lws(name: str, namespace: str, **kwargs: Any) -> Any:
+            return client.CustomObjectsApi(self.api_client).get_namespaced_custom_object(
+                LWS_GROUP, "v1", namespace, "leaderworkersets", name, **kwargs)
+
+        return {"ReplicaSet": (apps.read_namespaced_replica_set, apps.read_namespaced_deployment),
+                "StatefulSet": (apps.read_namespaced_stateful_set, read_lws)}
+
     def _trusted(self, pod: dict[str, Any], apps: Any) -> bool:
         """Whether the pod's controller chain leads to the InferenceService (see the module doc)."""
-        ref = controller_ref(pod, "ReplicaSet", "apps")
+        kind, ref = next(((k, r) for k, g in WORKLOAD_OF if (r := controller_ref(pod, k, g)) is not None),
+                         (None, None))
         uid = ref.get("uid") if ref is not None else None
-        if uid and uid not in self._trusted_rs:
-            rs = self._get(apps.read_namespaced_replica_set, ref.get("name", ""))
-            self._trusted_rs[uid] = rs is not None and (rs.get("metadata") or {}).get("uid") == uid and (
-                owned_by_service(rs, self.service, lambda name: self._get(apps.read_namespaced_deployment, name)))
+        if kind and uid and uid not in self._trusted_rs:
+            read, read_workload = self._readers(apps)[kind]
+            owner = self._get(read, ref.get("name", ""))
+            self._trusted_rs[uid] = owner is not None and (owner.get("metadata") or {}).get("uid") == uid and (
+                owned_by_service(owner, self.service, lambda name: self._get(read_workload, name),
+                                 WORKLOAD_OF[(kind, "apps")]))
         ok = bool(uid) and self._trusted_rs[uid]
         name = (pod.get("metadata") or {}).get("name")
         if not ok and name not in self._ignored:

@@ -1,9 +1,11 @@
-"""bench/arms.py's Proc: a ManagedProcess (own group, pinned, logged) that reports its CPU and placement."""
+"""bench/lib/processes.py's BenchProcess: a ManagedProcess (own group, pinned, logged) that reports its
+CPU and placement; bench/lib/arms.py's layouts."""
 
 import sys
 import time
 
-from bench.arms import Arm, Proc
+from bench.lib.arms import Arm
+from bench.lib.processes import BenchProcess
 
 
 def _wait_for(cond, timeout_s: float = 30.0) -> None:
@@ -15,16 +17,16 @@ def _wait_for(cond, timeout_s: float = 30.0) -> None:
 
 def test_proc_is_pinned_logged_measured_and_stopped(tmp_path):
     code = "import signal; print('up', flush=True); sum(range(10**6)); signal.pause()"
-    p = Proc("child", "router", "", [sys.executable, "-c", code], 0, tmp_path / "logs" / "child.log")
+    p = BenchProcess("child", "router", "", [sys.executable, "-c", code], 0, tmp_path / "logs" / "child.log")
     p.start({"PYTHONUNBUFFERED": "1"})
     try:
         _wait_for(lambda: "up" in p.log_tail())
-        assert p.alive() and p.popen is p.proc and p.cmd[0] == sys.executable
+        assert p.alive() and p.cmd[0] == sys.executable
         assert p.placement()["affinity"] == [0]  # pinned before exec, as observed
         assert p.cpu_seconds() > 0
     finally:
         p.stop(grace_s=5)
-    assert not p.alive() and p.popen.returncode is not None
+    assert not p.alive() and p.returncode is not None
 
 
 def test_arm_layouts_plan_the_processes_they_name(tmp_path):

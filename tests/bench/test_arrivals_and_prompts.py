@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from bench.workload import WorkloadSpec, make_prompt, plan, poisson_arrivals, prompt_lengths
+from bench.lib.workload import WorkloadSpec, make_prompt, plan, poisson_arrivals, prompt_lengths
 
 
 def words_plus_bos(text: str) -> int:
@@ -59,7 +59,7 @@ def test_spec_refuses_nonsense():
 
 
 def test_run_order_runs_every_arm_once_per_repetition_the_first_rotating():
-    from bench.run import run_order
+    from bench.scenarios.interference import run_order
 
     order = run_order(["a", "b", "c"], reps=3)
     assert order[:3] == [(0, "a"), (0, "b"), (0, "c")]

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from bench.metrics import (
+from bench.lib.metrics import (
     SLO,
     RequestRecord,
     distribution,

@@ -1,12 +1,16 @@
 """The load generator against a real aiohttp server speaking the OpenAI streaming format."""
 
+import asyncio
 import json
+import time
 
+import aiohttp
 import pytest
 from aiohttp import web
 
-from bench.loadgen import run_closed_loop, run_open_loop
-from bench.workload import PlannedRequest
+from bench.lib.loadgen import request_body, run_closed_loop, run_open_loop, stream_into
+from bench.lib.metrics import RequestRecord
+from bench.lib.workload import PlannedRequest
 
 
 def sse(obj) -> bytes:
@@ -23,6 +27,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     await resp.prepare(request)
     for i in range(body["max_tokens"]):
         await resp.write(sse({"choices": [{"index": 0, "text": f"t{i} ", "finish_reason": None}]}))
+    if body["prompt"] == "end early":  # the body ends cleanly, without a finish chunk or [DONE]
+        return resp
+    if body["prompt"] == "go silent":
+        await asyncio.sleep(3)
     await resp.write(sse({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}))
     await resp.write(sse({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": body["max_tokens"]}}))
     await resp.write(b"data: [DONE]\n\n")
@@ -53,6 +61,25 @@ async def test_every_token_chunk_is_timed_and_the_finish_chunk_is_not(server):
     assert r.text == "t0 t1 t2 t3 t4 "
     assert r.send_s <= r.chunk_times_s[0] <= r.chunk_times_s[-1] <= r.end_s
     assert len(r.gaps) == 4
+    assert r.done and r.finish_reason == "length" and not r.timed_out
+
+
+async def _one(url: str, prompt: str, read_timeout_s: float | None = None) -> RequestRecord:
+    rec = RequestRecord(0, 3, 2)
+    planned = PlannedRequest(0, prompt, 3, 2, 0.0)
+    async with aiohttp.ClientSession() as s:
+        return await stream_into(s, f"{url}/v1/completions", request_body("m", planned), rec, time.perf_counter(),
+                                 timeout_s=60, read_timeout_s=read_timeout_s)
+
+
+async def test_a_stream_that_ends_without_done_is_told_apart_from_a_finished_one(server):
+    r = await _one(server, "end early")
+    assert r.text == "t0 t1 " and r.error is None and not r.done and r.finish_reason is None
+
+
+async def test_a_silent_server_is_a_timeout_not_an_error_reply(server):
+    r = await _one(server, "go silent", read_timeout_s=0.5)
+    assert r.timed_out and r.text == "t0 t1 " and not r.done and "Timeout" in r.error
 
 
 async def test_http_errors_are_recorded_not_raised(server):

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from bench.chat_workload import ChatSpec, messages_for, plan_chat
-from bench.metrics import RequestRecord
-from bench.multiturn_report import headline, summarize_run
+from bench.lib.chat_workload import ChatSpec, messages_for, plan_chat
+from bench.lib.metrics import RequestRecord
+from bench.lib.multiturn_report import headline, summarize_run
 
 
 def count(text: str) -> int:

@@ -5,20 +5,12 @@ import math
 
 import pytest
 
-from bench.compare import compare, targets
-from bench.metrics import RequestRecord, summarize
-from bench.report import (
-    BEGIN,
-    END,
-    fmt_ratio,
-    fmt_s,
-    json_safe,
-    md_table,
-    replace_section,
-    results_markdown,
-    summary_json,
-)
-from bench.scrape import delta, parse_prometheus
+from bench.lib.compare import compare, targets
+from bench.lib.interference_report import BEGIN, END, HEADING, results_markdown, summary_json
+from bench.lib.metrics import RequestRecord, summarize
+from bench.lib.results import json_safe
+from bench.lib.scrape import delta, parse_prometheus
+from bench.lib.tables import fmt_ratio, fmt_s, md_table, replace_section
 
 
 def test_formatting():
@@ -31,9 +23,9 @@ def test_formatting():
 
 def test_replace_section_keeps_prose_and_is_idempotent():
     doc = "# Benchmarks\n\nprose before\n"
-    once = replace_section(doc, "TABLE 1")
+    once = replace_section(doc, "TABLE 1", BEGIN, END, HEADING)
     assert "prose before" in once and "TABLE 1" in once and once.count(BEGIN) == 1
-    twice = replace_section(once + "\nprose after\n", "TABLE 2")
+    twice = replace_section(once + "\nprose after\n", "TABLE 2", BEGIN, END, HEADING)
     assert "TABLE 1" not in twice and "TABLE 2" in twice and "prose after" in twice
     assert twice.count(BEGIN) == 1 and twice.count(END) == 1
 
@@ -97,7 +89,7 @@ def test_targets_mark_met_and_missed_with_the_factor():
 def test_markdown_and_committed_summary_from_a_synthetic_result():
     runs = _runs()
     result = {
-        "started_utc": "20260101-000000", "wall_s": 60.0, "quick": False, "command": "bench.run",
+        "started_utc": "20260101-000000", "wall_s": 60.0, "quick": False, "command": "python -m bench interference",
         "host": {"cpus": 2, "platform": "linux", "python": "3.11", "loadavg_at_start": [1.0, 1.0, 1.0],
                  "loadavg_at_end": [1.0, 1.0, 1.0]},
         "model": {"params": 4.16e7, "num_layers": 8, "hidden_size": 512, "num_heads": 8, "num_kv_heads": 4,
@@ -133,7 +125,7 @@ tandem_kv_transfer_seconds_count{backend="tcp",direction="pull"} 3.0
 
 
 def test_kv_from_health_takes_the_pull_side_delta_and_estimates_time():
-    from bench.scrape import kv_from_health
+    from bench.lib.scrape import kv_from_health
 
     before = {"bytes_total": {"pull": 1000}, "transfers_total": {"pull": 2}}
     after = {"bytes_total": {"pull": 5000, "serve": 99}, "transfers_total": {"pull": 4},

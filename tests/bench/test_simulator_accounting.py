@@ -12,7 +12,7 @@ import pytest
 from bench.simulator.capacity import Capacity
 from bench.simulator.cluster import Simulation
 from bench.simulator.policies import FixedPolicy, PlannerPolicy, size_for_peak
-from bench.simulator.run import planner_spec, router_bounds
+from bench.simulator.replay import planner_spec, router_bounds
 from bench.simulator.trace import Request, day, load_shape
 
 CAP = Capacity(prefill_overhead_s=0.0, prefill_tokens_per_s=1000.0, decode_batches=(1, 2, 4, 8),

@@ -221,12 +221,15 @@ def test_helm_install_then_apply_an_example_serves_it_and_uninstall_cleans_up(
             )
 
         # Least privilege, seen from the ServiceAccount: it reads pods, never Secrets, and
-        # deletes nothing (children go with their owner through the garbage collector).
+        # deletes nothing but a worker role's old workload when it changes kind (children go with
+        # their owner through the garbage collector).
         everywhere = "yes" if watch == "all-namespaces" else "no"
         assert as_operator("auth", "can-i", "list", "pods", "-A").stdout.strip() == everywhere
         assert as_operator("auth", "can-i", "list", "pods", "-n", llm).stdout.strip() == "yes"
         assert as_operator("auth", "can-i", "get", "secrets", "-A").stdout.strip() == "no"
-        assert as_operator("auth", "can-i", "delete", "deployments", "-A").stdout.strip() == "no"
+        assert as_operator("auth", "can-i", "delete", "pods", "-A").stdout.strip() == "no"
+        assert as_operator("auth", "can-i", "delete", "services", "-n", llm).stdout.strip() == "no"
+        assert as_operator("auth", "can-i", "delete", "deployments", "-A").stdout.strip() == everywhere
         assert as_operator("auth", "can-i", "create", "pods", "-A").stdout.strip() == "no"
 
         (container,) = pod_template["spec"]["containers"]

@@ -1,6 +1,7 @@
 """The chart's RBAC grants exactly the operator's calls: cluster-wide by default, per watched
-namespace when asked, never a wildcard, a Secret read, a delete, or a pod made or removed (pods
-are only annotated: the pods a scale-down removes). (That nothing is
+namespace when asked, never a wildcard, a Secret read, a pod made or removed (pods are only
+annotated: the pods a scale-down removes), or a delete but of a worker role's own workload when it
+changes kind (a Deployment <-> a LeaderWorkerSet, when its groups start or stop spanning nodes). (That nothing is
 missing is proved by the end-to-end test, which runs the operator with these rules.)"""
 
 from __future__ import annotations
@@ -14,19 +15,26 @@ EXPECTED = {
     ("tandem.dev", "inferenceservices"): {"get", "list", "watch", "patch"},
     ("tandem.dev", "inferenceservices/status"): {"patch"},
     # server-side apply: PATCH, plus `create` when the PATCH creates the object
-    ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "list", "create", "patch", "delete"},
     ("", "services"): {"get", "list", "create", "patch"},
     ("", "configmaps"): {"get", "create", "patch"},
     ("", "serviceaccounts"): {"get", "create", "patch"},
     ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"},
+    ("", "persistentvolumeclaims"): {"get", "create", "patch"},  # a hub model's shared cache
+    ("batch", "jobs"): {"get", "create", "patch"},  # its download, once per commit
     ("", "secrets"): {"create"},  # each service's internal secret, created once; never read
     ("", "pods"): {"get", "list", "watch", "patch"},  # patch: the scale-down's pod-deletion-cost
-    ("apps", "replicasets"): {"get"},  # held to grant the router's Role (owner-chain discovery)
+    # held to grant the router's Role (owner-chain discovery)
+    ("apps", "replicasets"): {"get"},
+    ("apps", "statefulsets"): {"get"},
     ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
     ("", "events"): {"create"},
 }
+# The only kinds the operator deletes: a role's workload of the kind it no longer uses.
+WORKLOADS = {"deployments", "leaderworkersets"}
 FRAMEWORK = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 
 
@@ -82,7 +90,9 @@ def test_nothing_beyond_the_operators_calls(helm_bin: Path) -> None:
         for (_group, resource), verbs in grants(role).items():
             if resource == "secrets":
                 assert verbs == {"create"}  # never get, list or watch: no Secret is ever read
-            assert "delete" not in verbs and "deletecollection" not in verbs
+            if resource not in WORKLOADS:
+                assert "delete" not in verbs
+            assert "deletecollection" not in verbs
             assert not {"escalate", "bind", "impersonate"} & verbs
             if resource == "pods":
                 assert verbs == {"get", "list", "watch", "patch"}  # never makes or removes pods
@@ -91,3 +101,14 @@ def test_nothing_beyond_the_operators_calls(helm_bin: Path) -> None:
 def test_rbac_can_be_left_to_the_user(helm_bin: Path) -> None:
     objs = render(helm_bin, **{"rbac.create": False})
     assert not [o for o in objs if o["apiVersion"].startswith("rbac.authorization.k8s.io")]
+
+
+def test_hub_token_secrets_are_read_by_name_only(helm_bin: Path) -> None:
+    """With hub.tokenSecrets the operator may `get` exactly those Secrets, nothing else of them."""
+    objs = render(helm_bin, release="rel", namespace="ops", **{"hub.tokenSecrets": ["hf-token", "hf-other"]})
+    (role,) = [r for r in find(objs, "ClusterRole") if not r["metadata"]["name"].endswith("framework")]
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["hf-token", "hf-other"],
+                      "verbs": ["get"]}]
+    others = [r for r in role["rules"] if "secrets" in r["resources"] and not r.get("resourceNames")]
+    assert [r["verbs"] for r in others] == [["create"]]

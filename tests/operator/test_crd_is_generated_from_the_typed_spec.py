@@ -54,7 +54,10 @@ def test_prefill_and_decode_differ_only_where_the_role_is_named():
         del schema["properties"][grace], schema["description"]
     swapped = yaml.safe_dump(prefill).replace("prefill", "decode")
     assert yaml.safe_load(swapped) == decode
-    assert decode["properties"]["replicas"]["description"] == "Number of decode worker pods."
+    assert decode["properties"]["replicas"]["description"] == (
+        "Number of decode workers (a worker is one pod, or a group of parallelism.nodes pods).")
+    gpus_rule = decode["x-kubernetes-validations"][0]
+    assert gpus_rule["messageExpression"].startswith("'decode.gpus is %d but"), "the numbers, per role"
     assert decode["properties"]["engine"]["x-kubernetes-validations"][0]["message"].startswith("decode.engine:")
 
 

@@ -105,6 +105,42 @@ INVALID = [
      ["spec.decode.tolerations[0]", "operator Exists must not set value"]),
     ("toleration-bad-effect", _with("prefill.tolerations", [{"key": "k", "effect": "Sometimes"}]),
      ["spec.prefill.tolerations[0].effect"]),
+    # Parallelism: the numbers are in the message (messageExpression), per role.
+    ("gpus-not-tensor-over-nodes", _with("decode.parallelism", {"tensor": 8, "nodes": 2}),
+     ["spec.decode", "decode.gpus is 1 but parallelism tensor 8 over 2 node(s) needs 4 GPUs per pod"]),
+    ("tensor-not-a-multiple-of-nodes", _with("prefill.parallelism", {"tensor": 3, "nodes": 2}),
+     ["spec.prefill.parallelism", "prefill.parallelism: tensor 3 is not a multiple of nodes 2"]),
+    ("zero-tensor", _with("decode.parallelism", {"tensor": 0}), ["spec.decode.parallelism.tensor"]),
+    ("too-many-nodes", _with("decode.parallelism", {"tensor": 32, "nodes": 17}),
+     ["spec.decode.parallelism.nodes"]),
+    ("topology-key-on-one-node", _with("decode.parallelism", {"topologyKey": "example.com/rack"}),
+     ["spec.decode.parallelism", "topologyKey applies only to a group that spans nodes"]),
+    # Weights delivery: a cache workers on several nodes can read, hub-only fields only with hub.
+    ("cache-read-write-once", _with("model", {"hub": "org/m", "cache": {"pvc": {"size": "10Gi",
+                                                                                "accessMode": "ReadWriteOnce"}}}),
+     ["spec.model.cache.pvc", "accessMode must be ReadWriteMany", "ReadWriteOnce and ReadWriteOncePod mount on one"]),
+    ("cache-read-only-many", _with("model", {"hub": "org/m", "cache": {"pvc": {"size": "10Gi",
+                                                                               "accessMode": "ReadOnlyMany"}}}),
+     ["spec.model.cache.pvc", "a ReadOnlyMany claim cannot be filled by the Job"]),
+    ("cache-pvc-without-size", _with("model", {"hub": "org/m", "cache": {"pvc": {}}}),
+     ["spec.model.cache.pvc.size", "Required"]),
+    ("two-caches", _with("model", {"hub": "org/m", "cache": {"emptyDir": {"sizeLimit": "1Gi"},
+                                                             "hostPath": {"path": "/c"}}}),
+     ["spec.model.cache", "exactly one of pvc, hostPath or emptyDir"]),
+    ("emptydir-cache-without-limit", _with("model", {"hub": "org/m", "cache": {"emptyDir": {}}}),
+     ["spec.model.cache.emptyDir.sizeLimit", "Required"]),
+    ("revision-without-hub", _with("model.revision", "main"),
+     ["spec.model", "model.revision, model.tokenSecretRef and model.cache apply only to model.hub"]),
+    ("cache-without-hub", _with("model.cache", {"emptyDir": {"sizeLimit": "1Gi"}}),
+     ["spec.model", "apply only to model.hub"]),
+    ("hub-and-image", _with("model", {"hub": "org/m", "image": {"reference": "r.io/m:1"}}),
+     ["spec.model", "exactly one of model.path, model.hostPath, model.pvc, model.hub or model.image"]),
+    ("image-not-a-reference", _with("model", {"image": {"reference": "not an image"}}),
+     ["spec.model.image.reference"]),
+    ("token-ref-without-name", _with("model", {"hub": "org/m", "tokenSecretRef": {"key": "token"}}),
+     ["spec.model.tokenSecretRef.name", "Required"]),
+    ("topology-key-not-a-label", _with("decode.parallelism", {"nodes": 1, "topologyKey": "a rack"}),
+     ["spec.decode.parallelism.topologyKey"]),
 ]
 
 
@@ -155,7 +191,8 @@ def test_kubectl_apply_shows_the_message(k8s, crd_installed, namespace):
 
 
 def test_examples_are_accepted(api, namespace, examples):
-    assert set(examples) >= {"cpu", "gpu-roce", "gpu-ib-hostnetwork"}
+    assert set(examples) >= {"cpu", "gpu-roce", "gpu-ib-hostnetwork", "hub-shared-cache", "modelcar-image",
+                             "gpu-multinode-groups"}
     for name, example in examples.items():
         body = copy.deepcopy(example)
         body["metadata"].pop("namespace", None)

@@ -156,9 +156,9 @@ def test_apply_creates_children_placed_on_their_pools_and_reports_ready(k8s, api
 def test_not_enough_gpus_or_rdma_is_reported_with_a_reason(k8s, api, operator, namespace):
     # 4 rdma/ib per GPU node in the harness: 5 per pod fits nowhere.
     apply_tis(k8s, namespace, body("no-rdma", gpu_spec(rdma={"resourceName": "rdma/ib", "count": 5})))
-    # 8 GPUs per node: a prefill pod asking for 9 fits nowhere.
+    # 8 GPUs per node: a prefill pod asking for 9 (one per rank of a tensor-parallel group) fits nowhere.
     spec = gpu_spec()
-    spec["prefill"]["gpus"] = 9
+    spec["prefill"] |= {"gpus": 9, "parallelism": {"tensor": 9}}
     apply_tis(k8s, namespace, body("no-gpu", spec))
 
     def unschedulable(name: str, role_condition: str, resource: str):

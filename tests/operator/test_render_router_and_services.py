@@ -48,7 +48,8 @@ def test_router_role_grants_only_reads_of_pods_and_their_owners(typed, meta):
     role = _by(out, "Role", "llama-router")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": ["apps"], "resources": ["replicasets", "deployments"], "verbs": ["get"]},
+        {"apiGroups": ["apps"], "resources": ["replicasets", "deployments", "statefulsets"], "verbs": ["get"]},
+        {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"], "verbs": ["get"]},
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
     ]
     binding = _by(out, "RoleBinding", "llama-router")

@@ -101,7 +101,8 @@ def test_worker_pod_probes_shm_grace_and_spread(typed, meta):
         assert c["command"] == ["tandem", "worker", "--role", role, "--config", "/etc/tandem/config.yaml"]
         assert c["image"] == "registry.local/tandem:1.2.3"
         assert pod["automountServiceAccountToken"] is False
-        assert _env(c)["HF_HOME"] == "/cache/huggingface"
+        # a hub model is on disk before the worker starts: the worker itself never downloads
+        assert _env(c)["HF_HUB_OFFLINE"] == "1"
 
 
 def test_labels_owner_reference_and_config_hash(typed, meta):

@@ -16,6 +16,7 @@ from tandem.operator.spec import InferenceServiceSpec, SpecError
 
 ROLE = {
     "replicas": 2, "gpus": 1, "cpu": "4", "memory": "64Gi", "shmSize": "8Gi",
+    "parallelism": {"tensor": 2, "nodes": 2, "topologyKey": "example.com/rack"},
     "nodeSelector": {"pool": "p"},
     "tolerations": [{"key": "k", "operator": "Equal", "value": "v", "effect": "NoSchedule",
                      "tolerationSeconds": 5}],
@@ -28,6 +29,11 @@ ROLE = {
 # Every field set (CEL rules are the API server's, so all model sources at once parse here).
 FULL = {
     "model": {"path": "/m", "hostPath": "/h", "pvc": {"claimName": "c", "subPath": "s"}, "hub": "org/m",
+              "revision": "v1.0", "tokenSecretRef": {"name": "hf", "key": "token"},
+              "cache": {"pvc": {"size": "10Gi", "storageClassName": "nfs", "accessMode": "ReadWriteMany"},
+                        "hostPath": {"path": "/var/cache/tandem"}, "emptyDir": {"sizeLimit": "40Gi"}},
+              "image": {"reference": "registry.io/models/llama:1", "pullPolicy": "IfNotPresent",
+                        "path": "/models"},
               "dtype": "bfloat16", "maxModelLen": 2048, "servedName": "m"},
     "prefill": ROLE,
     "decode": copy.deepcopy(ROLE),  # its own copy: a case changes one role only

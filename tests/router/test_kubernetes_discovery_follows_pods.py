@@ -24,7 +24,7 @@ from tandem.router.pool import Target
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

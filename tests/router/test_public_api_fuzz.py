@@ -29,6 +29,7 @@ from tandem.testing.hostile_json import (
     texts,
     wait_pools_idle,
 )
+from tandem.testing.schemas import PERSON
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -51,10 +52,31 @@ FIELDS: dict[str, st.SearchStrategy] = {
     "stream": st.booleans() | json_values,
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans() | json_values}) | json_values,
     "n": st.integers(-1, 3) | json_values, "best_of": json_values, "user": texts | json_values,
-    "ignore_eos": st.booleans() | json_values, "logprobs": json_values, "top_logprobs": json_values,
-    "echo": json_values, "suffix": json_values, "logit_bias": json_values, "tools": json_values,
-    "tool_choice": json_values, "response_format": json_values, "presence_penalty": floats | json_values,
+    "ignore_eos": st.booleans() | json_values,
+    "echo": json_values, "suffix": json_values, "tools": json_values,
+    "tool_choice": json_values, "presence_penalty": floats | json_values,
     "frequency_penalty": floats | json_values, "messages": MESSAGES, "prompt": PROMPT,
+    # issue 20's fields: honoured ones with valid and hostile values, and refused ones
+    "repetition_penalty": floats | st.sampled_from([0, 1e-300, 1.3, 10, 11]) | json_values,
+    "min_p": floats | st.sampled_from([0, 0.05, 1, 1.5]) | json_values,
+    "min_tokens": st.integers(-2, 5) | json_values,
+    "stop_token_ids": st.lists(st.integers(-1, 600) | st.integers(min_value=2**31), max_size=4) | json_values,
+    "logit_bias": st.dictionaries(st.sampled_from(["1", "5", "600", "-1", "x", "99999999999"]) | texts,
+                                  floats | st.integers(-150, 150), max_size=4) | json_values,
+    "top_logprobs": st.integers(-1, 25) | json_values,
+    "logprobs": st.booleans() | st.integers(-1, 25) | json_values,
+    "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}, {"type": "xml"},
+                                        {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}},
+                                        {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}])
+    | json_values,
+    "structured_outputs": st.fixed_dictionaries({}, optional={
+        "json": st.just(PERSON) | json_values, "regex": st.sampled_from(["[a-z]{1,3}", "[a-", "(a|b)"]) | texts,
+        "choice": st.lists(texts, max_size=3) | json_values, "grammar": texts | st.just('start: "a"'),
+        "json_object": st.booleans()}) | json_values,
+    "guided_json": st.just(PERSON) | json_values, "guided_regex": texts | st.just("[0-9]{2}"),
+    "guided_choice": st.lists(texts, max_size=3) | json_values, "guided_grammar": texts,
+    "chat_template_kwargs": json_values, "add_generation_prompt": json_values,
+    "continue_final_message": json_values, "parallel_tool_calls": json_values, "priority": json_values,
 }
 
 

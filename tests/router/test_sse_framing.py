@@ -37,10 +37,10 @@ def test_usage_chunk_only_when_asked_and_null_usage_before_it():
 
 
 def test_full_responses():
-    chat = ResponseShape(Endpoint.CHAT, "r", "m", 1).full("hello", "length", 4, 2)
+    chat = ResponseShape(Endpoint.CHAT, "r", "m", 1).full([("hello", "length", None)], 4, 2)
     assert chat["object"] == "chat.completion"
     assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
     assert chat["choices"][0]["finish_reason"] == "length"
     assert chat["usage"]["total_tokens"] == 6
-    comp = ResponseShape(Endpoint.COMPLETION, "r", "m", 1).full("x", "stop", 1, 1)
+    comp = ResponseShape(Endpoint.COMPLETION, "r", "m", 1).full([("x", "stop", None)], 1, 1)
     assert comp["id"] == "cmpl-r" and comp["choices"][0]["text"] == "x"

@@ -15,7 +15,7 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 from tandem.worker.engine.paged_forward import BatchItem, PagedForward
-from tandem.worker.engine.sampling import sample
+from tandem.worker.engine.sampling import SampleRow, sample_batch
 from tandem.worker.engine.scheduler import ScheduledChunk
 
 log = logging.getLogger("tandem.worker.engine")
@@ -43,23 +43,33 @@ def run_batch(runner: PagedForward, chunks: Seq[ScheduledChunk], items: Seq[Batc
     return results
 
 
+def _row(c: ScheduledChunk) -> SampleRow:
+    seq = c.seq
+    return SampleRow(seq.params, seq.seed, len(seq.output_ids), seq.prompt_ids, seq.output_ids, seq.eos_ids,
+                     seq.grammar)
+
+
+def _sample(logits: Any, argmax: Any, chunks: list[ScheduledChunk]) -> list[int]:
+    """Tokens for `chunks`; the logprobs of rows that ask wait on their sequence for _append_token."""
+    tokens, logprobs = sample_batch(logits, [_row(c) for c in chunks], argmax)
+    for c, lp in zip(chunks, logprobs, strict=True):
+        c.seq.sampled_logprobs = lp
+    return tokens
+
+
 def sample_rows(logits: Any, argmax: Any, chunks: list[ScheduledChunk]) -> list[int | Exception]:
     """The next token of each sampled chunk; a row whose sampling raises gets its exception."""
     if not chunks:
         return []
-    params = [c.seq.params for c in chunks]
-    seeds = [c.seq.seed for c in chunks]
-    indices = [len(c.seq.output_ids) for c in chunks]
     try:
-        return list(sample(logits, params, seeds, indices, argmax))
+        return list(_sample(logits, argmax, chunks))
     except Exception as e:  # noqa: BLE001 - find the row that raised, below
         log.warning("sampling %d rows failed (%s): sampling each row alone", len(chunks), e)
     out: list[int | Exception] = []
     for i in range(len(chunks)):
         try:
             row_argmax = None if argmax is None else argmax[i : i + 1]
-            out.append(sample(logits[i : i + 1], params[i : i + 1], seeds[i : i + 1], indices[i : i + 1],
-                              row_argmax)[0])
+            out.append(_sample(logits[i : i + 1], row_argmax, chunks[i : i + 1])[0])
         except Exception as e:  # noqa: BLE001 - this row's failure is this sequence's alone
             out.append(e)
     return out

@@ -23,6 +23,7 @@ from tandem.worker.engine.config import EngineConfig
 from tandem.worker.engine.decode_step import prepare_kernels
 from tandem.worker.engine.detokenizer import IncrementalDetokenizer
 from tandem.worker.engine.errors import ModelLoadError, RequestError
+from tandem.worker.engine.grammar import GrammarCompiler
 from tandem.worker.engine.leases import Lease, LeaseKeeping
 from tandem.worker.engine.loader import LoadedModel, load_model
 from tandem.worker.engine.migration import Migration
@@ -98,6 +99,7 @@ class Engine(Admission, LeaseKeeping, Migration):
         lm = self.loaded
         self.tokenizer = lm.tokenizer
         self.vocab_size = int(lm.config.vocab_size)
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
         self.served_name = config.served_name or lm.name
         num_blocks = pool_blocks(config, lm)
         self.layout = kv_layout_for(lm.config, num_blocks, config.block_size, lm.dtype, lm.group)
@@ -186,6 +188,8 @@ class Engine(Admission, LeaseKeeping, Migration):
             stop_ids=frozenset(p.stop_token_ids),
         )
         seq.detok = IncrementalDetokenizer(self.tokenizer, prompt, p.stop)
+        if p.structured is not None:
+            seq.grammar = self.grammars.compile(p.structured)
         self._replay(seq, resumed, req.emitted_chars)
         return seq
 
@@ -297,6 +301,8 @@ class Engine(Admission, LeaseKeeping, Migration):
         self.stats.generation_tokens_total += 1
         reason = self._finish_reason(seq, tok)
         out = SeqOutput(seq.request_id, token_ids=[tok])
+        if seq.sampled_logprobs is not None:
+            out.logprobs, seq.sampled_logprobs = [seq.sampled_logprobs], None
         if reason is not None:
             out.text, out.finished, out.finish_reason = seq.detok.take(final=True), True, reason
             self._finish(seq, reason)
@@ -314,6 +320,8 @@ class Engine(Admission, LeaseKeeping, Migration):
         """The stop rules for `tok`, just appended to seq.output_ids (it also feeds the detokenizer)."""
         p = seq.params
         if (tok in seq.eos_ids and not p.ignore_eos) or tok in seq.stop_ids or seq.detok.add(tok):
+            return FinishReason.STOP
+        if seq.grammar is not None and seq.grammar.accept(tok):
             return FinishReason.STOP
         if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= seq.max_total_len:
             return FinishReason.LENGTH

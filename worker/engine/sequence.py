@@ -30,6 +30,7 @@ class SeqOutput:
     # The leased blocks holding the KV: a prefill's prompt, or a migrated sequence's computed tokens
     kv_blocks: list[int] | None = None
     migrated: bool = False  # the engine is draining: the sequence left it (kv_blocks: leased KV, if any)
+    logprobs: list[Any] | None = None  # TokenLogprobs per token_ids entry, when the request asked
 
 
 @dataclass(eq=False)  # identity: queues find and remove *this* sequence
@@ -56,6 +57,8 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list, repr=False)
     num_registered_blocks: int = 0
     stop_ids: frozenset[int] = frozenset()  # params.stop_token_ids, for a constant-time check per token
+    grammar: Any = None  # grammar.Grammar of a structured output, advanced with every token taken
+    sampled_logprobs: Any = None  # the TokenLogprobs of the token just sampled (batch.py), until taken
 
     @property
     def all_ids(self) -> list[int]:

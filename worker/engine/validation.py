@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tandem.contracts.chat_options import template_args
 from tandem.contracts.protocol import (
     GREEDY_TEMPERATURE_BELOW,
     WORKER_MAX_STOP_CHARS,
@@ -18,6 +19,7 @@ from tandem.contracts.protocol import (
     top_k_valid,
 )
 from tandem.worker.engine.errors import RequestError
+from tandem.worker.engine.sampling_checks import check_controls
 
 SEED_RANGE = (-(2**63), 2**64)  # what a 64-bit seed can hold, signed or not
 
@@ -65,6 +67,7 @@ def check_sampling(p: SamplingParams, vocab_size: int) -> None:
         raise _bad(f"stop_token_ids must be token ids in [0, {vocab_size})", "stop_token_ids")
     if not isinstance(p.ignore_eos, bool):
         raise _bad("ignore_eos must be true or false", "ignore_eos")
+    check_controls(p, vocab_size)
 
 
 def tokenize(tokenizer: Any, req: GenerateRequest, vocab_size: int) -> list[int]:
@@ -86,9 +89,11 @@ def tokenize(tokenizer: Any, req: GenerateRequest, vocab_size: int) -> list[int]
             raise RequestError(f"cannot tokenize the prompt: {e}", param="prompt") from e
     if not isinstance(req.messages, list) or not all(isinstance(m, dict) for m in req.messages):
         raise RequestError("messages must be a list of objects with role and content", param="messages")
+    add_generation_prompt, continue_final, extra = template_args(req.chat_options)
     try:
-        enc = tokenizer.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=True,
-                                            return_dict=True)
+        enc = tokenizer.apply_chat_template(req.messages, add_generation_prompt=add_generation_prompt and not
+                                            continue_final, continue_final_message=continue_final,
+                                            tokenize=True, return_dict=True, **extra)
     except Exception as e:  # noqa: BLE001 - template errors come in many types
         raise RequestError(f"cannot apply the chat template to messages: {e}", param="messages") from e
     return list(enc["input_ids"])

@@ -46,7 +46,7 @@ class PackedLinear(nn.Module):
     Batches of several tokens multiply with oneDNN on the packed copy (packed_linear). A single
     token inside the compiled graph becomes a dot product per row that inductor generates and
     fuses: matmul kernels stream a weight at about half the DRAM rate at batch 1, this at 22-25
-    GB/s (bench/engine_decode.py)."""
+    GB/s (python -m bench engine_decode)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()

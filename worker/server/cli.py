@@ -90,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--local-ranks", type=int, default=None, metavar="L", help="a group spanning nodes: ranks on this "
       "node, this process and L-1 it starts (default N / $LWS_GROUP_SIZE, else 1)")
     a("--leader-address", default=None, metavar="HOST:PORT", help="where rank 0 listens for the other ranks "
-      "(default $LWS_LEADER_ADDRESS, port 5602; unset: a group on this node)")
+      "(default $LWS_LEADER_ADDRESS, port 29500; unset: a group on this node)")
     a("--tp-timeout-s", type=float, default=None, help="a wait between the ranks longer than this fails "
       "the group (default 60)")
     a("--threads", type=int, default=None, help="torch.set_num_threads")

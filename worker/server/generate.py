@@ -23,8 +23,9 @@ from typing import Any
 from aiohttp import web
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import NDJSON, REQUEST_ID_HEADER, EventType, StreamEvent
+from tandem.worker.engine.token_texts import TokenTexts
 from tandem.worker.server.handoff import check_source, leased_source, pull
-from tandem.worker.server.responses import claim_request, from_request_error
+from tandem.worker.server.responses import claim_request, from_request_error, make_sequence_off_loop
 from tandem.worker.server.state import WorkerState
 
 log = logging.getLogger("tandem.worker.server")
@@ -37,11 +38,13 @@ def _line(ev: StreamEvent) -> bytes:
     return (_encode(ev.to_dict()) + "\n").encode()
 
 
-def _token_line(token_ids: list[int], text: str) -> bytes:
+def _token_line(token_ids: list[int], text: str, logprobs: list[dict[str, Any]] | None = None) -> bytes:
     """StreamEvent(TOKEN, token_ids, text).to_dict(), without building the dataclass per token."""
     doc: dict[str, Any] = {"type": "token", "token_ids": token_ids}
     if text:
         doc["text"] = text
+    if logprobs:
+        doc["logprobs"] = logprobs
     return (_encode(doc) + "\n").encode()
 
 
@@ -84,7 +87,7 @@ async def _queue(state: WorkerState, req: Any) -> tuple[Any, Any, bool] | web.Re
 
     rid, aeng = req.request_id, state.engine
     try:
-        seq = aeng.engine.make_sequence(req)
+        seq = await make_sequence_off_loop(aeng.engine, req)
     except RequestError as e:
         return from_request_error(e, rid)
     if seq.finished:  # the worker that sampled the last of them died before it could say so
@@ -117,7 +120,8 @@ def _lines(state: WorkerState, seq: Any, outs: list[Any]) -> tuple[list[bytes], 
             lines.append(_line(StreamEvent(EventType.ERROR, error=out.error)))
             return lines, True
         if out.token_ids or out.text:
-            lines.append(_token_line(out.token_ids, out.text))
+            lps = TokenTexts.of(state.engine.engine.tokenizer).wire(out.logprobs) if out.logprobs else None
+            lines.append(_token_line(out.token_ids, out.text, lps))
         if out.migrated:
             lines.append(_migrate_line(state, seq, out))
             return lines, True

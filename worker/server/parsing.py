@@ -79,6 +79,14 @@ _SAMPLING: dict[str, tuple[Callable[[Any], bool], str]] = {
              "a string or a list of strings"),
     "stop_token_ids": (_ids, "a list of token ids"),
     "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
+    "min_p": (_number, "a number"),
+    "min_tokens": (_int, "an integer"),
+    "presence_penalty": (_number, "a number"),
+    "frequency_penalty": (_number, "a number"),
+    "repetition_penalty": (_number, "a number"),
+    "logit_bias": (lambda v: isinstance(v, dict), "an object of token id -> bias"),
+    "logprobs": (_opt(_int), "an integer"),
+    "structured": (_opt(lambda v: isinstance(v, dict)), "an object"),
 }
 def _kv_rank(v: Any) -> bool:
     """One more rank of a tensor-parallel source (tandem.contracts.protocol.KVRank)."""
@@ -107,6 +115,7 @@ _TOP: dict[str, tuple[Callable[[Any], bool], str]] = {
     "generated_token_ids": (_opt(_ids), "a list of token ids"),
     "emitted_chars": (_opt(_count), "a non-negative integer"),
     "first_token_id": (_opt(_count), "a token id"),
+    "chat_options": (_opt(lambda v: isinstance(v, dict)), "an object"),
 }
 
 

@@ -18,9 +18,16 @@ from aiohttp import web
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.names import KVBackend, Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER, PrefillResult
+from tandem.worker.engine.token_texts import TokenTexts
 from tandem.worker.server.handoff import leased_source
 from tandem.worker.server.parsing import request_id_body
-from tandem.worker.server.responses import busy_response, claim_request, error_response, refused
+from tandem.worker.server.responses import (
+    busy_response,
+    claim_request,
+    error_response,
+    make_sequence_off_loop,
+    refused,
+)
 from tandem.worker.server.state import STATE_KEY, WorkerState
 
 log = logging.getLogger("tandem.worker.server")
@@ -58,7 +65,7 @@ async def prefill(request: web.Request) -> web.Response:
         return error_response(400, "this worker has no KV transport (--kv-backend none), so it cannot "
                               "act as a prefill peer", param=None, code="kv_backend_mismatch", request_id=rid)
     try:
-        seq = aeng.engine.make_sequence(req, prefill_only=True)
+        seq = await make_sequence_off_loop(aeng.engine, req, prefill_only=True)
         outputs = aeng.submit(seq)  # takes the claim over
     except RequestError as e:
         return refused(state, e, rid)
@@ -91,6 +98,8 @@ def _result(state: WorkerState, seq: Any, out: Any) -> web.Response:
                                   request_id=rid)
     result = PrefillResult(request_id=rid, prompt_token_ids=seq.prompt_ids, first_token_id=out.token_ids[0],
                            first_token_text=out.text, finish_reason=out.finish_reason, kv=kv)
+    if out.logprobs:
+        result.first_token_logprobs = TokenTexts.of(state.engine.engine.tokenizer).wire(out.logprobs)[0]
     log.info("prefill done", extra={"request_id": rid, "prompt_tokens": len(seq.prompt_ids),
                                      "leased_blocks": len(out.kv_blocks or [])})
     return web.json_response(result.to_dict(), headers={REQUEST_ID_HEADER: rid})

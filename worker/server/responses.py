@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiohttp import web
@@ -79,3 +80,11 @@ async def claim_request(request: web.Request, route: str, not_for: Role
     except RequestError as e:
         return refused(state, e, rid)
     return state, req
+
+
+async def make_sequence_off_loop(engine: Any, req: GenerateRequest, *, prefill_only: bool = False) -> Any:
+    """engine.make_sequence, on a thread when it tokenizes text or messages or builds a grammar (the
+    event loop serves every other stream meanwhile); inline for token ids, which cost nothing."""
+    if req.prompt_token_ids is not None and req.sampling.structured is None:
+        return engine.make_sequence(req, prefill_only=prefill_only)
+    return await asyncio.to_thread(engine.make_sequence, req, prefill_only=prefill_only)

@@ -100,10 +100,15 @@ InferenceService through owner references and the garbage collector.
   verbs: ["patch"]
 # Children, written with server-side apply after a GET. An apply is a PATCH, and the API
 # server also checks `create` when that PATCH creates the object. Deployments are also
-# watched (status refresh) and listed (observation), Services listed.
+# watched (status refresh) and listed (observation), Services listed. A worker role whose
+# tensor-parallel group spans nodes is a LeaderWorkerSet instead (sigs.k8s.io/lws); `delete` only
+# when a role changes between the two kinds (the old workload goes).
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "create", "patch"]
@@ -116,6 +121,21 @@ InferenceService through owner references and the garbage collector.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "create", "patch"]
+# A hub model's shared cache (model.cache.pvc): its claim and the download Job per commit.
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "create", "patch"]
+{{- with .Values.hub.tokenSecrets }}
+# model.tokenSecretRef: the hub token of a gated model, read to resolve its revision and read its
+# config.json; only these names.
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: {{ toJson . }}
+  verbs: ["get"]
+{{- end }}
 # Each service's internal secret (router <-> workers) is created once, if absent. Create only:
 # the operator never reads, lists or changes a Secret.
 - apiGroups: [""]
@@ -134,10 +154,10 @@ InferenceService through owner references and the garbage collector.
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["get", "list", "watch"]
-# The router's Role also grants replicasets/deployments get (its discovery follows a pod's owners
-# up to the InferenceService); the operator reads its Deployments anyway and holds the rest.
+# The router's Role also grants replicasets/deployments/statefulsets/leaderworkersets get (its
+# discovery follows a pod's owners up to the InferenceService); the operator holds the rest.
 - apiGroups: ["apps"]
-  resources: ["replicasets"]
+  resources: ["replicasets", "statefulsets"]
   verbs: ["get"]
 # Events on the InferenceService for what the operator did (kopf posts core/v1 Events).
 - apiGroups: [""]

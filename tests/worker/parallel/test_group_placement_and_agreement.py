@@ -4,7 +4,7 @@ command line is, and which groups a model's shape refuses before any rank starts
 from __future__ import annotations
 
 import pytest
-from tandem.contracts.names import TP_RENDEZVOUS_PORT
+from tandem.contracts.names import RENDEZVOUS_PORT
 from tandem.worker.engine.parallel.leader import follower_argv
 from tandem.worker.engine.parallel.placement import place, split_address
 from tandem.worker.engine.parallel.sharding import config_problem
@@ -23,7 +23,7 @@ def test_leaderworkerset_env_places_each_pod():
     leader = place(4, None, None, None, LWS | {"LWS_WORKER_INDEX": "0"})
     worker = place(4, None, None, None, LWS)
     assert (leader.rank, worker.rank, worker.local_ranks, list(worker.started_ranks)) == (0, 2, 2, [3])
-    assert (worker.leader_host, worker.leader_port) == ("svc-0.svc.ns", TP_RENDEZVOUS_PORT)
+    assert (worker.leader_host, worker.leader_port) == ("svc-0.svc.ns", RENDEZVOUS_PORT)
     assert worker.spans_nodes
     # flags win over the environment: one process per rank, started by hand
     hand = place(4, 3, 1, "10.0.0.5:7000", LWS)
@@ -43,9 +43,9 @@ def test_inconsistent_groups_are_refused(args, env, match):
 
 
 def test_addresses():
-    assert split_address("leader") == ("leader", TP_RENDEZVOUS_PORT)
+    assert split_address("leader") == ("leader", RENDEZVOUS_PORT)
     assert split_address("[fd00::1]:6000") == ("fd00::1", 6000)
-    assert split_address("fd00::1") == ("fd00::1", TP_RENDEZVOUS_PORT)
+    assert split_address("fd00::1") == ("fd00::1", RENDEZVOUS_PORT)
 
 
 def test_a_started_rank_takes_its_place_and_network_and_nothing_else():

@@ -65,7 +65,7 @@ async def start_worker(server_loaded_toy, toy_model_dir):
 
     async def start(role: str = "colocated", kv_backend: str | None = None, lease_s: float = 30.0,
                     attach: bool = True, secret: str | None = None, stall_s: float = 120.0,
-                    **overrides) -> Worker:
+                    serve_kv: bool | None = None, **overrides) -> Worker:
         cfg = dict(model=str(toy_model_dir), num_blocks=128, block_size=8, max_num_seqs=8,
                    max_batched_tokens=256)
         cfg.update(overrides)
@@ -85,7 +85,8 @@ async def start_worker(server_loaded_toy, toy_model_dir):
             transport = create_transport(kv_backend, eng.pool, eng.layout, engine_id,
                                          KVTransferConfig(backend=kv_backend, timeout_s=5.0, lease_s=lease_s,
                                                           extra={"prometheus_registry": state.metrics.registry},
-                                                          secret=secret, serve=role != "decode"))
+                                                          secret=secret,
+                                                          serve=role != "decode" if serve_kv is None else serve_kv))
             await transport.start()
         w = Worker(client, state, eng, transport)
         started.append((w, aeng, transport))

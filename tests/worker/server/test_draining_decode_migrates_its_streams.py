@@ -5,9 +5,8 @@ While it drains, the worker answers new requests 503 `draining` with Retry-After
 
 from __future__ import annotations
 
-import json
-
 from tandem.testing.engine_helpers import (
+    events_until,
     ndjson_events,
     reference_generate,
     stream_text,
@@ -28,20 +27,6 @@ def _metric(w, name: str) -> float:
     raise AssertionError(f"no {name} in the worker's metrics")
 
 
-async def _until_migrate(resp, after_tokens: int, drain) -> list[dict]:
-    """The stream's events; `drain()` is called once `after_tokens` tokens have arrived."""
-    events: list[dict] = []
-    drained = False
-    async for line in resp.content:
-        if not line.strip():
-            continue
-        events.append(json.loads(line))
-        if not drained and len(stream_tokens(events)) >= after_tokens:
-            drain()
-            drained = True
-    return events
-
-
 async def test_migrated_stream_continues_on_another_decode_worker(start_worker, server_hf_toy, server_loaded_toy):
     a = await start_worker(role="decode", kv_backend="memory", block_size=8)
     b = await start_worker(role="decode", kv_backend="memory", block_size=8)
@@ -52,7 +37,7 @@ async def test_migrated_stream_continues_on_another_decode_worker(start_worker, 
 
     async with a.client.post("/internal/generate", json={"request_id": "mig", "prompt": PROMPT,
                                                           "sampling": SAMPLING}) as resp:
-        first = await _until_migrate(resp, 6, drain)
+        first = await events_until(resp, 6, drain)
     last = first[-1]
     assert last["type"] == "migrate", last
     generated = stream_tokens(first)
@@ -86,7 +71,7 @@ async def test_kv_source_must_cover_all_but_the_last_token(start_worker, server_
     b = await start_worker(role="decode", kv_backend="memory", block_size=8)
     async with a.client.post("/internal/generate", json={"request_id": "short", "prompt": PROMPT,
                                                           "sampling": SAMPLING}) as resp:
-        first = await _until_migrate(resp, 4, a.state.engine.start_migration)
+        first = await events_until(resp, 4, a.state.engine.start_migration)
     kv, generated = first[-1]["kv"], first[-1]["generated_token_ids"]
     body = {"request_id": "short", "prompt": PROMPT, "sampling": SAMPLING, "kv_source": kv,
             "generated_token_ids": generated[:-1]}  # one token fewer than the KV was computed for

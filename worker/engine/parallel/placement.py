@@ -5,7 +5,7 @@ the worker that is started is rank 0 and starts ranks 1..N-1 itself, with the re
 loopback port. A group spanning nodes is one pod per node (a LeaderWorkerSet: LWS sets
 LWS_LEADER_ADDRESS, LWS_GROUP_SIZE and LWS_WORKER_INDEX in every pod): each pod's process is
 the first rank of its node, rank LWS_WORKER_INDEX * N / LWS_GROUP_SIZE, and starts the other
-ranks of its node; all meet at the leader's address, port TP_RENDEZVOUS_PORT. Flags win over the
+ranks of its node; all meet at the leader's address, port RENDEZVOUS_PORT. Flags win over the
 environment: `--tensor-parallel N --rank K --leader-address HOST:PORT [--local-ranks L]`.
 """
 
@@ -18,7 +18,7 @@ from tandem.contracts.names import (
     LWS_GROUP_SIZE_ENV,
     LWS_LEADER_ADDRESS_ENV,
     LWS_WORKER_INDEX_ENV,
-    TP_RENDEZVOUS_PORT,
+    RENDEZVOUS_PORT,
 )
 
 
@@ -44,7 +44,7 @@ def split_address(address: str) -> tuple[str, int]:
     """HOST:PORT (or [v6]:PORT, or HOST alone: the rendezvous port)."""
     host, sep, port = address.rpartition(":")
     if not sep or "]" in port or (host.count(":") and not host.startswith("[")):
-        return address.strip("[]"), TP_RENDEZVOUS_PORT
+        return address.strip("[]"), RENDEZVOUS_PORT
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"leader address {address!r}: the port must be a number from 1 to 65535")
     return host.strip("[]"), int(port)

@@ -1,0 +1,1 @@
+"""What the scenarios share: processes, readiness, load generation, metrics, scraping, reports."""

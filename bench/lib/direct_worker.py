@@ -1,0 +1,89 @@
+"""One `tandem worker` alone, pinned to one core, and streams sent straight to its
+/internal/generate (no router): what the engine scenarios measure a worker with."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import statistics
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+
+from bench.lib.processes import BenchProcess, thread_env, worker_process
+
+WORKER_CPU, CLIENT_CPU = 0, 1
+
+
+def prompts_for(n: int, length: int, seed: int) -> list[list[int]]:
+    """n random prompts of token ids (the same for a seed in every arm)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 600) for _ in range(length)] for _ in range(n)]
+
+
+def start_worker(model_dir: Path, dtype: str, log_dir: Path, extra: list[str], name: str = "tandem",
+                 env: dict[str, str] | None = None) -> BenchProcess:
+    """`tandem worker --role colocated` pinned to WORKER_CPU, one thread (env PYTHONPATH=... runs
+    another tree)."""
+    p = worker_process(f"{name}-{dtype}", "colocated", model_dir, log_dir / f"{name}-{dtype}.log", WORKER_CPU,
+                       "--dtype", dtype, *extra)
+    return p.start(os.environ | thread_env(1) | (env or {}))
+
+
+async def one_stream(s: aiohttp.ClientSession, url: str, prompt: list[int], new: int) -> list[float]:
+    """Arrival times of each generated token (one NDJSON token event each)."""
+    body = {"request_id": uuid.uuid4().hex, "prompt_token_ids": prompt,
+            "sampling": {"max_tokens": new, "temperature": 0, "ignore_eos": True}}
+    times: list[float] = []
+    async with s.post(url + "/internal/generate", json=body, timeout=aiohttp.ClientTimeout(total=600)) as r:
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {await r.text()}")
+        async for line in r.content:
+            if not line.strip():
+                continue
+            ev = json.loads(line)
+            if ev["type"] == "token":
+                times.extend([time.perf_counter()] * len(ev.get("token_ids", [])))
+            elif ev["type"] == "error":
+                raise RuntimeError(str(ev))
+    if len(times) != new:
+        raise RuntimeError(f"expected {new} tokens, got {len(times)}")
+    return times
+
+
+async def concurrent_streams(url: str, n: int, plen: int, new: int, seed: int) -> dict:
+    """n streams at once: tokens/s (first send to last token), the median gap (the step), p99 gap."""
+    prompts = prompts_for(n, plen, seed)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        t0 = time.perf_counter()
+        arrivals = await asyncio.gather(*(one_stream(s, url, p, new) for p in prompts))
+        wall = max(a[-1] for a in arrivals) - t0
+    gaps = [b - a for times in arrivals for a, b in zip(times, times[1:], strict=False)]
+    return {"tokens_per_s": n * new / wall, "step_s": statistics.median(gaps), "wall_s": wall,
+            "gap_p99_s": sorted(gaps)[int(0.99 * (len(gaps) - 1))], "ttft_max_s": max(a[0] for a in arrivals) - t0}
+
+
+async def openai_streams(url: str, model: str, n: int, plen: int, new: int, seed: int) -> dict:
+    """The same n streams through an OpenAI server's /v1/completions (token-id prompts, greedy,
+    ignore_eos): how a peer such as vLLM is measured beside a worker."""
+    from bench.lib.loadgen import stream_into
+    from bench.lib.metrics import RequestRecord
+
+    prompts = prompts_for(n, plen, seed)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        t0 = time.perf_counter()
+        recs = await asyncio.gather(*(stream_into(
+            s, f"{url}/v1/completions", {"model": model, "prompt": p, "max_tokens": new, "temperature": 0.0,
+                                         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}},
+            RequestRecord(i, plen, new), t0, 600.0) for i, p in enumerate(prompts)))
+    bad = [r.error for r in recs if not r.ok or r.output_tokens != new]
+    if bad:
+        raise RuntimeError(f"{len(bad)} of {n} streams failed or came short: {bad[:2]}")
+    wall = max(r.chunk_times_s[-1] for r in recs)
+    gaps = sorted(g for r in recs for g in r.gaps)
+    return {"tokens_per_s": n * new / wall, "step_s": statistics.median(gaps), "wall_s": wall,
+            "gap_p99_s": gaps[int(0.99 * (len(gaps) - 1))], "ttft_max_s": max(r.chunk_times_s[0] for r in recs)}

@@ -1,0 +1,230 @@
+"""The disaggregated path, measured (issue 13 item 4): how long the first gap after a KV handoff is
+against the ordinary gap on a loaded decode worker, and what streaming costs the event loops of
+the router and the workers per token at 50 concurrent streams, with the engine thread's cadence
+beside it.
+
+    python -m bench disagg_path [--baseline DIR] [--reps 2]
+        [--profile]   # also py-spy the router and the decode worker under the 50 streams
+
+Arms: `tandem router` + `tandem worker --role prefill` pinned to core 0 + `--role decode` pinned
+to core 1, KV over TCP, fp32 (--dtype), the multi-turn scenario's 40M model (bench/lib/models.py: every
+token it generates has text, so every token is its own chunk at the client). `after` is this tree;
+`before` (with --baseline DIR, a folder holding tandem/{cli,contracts,worker,...} of another commit)
+runs that tree's workers behind this tree's router. Both arms are up side by side and the one that
+goes first rotates per repetition; the load generator is not pinned.
+
+- handoff: 32 requests through the router, 16 in flight, prompts of 256-512 tokens, 48 out: every
+  one is prefilled on the prefill worker and handed off. First gap = second streamed token minus
+  the first (the first comes from the prefill worker, the second is the decode worker's first);
+  ordinary gaps = every later gap. The decode worker's pull seconds and step seconds come from its
+  /metrics over the run.
+- stream50: 50 requests at once, prompts of 32 tokens, 128 out. CPU seconds per thread of every
+  process over the run (psutil): a process's main thread is its event loop; a worker's busiest
+  other thread is its engine thread. Reported per streamed token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+
+from bench.lib.cpu import thread_cpu_delta
+from bench.lib.loadgen import run_closed_loop, token_counter
+from bench.lib.metrics import percentile
+from bench.lib.models import MULTITURN_MODEL, bench_model_dir
+from bench.lib.processes import BenchProcess, router_process, thread_env, worker_process
+from bench.lib.pyspy import profiling
+from bench.lib.ready import served_model, wait_ready
+from bench.lib.scrape import delta, mean_delta, route_counts, scrape
+from bench.lib.workload import WorkloadSpec, plan
+
+WORKLOADS = {
+    "handoff": WorkloadSpec("handoff", "closed", 32, (256, 512), 48, concurrency=16, seed=7),
+    # the same requests sent to the workers themselves: the first gap split where the decode
+    # worker's answer starts (request, pull: its headers) and its first token (a seat, a step)
+    "handoff-direct": WorkloadSpec("handoff-direct", "closed", 32, (256, 512), 48, concurrency=16, seed=7),
+    "stream50": WorkloadSpec("stream50", "closed", 50, (32, 32), 128, concurrency=50, seed=8),
+}
+ENV = dict(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+
+
+def start_arm(name: str, model_dir: Path, log_dir: Path, pythonpath: str | None, dtype: str) -> list[BenchProcess]:
+    env = os.environ | thread_env(1) | ({"PYTHONPATH": pythonpath} if pythonpath else {})
+    procs = [worker_process(f"{name}-{role}", role, model_dir, log_dir / f"{name}-{role}.log", cpu, "--dtype", dtype,
+                            num_blocks=2048).start(env) for role, cpu in (("prefill", 0), ("decode", 1))]
+    # Every prompt goes through the prefill worker (no load-aware decode-side prefill): this bench
+    # measures the handoff path, not the routing policy.
+    router = router_process(f"{name}-router", procs, log_dir / f"{name}-router.log",
+                            "--prefill-saturated-tokens", "0").start(os.environ | thread_env(1))
+    return [*procs, router]
+
+
+async def metrics_of(url: str) -> dict[str, float]:
+    async with aiohttp.ClientSession() as s:
+        return await scrape(s, url)
+
+
+async def routes_of(url: str) -> dict[str, float]:
+    async with aiohttp.ClientSession() as s:
+        return await route_counts(s, url)
+
+
+async def handoff_direct(s: aiohttp.ClientSession, prefill: str, decode: str, req, out: list[dict]) -> None:
+    """One request prefilled on `prefill` and handed to `decode` by this client, as the router does."""
+    rid, sampling = uuid.uuid4().hex, {"max_tokens": req.max_tokens, "temperature": 0, "ignore_eos": True}
+    async with s.post(prefill + "/internal/prefill", json={"request_id": rid, "prompt": req.prompt,
+                                                            "sampling": sampling}) as r:
+        res = await r.json()
+    t0 = time.perf_counter()
+    body = {"request_id": rid, "prompt_token_ids": res["prompt_token_ids"], "sampling": sampling,
+            "kv_source": res["kv"], "generated_token_ids": [res["first_token_id"]],
+            "emitted_chars": len(res["first_token_text"])}
+    times, text = [t0], res["first_token_text"]
+    async with s.post(decode + "/internal/generate", json=body) as r:
+        headers = time.perf_counter()
+        async for line in r.content:
+            ev = json.loads(line)
+            if ev["type"] == "token":
+                times.append(time.perf_counter())
+                text += ev.get("text", "")
+    out.append({"index": req.index, "headers_s": headers - t0, "first_s": times[1] - headers, "text": text,
+                "gaps": [b - a for a, b in zip(times, times[1:], strict=False)]})
+
+
+async def direct_loop(prefill: str, decode: str, reqs: list, concurrency: int) -> list[dict]:
+    todo, out = list(reqs), []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+
+        async def client() -> None:
+            while todo:
+                await handoff_direct(s, prefill, decode, todo.pop(0), out)
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+    return sorted(out, key=lambda d: d["index"])
+
+
+async def run_workload(arm: list[BenchProcess], name: str, reqs: list, model: str) -> dict:
+    spec = WORKLOADS[name]
+    prefill, decode, router = arm
+    m0, r0 = await metrics_of(decode.url), await routes_of(router.url)
+    cpu0 = {p.role: p.thread_cpu() for p in arm}
+    split = {}
+    if name == "handoff-direct":
+        done = await direct_loop(prefill.url, decode.url, reqs, spec.concurrency)
+        gaps, texts = [d["gaps"] for d in done], [d["text"] for d in done]
+        split = {"headers_p50": percentile([d["headers_s"] for d in done], 50),
+                 "headers_to_first_p50": percentile([d["first_s"] for d in done], 50)}
+        ttft, tokens = [], sum(len(g) + 1 for g in gaps)
+    else:
+        records = await run_closed_loop(router.url, model, reqs, spec.concurrency)
+        bad = [r.error for r in records if not r.ok]
+        if bad:
+            raise RuntimeError(f"{name}: {len(bad)} requests failed: {bad[:3]}")
+        gaps, texts = [r.gaps for r in records], [r.text for r in records]
+        ttft, tokens = [r.ttft for r in records], sum(r.output_tokens for r in records)
+    cpu1 = {p.role: p.thread_cpu() for p in arm}
+    m1, r1 = await metrics_of(decode.url), await routes_of(router.url)
+    first = [g[0] for g in gaps if len(g) > 1]
+    later = [x for g in gaps for x in g[1:]]
+    cpu = {p.role: thread_cpu_delta(p.pid, cpu0[p.role], cpu1[p.role]) for p in arm}
+    return {
+        "tokens": tokens, "first_gap_p50": percentile(first, 50), "first_gap_p90": percentile(first, 90),
+        "gap_p50": percentile(later, 50), "gap_p90": percentile(later, 90), "gap_p99": percentile(later, 99),
+        "ttft_p50": percentile(ttft, 50) if ttft else None, **split,
+        "pull_s_mean": mean_delta(m0, m1, "tandem_worker_kv_pull_seconds"),
+        "step_s_mean": mean_delta(m0, m1, "tandem_worker_step_seconds"),
+        "step_gap_s_mean": mean_delta(m0, m1, "tandem_worker_step_gap_seconds"),
+        "decode_steps": delta(m0, m1, "tandem_worker_steps_total"),
+        "cpu_s": cpu, "cpu_us_per_token": {role: {k: v / tokens * 1e6 for k, v in c.items()}
+                                           for role, c in cpu.items()},
+        "routes": {k: v - r0.get(k, 0.0) for k, v in r1.items() if v > r0.get(k, 0.0)},
+        "texts": texts,
+    }
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    model_dir = bench_model_dir(MULTITURN_MODEL)
+    log_dir = Path(args.out_dir) / "logs"
+    count = token_counter(model_dir)
+    reqs = {name: plan(spec, count) for name, spec in WORKLOADS.items()}
+    arms = {"after": start_arm("after", model_dir, log_dir, None, args.dtype)}
+    if args.baseline:
+        arms["before"] = start_arm("before", model_dir, log_dir, args.baseline, args.dtype)
+    res: dict = {"runs": [], "baseline": args.baseline, "dtype": args.dtype}
+    try:
+        await wait_ready([p for procs in arms.values() for p in procs])
+        model = await served_model(arms["after"][-1].url)
+        for procs in arms.values():  # warm-up: every shape the runs use
+            await run_closed_loop(procs[-1].url, model, reqs["stream50"][:8], 8)
+        names = list(arms)
+        for rep in range(args.reps):
+            for arm in names[rep % len(names):] + names[: rep % len(names)]:
+                for w in WORKLOADS:
+                    r = await run_workload(arms[arm], w, reqs[w], model)
+                    res["runs"].append({"rep": rep, "arm": arm, "workload": w, **r})
+                    print(f"rep {rep} {arm:6s} {w:8s} first gap {r['first_gap_p50'] * 1e3:6.1f} ms "
+                          f"(p90 {r['first_gap_p90'] * 1e3:6.1f}), gaps p50 {r['gap_p50'] * 1e3:5.1f} "
+                          f"p99 {r['gap_p99'] * 1e3:6.1f} ms; loop CPU/token: router "
+                          f"{r['cpu_us_per_token']['router']['loop']:5.0f} us, decode "
+                          f"{r['cpu_us_per_token']['decode']['loop']:5.0f} us", flush=True)
+        if args.profile:
+            out = Path(args.out_dir) / "profiles"
+            for arm, procs in arms.items():
+                async with profiling({p.pid: out / f"{arm}-{p.role}-stream50.txt" for p in procs[1:]}):
+                    await run_closed_loop(procs[-1].url, model, reqs["stream50"], 50)
+    finally:
+        for procs in arms.values():
+            for p in reversed(procs):
+                p.stop()
+    res["summary"] = summarize(res["runs"])
+    same = {(r["workload"], r["rep"]): r["texts"] for r in res["runs"] if r["arm"] == "after"}
+    res["texts_equal"] = all(r["texts"] == same[r["workload"], r["rep"]] for r in res["runs"])
+    for r in res["runs"]:
+        del r["texts"]
+    return res
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Per arm and workload: the median over repetitions of each figure (and its range)."""
+    out: dict = {}
+    for r in runs:
+        out.setdefault(r["arm"], {}).setdefault(r["workload"], []).append(r)
+    keys = ("first_gap_p50", "first_gap_p90", "gap_p50", "gap_p90", "gap_p99", "ttft_p50", "pull_s_mean",
+            "step_s_mean", "step_gap_s_mean", "headers_p50", "headers_to_first_p50")
+    summary: dict = {}
+    for arm, by_w in out.items():
+        for w, rs in by_w.items():
+            s = {k: _spread([x[k] for x in rs if x.get(k) is not None]) for k in keys}
+            s["first_gap_over_gap_p50"] = _spread([x["first_gap_p50"] / x["gap_p50"] for x in rs])
+            s["cpu_us_per_token"] = {role: {k: _spread([x["cpu_us_per_token"][role][k] for x in rs])
+                                            for k in ("loop", "other_max", "total")}
+                                     for role in rs[0]["cpu_us_per_token"]}
+            summary.setdefault(arm, {})[w] = s
+    return summary
+
+
+def _spread(xs: list[float]) -> dict | None:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)} if xs else None
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--baseline", default=None, help="PYTHONPATH of another Tandem tree for the `before` arm")
+    ap.add_argument("--profile", action="store_true", help="py-spy the decode worker and router under stream50")
+    ap.add_argument("--dtype", default="float32", help="float32 (greedy text must then match across arms) "
+                    "or bfloat16")
+
+
+def run(args: argparse.Namespace) -> dict:
+    res = asyncio.run(main_async(args))
+    print(json.dumps(res["summary"], indent=1))
+    print(f"texts equal across arms: {res['texts_equal']}")
+    return res

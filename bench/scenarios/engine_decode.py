@@ -1,0 +1,174 @@
+"""The engine in-process on one CPU thread: decode step time at batch 1 against the
+memory-bandwidth bound, and at batch N against transformers' generate; fp32 and bf16.
+
+    python -m bench engine_decode [--dtypes float32,bfloat16] [--batches 1,32] [--reps 3]
+
+Model: issue 13's random ~42M-parameter Llama (bench/lib/models.py's ENGINE_MODEL). A decode step must read
+every weight once (the tied embedding/output matrix once) and the KV of every context token,
+so it takes at least (weight bytes + KV bytes) / DRAM bandwidth; the bandwidth is measured here,
+on this thread, by summing a 512 MiB tensor (a read stream, like a step's weight reads; a copy's
+read + write rate is reported beside it). transformers and Tandem alternate per repetition
+(the cores are shared: read the spread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+
+def best_of(fn, repeats: int = 7) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_bandwidth(torch, nbytes: int = 512 * 2**20) -> dict[str, float]:
+    """Bytes per second one thread reads (sum) and moves (copy: read + write counted)."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    return {"read_bytes_per_s": nbytes / best_of(src.sum),
+            "copy_bytes_per_s": 2 * nbytes / best_of(lambda: dst.copy_(src))}
+
+
+def hf_step(torch, model, prompts: list[list[int]], new_tokens: int) -> float:
+    """transformers' generate: seconds per decode step, from (n tokens - 1 token) / (n - 1)."""
+    ids = torch.tensor(prompts)
+    times = {}
+    for n in (new_tokens, 1):
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, eos_token_id=None, pad_token_id=0)
+            times[n] = time.perf_counter() - t0
+    return (times[new_tokens] - times[1]) / (new_tokens - 1)
+
+
+def tandem_step(engine, prompts: list[list[int]], new_tokens: int, tag: str) -> float:
+    """The engine: median duration of the steps where every sequence decodes."""
+    from tandem.testing.engine_helpers import greedy, run_to_completion, submit, tokens_of
+
+    steps: list[tuple[float, int]] = []
+    engine.on_step = lambda s, n: steps.append((s, n))
+    outs = [submit(engine, f"{tag}-{i}", p, greedy(new_tokens)) for i, p in enumerate(prompts)]
+    run_to_completion(engine)
+    assert all(len(tokens_of(o)) == new_tokens for o in outs) and engine.allocator.num_used == 0
+    return statistics.median(s for s, n in steps[1:] if n == len(prompts))
+
+
+def prefill_times(torch, engine, hf, prompt: list[int], tag: str) -> tuple[float, float]:
+    """Seconds to prefill one prompt (to its first token): the engine in one step, transformers
+    in one forward pass (logits for the last position only, as the engine computes)."""
+    from tandem.testing.engine_helpers import greedy, run_to_completion, submit
+
+    steps: list[float] = []
+    engine.on_step = lambda s, n: steps.append(s)
+    submit(engine, tag, prompt, greedy(1))
+    run_to_completion(engine)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        hf(ids, logits_to_keep=1)
+        hf_s = time.perf_counter() - t0
+    return steps[0], hf_s
+
+
+def matmul_rate(torch, dtype: str, m: int = 1024, k: int = 512, n: int = 1536) -> float:
+    """FLOP/s of the engine's matmul (oneDNN, prepacked) at a prefill-sized batch: the hardware's rate."""
+    from tandem.worker.engine.weights import PackedLinear
+
+    lin = PackedLinear(torch.randn(n, k, dtype=getattr(torch, dtype)))
+    x = torch.randn(m, k, dtype=getattr(torch, dtype))
+    return 2 * m * k * n / best_of(lambda: lin(x), 5)
+
+
+def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict) -> dict:
+    from tandem.worker.engine.config import EngineConfig
+    from tandem.worker.engine.engine import Engine
+    from transformers import AutoModelForCausalLM
+
+    batches = [int(b) for b in args.batches.split(",")]
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())  # tied: counted once
+    tokens = max(max(batches) * args.prompt_len, args.prefill_len)
+    engine = Engine(EngineConfig(model=str(model_dir), dtype=dtype, num_blocks=max(batches) * 12 + args.prefill_len // 16 + 16,
+                                 max_num_seqs=max(batches), max_batched_tokens=tokens, compile=args.compile))
+    gen = torch.Generator().manual_seed(0)
+    rand = lambda b: [torch.randint(3, 600, (args.prompt_len,), generator=gen).tolist() for _ in range(b)]  # noqa: E731
+    tandem_step(engine, rand(min(2, max(batches))), 4, "warm")
+    hf_step(torch, hf, rand(2), 3)
+    out: dict = {"weight_bytes": weight_bytes, "kv_bytes_per_token": engine.layout.bytes_per_token, "batches": {}}
+    for b in batches:
+        rows = []
+        for rep in range(args.reps):
+            prompts = rand(b)
+            pair = {}
+            for arm in (("hf", "tandem") if rep % 2 == 0 else ("tandem", "hf")):
+                pair[arm] = (hf_step(torch, hf, prompts, args.new_tokens) if arm == "hf"
+                             else tandem_step(engine, prompts, args.new_tokens, f"{dtype}-{b}-{rep}"))
+            rows.append(pair)
+        # KV read by a step at the median context (prompt + half the output), every sequence
+        kv = b * (args.prompt_len + args.new_tokens // 2) * engine.layout.bytes_per_token
+        bound = (weight_bytes + kv) / bandwidth["read_bytes_per_s"]
+        td, hs = [r["tandem"] for r in rows], [r["hf"] for r in rows]
+        out["batches"][str(b)] = {
+            "tandem_step_s": td, "hf_step_s": hs, "bound_s": bound,
+            "tandem_over_bound": [t / bound for t in td], "hf_over_tandem": [h / t for h, t in zip(hs, td, strict=True)]}
+        print(f"{dtype:8s} batch {b:3d}: step Tandem {statistics.median(td) * 1e3:6.2f} ms "
+              f"[{min(td) * 1e3:.2f}-{max(td) * 1e3:.2f}], transformers {statistics.median(hs) * 1e3:6.2f} ms; "
+              f"bound {bound * 1e3:.2f} ms -> Tandem/bound {statistics.median(td) / bound:.2f}x "
+              f"[{min(td) / bound:.2f}-{max(td) / bound:.2f}]", flush=True)
+    out["prefill"] = prefill_section(torch, engine, hf, dtype, args)
+    return out
+
+
+def prefill_section(torch, engine, hf, dtype: str, args) -> dict:
+    """One prompt of --prefill-len tokens in one step, against transformers' forward and the
+    FLOP count at the matmul rate measured here (how close prefill gets to the hardware)."""
+    cfg = hf.config
+    n = args.prefill_len
+    layer_params = sum(p.numel() for name, p in hf.named_parameters() if ".layers." in name and p.dim() == 2)
+    attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads) * n * n / 2
+    flops = 2 * n * layer_params + attn
+    rate = matmul_rate(torch, dtype)
+    prompt = [3 + (i * 7919) % 590 for i in range(n)]
+    rows = [prefill_times(torch, engine, hf, prompt, f"p{dtype}{r}") for r in range(args.reps)]
+    td, hs = [r[0] for r in rows], [r[1] for r in rows]
+    print(f"{dtype:8s} prefill {n} tokens: Tandem {statistics.median(td):.3f} s, transformers "
+          f"{statistics.median(hs):.3f} s; {flops / 1e9:.0f} GFLOP at the matmul rate {rate / 1e9:.0f} GFLOP/s "
+          f"= {flops / rate:.3f} s -> Tandem at {flops / rate / statistics.median(td):.0%} of it", flush=True)
+    return {"tokens": n, "tandem_s": td, "hf_s": hs, "flops": flops, "matmul_flops_per_s": rate}
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--batches", default="1,32")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--prefill-len", type=int, default=1024)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--compile", default="auto", choices=("auto", "on", "off"))
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch
+
+    from bench.lib.models import engine_model_dir
+
+    torch.set_num_threads(1)
+    model_dir = engine_model_dir()
+    bandwidth = measure_bandwidth(torch)
+    print(f"one thread: read {bandwidth['read_bytes_per_s'] / 1e9:.1f} GB/s, copy (read + write) "
+          f"{bandwidth['copy_bytes_per_s'] / 1e9:.1f} GB/s", flush=True)
+    results = {"bandwidth": bandwidth, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+               "compile": args.compile, "dtypes": {}}
+    for dtype in args.dtypes.split(","):
+        results["dtypes"][dtype] = run_dtype(torch, dtype, model_dir, args, bandwidth)
+    results["bandwidth_after"] = measure_bandwidth(torch)
+    return results

@@ -1,0 +1,113 @@
+"""What a grammar mask and top-20 logprobs cost per decode step: the engine in-process, N streams
+decoding together (32 by default) on the benchmark model (42M parameters, a 32k vocabulary: the
+mask and the top-k scale with it), one thread. Arms, interleaved per repetition: plain greedy (the
+runner's argmax), greedy with `logprobs=20`, greedy under a JSON grammar (`json_object`: the
+random model writes long strings, so every stream decodes throughout), and both. Reported: the
+median step where every stream decodes, and each arm's extra milliseconds per step over plain.
+
+    python -m bench sampling_overhead [--streams 32] [--tokens 48] [--reps 3] [--model bench|toy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from typing import Any
+
+ARMS = {
+    "plain": {},
+    "logprobs20": {"logprobs": 20},
+    "grammar": {"structured": {"json_object": True}},
+    "grammar+logprobs20": {"structured": {"json_object": True}, "logprobs": 20},
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--streams", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=48, help="tokens each stream generates per run")
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--model", choices=("bench", "toy"), default="bench",
+                        help="bench: the 42M engine benchmark model; toy: the tests' tiny model (a smoke run)")
+    parser.add_argument("--compile", default="auto", choices=("auto", "on", "off"))
+
+
+def _steps(engine: Any, prompts: list[list[int]], tokens: int, extra: dict, tag: str) -> float:
+    """Median duration of the steps where every stream decodes."""
+    from tandem.contracts.protocol import SamplingParams
+    from tandem.testing.engine_helpers import run_to_completion, submit
+
+    steps: list[tuple[float, int]] = []
+    engine.on_step = lambda s, n: steps.append((s, n))
+    for i, p in enumerate(prompts):
+        submit(engine, f"{tag}-{i}", p, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True, **extra))
+    run_to_completion(engine)
+    full = [s for s, n in steps[1:] if n == len(prompts)]
+    return statistics.median(full) if full else float("nan")
+
+
+def _model(kind: str) -> Any:
+    if kind == "toy":
+        import tempfile
+        from pathlib import Path
+
+        from tandem.worker.local.toy_model import make_toy_model
+
+        return make_toy_model(Path(tempfile.gettempdir()) / "tandem-bench-toy-llama")
+    from bench.engine_model import engine_model_dir
+
+    return engine_model_dir()
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch
+    from tandem.worker.engine.config import EngineConfig
+    from tandem.worker.engine.engine import Engine
+
+    torch.set_num_threads(1)
+    model_dir = _model(args.model)
+    engine = Engine(EngineConfig(model=str(model_dir), num_blocks=args.streams * ((args.prompt_len + args.tokens)
+                                                                                 // 16 + 2) + 8,
+                                 max_num_seqs=args.streams, max_batched_tokens=args.streams * args.prompt_len,
+                                 compile=args.compile))
+    vocab = engine.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, min(vocab, 600), (args.prompt_len,), generator=gen).tolist()
+               for _ in range(args.streams)]
+    for name, extra in ARMS.items():  # warm every path once
+        _steps(engine, prompts[:2], 4, extra, f"warm-{name}")
+    times: dict[str, list[float]] = {name: [] for name in ARMS}
+    for rep in range(args.reps):
+        order = list(ARMS) if rep % 2 == 0 else list(reversed(ARMS))
+        for name in order:
+            times[name].append(_steps(engine, prompts, args.tokens, ARMS[name], f"{name}-{rep}"))
+    plain = statistics.median(times["plain"])
+    summary = {name: {"step_ms": [t * 1e3 for t in ts], "median_step_ms": statistics.median(ts) * 1e3,
+                      "extra_ms_per_step": (statistics.median(ts) - plain) * 1e3,
+                      "ratio_to_plain": statistics.median(ts) / plain}
+               for name, ts in times.items()}
+    for name, s in summary.items():
+        print(f"{name:20s} step {s['median_step_ms']:7.2f} ms  (+{s['extra_ms_per_step']:6.2f} ms, "
+              f"x{s['ratio_to_plain']:.2f})  reps {' '.join(f'{t:.2f}' for t in s['step_ms'])}", flush=True)
+    return {"streams": args.streams, "tokens": args.tokens, "prompt_len": args.prompt_len, "vocab": vocab,
+            "model": args.model, "compile": args.compile, "arms": summary}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Until `python -m bench <scenario>` lands: run this scenario alone and write its JSON result."""
+    import json
+    import time
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    result = run(parser.parse_args(argv))
+    out = Path("bench/results/sampling_overhead") / (time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + ".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

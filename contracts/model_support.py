@@ -1,0 +1,162 @@
+"""Which models a Tandem worker serves, and on which path, judged from config.json alone.
+
+The operator calls `check_model_config` on a model's config.json before any pod downloads weights,
+and the worker calls it at start before loading them: both refuse with the same words. Pure (the
+operator never imports torch or transformers), so the lists below are what the tests verified:
+each model type on the transformers path runs in tests/worker/engine/test_architectures_*.py
+against transformers' own generate.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class ModelBackend(enum.StrEnum):
+    """The forward pass a worker runs: the hand-written one (fastest, Llama family), or
+    transformers' own model classes with Tandem's paged attention plugged in (any verified type)."""
+
+    AUTO = "auto"
+    NATIVE = "native"
+    TRANSFORMERS = "transformers"
+
+
+# The hand-written forward pass (worker/engine/layers.py) reproduces these, with these rotary variants.
+NATIVE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
+NATIVE_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+
+# Decoder-only causal LMs whose transformers definitions run on Tandem's paged KV cache, each one
+# checked token for token against transformers' generate (tests/worker/engine/test_architectures_*).
+TRANSFORMERS_MODEL_TYPES = frozenset({
+    "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "qwen3_moe", "mixtral",
+})
+
+_LATENT = ("uses multi-head latent attention (MLA): its KV cache holds one compressed latent per token "
+           "(kv_lora_rank + qk_rope_head_dim values, shared by all heads), not a K and a V per KV head, "
+           "which is the only layout Tandem's paged KV pool and its handoff carry")
+_RECURRENT = ("keeps a recurrent or linear-attention state besides (or instead of) a KV cache; Tandem's "
+              "paged pool, prefix cache and handoff carry only per-token K and V")
+REFUSED_MODEL_TYPES: dict[str, str] = {
+    **dict.fromkeys(("deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "kimi_k2", "minicpm3",
+                     "longcat_flash", "glm4_moe_lite", "glm_moe_dsa"), _LATENT),
+    **dict.fromkeys(("mamba", "mamba2", "falcon_mamba", "falcon_h1", "jamba", "bamba", "zamba", "zamba2",
+                     "nemotron_h", "granitemoehybrid", "qwen3_next", "qwen3_5", "qwen3_5_text",
+                     "qwen3_5_moe", "qwen3_5_moe_text", "lfm2", "lfm2_moe", "recurrent_gemma", "rwkv",
+                     "xlstm", "minimax", "kimi_linear", "olmo_hybrid", "bailing_hybrid"), _RECURRENT),
+}
+
+# Where a config.json names its routed experts' count (Mixtral, Qwen-MoE, DeepSeek/GLM style).
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+# Tensor parallelism on the transformers path is not built yet: those models run on one rank.
+TRANSFORMERS_MAX_TENSOR_PARALLEL = 1
+
+
+def rope_type(config_json: dict[str, Any]) -> str:
+    """The rotary variant a config asks for ('default' when it names none)."""
+    rope = config_json.get("rope_parameters") or config_json.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        return "default"
+    return str(rope.get("rope_type", rope.get("type", "default")))
+
+
+def uses_sliding_window(config_json: dict[str, Any]) -> bool:
+    """Whether some layer attends within a window (Mistral's sliding_window, Qwen2's layer_types)."""
+    if config_json.get("sliding_window") is None:
+        return False
+    if config_json.get("model_type") == "qwen2":
+        types = config_json.get("layer_types") or []
+        return "sliding_attention" in types or bool(config_json.get("use_sliding_window"))
+    return True
+
+
+def serving_backend(config_json: dict[str, Any], requested: str = "auto") -> tuple[ModelBackend, str]:
+    """The path a worker runs this model on, and why. auto: native where the hand-written pass
+    reproduces the model exactly at every context length, else transformers."""
+    model_type = config_json.get("model_type")
+    choice = ModelBackend(requested)
+    if choice is not ModelBackend.AUTO:
+        return choice, "asked for"
+    if model_type not in NATIVE_MODEL_TYPES:
+        return ModelBackend.TRANSFORMERS, f"{model_type} has no native forward pass"
+    if rope_type(config_json) not in NATIVE_ROPE_TYPES:
+        return ModelBackend.TRANSFORMERS, f"rope_type {rope_type(config_json)!r} is not in the native pass"
+    if uses_sliding_window(config_json):
+        return ModelBackend.TRANSFORMERS, "sliding-window attention is exact only on the transformers path"
+    return ModelBackend.NATIVE, f"{model_type} has a native forward pass (faster)"
+
+
+def expert_count(config_json: dict[str, Any]) -> int | None:
+    for key in EXPERT_COUNT_KEYS:
+        if isinstance(config_json.get(key), int) and config_json[key] > 0:
+            return int(config_json[key])
+    return None
+
+
+def _architecture_reason(config_json: dict[str, Any]) -> str | None:
+    model_type = config_json.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        return "config.json names no model_type: not a Hugging Face transformers model folder"
+    if model_type in REFUSED_MODEL_TYPES:
+        return f"model_type {model_type!r} is not supported: it {REFUSED_MODEL_TYPES[model_type]}"
+    if "vision_config" in config_json or "audio_config" in config_json:
+        return (f"model_type {model_type!r} is multimodal (it has a vision or audio tower); Tandem serves "
+                "text-only decoder models")
+    if config_json.get("is_encoder_decoder"):
+        return f"model_type {model_type!r} is an encoder-decoder model; Tandem serves decoder-only causal LMs"
+    if config_json.get("quantization_config"):
+        method = (config_json["quantization_config"] or {}).get("quant_method", "unnamed")
+        return f"quantized checkpoints ({method}) are not supported: serve a float32, float16 or bfloat16 one"
+    if model_type not in TRANSFORMERS_MODEL_TYPES | NATIVE_MODEL_TYPES:
+        return (f"model_type {model_type!r} is not supported: Tandem serves the decoder-only causal LMs it "
+                f"has verified ({', '.join(sorted(TRANSFORMERS_MODEL_TYPES | NATIVE_MODEL_TYPES))})")
+    return None
+
+
+def _parallel_reason(config_json: dict[str, Any], tensor_parallel: int, backend: ModelBackend) -> str | None:
+    if not isinstance(tensor_parallel, int) or tensor_parallel < 1:
+        return f"tensor_parallel must be a whole number >= 1, got {tensor_parallel!r}"
+    tp = tensor_parallel
+    if tp == 1:
+        return None
+    if backend is ModelBackend.TRANSFORMERS and tp > TRANSFORMERS_MAX_TENSOR_PARALLEL:
+        return (f"tensor_parallel {tp} is not available for {config_json.get('model_type')!r}: models on the "
+                f"transformers path run on one rank (tensor_parallel {TRANSFORMERS_MAX_TENSOR_PARALLEL})")
+    heads = config_json.get("num_attention_heads")
+    kv_heads = config_json.get("num_key_value_heads") or heads
+    if not isinstance(heads, int) or not isinstance(kv_heads, int):
+        return "config.json names no num_attention_heads: cannot split the model across ranks"
+    if heads % tp:
+        return f"tensor_parallel {tp} does not divide the model's {heads} attention heads"
+    if kv_heads % tp and tp % kv_heads:
+        return (f"tensor_parallel {tp} and the model's {kv_heads} KV heads do not fit: one must divide "
+                "the other (each rank holds whole KV heads)")
+    experts = expert_count(config_json)
+    if experts is not None and experts % tp:
+        return f"tensor_parallel {tp} does not divide the model's {experts} experts (each rank holds whole experts)"
+    return None
+
+
+def check_model_config(config_json: dict[str, Any], tensor_parallel: int = 1,
+                       backend: str = "auto") -> str | None:
+    """None when a worker can serve this model at this tensor-parallel size (on `backend`: auto,
+    native or transformers); else the reason, in words a person acts on."""
+    if not isinstance(config_json, dict):
+        return "config.json is not a JSON object"
+    if (reason := _architecture_reason(config_json)) is not None:
+        return reason
+    try:
+        chosen, _ = serving_backend(config_json, backend)
+    except ValueError:
+        return f"model backend must be auto, native or transformers, got {backend!r}"
+    model_type = config_json["model_type"]
+    if chosen is ModelBackend.NATIVE and model_type not in NATIVE_MODEL_TYPES:
+        return (f"model_type {model_type!r} has no native forward pass (native: "
+                f"{', '.join(sorted(NATIVE_MODEL_TYPES))}); use the transformers backend")
+    if chosen is ModelBackend.NATIVE and rope_type(config_json) not in NATIVE_ROPE_TYPES:
+        return (f"rope_type {rope_type(config_json)!r} is not in the native forward pass (native: "
+                f"{', '.join(sorted(NATIVE_ROPE_TYPES))}); use the transformers backend")
+    if chosen is ModelBackend.TRANSFORMERS and model_type not in TRANSFORMERS_MODEL_TYPES:
+        return f"model_type {model_type!r} has not been verified on the transformers path"
+    return _parallel_reason(config_json, tensor_parallel, chosen)

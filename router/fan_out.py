@@ -1,0 +1,69 @@
+"""`n` > 1: one client request as n sequences, fanned out above the orchestrator.
+
+Choice 0 starts alone; the others start once its prompt has been computed (its first event), so
+they find the prompt's KV in the prefix cache of the worker that computed it (the prefix-aware
+policy sends them there) instead of computing it n times. Each choice is a request of its own to
+the workers (id `<request id>-<i>`, its own seed: the client's seed + i, so a seeded request is
+reproducible and its choices differ); their events come back merged, tagged with the choice index.
+A consumer that stops early closes every choice, which aborts them on every worker they touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+
+from tandem.router.orchestrator import Event, Orchestrator, RequestContext
+from tandem.router.validation import ParsedRequest
+
+
+def _choice(parsed: ParsedRequest, i: int) -> ParsedRequest:
+    if i == 0:
+        return parsed
+    sampling = dataclasses.replace(parsed.sampling, seed=None if parsed.sampling.seed is None
+                                   else parsed.sampling.seed + i)
+    return dataclasses.replace(parsed, sampling=sampling)
+
+
+async def choices(orchestrator: Orchestrator, parsed: ParsedRequest, ctx: RequestContext
+                  ) -> AsyncIterator[tuple[int, Event]]:
+    """(choice index, event) for every choice, in the order they happen."""
+    if parsed.n == 1:
+        async with contextlib.aclosing(orchestrator.run(parsed, ctx)) as events:
+            async for ev in events:
+                yield 0, ev
+        return
+    queue: asyncio.Queue[tuple[int, Event | BaseException | None]] = asyncio.Queue()
+    first_event = asyncio.Event()
+
+    async def pump(i: int) -> None:
+        if i:
+            await first_event.wait()
+        sub = ctx if i == 0 else RequestContext(f"{ctx.request_id}-{i}")
+        try:
+            async with contextlib.aclosing(orchestrator.run(_choice(parsed, i), sub)) as events:
+                async for ev in events:
+                    first_event.set()
+                    await queue.put((i, ev))
+            await queue.put((i, None))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+            first_event.set()
+            await queue.put((i, e))
+
+    tasks = [asyncio.create_task(pump(i)) for i in range(parsed.n)]
+    try:
+        done = 0
+        while done < parsed.n:
+            i, item = await queue.get()
+            if item is None:
+                done += 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,78 @@
+"""The chaos soak's verdict on each request: only an exact answer counts as served, an error the
+client saw counts as retryable, and everything a client cannot detect is a silent failure."""
+
+from bench.lib.chaos_outcomes import Outcome, classify, tally
+from bench.lib.loadgen import NO_TOKEN
+from bench.lib.metrics import RequestRecord
+
+ANSWER = "the quick brown fox"
+
+
+def rec(text: str = ANSWER, *, done: bool = True, error: str | None = None, timed_out: bool = False,
+        index: int = 0) -> RequestRecord:
+    chunks = [float(i) for i in range(len(text.split()))]
+    return RequestRecord(index, 10, 4, send_s=0.0, chunk_times_s=chunks, end_s=5.0, text=text, error=error,
+                         done=done, timed_out=timed_out, finish_reason="length" if done else None)
+
+
+def test_the_exact_answer_with_done_is_identical():
+    assert classify(rec(), ANSWER) is Outcome.IDENTICAL
+
+
+def test_a_valid_request_refused_with_a_4xx_is_a_failure_not_a_retry():
+    assert classify(rec("", done=False, error="HTTP 404: model_not_found"), ANSWER) is Outcome.REFUSED
+    assert classify(rec("", done=False, error="HTTP 400: bad"), ANSWER) is Outcome.REFUSED
+    assert classify(rec("", done=False, error="HTTP 429: busy"), ANSWER) is Outcome.CLEAN_ERROR
+
+
+def test_errors_the_client_saw_are_clean_even_after_some_text():
+    assert classify(rec("", done=False, error="HTTP 503: busy"), ANSWER) is Outcome.CLEAN_ERROR
+    assert classify(rec("the quick", done=False, error='stream error: {"message": "worker died"}'),
+                    ANSWER) is Outcome.CLEAN_ERROR
+    assert classify(rec("the", done=False, error="ClientPayloadError: Response payload is not completed"),
+                    ANSWER) is Outcome.CLEAN_ERROR
+
+
+def test_a_short_answer_that_ended_without_an_error_is_truncated():
+    assert classify(rec("the quick"), ANSWER) is Outcome.TRUNCATED
+    assert classify(rec("", error=NO_TOKEN), ANSWER) is Outcome.TRUNCATED
+    # the body closed cleanly without [DONE]: a client cannot tell it from a finished stream
+    assert classify(rec(ANSWER, done=False), ANSWER) is Outcome.TRUNCATED
+
+
+def test_another_answer_is_wrong_text_and_silence_is_a_hang():
+    assert classify(rec("the quick brown cat"), ANSWER) is Outcome.WRONG_TEXT
+    assert classify(rec(ANSWER + " jumps"), ANSWER) is Outcome.WRONG_TEXT
+    assert classify(rec("the", done=False, error="ServerTimeoutError: read", timed_out=True),
+                    ANSWER) is Outcome.HUNG
+
+
+def test_tally_counts_every_outcome_and_lists_the_silent_ones():
+    records = [rec(), rec(index=1, text="b", done=False, error="HTTP 503: x"),
+               rec(index=1, text="b", done=False, error="HTTP 503: y"), rec("the quick")]
+    t = tally(records, {0: ANSWER, 1: "b c"})
+    assert t["outcomes"] == {"identical": 1, "clean_error": 2, "refused": 0, "truncated": 1, "wrong_text": 0,
+                             "hung": 0}
+    assert t["errors_by_kind"] == {"HTTP 503": 2}
+    assert [(s["index"], s["outcome"]) for s in t["failures"]] == [(0, "truncated")]
+
+
+def test_the_report_shows_every_count_kill_and_leftover():
+    from bench.lib.chaos_report import results_markdown
+
+    r = {"ok": False, "requests": 5, "outcomes": {"identical": 3, "clean_error": 1, "refused": 0, "truncated": 1,
+                                                  "wrong_text": 0, "hung": 0},
+         "errors_by_kind": {"HTTP 503": 1},
+         "settings": {"duration_s": 600, "interval_s": [20, 40], "streams": 6, "kv_backend": "nixl",
+                      "worker_arg": ["--compile=off"], "read_timeout_s": 60},
+         "events": [{"process": "decode-1", "signal": "SIGKILL", "back_after_s": 30.0},
+                    {"process": "router-0", "signal": "SIGTERM", "restart_error": "not ready"}],
+         "left": {"settled_after_s": 31.0, "final": {"decode-1": {"blocks_held": 4, "leased": 1, "running": 0,
+                                                                  "waiting": 0}, "router-0": {"in_flight": 0.0}},
+                  "at_load_end": {}},
+         "resources": {"decode-1": {"restarts": 1, "start": {"fds": 20, "rss_mib": 1000.0},
+                                    "end": {"fds": 90, "rss_mib": 1500.0}}}}
+    md = results_markdown(r, "20260101-000000", "python -m bench chaos")
+    assert "**failures found**" in md and "| truncated without an error | 1 |" in md and "HTTP 503 1" in md
+    assert "decode SIGKILL 1, router SIGTERM 1" in md and "1 restarts failed" in md
+    assert "| decode-1 | 4 | 1 |" in md and "20 → 90" in md

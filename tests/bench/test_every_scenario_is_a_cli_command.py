@@ -1,0 +1,74 @@
+"""`python -m bench <scenario>`: every module of bench/scenarios/ imports, says what it measures and
+parses --help; the CLI lists them, runs one and writes its result file with the envelope."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench.cli import DEFAULT_SCENARIOS, build_parser, load, main, scenario_names, summary_line
+from bench.lib.results import ENVELOPE_KEYS, ROOT, result_files
+
+SCENARIOS = scenario_names()
+
+
+def test_the_scenarios_folder_holds_every_benchmark():
+    assert {"interference", "multiturn", "engine_http", "kv_handoff", "migration", "chaos"} <= set(SCENARIOS)
+    assert {d[0] for d in DEFAULT_SCENARIOS} <= set(SCENARIOS)
+
+
+@pytest.mark.parametrize("line", DEFAULT_SCENARIOS, ids=lambda d: d[0])
+def test_every_default_command_line_parses(line):
+    name, *argv = line
+    build_parser(name, load(name)).parse_args(argv)
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_scenario_imports_has_a_docstring_and_parses_help(name, capsys):
+    module = load(name)
+    assert module.__doc__ and module.__doc__.strip(), f"bench/scenarios/{name}.py has no docstring"
+    parser = build_parser(name, module)
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_args(["--help"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert f"python -m bench {name}" in out and module.__doc__.strip().splitlines()[0] in out and "--results-dir" in out
+    assert summary_line(name) and len(summary_line(name)) <= 100
+
+
+def test_without_a_scenario_the_cli_lists_them_all(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for name in SCENARIOS:
+        assert f"  {name} " in out
+
+
+def test_an_unknown_scenario_is_refused_with_the_choices(capsys):
+    assert main(["no-such-scenario"]) == 2
+    assert "interference" in capsys.readouterr().err
+
+
+def test_a_run_writes_its_result_under_scenario_and_run_id(tmp_path):
+    profile = tmp_path / "worker.txt"
+    profile.write_text("thread (0x1): tandem-engine;step (engine.py:10);sample (sampling.py:5) 30\n"
+                       "thread (0x2): MainThread;run (base_events.py:1);EpollSelector.select (selectors.py:468) 10\n")
+    cmd = [sys.executable, "-m", "bench", "profile_summary", str(profile), "--run-id", "20260101-000000",
+           "--results-dir", str(tmp_path / "results")]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    path = tmp_path / "results" / "profile_summary" / "20260101-000000.json"
+    doc = json.loads(path.read_text())
+    assert tuple(doc) == ENVELOPE_KEYS and doc["scenario"] == "profile_summary"
+    assert doc["command"].startswith("python -m bench profile_summary") and doc["host"]["cpus"]
+    summary = doc["result"]["profiles"]["worker.txt"]
+    assert summary["samples"] == 40 and summary["engine"] == {"sampling": 1.0}
+    assert summary["threads"] == {"engine thread": 0.75, "HTTP event loop: waiting": 0.25}
+
+
+@pytest.mark.parametrize("scenario", sorted({p.parent.name for p in (ROOT / "bench" / "results").glob("*/*.json")}))
+def test_committed_results_are_named_by_scenario_and_run(scenario):
+    assert scenario in SCENARIOS, f"bench/results/{scenario}/ belongs to no scenario"
+    for path in result_files(scenario):
+        doc = json.loads(path.read_text())
+        assert tuple(doc) == ENVELOPE_KEYS and doc["scenario"] == scenario and doc["run_id"] == path.stem

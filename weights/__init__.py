@@ -1,0 +1,1 @@
+"""Model weights: resolving a hub revision, reading config.json, downloading once (tandem.weights)."""
