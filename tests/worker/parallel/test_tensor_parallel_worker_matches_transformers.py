@@ -84,6 +84,7 @@ def test_a_model_the_group_cannot_split_is_refused_at_start(toy_model_dir):
 async def test_a_killed_follower_rank_fails_the_worker_without_a_hung_client(tp2):
     """Last in the module: it breaks the worker."""
     (rank1,) = tp2.get_json("/internal/info")["ranks"]
+    assert _json(rank1["url"] + "/ready")["status"] == "ready"  # what a follower pod's probes read
     pid = (await asyncio.to_thread(_json, rank1["url"] + "/health"))["pid"]
     events: list[dict] = []
     t0 = None

@@ -82,6 +82,7 @@ def run_follower(cfg: Any) -> int:
         server = RankServer(cfg, agreement, runner.pool, runner.layout)
         group.publish("endpoint", server.start())
         group.serving()
+        server.serving = True
         log.info("rank %d serving %.1fs after start", p.rank, time.monotonic() - t0)
         follow(group, runner)
         return 0

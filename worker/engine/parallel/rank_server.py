@@ -2,6 +2,7 @@
 on a thread of its own (the process's main thread runs the steps).
 
     GET  /health               200 while the process lives (rank 0's /health speaks for the group)
+    GET  /ready                200 once the rank serves (a follower pod's probes; 503 before)
     GET  /internal/kv/metadata its transport's metadata: another worker's ranks read its heads
     GET  /internal/kv/health   its transport's health
     POST /internal/rank/pull   {"request_id", "source" (a KVSource), "block_ids"}: rank 0 of a
@@ -72,6 +73,7 @@ class RankServer:
         self.cfg, self.agreement, self.pool, self.layout = cfg, agreement, pool, layout
         self.engine_id = agreement.rank_engine_id(cfg.placement.rank)
         self.transport: Any = None
+        self.serving = False  # set once the group serves: /ready
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tandem-rank-server", daemon=True)
         self._runner: web.AppRunner | None = None
@@ -94,6 +96,7 @@ class RankServer:
         app = web.Application(middlewares=[internal_auth(lambda: cfg.internal_secret)])
         app[STATE] = self
         app.router.add_get("/health", _health)
+        app.router.add_get("/ready", _ready)
         app.router.add_get("/internal/kv/metadata", _kv_metadata)
         app.router.add_get("/internal/kv/health", _kv_health)
         app.router.add_post("/internal/rank/pull", _pull)
@@ -126,6 +129,12 @@ class RankServer:
 
 async def _health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "rank": request.app[STATE].cfg.placement.rank, "pid": os.getpid()})
+
+
+async def _ready(request: web.Request) -> web.Response:
+    if request.app[STATE].serving:
+        return web.json_response({"status": "ready"})
+    return web.json_response({"status": "loading", "message": "the group is starting"}, status=503)
 
 
 def _no_transport() -> web.Response:
