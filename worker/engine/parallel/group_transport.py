@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from typing import Any
 
 import aiohttp
@@ -73,6 +74,7 @@ class GroupTransport(KVTransport):
     async def pull(self, request_id: str, source: KVSource, local_block_ids: list[int],
                    release: bool = True) -> TransferStats:
         timeout = self.config.timeout_s
+        t0 = time.monotonic()
         own = asyncio.ensure_future(self.local.pull(request_id, source, local_block_ids, release=False))
         others = [asyncio.ensure_future(self._rank_pull(r, request_id, source, local_block_ids))
                   for r in self.ranks]
@@ -93,8 +95,10 @@ class GroupTransport(KVTransport):
                 await self.local._failed(request_id, source, set(), str(e))
                 raise KVTransferError(f"releasing the lease of {request_id}: {e}") from e
         stats = [r for r in results if isinstance(r, TransferStats)]
-        return TransferStats(request_id, sum(s.bytes for s in stats), max(s.seconds for s in stats),
-                             len(local_block_ids), sum(s.num_transfers for s in stats))
+        nbytes, seconds = sum(s.bytes for s in stats), time.monotonic() - t0
+        if release:
+            self.local.kv_health.success("pull", nbytes, seconds)  # the whole group's pull, once
+        return TransferStats(request_id, nbytes, seconds, len(local_block_ids), sum(s.num_transfers for s in stats))
 
     async def _rank_pull(self, rank: KVRank, request_id: str, source: KVSource,
                          local_block_ids: list[int]) -> TransferStats:
