@@ -194,11 +194,9 @@ async def serve(cfg: WorkerConfig) -> int:
     try:
         try:
             if cfg.tensor_parallel > 1:
-                from tandem.worker.engine.parallel.leader import GroupLeader
+                from tandem.worker.engine.parallel.leader import start_group
 
-                leader = GroupLeader(cfg, engine_id, settings.advertise_url)
-                leader.start()
-                engine = await asyncio.to_thread(leader.load_engine, cfg.kv_lease_s)
+                leader, engine = await start_group(cfg, engine_id, settings.advertise_url)
             else:
                 engine = await asyncio.to_thread(Engine, cfg.engine_config(), lease_s=cfg.kv_lease_s)
         except (ModelLoadError, ValueError, RuntimeError) as e:  # RuntimeError: a group that did not form
@@ -217,12 +215,8 @@ async def serve(cfg: WorkerConfig) -> int:
                 state.load_error = f"KV backend {cfg.kv_backend.value!r} failed to start: {e}"
                 log.error("%s", state.load_error)
                 return 1
-        if leader is not None:
-            ranks = await asyncio.to_thread(leader.wait_for_ranks)
-            if transport is not None:
-                from tandem.worker.engine.parallel.group_transport import GroupTransport
-
-                transport = GroupTransport(transport, ranks)
+        if leader is not None:  # the other ranks serve too: the group's transport over every rank's
+            transport = await leader.serving(transport)
         for sig in (signal.SIGINT, signal.SIGTERM):
             # again: a transfer library may have replaced the handlers while it started
             loop.add_signal_handler(sig, stop.set)

@@ -127,6 +127,17 @@ class GroupLeader:
         self._starting = False
         return endpoints
 
+    async def serving(self, transport: Any) -> Any:
+        """Once every rank serves: the group's KV transport around rank 0's (None: no transport)."""
+        import asyncio
+
+        ranks = await asyncio.to_thread(self.wait_for_ranks)
+        if transport is None:
+            return None
+        from tandem.worker.engine.parallel.group_transport import GroupTransport
+
+        return GroupTransport(transport, ranks)
+
     def close(self) -> None:
         """Stop the group: the ranks leave when told (or die with this process), then are reaped."""
         self._starting = False
@@ -136,3 +147,17 @@ class GroupLeader:
             c.stop(grace_s=10.0)
         if self.group is not None:
             self.group.close()
+
+
+async def start_group(cfg: Any, engine_id: str, leader_url: str) -> tuple[GroupLeader, Any]:
+    """Rank 0's start: its ranks started (on this, the main, thread), then the engine built with
+    them (on a thread: the event loop keeps answering /health)."""
+    import asyncio
+
+    leader = GroupLeader(cfg, engine_id, leader_url)
+    try:
+        leader.start()
+        return leader, await asyncio.to_thread(leader.load_engine, cfg.kv_lease_s)
+    except BaseException:
+        await asyncio.to_thread(leader.close)  # the ranks it started go with it
+        raise
