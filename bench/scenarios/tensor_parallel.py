@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -102,7 +103,8 @@ async def _step_times(url: str, steps: int, tag: str) -> dict[str, float]:
 def _worker(role: str, tp: int, model_dir: Path, log_dir: Path, device: str, *extra: str, backend: str = "tcp") -> Any:
     return worker_process(f"{role}-tp{tp}", role, model_dir, log_dir / f"{role}-tp{tp}-{backend}.log", None,
                           "--tensor-parallel", str(tp), "--device", device, "--dtype", "float32",
-                          "--no-prefix-caching", *extra, kv_backend=backend, num_blocks=512, env=thread_env(1))
+                          "--no-prefix-caching", *extra, kv_backend=backend, num_blocks=512,
+                          env=os.environ | thread_env(1) | {"UCX_TLS": os.environ.get("UCX_TLS", "tcp")})
 
 
 def measure_steps(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:

@@ -78,12 +78,18 @@ class GroupTransport(KVTransport):
         own = asyncio.ensure_future(self.local.pull(request_id, source, local_block_ids, release=False))
         others = [asyncio.ensure_future(self._rank_pull(r, request_id, source, local_block_ids))
                   for r in self.ranks]
-        results = await asyncio.gather(own, *others, return_exceptions=True)
+        tasks = [own, *others]
+        try:
+            results = await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
+        except asyncio.CancelledError:
+            # The blocks go back to the pool when this returns: no rank may still write into them.
+            # Rank 0's own pull settles when cancelled; the others end within their own bound.
+            own.cancel()
+            await asyncio.wait(tasks, timeout=timeout + _ANSWER_MARGIN_S)
+            raise
         errors = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
         if errors:
             rank, err = errors[0]
-            if isinstance(err, asyncio.CancelledError):
-                raise err
             if rank > 0:  # rank 0's own pull counted and reported its failure already
                 await self.local._failed(request_id, source, set(), f"rank {rank}: {err}")
             state = err.state if isinstance(err, KVTransferError) else TransferState.FAILED
