@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from tandem.contracts.names import RENDEZVOUS_PORT
-from tandem.worker.engine.parallel.leader import follower_argv
+from tandem.worker.engine.parallel.node_ranks import follower_argv
 from tandem.worker.engine.parallel.placement import place, split_address
 from tandem.worker.engine.parallel.sharding import config_problem
 from tandem.worker.server.config import WorkerConfig

@@ -19,7 +19,7 @@ from typing import Any
 log = logging.getLogger("tandem.worker.engine.parallel")
 
 
-def rank_device(device: str, rank: int, local_index: int) -> Any:
+def rank_device(device: str, local_index: int) -> Any:
     """This rank's device: cpu, or one GPU per rank of the node (auto picks cuda:local_index)."""
     import torch
 
@@ -65,15 +65,17 @@ def run_follower(cfg: Any) -> int:
     from tandem.worker.engine.errors import ModelLoadError
     from tandem.worker.engine.parallel.executor import follow
     from tandem.worker.engine.parallel.group import GroupFailed, GroupSpec, ParallelGroup
+    from tandem.worker.engine.parallel.node_ranks import start_node_ranks
     from tandem.worker.engine.parallel.rank_server import RankServer
 
     p = cfg.placement
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     spec = GroupSpec(p.size, p.rank, p.leader_host, p.leader_port, timeout_s=cfg.tp_timeout_s)
-    device = rank_device(cfg.device, p.rank, p.rank % p.local_ranks if p.spans_nodes else p.rank)
+    device = rank_device(cfg.device, p.rank % p.local_ranks)
     server = None
     group = None
+    children = start_node_ranks(cfg, f"{p.leader_host}:{p.leader_port}", device)  # the node's other ranks
     try:
         t0 = time.monotonic()
         group = ParallelGroup.join(spec, device)
@@ -97,3 +99,5 @@ def run_follower(cfg: Any) -> int:
             server.stop()
         if group is not None:
             group.close()
+        for c in children:  # they leave with the group; reap them
+            c.stop(grace_s=10.0)

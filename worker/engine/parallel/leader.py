@@ -15,35 +15,18 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from tandem.contracts.parallelism import ParallelismError
+from tandem.worker.engine.parallel.node_ranks import start_node_ranks
 from tandem.worker.engine.parallel.placement import Placement
 from tandem.worker.engine.parallel.sharding import config_problem
 
 log = logging.getLogger("tandem.worker.engine.parallel")
 
 _WATCH_S = 0.5
-
-
-def follower_argv(cfg: Any, rank: int, leader: str, device: str) -> list[str]:
-    """The command line of a rank this process starts: its place in the group and its own network
-    and logging; everything else it takes from rank 0's agreement."""
-    argv = [sys.executable, "-m", "tandem.cli.main", "worker", "--model", cfg.model, "--role", cfg.role.value,
-            "--tensor-parallel", str(cfg.tensor_parallel), "--rank", str(rank), "--local-ranks", "1",
-            "--leader-address", leader, "--host", cfg.host, "--port", "0", "--kv-port", "0", "--device", device,
-            "--kv-backend", cfg.kv_backend.value, "--tp-timeout-s", str(cfg.tp_timeout_s),
-            "--log-format", cfg.log_format, "--log-level", cfg.log_level]
-    if not cfg.migrate_on_drain and cfg.kv_backend.value != "none":
-        argv.append("--no-migrate-on-drain")
-    if cfg.threads:
-        argv += ["--threads", str(cfg.threads)]
-    if cfg.internal_secret_file:
-        argv += ["--internal-secret-file", cfg.internal_secret_file]
-    return argv
 
 
 class GroupLeader:
@@ -65,7 +48,6 @@ class GroupLeader:
         then the node's other ranks."""
         from tandem.worker.engine.parallel.follower import rank_device
         from tandem.worker.engine.parallel.group import GroupSpec, make_store
-        from tandem.worker.local.processes import ManagedProcess
 
         p = self.placement
         config_json = Path(self.cfg.model).expanduser() / "config.json"
@@ -76,11 +58,8 @@ class GroupLeader:
         spec = GroupSpec(p.size, p.rank, p.leader_host, p.leader_port, timeout_s=self.cfg.tp_timeout_s)
         self._store = make_store(spec)
         self._spec = dataclasses.replace(spec, leader_port=self._store.port)
-        self._device = rank_device(self.cfg.device, 0, 0)
-        for i, rank in enumerate(p.started_ranks, start=1):
-            device = f"cuda:{i}" if self._device.type == "cuda" else str(self._device)
-            argv = follower_argv(self.cfg, rank, f"{p.leader_host}:{self._spec.leader_port}", device)
-            self.children.append(ManagedProcess(f"rank-{rank}", argv, capture=False).start())
+        self._device = rank_device(self.cfg.device, 0)
+        self.children = start_node_ranks(self.cfg, f"{p.leader_host}:{self._spec.leader_port}", self._device)
         log.info("tensor parallelism %d: rank 0 at %s:%d, started ranks %s", p.size, p.leader_host,
                  self._spec.leader_port, list(p.started_ranks) or "none (other nodes start theirs)")
         threading.Thread(target=self._watch, name="tandem-tp-watch", daemon=True).start()
