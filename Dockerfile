@@ -42,6 +42,7 @@ COPY contracts/ contracts/
 COPY operator/ operator/
 COPY router/ router/
 COPY worker/ worker/
+COPY planning/ planning/
 
 # ---------------------------------------------------------------------------------------------
 # operator-build: the operator extra only; torch is never installed here.

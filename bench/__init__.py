@@ -1,5 +1,5 @@
-"""Benchmarks: colocated against disaggregated serving, side by side (`make bench`).
+"""Benchmarks: `python -m bench <scenario>` from the repository root (bench/cli.py, bench/README.md).
 
-Not part of the installed `tandem` package and not run by `make test`: `python -m bench.run`
-from the repository root.
+Not part of the installed `tandem` package and not run by `make test`; `make bench` runs the
+default scenarios.
 """

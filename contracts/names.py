@@ -1,5 +1,5 @@
 """Names the operator, the router and the workers must agree on: the API group, labels,
-annotations, worker roles, KV backends and ports; and how a pod is judged ready."""
+annotations, worker roles, KV backends and ports; and how a pod is judged ready and whose it is."""
 
 from __future__ import annotations
 
@@ -102,3 +102,15 @@ def pod_url(pod: dict[str, Any], default_port: int = WORKER_PORT) -> str | None:
         return None
     host = f"[{ip}]" if ":" in ip else ip
     return f"http://{host}:{pod_port(pod, default_port)}"
+
+
+def controller_ref(obj: dict[str, Any], kind: str, group: str) -> dict[str, Any] | None:
+    """The object's controller ownerReference if it is a `kind` of API group `group`, else None.
+
+    Labels prove nothing (anyone who can create a pod can copy them): the operator and the router
+    trust a pod only through this chain, pod -> ReplicaSet -> Deployment -> InferenceService."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            api_group = str(ref.get("apiVersion", "")).rpartition("/")[0]
+            return ref if ref.get("kind") == kind and api_group == group else None
+    return None

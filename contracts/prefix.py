@@ -16,6 +16,15 @@ HASH_BYTES = 16  # 128 bits of SHA-256: collisions stay out of practical reach
 ROOT = b"tandem-prefix-v1"
 
 
+def request_salt(salt: bytes, cache_salt: str | None) -> bytes:
+    """The salt of one request's blocks: the cache's own (model, dtype, layout), and the request's
+    `cache_salt` (GenerateRequest) when it has one, so tenants with different salts never share a
+    block, and the router's prefix index names a salted prompt's blocks as the worker does."""
+    if not cache_salt:
+        return salt
+    return salt + b"/cache_salt/" + hashlib.sha256(cache_salt.encode()).digest()[:HASH_BYTES]
+
+
 def block_hashes(token_ids: Sequence[int], block_size: int, salt: bytes = b"",
                  parent: bytes | None = None) -> list[bytes]:
     """One hash per full block of token_ids, each chained over every block before it.

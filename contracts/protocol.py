@@ -106,6 +106,8 @@ def top_k_valid(k: int) -> bool:
     return k >= -1
 
 
+MAX_CACHE_SALT_CHARS = 256  # GenerateRequest.cache_salt
+
 # The most alternatives a request may ask logprobs for (OpenAI's top_logprobs allows 20).
 MAX_TOP_LOGPROBS = 20
 # logit_bias values, as OpenAI bounds them.
@@ -136,6 +138,10 @@ class SamplingParams:
     # The output's grammar (worker/engine/grammar.py): {"json_schema": {...}}, {"json_object": true},
     # {"regex": "..."}, {"choice": [...]} or {"lark": "..."}; None: unconstrained.
     structured: dict[str, Any] | None = None
+    # Teacher forcing (internal: the router's handoff parity probe, router/parity_probe.py): the
+    # token at output index i is forced_token_ids[i] whatever the draw, and logprobs score it, so two
+    # paths through the model can be compared on the same continuation. Never set from the public API.
+    forced_token_ids: list[int] = field(default_factory=list)
 
     def to_wire(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -193,6 +199,10 @@ class KVSource:
     # KV heads tandem.contracts.kv_layout.kv_heads_of_rank gives it; one lease (rank 0's, above)
     # covers every rank's blocks. Empty: one rank.
     ranks: list[KVRank] = field(default_factory=list)
+    # The tandem.dev/generation of the worker that leased the KV (a prefill worker, or a draining
+    # decode worker). A worker of another generation refuses it (400 kv_generation_mismatch): the
+    # same tokens through other weights are other KV, and must never reach its cache.
+    generation: str = ""
 
     def __post_init__(self) -> None:
         self.ranks = [r if isinstance(r, KVRank) else KVRank(**r) for r in self.ranks]
@@ -236,6 +246,11 @@ class GenerateRequest:
     # Set by the router when kv_source is a migrated sequence's (the URL of the decode worker it
     # leaves): counted and logged apart from prefill handoffs.
     migrated_from: str | None = None
+    # A tenant's salt for the prefix cache (vLLM's `cache_salt`): mixed into the names of the
+    # request's KV blocks (tandem.contracts.prefix.request_salt), so a request reuses cached KV only
+    # of requests with the same salt, and no tenant can time another's prompts by their cache hits.
+    # None: shared with every unsalted request. At most MAX_CACHE_SALT_CHARS characters.
+    cache_salt: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"sampling": self.sampling.to_wire()}
@@ -325,6 +340,9 @@ class WorkerInfo:
     outstanding_prompt_tokens: int  # prompt tokens queued or being prefilled
     # tokenizer_digest of what GET /internal/tokenizer serves; "" until the worker has computed it
     tokenizer_sha256: str = ""
+    # The KV cache's dtype ("float32", "bfloat16", ...; "" while loading): how closely two workers'
+    # log probabilities can agree (the router's handoff parity probe, router/parity.py).
+    dtype: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

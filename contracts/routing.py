@@ -14,6 +14,8 @@ class RouteReason(enum.StrEnum):
     PREFILL_FAILED = "prefill_failed"  # every prefill attempt failed: decode-side prefill
     PREFILL_SATURATED = "prefill_saturated"  # the prefill pool is busy, a decode worker has room
     CACHED_PREFIX = "cached_prefix"  # the decode worker holds all but a short tail of the prompt
+    PARITY_UNVERIFIED = "parity_unverified"  # no pair the handoff parity probe has proven yet
+    PARITY_MISMATCH = "parity_mismatch"  # the handoff parity probe found the pair disagreeing
 
 
 class RoutingPolicy(enum.StrEnum):

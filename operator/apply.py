@@ -8,17 +8,20 @@ write to a child is the pod annotations that name the pods a scale-down removes 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import logging
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from tandem.contracts.names import GROUP, LABEL_ROLE, LABEL_SERVICE, PLURAL, VERSION
+from tandem.contracts.names import GROUP, PLURAL, VERSION
 from tandem.operator.config import DEFAULT_API_TIMEOUT_SECONDS, FIELD_MANAGER, HANDOVER_MANAGER
-from tandem.operator.status import Observation, role_observation
+from tandem.operator.metrics import METRICS
+from tandem.operator.ownership import REFUSED, refusal
 
 log = logging.getLogger(__name__)
 # Every API call is bounded (connect, read): a hung API server must not wedge a reconcile.
@@ -45,6 +48,7 @@ PATHS: dict[tuple[str, str], str] = {
     ("networking.k8s.io/v1", "NetworkPolicy"): "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/{name}",
     ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles/{name}",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings/{name}",
+    ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{name}",
 }
 
 
@@ -56,6 +60,35 @@ class ApplyResult:
     updated: list[str] = field(default_factory=list)
     error: str | None = None
     retryable: bool = False
+    reason: str = "ApplyFailed"  # Ready's reason when error is set (AdoptionRefused: ownership.py)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What a child was last applied as, and the object the apply returned: an unchanged manifest
+    over an unchanged object needs no apply (a resync then costs a GET per child, not a PATCH)."""
+
+    digest: str
+    resource_version: str
+    generation: int | None = None
+
+
+def _digest(manifest: dict) -> str:
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
+
+
+def _untouched(live: dict, manifest: dict, last: Applied | None, digest: str) -> bool:
+    """Whether `live` is still what applying this very manifest left: the same resourceVersion, or for
+    a workload whose status its controller keeps writing, the same spec generation and our labels."""
+    if last is None or last.digest != digest:
+        return False
+    meta = live["metadata"]
+    if meta.get("resourceVersion") == last.resource_version:
+        return True
+    if manifest["kind"] not in SCALED_KINDS or meta.get("generation") != last.generation:
+        return False
+    labels = meta.get("labels") or {}
+    return all(labels.get(k) == v for k, v in (manifest["metadata"].get("labels") or {}).items())
 
 
 def ref(manifest: dict) -> str:
@@ -75,9 +108,12 @@ def request(
     query: list[tuple[str, str]] | None = None,
     body: dict | None = None,
     content_type: str | None = None,
+    timeout_s: float | None = None,
+    accept: str = "application/json",
 ) -> dict:
-    """One raw API call returning the JSON body as a dict; non-2xx raises ApiException."""
-    headers = {"Accept": "application/json"}
+    """One raw API call returning the JSON body as a dict; non-2xx raises ApiException. `timeout_s`
+    bounds it (default API_TIMEOUT_S)."""
+    headers = {"Accept": accept}
     if content_type:
         headers["Content-Type"] = content_type
     params = api.param_serialize(
@@ -88,7 +124,10 @@ def request(
         body=body,
         auth_settings=["BearerToken"],
     )
-    resp = api.call_api(*params, _request_timeout=(min(5.0, API_TIMEOUT_S), API_TIMEOUT_S))
+    limit = API_TIMEOUT_S if timeout_s is None else timeout_s
+    METRICS.api_requests.labels(method).inc()
+    with METRICS.api_seconds.time():
+        resp = api.call_api(*params, _request_timeout=(min(5.0, limit), limit))
     resp.read()
     text = (resp.data or b"").decode("utf-8", errors="replace")
     if not 200 <= resp.status <= 299:
@@ -108,9 +147,13 @@ def server_side_apply(api: client.ApiClient, manifest: dict) -> dict:
     )
 
 
-def _live(api: client.ApiClient, manifest: dict) -> dict | None:
+# The object's metadata alone: what deciding whether (and how) to apply needs, a fraction of the bytes.
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+
+
+def _live(api: client.ApiClient, manifest: dict, metadata_only: bool = False) -> dict | None:
     try:
-        return request(api, "GET", _path(manifest))
+        return request(api, "GET", _path(manifest), accept=METADATA_ONLY if metadata_only else "application/json")
     except ApiException as e:
         if e.status == 404:
             return None
@@ -149,21 +192,46 @@ def _error_text(e: ApiException) -> str:
         return f"{e.status} {e.reason}"
 
 
-def apply_all(api: client.ApiClient, manifests: list[dict]) -> ApplyResult:
+_READS: ThreadPoolExecutor | None = None
+
+
+def _reader() -> ThreadPoolExecutor:
+    """The threads that read a pass's children at once (a process-wide pool: passes run in threads)."""
+    global _READS
+    if _READS is None:
+        _READS = ThreadPoolExecutor(16, thread_name_prefix="read")
+    return _READS
+
+
+def apply_all(api: client.ApiClient, manifests: list[dict], applied: dict[str, Applied] | None = None,
+              known: dict[str, dict] | None = None) -> ApplyResult:
     """Applies children in order; stops at the first failure and says whether retrying may help.
 
-    A GET before each apply tells created/updated/unchanged apart (a no-op apply keeps the
-    resourceVersion), which is what the events on the CR report.
+    A GET of each child's metadata before its apply tells created/updated/unchanged apart (a no-op
+    apply keeps the resourceVersion), which is what the events on the CR report, and whose an
+    existing object is: one the InferenceService does not control is refused, not taken over
+    (ownership.refusal). With `applied` (kept per service) a child nobody changed since the same
+    manifest was applied is not applied again; `known` holds children just listed (by ref: no GET).
     """
-    result = ApplyResult()
-    for manifest in manifests:
+    result, applied, known = ApplyResult(), {} if applied is None else applied, known or {}
+    # All reads at once (a pass waits one round trip), of what was not just listed.
+    reads = [None if ref(m) in known else _reader().submit(_live, api, m, True) for m in manifests]
+    for manifest, read in zip(manifests, reads, strict=True):
+        digest = _digest(manifest)
         try:
-            live = _live(api, manifest)
+            live = known.get(ref(manifest)) if read is None else read.result()
+            refused = refusal(live, manifest) if live is not None else None
+            if refused is not None:
+                return ApplyResult(result.created, result.updated, refused.message, refused.retryable, REFUSED)
+            if live is not None and _untouched(live, manifest, applied.get(ref(manifest)), digest):
+                continue
             if (live is not None and manifest["kind"] in SCALED_KINDS and "replicas" not in manifest["spec"]
                     and owns_replicas(live)):
-                release_replicas(api, manifest, live)
+                release_replicas(api, manifest, live if "spec" in live else _live(api, manifest) or live)
             before = live["metadata"]["resourceVersion"] if live is not None else None
-            after = server_side_apply(api, manifest)["metadata"]["resourceVersion"]
+            stored = server_side_apply(api, manifest)["metadata"]
+            after = stored["resourceVersion"]
+            applied[ref(manifest)] = Applied(digest, after, stored.get("generation"))
         except ApiException as e:
             result.error = f"applying {ref(manifest)}: {_error_text(e)}{_missing_kind_hint(manifest, e)}"
             # 4xx other than conflicts/throttling: the API server refuses what we rendered.
@@ -207,21 +275,22 @@ def prune(api: client.ApiClient, owner_uid: str, stale: list[dict]) -> list[str]
     return deleted
 
 
-def ensure_internal_secret(api: client.ApiClient, secret: dict) -> ApplyResult:
-    """Create the service's internal Secret unless it exists. Create-only: the operator never
-    reads a Secret, so an existing one (409) is left as it is, and its value never leaves the API
+def ensure_internal_secret(api: client.ApiClient, secret: dict) -> tuple[ApplyResult, str | None]:
+    """Create the service's internal Secret unless it exists: (what happened, the new Secret's uid or
+    None when it existed). Create-only: the operator never reads a Secret, so whether an existing one
+    may be used is judged from status (ownership.secret_record), and its value never leaves the API
     server but into the pods that mount it."""
     meta = secret["metadata"]
     try:
-        request(api, "POST", f"/api/v1/namespaces/{meta['namespace']}/secrets", body=secret)
+        created = request(api, "POST", f"/api/v1/namespaces/{meta['namespace']}/secrets", body=secret)
     except ApiException as e:
         if e.status == 409:
-            return ApplyResult()
+            return ApplyResult(), None
         return ApplyResult(error=f"creating {ref(secret)}: {_error_text(e)}",
-                           retryable=e.status is None or e.status >= 500 or e.status == 429)
+                           retryable=e.status is None or e.status >= 500 or e.status == 429), None
     except Exception as e:  # connection errors and the like: retry later
-        return ApplyResult(error=f"creating {ref(secret)}: {e}", retryable=True)
-    return ApplyResult(created=[ref(secret)])
+        return ApplyResult(error=f"creating {ref(secret)}: {e}", retryable=True), None
+    return ApplyResult(created=[ref(secret)]), created["metadata"]["uid"]
 
 
 def mark_for_removal(api: client.ApiClient, namespace: str, pods: list[dict], chosen: tuple[str, ...],
@@ -247,45 +316,6 @@ def mark_for_removal(api: client.ApiClient, namespace: str, pods: list[dict], ch
     return errors
 
 
-def _list(api: client.ApiClient, path: str, selector: str) -> list[dict]:
-    return request(api, "GET", path, query=[("labelSelector", selector)]).get("items") or []
-
-
-def _list_groups(api: client.ApiClient, namespace: str, selector: str) -> list[dict]:
-    """The service's LeaderWorkerSets; none where the cluster does not serve the kind."""
-    try:
-        return _list(api, f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets", selector)
-    except ApiException as e:
-        if e.status == 404:
-            return []
-        raise
-
-
-def observe(api: client.ApiClient, namespace: str, name: str) -> Observation:
-    """Lists this InferenceService's Deployments, LeaderWorkerSets, pods and router Service by label.
-
-    A role run as a LeaderWorkerSet counts groups: its replicas are groups, and a group is ready
-    when every one of its pods is (status.role_observation)."""
-    selector = f"{LABEL_SERVICE}={name}"
-    workloads = _list(api, f"/apis/apps/v1/namespaces/{namespace}/deployments", selector)
-    workloads += _list_groups(api, namespace, selector)
-    pods = _list(api, f"/api/v1/namespaces/{namespace}/pods", selector)
-    obs = Observation()
-    for workload in workloads:
-        role = (workload["metadata"].get("labels") or {}).get(LABEL_ROLE)
-        if role is None or workload["metadata"].get("deletionTimestamp"):  # e.g. pruned: kind switched
-            continue
-        role_pods = [
-            p for p in pods
-            if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == role
-            and not p["metadata"].get("deletionTimestamp")
-        ]
-        obs.roles[role] = role_observation(workload, role_pods)
-    services = _list(api, f"/api/v1/namespaces/{namespace}/services", f"{selector},{LABEL_ROLE}=router")
-    obs.router_service = any(s["metadata"]["name"] == f"{name}-router" for s in services)
-    return obs
-
-
 def _cr_path(namespace: str | None, name: str | None = None) -> str:
     base = f"/apis/{GROUP}/{VERSION}"
     path = f"{base}/namespaces/{namespace}/{PLURAL}" if namespace else f"{base}/{PLURAL}"
@@ -300,16 +330,6 @@ def get_service(api: client.ApiClient, namespace: str, name: str) -> dict | None
         if e.status == 404:
             return None
         raise
-
-
-def list_services(api: client.ApiClient, namespaces: list[str] | None) -> list[dict]:
-    """Every InferenceService the operator serves (all namespaces when namespaces is None)."""
-    if namespaces is None:
-        return request(api, "GET", _cr_path(None)).get("items") or []
-    items: list[dict] = []
-    for ns in namespaces:
-        items += request(api, "GET", _cr_path(ns)).get("items") or []
-    return items
 
 
 def write_status(

@@ -1,7 +1,7 @@
 """`tandem operator`: runs the kopf operator for InferenceServices.
 
 Cheap to import (the CLI table imports it for --help): kopf and the kubernetes client load in run().
-Deploy exactly one replica (Deployment strategy Recreate): kopf runs standalone, without peering.
+Several replicas elect a leader with --leader-election (tandem.operator.leader); without it, run one.
 """
 
 from __future__ import annotations
@@ -12,6 +12,11 @@ import logging
 import os
 
 from tandem.operator.config import DEFAULT_RESYNC_SECONDS, OperatorConfig, split_image
+from tandem.operator.lease import ElectionConfig
+
+
+def _env_flag(name: str) -> bool:
+    return (os.environ.get(name) or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--worker-image", default=os.environ.get("TANDEM_WORKER_IMAGE", ""), metavar="REPO[:TAG]",
-        help="image for workers and router when the InferenceService sets none ($TANDEM_WORKER_IMAGE)",
+        help="image for prefill and decode workers when the InferenceService sets none ($TANDEM_WORKER_IMAGE)",
+    )
+    parser.add_argument(
+        "--router-image", default=os.environ.get("TANDEM_ROUTER_IMAGE", ""), metavar="REPO[:TAG]",
+        help="image for routers when the InferenceService sets no router.image ($TANDEM_ROUTER_IMAGE)",
     )
     parser.add_argument(
         "--image-pull-policy", choices=["Always", "IfNotPresent", "Never"],
@@ -57,6 +66,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-timeout-seconds", type=float, default=None, metavar="S",
         help="time limit of the planner's GET of one pod's /metrics ($TANDEM_METRICS_TIMEOUT_SECONDS, default 3)",
     )
+    parser.add_argument(
+        "--mark-pods-for-removal", dest="mark_pods", action="store_true", default=None,
+        help="before a scale-down, give the pods the planner chose the lowest pod-deletion-cost so the"
+        " ReplicaSet removes those; needs `pods: patch` in their namespaces ($TANDEM_MARK_PODS_FOR_REMOVAL=1)",
+    )
+    election = parser.add_argument_group("leader election (two or more replicas: one leads, the others stand by)")
+    election.add_argument(
+        "--leader-election", action="store_true", default=_env_flag("TANDEM_LEADER_ELECTION"),
+        help="run kopf only while holding a coordination.k8s.io Lease ($TANDEM_LEADER_ELECTION=1)",
+    )
+    election.add_argument(
+        "--leader-election-namespace", default=os.environ.get("TANDEM_LEADER_ELECTION_NAMESPACE"), metavar="NS",
+        help="the Lease's namespace (default: $POD_NAMESPACE, the operator's own)",
+    )
+    election.add_argument("--leader-election-name", default="tandem-operator", metavar="NAME", help="the Lease's name")
+    election.add_argument("--lease-duration-seconds", type=int, default=15, metavar="S",
+                          help="a standby takes an unrenewed Lease after this long (default 15)")
+    election.add_argument("--lease-renew-deadline-seconds", type=float, default=10.0, metavar="S",
+                          help="a leader that could not renew for this long exits (default 10)")
+    election.add_argument("--lease-retry-seconds", type=float, default=2.0, metavar="S",
+                          help="renew, or try to acquire, this often (default 2)")
+    parser.add_argument(
+        "--workers", type=int, default=int(os.environ.get("TANDEM_OPERATOR_WORKERS") or 16), metavar="N",
+        help="passes over different InferenceServices that may run at once ($TANDEM_OPERATOR_WORKERS, default 16)",
+    )
 
 
 def operator_config(args: argparse.Namespace) -> OperatorConfig:
@@ -64,21 +98,27 @@ def operator_config(args: argparse.Namespace) -> OperatorConfig:
     namespace and labels, comes from the environment)."""
     base = OperatorConfig.from_env()
     repo, tag = split_image(args.worker_image)
+    router_repo, router_tag = split_image(args.router_image)
     return dataclasses.replace(
         base,
         image_repository=repo or base.image_repository,
         image_tag=tag or base.image_tag,
+        router_repository=router_repo or base.router_repository,
+        router_tag=router_tag or base.router_tag,
         pull_policy=args.image_pull_policy or base.pull_policy,
         resync_seconds=args.resync_seconds,
         kv_probe=base.kv_probe if args.kv_probe is None else args.kv_probe,
         kv_probe_timeout_s=args.kv_probe_timeout_seconds or base.kv_probe_timeout_s,
         metrics_timeout_s=args.metrics_timeout_seconds or base.metrics_timeout_s,
+        mark_pods=base.mark_pods if args.mark_pods is None else args.mark_pods,
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
+
     import kopf
-    from tandem.operator import handlers  # noqa: F401  (registers the handlers)
+    from tandem.operator import handlers, process  # noqa: F401  (handlers registers the handlers)
 
     namespaces = list(args.namespace) or [
         n for n in os.environ.get("TANDEM_NAMESPACES", "").split(",") if n
@@ -88,22 +128,28 @@ def run(args: argparse.Namespace) -> int:
     log_format = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
     kopf.configure(verbose=args.verbose, log_format=log_format[args.log_format])
     if not args.verbose:
-        # Every pod and Deployment event runs child_changed; one "succeeded" line each is noise.
+        # Every event runs a handler that only queues work; one "succeeded" line each is noise.
         logging.getLogger("kopf.objects").addFilter(
-            lambda record: not record.getMessage().startswith("Handler 'child_changed'")
+            lambda record: not record.getMessage().startswith(("Handler 'child_changed'",
+                                                                "Handler 'service_changed'"))
         )
-    memo = kopf.Memo(
-        config=operator_config(args),
-        namespaces=None if args.all_namespaces else namespaces,
-    )
-    kopf.run(
-        standalone=True,
-        clusterwide=args.all_namespaces,
-        namespaces=namespaces,
-        liveness_endpoint=args.liveness,
-        memo=memo,
-    )
-    return 0
+    memo = kopf.Memo(config=operator_config(args), workers=max(1, args.workers))
+    kopf_kwargs = {"clusterwide": args.all_namespaces, "namespaces": namespaces, "memo": memo}
+    return asyncio.run(process.serve(args.liveness, election_config(args), kopf_kwargs))
+
+
+def election_config(args: argparse.Namespace) -> ElectionConfig | None:
+    """The Lease to elect a leader on, or None without --leader-election."""
+    if not args.leader_election:
+        return None
+    namespace = args.leader_election_namespace or os.environ.get("POD_NAMESPACE")
+    if not namespace:
+        raise SystemExit("tandem operator: --leader-election needs --leader-election-namespace or $POD_NAMESPACE")
+    try:
+        return ElectionConfig(namespace, args.leader_election_name, args.lease_duration_seconds,
+                              args.lease_renew_deadline_seconds, args.lease_retry_seconds)
+    except ValueError as e:
+        raise SystemExit(f"tandem operator: {e}") from None
 
 
 if __name__ == "__main__":

@@ -15,9 +15,10 @@ FIELD_MANAGER = "tandem-operator"
 HANDOVER_MANAGER = "tandem-operator-handover"
 
 DEFAULT_IMAGE_REPOSITORY = "ghcr.io/tandem-dev/tandem-worker"
+DEFAULT_ROUTER_REPOSITORY = "ghcr.io/tandem-dev/tandem-router"  # the Dockerfile's `router` target
 DEFAULT_IMAGE_TAG = "0.1.0"
 DEFAULT_PULL_POLICY = "IfNotPresent"
-DEFAULT_RESYNC_SECONDS = 30.0
+DEFAULT_RESYNC_SECONDS = 60.0
 DEFAULT_KV_PROBE_TIMEOUT_SECONDS = 3.0
 DEFAULT_METRICS_TIMEOUT_SECONDS = 3.0
 DEFAULT_API_TIMEOUT_SECONDS = 30.0
@@ -34,13 +35,17 @@ def _env_flag(value: str | None, default: bool) -> bool:
 class OperatorConfig:
     """Operator-wide settings; flags of `tandem operator` override the TANDEM_* environment."""
 
-    image_repository: str = DEFAULT_IMAGE_REPOSITORY
+    image_repository: str = DEFAULT_IMAGE_REPOSITORY  # the workers' image
     image_tag: str = DEFAULT_IMAGE_TAG
+    router_repository: str = DEFAULT_ROUTER_REPOSITORY  # the router's own image (no torch)
+    router_tag: str = DEFAULT_IMAGE_TAG
     pull_policy: str = DEFAULT_PULL_POLICY
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     kv_probe: bool = True  # GET each ready worker's /internal/kv/health for KVTransferReady
     kv_probe_timeout_s: float = DEFAULT_KV_PROBE_TIMEOUT_SECONDS
     metrics_timeout_s: float = DEFAULT_METRICS_TIMEOUT_SECONDS  # the planner's GET of one pod's /metrics
+    # Annotate the pods a scale-down removes (pod-deletion-cost): needs `pods: patch` where they run.
+    mark_pods: bool = False
     # Where the operator's own pods run and their labels: the NetworkPolicy lets them reach the
     # workers' http port (KV probe, metrics). None when the operator runs outside the cluster.
     namespace: str | None = None
@@ -50,17 +55,20 @@ class OperatorConfig:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
-        """TANDEM_WORKER_IMAGE (repo[:tag]), TANDEM_IMAGE_PULL_POLICY, TANDEM_RESYNC_SECONDS,
+        """TANDEM_WORKER_IMAGE (repo[:tag]), TANDEM_ROUTER_IMAGE (repo[:tag]), TANDEM_IMAGE_PULL_POLICY, TANDEM_RESYNC_SECONDS,
         TANDEM_KV_PROBE (0 turns probing off), TANDEM_KV_PROBE_TIMEOUT_SECONDS,
-        TANDEM_METRICS_TIMEOUT_SECONDS, POD_NAMESPACE and
+        TANDEM_METRICS_TIMEOUT_SECONDS, TANDEM_MARK_PODS_FOR_REMOVAL (1 turns marking on), POD_NAMESPACE and
         TANDEM_OPERATOR_POD_LABELS (a JSON object: the operator pods' labels, set by the chart),
         HF_ENDPOINT (the hub or a mirror, as huggingface_hub reads it).
         TANDEM_API_TIMEOUT_SECONDS bounds every API call (read in tandem.operator.apply)."""
         env = dict(os.environ if env is None else env)
         repo, tag = split_image(env.get("TANDEM_WORKER_IMAGE", ""))
+        router_repo, router_tag = split_image(env.get("TANDEM_ROUTER_IMAGE", ""))
         return cls(
             image_repository=repo or DEFAULT_IMAGE_REPOSITORY,
             image_tag=tag or DEFAULT_IMAGE_TAG,
+            router_repository=router_repo or DEFAULT_ROUTER_REPOSITORY,
+            router_tag=router_tag or DEFAULT_IMAGE_TAG,
             pull_policy=env.get("TANDEM_IMAGE_PULL_POLICY") or DEFAULT_PULL_POLICY,
             resync_seconds=float(env.get("TANDEM_RESYNC_SECONDS") or DEFAULT_RESYNC_SECONDS),
             kv_probe=_env_flag(env.get("TANDEM_KV_PROBE"), True),
@@ -70,6 +78,7 @@ class OperatorConfig:
             metrics_timeout_s=float(
                 env.get("TANDEM_METRICS_TIMEOUT_SECONDS") or DEFAULT_METRICS_TIMEOUT_SECONDS
             ),
+            mark_pods=_env_flag(env.get("TANDEM_MARK_PODS_FOR_REMOVAL"), False),
             namespace=env.get("POD_NAMESPACE") or None,
             pod_labels=tuple(sorted(json.loads(env.get("TANDEM_OPERATOR_POD_LABELS") or "{}").items())),
             hub_endpoint=(env.get("HF_ENDPOINT") or DEFAULT_HUB_ENDPOINT).rstrip("/"),

@@ -49,6 +49,8 @@ PRINTER_COLUMNS = [
      "description": "decode pods wanted (the planner's count when autoscaled)"},
     {"name": "Decode-Scaling", "type": "string", "priority": 1, "jsonPath": ".status.decode.reason",
      "description": "why the autoscaled decode pool has its size"},
+    {"name": "Commit", "type": "string", "priority": 1, "jsonPath": ".status.model.commit",
+     "description": "The hub commit served (model.hub)."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -103,6 +105,22 @@ def status_schema() -> dict[str, Any]:
         "endpoint": {"type": "string", "description": "In-cluster URL of the router."},
         "generation": {"type": "string",
                        "description": "tandem.dev/generation of the current prefill/decode pods."},
+        "model": {"type": "object", "description": "A hub model as the operator pinned and judged it "
+                  "(tandem.operator.model_check): served at `commit` until model.hub or model.revision change.",
+                  "properties": {
+                      "hub": {"type": "string", "maxLength": 256},
+                      "revision": {"type": "string", "maxLength": 256},
+                      "commit": {"type": "string", "maxLength": 64, "description": "The commit served."},
+                      "checked": {"type": "object", "description": "The tensor sizes config.json was judged at.",
+                                  "properties": {"prefill": {"type": "integer"}, "decode": {"type": "integer"}}},
+                      "problem": {"type": "object", "description": "Why the workers could not serve it.",
+                                  "properties": {"reason": {"type": "string", "maxLength": 64},
+                                                 "message": {"type": "string", "maxLength": 4096}}},
+                  }},
+        "internalSecret": {"type": "object", "description": "The Secret the service's router and workers "
+                           "share, as the operator created it (never read back): a Secret created again "
+                           "gets a new uid, and the pods roll onto it.", "properties": {
+                               "name": {"type": "string"}, "uid": {"type": "string"}}},
     }}
 
 

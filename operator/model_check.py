@@ -1,9 +1,10 @@
 """Before any pod downloads weights: pin a hub model's revision to a commit and judge its config.json.
 
 For `model.hub` the operator resolves the revision (default main) to the commit it names now, reads
-config.json at that commit, and asks the same pure function the workers ask at start
-(tandem.contracts.model_support.check_model_config: the architecture, then each role's tensor size
-against the model's attention heads, KV heads and experts) whether it can be served. The
+config.json at that commit, and asks the same pure functions the workers ask at start
+(tandem.contracts.model_support.check_model_config for the architecture and what a tensor size
+must divide, tandem.contracts.parallelism.check_parallelism for the prefill and decode sizes
+against the heads) whether it can be served. The
 commit is kept in status.model and served until model.hub or model.revision change (a branch that
 moves upstream does not roll the workers); the judgement is redone when a tensor size changes.
 
@@ -51,16 +52,26 @@ def pinned(spec: InferenceServiceSpec, commit: str) -> InferenceServiceSpec:
 
 def judge(config_json: dict[str, Any], spec: InferenceServiceSpec) -> tuple[str, str] | None:
     """(reason, message) when the workers could not serve this config.json as the spec asks; None if
-    they can. The words are the contract's own, as the workers say them. Any prefill and decode
-    sizes that each fit the model's heads can hand KV over (each decode rank pulls its heads from
-    the prefill ranks holding them), so the pair needs no check of its own."""
+    they can. The words are the contracts' own, as the workers say them: the architecture
+    (model_support), the prefill and decode tensor sizes against the heads (parallelism: any two
+    sizes that each fit can hand KV over), then what else a size must divide (experts) or the path
+    a model runs on allows (model_support again)."""
     from tandem.contracts.model_support import check_model_config
+    from tandem.contracts.parallelism import ParallelismError, check_parallelism
 
     architecture = check_model_config(config_json, 1)
     if architecture is not None:
         return "UnsupportedModel", architecture
-    for role in ("prefill", "decode"):
-        problem = check_model_config(config_json, spec.role(role).parallelism.tensor)
+    tensors = {role: spec.role(role).parallelism.tensor for role in ("prefill", "decode")}
+    heads = config_json.get("num_attention_heads")
+    kv_heads = config_json.get("num_key_value_heads") or heads
+    if isinstance(heads, int) and isinstance(kv_heads, int):
+        try:
+            check_parallelism(heads, kv_heads, tensors["prefill"], tensors["decode"])
+        except ParallelismError as e:
+            return "ParallelismMismatch", str(e)
+    for role, tensor in tensors.items():
+        problem = check_model_config(config_json, tensor)
         if problem is not None:
             return "ParallelismMismatch", f"{role}.parallelism: {problem}"
     return None

@@ -1,88 +1,81 @@
-"""One reconcile of one InferenceService: render, apply, observe, write status, report events.
+"""One pass over one InferenceService, in two halves around the observation of its children: `act`
+(the planner's decision, the model check, render, apply) and `conclude` (status written once, events).
+Each runs in a thread (the Kubernetes client is synchronous), called only by the work queue
+(tandem.operator.controller), which runs one pass at a time per service: no lock.
 
-Level-triggered: every caller (create/update/resume handlers, the periodic resync, child
-events, the autoscaler) ends up here or in refresh_status, and running it twice changes nothing
-the second time. The spec is parsed once per pass into the typed InferenceServiceSpec; one the
-operator cannot use (a CRD older than the operator lets more through) applies nothing and says
-why in Ready.
+Level-triggered: running a pass twice changes nothing the second time. The spec is parsed once per
+pass into the typed InferenceServiceSpec; one the operator cannot use (a CRD older than the
+operator lets more through) applies nothing and says why in Ready.
 
 Status holds state: the planner's desired replicas for an autoscaled role (see
-tandem.operator.autoscaling.status). So every pass reads the InferenceService afresh under a lock
-per service, and the autoscaler writes its decisions under the same lock: no pass applies, or
-writes back, a status older than the newest decision.
+tandem.operator.autoscaling.status). The pass starts from a fresh read of the InferenceService, and
+the planner's decisions are made and kept inside passes, so no pass applies, or writes back, a
+status older than the newest decision.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import logging
-import threading
 import time
-from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from kubernetes import client
 from tandem.operator import apply, model_check
 from tandem.operator.autoscaling.planner import Decision
-from tandem.operator.autoscaling.status import render_replicas, scaling_status
+from tandem.operator.autoscaling.status import (
+    ScaleChange,
+    planned_status,
+    render_replicas,
+    scale_changes,
+    scaling_status,
+)
 from tandem.operator.config import OperatorConfig
+from tandem.operator.group_pods import removed_by_scale_down
+from tandem.operator.observe import Owners
+from tandem.operator.ownership import REFUSED, secret_record
 from tandem.operator.render import (
     endpoint,
     generation_hash,
     internal_secret,
+    names,
     render,
     stale_workloads,
 )
 from tandem.operator.spec import InferenceServiceSpec, SpecError
-from tandem.operator.status import KVProbe, compute_status, same_status
+from tandem.operator.status import KVProbe, Observation, compute_status, same_status
+from tandem.operator.work import Work
 
 log = logging.getLogger(__name__)
+
+# KVTransferReady reasons that earn a Warning event, once per transition into them.
+KV_WARNINGS = ("RDMAFallback", "TransferFailing")
 
 
 def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-_locks: dict[tuple[str, str], threading.Lock] = {}
-_locks_guard = threading.Lock()
+@dataclass
+class Memory:
+    """What a pass remembers of the service between passes (kept by the controller, per service)."""
+
+    kv_reason: str | None = None  # KVTransferReady's reason as last written: one Warning per transition
+    owners: Owners = field(default_factory=dict)  # the owner chain's ReplicaSets/StatefulSets, read once each
+    applied: dict[str, apply.Applied] = field(default_factory=dict)  # what each child was applied as
+    pruned: tuple[str, ...] | None = None  # the stale kinds last pruned (a role changing kind prunes again)
 
 
-@contextlib.contextmanager
-def service_lock(namespace: str, name: str) -> Iterator[None]:
-    """One pass at a time per InferenceService (reconciles run in threads, the autoscaler too)."""
-    with _locks_guard:
-        lock = _locks.setdefault((namespace, name), threading.Lock())
-    with lock:
-        yield
-
-
-def _ready(body: dict) -> dict:
-    conditions = (body.get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c.get("type") == "Ready"), {})
-
-
-# KVTransferReady reasons that earn a Warning event, once per transition into them.
-KV_WARNINGS = ("RDMAFallback", "TransferFailing")
-
-
-def _kv(status: dict | None) -> dict:
+def _condition(status: dict | None, type_: str) -> dict:
     conditions = (status or {}).get("conditions") or []
-    return next((c for c in conditions if c.get("type") == "KVTransferReady"), {})
+    return next((c for c in conditions if c.get("type") == type_), {})
 
 
-# The last KVTransferReady reason seen per (namespace, name): a resync and a child-event refresh
-# may run at once from the same stale status, and must not both post the event.
-_kv_seen: dict[tuple[str, str], str] = {}
-_kv_lock = threading.Lock()
-
-
-def _kv_event(api: client.ApiClient, body: dict, new_status: dict) -> None:
-    """A Warning when KV transfer turns bad (not on every resync while it stays bad)."""
-    old, new = _kv(body.get("status")), _kv(new_status)
-    key = (body["metadata"]["namespace"], body["metadata"]["name"])
-    with _kv_lock:
-        seen, _kv_seen[key] = _kv_seen.get(key), new.get("reason", "")
+def _kv_event(api: client.ApiClient, body: dict, new_status: dict, memory: Memory) -> None:
+    """A Warning when KV transfer turns bad (not on every pass while it stays bad)."""
+    old, new = _condition(body.get("status"), "KVTransferReady"), _condition(new_status, "KVTransferReady")
+    seen, memory.kv_reason = memory.kv_reason, new.get("reason", "")
     if new.get("reason") in KV_WARNINGS and new.get("reason") not in (old.get("reason"), seen):
         apply.post_event(api, body, "Warning", new["reason"], new["message"])
 
@@ -95,23 +88,23 @@ def parse_spec(body: dict) -> tuple[InferenceServiceSpec | None, str | None]:
         return None, str(e)
 
 
-def _status(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None,
-            config: OperatorConfig, generation: int | None, decision: Decision | None = None,
-            model: model_check.ModelFinding | None = None, **findings: object) -> dict:
-    """Observes the children and computes status; `findings` are Observation fields
-    (apply_error, spec_error, kv_probes) that the caller knows and the API server does not;
-    `decision` is the planner's, when one was just made; `model` what model_check found."""
+def _status(body: dict, spec: InferenceServiceSpec | None, config: OperatorConfig, generation: int | None,
+            obs: Observation, decision: Decision | None = None, model: model_check.ModelFinding | None = None,
+            **findings: object) -> dict:
+    """Status from the observed children; `findings` are Observation fields (apply_error, spec_error,
+    kv_probes) that the caller knows and the API server does not; `decision` is the planner's, when
+    one was just made; `model` what model_check found."""
     meta = body["metadata"]
-    obs = dataclasses.replace(apply.observe(api, meta["namespace"], meta["name"]), **findings)
+    obs = dataclasses.replace(obs, **findings)
     old = body.get("status") or {}
     if generation is None:
         generation = old.get("observedGeneration")
     if model is not None:
         spec = model.spec  # a hub model pinned to its commit: the generation the pods carry
-    if spec is None or (model is not None and model.blocking):
-        # What runs came from an earlier spec: keep what status said of it.
+    if spec is None:  # what runs came from an earlier spec: keep what status said of it
         url, label = old.get("endpoint"), old.get("generation")
-        url = url if spec is None else endpoint(meta["name"], meta["namespace"], spec)
+    elif model is not None and model.blocking:  # nothing of this spec was applied: the pods are older
+        url, label = endpoint(meta["name"], meta["namespace"], spec), old.get("generation")
     else:
         url, label = endpoint(meta["name"], meta["namespace"], spec), generation_hash(spec, config)
     stamp = now()
@@ -120,121 +113,168 @@ def _status(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None
     return compute_status(spec, obs, old, stamp, generation, url, label, scaling, found)
 
 
-def reconcile(api: client.ApiClient, body: dict, config: OperatorConfig,
-              drift: bool = False, kv_probes: list[KVProbe] | None = None) -> apply.ApplyResult:
-    """Applies every child and writes status; `drift` marks a periodic pass (event wording);
-    `kv_probes` are the workers' KV health answers (None: not probed). `body` names the
-    InferenceService; it is read afresh (its status may hold a newer decision of the planner)."""
-    meta = body["metadata"]
-    with service_lock(meta["namespace"], meta["name"]):
-        fresh = apply.get_service(api, meta["namespace"], meta["name"])
-        if fresh is None or fresh["metadata"].get("deletionTimestamp"):
-            return apply.ApplyResult()
-        return reconcile_locked(api, fresh, config, drift, kv_probes)
+@dataclass
+class Acted:
+    """What the first half of a pass did: the spec read, the planner's changes, and the apply."""
+
+    spec: InferenceServiceSpec | None
+    spec_error: str | None
+    changes: list[ScaleChange]
+    applies: bool
+    result: apply.ApplyResult
+    secret: dict | None
+    model: model_check.ModelFinding | None
+
+    @property
+    def unchanged(self) -> bool:
+        """Nothing was created or changed: what was observed before the pass still holds."""
+        return not self.changes and not (self.result.created or self.result.updated or self.result.error)
 
 
-def reconcile_locked(api: client.ApiClient, body: dict, config: OperatorConfig, drift: bool = False,
-                     kv_probes: list[KVProbe] | None = None, announce: bool = True) -> apply.ApplyResult:
-    """reconcile() for a caller that holds service_lock and has just read `body`; `announce` False
-    posts no Created/Updated events (the autoscaler posts its own for a change of replicas)."""
-    meta = body["metadata"]
+def act(api: client.ApiClient, body: dict, config: OperatorConfig, work: Work, memory: Memory,
+        decision: Decision | None = None, obs: Observation | None = None) -> Acted:
+    """A pass's first half, on `body` (just read): the planner's `decision` (made from `obs`) acted on,
+    the children applied when `work.apply` asks or the decision changes replicas."""
     spec, spec_error = parse_spec(body)
-    model = model_check.check(api, body, spec, config) if spec is not None else None
+    old = body.get("status") or {}
+    changes = scale_changes(spec, old, decision) if spec is not None and decision is not None else []
+    _mark_removals(api, body["metadata"]["namespace"], obs, changes, config)
+    applies = work.apply or bool(changes)
+    known = obs.workloads if obs is not None else {}
+    result, secret, model = _apply_phase(api, body, spec, spec_error, config, work, changes, applies, memory, known)
+    return Acted(spec, spec_error, changes, applies, result, secret, model)
+
+
+def conclude(api: client.ApiClient, body: dict, config: OperatorConfig, memory: Memory, acted: Acted,
+             obs: Observation, decision: Decision | None = None, kv_probes: list[KVProbe] | None = None) -> None:
+    """A pass's second half: status from `obs` (the children as they are after `acted`), written once
+    if it changed; the events. `kv_probes` are the workers' KV health answers (None: not probed)."""
+    meta, old, spec, result = body["metadata"], body.get("status") or {}, acted.spec, acted.result
+    model = acted.model
+    ready = _condition(old, "Ready")
+    if result.error and ready.get("message") != result.error:
+        # Once per distinct failure, not per pass.
+        apply.post_event(api, body, "Warning", "InvalidSpec" if spec is None else result.reason, result.error)
+    if acted.applies or spec is None:
+        # observedGeneration advances only once the spec it describes is applied.
+        applied = not result.error and not (model is not None and model.blocking)
+        generation = meta.get("generation") if applied else None
+        apply_error, apply_reason = (None if spec is None else result.error), result.reason
+    else:  # nothing applied: what the last apply found still holds
+        failed = ready.get("reason") in ("ApplyFailed", REFUSED)
+        generation, apply_error, apply_reason = None, ready["message"] if failed else None, ready.get("reason")
+    status = _status(body, spec, config, generation, obs, decision, model=model, apply_error=apply_error,
+                     apply_reason=apply_reason or "ApplyFailed", spec_error=acted.spec_error, kv_probes=kv_probes)
+    if acted.secret:
+        status["internalSecret"] = acted.secret
+    _kv_event(api, body, status, memory)
+    if not same_status(old, status):
+        apply.write_status(api, meta["namespace"], meta["name"], status, old)
+    body["status"] = status
+    for c in acted.changes:
+        log.info("%s/%s: %s", meta["namespace"], meta["name"], c.message)
+        apply.post_event(api, body, "Normal", c.reason, c.message)
+
+
+def _apply_phase(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None, spec_error: str | None,
+                 config: OperatorConfig, work: Work, changes: list[ScaleChange], applies: bool, memory: Memory,
+                 known: dict[str, dict]) -> tuple[apply.ApplyResult, dict | None, model_check.ModelFinding | None]:
+    """(what applying did, status.internalSecret, the model's finding). A pass that does not apply
+    carries the model's finding from status (no hub call); a model that cannot be served applies
+    nothing: no pod downloads a model it cannot serve."""
+    old = body.get("status") or {}
     if spec is None:
-        result = apply.ApplyResult(error=spec_error)
-    elif model is not None and model.blocking:
-        result = apply.ApplyResult()  # nothing is applied: no pod downloads a model it cannot serve
+        return apply.ApplyResult(error=spec_error), old.get("internalSecret"), None
+    if not applies:
+        return apply.ApplyResult(), old.get("internalSecret"), model_check.carried(body, spec)
+    model = model_check.check(api, body, spec, config)
+    if model.blocking:
         _model_event(api, body, model)
-    else:
-        result = _apply(api, body, model.spec if model else spec, config, drift, announce)
-    if result.error and _ready(body).get("message") != result.error:
-        # Once per distinct failure, not per resync.
-        reason = "InvalidSpec" if spec is None else "ApplyFailed"
-        apply.post_event(api, body, "Warning", reason, result.error)
-    # observedGeneration advances only once the spec it describes is applied.
-    applied = not result.error and not (model is not None and model.blocking)
-    generation = meta.get("generation") if applied else None
-    apply_error = None if spec is None else result.error
-    status = _status(api, body, spec, config, generation, model=model,
-                     apply_error=apply_error, spec_error=spec_error, kv_probes=kv_probes)
-    _kv_event(api, body, status)
-    if not same_status(body.get("status"), status):
-        apply.write_status(api, meta["namespace"], meta["name"], status, body.get("status"))
-    return result
+        return apply.ApplyResult(), old.get("internalSecret"), model
+    replicas = render_replicas(spec, planned_status(old, changes))
+    scaled = {names(body["metadata"]["name"])[c.role] for c in changes}
+    result, secret = _apply(api, body, model.spec, config, work, replicas, scaled, memory, known)
+    return result, secret, model
 
 
 def _model_event(api: client.ApiClient, body: dict, model: model_check.ModelFinding) -> None:
-    """A Warning when the model cannot be served, once per distinct message (not per resync)."""
-    old = next((c for c in (body.get("status") or {}).get("conditions") or []
-                if c.get("type") == model_check.TYPE), {})
+    """A Warning when the model cannot be served, once per distinct message (not per pass)."""
+    old = _condition(body.get("status"), model_check.TYPE)
     if old.get("message") != model.condition["message"]:
         apply.post_event(api, body, "Warning", model.condition["reason"], model.condition["message"])
 
 
-def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config: OperatorConfig,
-           drift: bool, announce: bool = True) -> apply.ApplyResult:
-    """Renders and applies every child; posts Created/Updated/DriftCorrected events."""
-    meta = body["metadata"]
+def _mark_removals(api: client.ApiClient, namespace: str, obs: Observation | None, changes: list[ScaleChange],
+                   config: OperatorConfig) -> None:
+    """Before replicas drop, the pods the planner chose are marked so the ReplicaSet removes those
+    (with --mark-pods-for-removal; otherwise the ReplicaSet picks). Groups (a LeaderWorkerSet) go by
+    index, highest first, whatever the planner preferred: pod-deletion-cost does not apply to them.
+    Either way the running streams of a removed decode pod move when the kubelet's SIGTERM reaches
+    it: its worker hands its sequences (their KV leased) to other decode workers through the router."""
+    for i, c in enumerate(changes):
+        role = obs.roles.get(c.role) if obs is not None else None
+        if c.remove and role is not None and role.group_size > 1:
+            going = removed_by_scale_down(role.pods, c.desired)
+            changes[i] = dataclasses.replace(c, remove=going, message=f"{c.message}; removing {', '.join(going)}")
+        elif c.remove and not config.mark_pods:
+            changes[i] = dataclasses.replace(c, message=(
+                f"{c.message}; the planner would remove {', '.join(c.remove)}, the ReplicaSet picks "
+                "(marking pods is off: --mark-pods-for-removal)"))
+        elif c.remove:
+            problems = apply.mark_for_removal(api, namespace, role.pods if role else [], c.remove, now())
+            message = f"{c.message}; removing {', '.join(c.remove)}"
+            if problems:
+                message += f" (could not mark {'; '.join(problems)}: the ReplicaSet picks instead)"
+            changes[i] = dataclasses.replace(c, message=message)
+
+
+def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config: OperatorConfig, work: Work,
+           replicas: dict[str, int | None], scaled: set[str], memory: Memory,
+           known: dict[str, dict]) -> tuple[apply.ApplyResult, dict | None]:
+    """Renders and applies every child, the internal Secret first; posts Created/Updated/DriftCorrected
+    events (not for the Deployments in `scaled`: the planner's ScaledUp/ScaledDown events say why those
+    changed). Returns what happened and status.internalSecret."""
+    meta, old = body["metadata"], body.get("status") or {}
     t0 = time.monotonic()
     secret = internal_secret(meta)
-    result = apply.ensure_internal_secret(api, secret)
+    result, uid = apply.ensure_internal_secret(api, secret)
+    record, refused = secret_record(secret["metadata"]["name"], uid, old)
+    if refused is not None:
+        result = apply.ApplyResult(error=refused.message, retryable=refused.retryable, reason=REFUSED)
     if not result.error:  # the Secret exists before any pod that mounts it
-        manifests = render(meta, spec, config, render_replicas(spec, body.get("status")))
-        applied = apply.apply_all(api, manifests)
+        manifests = render(meta, spec, config, replicas, (record or {}).get("uid"))
+        applied = apply.apply_all(api, manifests, memory.applied, known)
         result = dataclasses.replace(applied, created=result.created + applied.created)
     if not result.error:  # a role that changed kind (Deployment <-> LeaderWorkerSet): the old one goes
-        result = _prune(api, meta, spec, result)
+        result = _prune(api, meta, spec, result, memory)
     if result.created or result.updated or result.error:
         log.info("applied %s/%s in %.2fs: %d created, %d updated%s", meta["namespace"], meta["name"],
                  time.monotonic() - t0, len(result.created), len(result.updated),
                  f"; failed: {result.error}" if result.error else "")
     # A periodic pass that applies a spec for the first time is not correcting drift.
-    drift = drift and (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
-
-    def event(type_: str, reason: str, message: str) -> None:
-        if announce:
-            apply.post_event(api, body, type_, reason, message)
-
+    drift = work.drift and old.get("observedGeneration") == meta.get("generation")
+    updated = [ref for ref in result.updated if ref.removeprefix("Deployment/") not in scaled]
     if result.created:
-        reason = "DriftCorrected" if drift else "Created"
-        event("Normal", reason, "created " + ", ".join(result.created))
-    if result.updated:
-        reason = "DriftCorrected" if drift else "Updated"
-        event("Normal", reason, "updated " + ", ".join(result.updated))
-    return result
+        apply.post_event(api, body, "Normal", "DriftCorrected" if drift else "Created",
+                         "created " + ", ".join(result.created))
+    if updated:
+        apply.post_event(api, body, "Normal", "DriftCorrected" if drift else "Updated",
+                         "updated " + ", ".join(updated))
+    return result, record
 
 
-def _prune(api: client.ApiClient, meta: dict, spec: InferenceServiceSpec,
-           result: apply.ApplyResult) -> apply.ApplyResult:
+def _prune(api: client.ApiClient, meta: dict, spec: InferenceServiceSpec, result: apply.ApplyResult,
+           memory: Memory) -> apply.ApplyResult:
+    """Deletes a role's workload of the kind it no longer uses: once per change of kinds (and once
+    after the operator starts), not every pass."""
+    stale = stale_workloads(meta, spec)
+    kinds = tuple(apply.ref(stub) for stub in stale)
+    if memory.pruned == kinds:
+        return result
     try:
-        deleted = apply.prune(api, meta["uid"], stale_workloads(meta, spec))
+        deleted = apply.prune(api, meta["uid"], stale)
     except Exception as e:  # the API server failing: the next pass prunes
         log.warning("pruning the old workloads of %s/%s failed: %s", meta["namespace"], meta["name"], e)
         return result
+    memory.pruned = kinds
     return dataclasses.replace(result, updated=result.updated + [f"{r} (deleted)" for r in deleted])
-
-
-def refresh_status(api: client.ApiClient, namespace: str, name: str, config: OperatorConfig,
-                   kv_probes: list[KVProbe] | None = None) -> None:
-    """Re-reads the CR and its children and writes status if it changed (after a child event)."""
-    with service_lock(namespace, name):
-        body = apply.get_service(api, namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            return
-        write_status(api, body, config, kv_probes)
-
-
-def write_status(api: client.ApiClient, body: dict, config: OperatorConfig,
-                 kv_probes: list[KVProbe] | None = None, decision: Decision | None = None) -> dict:
-    """Status recomputed from `body` (read under service_lock) and the children, with the planner's
-    `decision` when one was just made; written if it changed. Returns the status."""
-    meta, old = body["metadata"], body.get("status") or {}
-    ready = _ready(body)
-    apply_error = ready["message"] if ready.get("reason") == "ApplyFailed" else None
-    spec, spec_error = parse_spec(body)
-    status = _status(api, body, spec, config, None, decision, model=model_check.carried(body, spec),
-                     apply_error=apply_error, spec_error=spec_error, kv_probes=kv_probes)
-    _kv_event(api, body, status)
-    if not same_status(old, status):
-        apply.write_status(api, meta["namespace"], meta["name"], status, old)
-    return status

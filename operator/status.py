@@ -10,6 +10,8 @@ Conditions (type, status, CamelCase reason, message, lastTransitionTime, observe
                                           NoWorkers / NotProbed (probing turned off)
   Ready                                   True when the three roles are; otherwise the most
                                           actionable failing reason (Unschedulable first);
+                                          ApplyFailed when the API server refuses a child,
+                                          AdoptionRefused when another owner holds one;
                                           InvalidSpec when the operator cannot read the spec
                                           (the roles then report against what is running)
                                           KVTransferReady does not feed it: Ready is about serving
@@ -79,8 +81,10 @@ class KVProbe:
 @dataclass
 class Observation:
     roles: dict[str, RoleObservation] = field(default_factory=dict)
+    workloads: dict[str, dict[str, Any]] = field(default_factory=dict)  # "Kind/name" -> the object as listed
     router_service: bool = False
     apply_error: str | None = None  # why the last apply failed, if it did
+    apply_reason: str = "ApplyFailed"  # Ready's reason for it (AdoptionRefused: another owner holds a child)
     spec_error: str | None = None  # why the operator cannot use the spec (tandem.operator.spec.SpecError)
     kv_probes: list[KVProbe] | None = None  # None: the operator does not probe (--no-kv-probe)
 
@@ -202,7 +206,7 @@ def compute_conditions(spec: InferenceServiceSpec | None, obs: Observation,
     elif model is not None and model["status"] == "False":
         ready = condition("Ready", "False", model["reason"], model["message"])
     elif obs.apply_error:
-        ready = condition("Ready", "False", "ApplyFailed", obs.apply_error)
+        ready = condition("Ready", "False", obs.apply_reason, obs.apply_error)
     else:
         failing = [c for c in roles if c["status"] != "True"]
         if not failing:

@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tandem.contracts.json_body import BodyError, decode_json
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER
-from tandem.router import tokenize_api
+from tandem.router import parity_checker, tokenize_api
 from tandem.router.chat_fields import decode_echo
 from tandem.router.config import RouterConfig
 from tandem.router.errors import RouterError, bad_request, no_worker
@@ -30,9 +30,9 @@ from tandem.router.orchestrator import (
     Orchestrator,
     RequestContext,
 )
+from tandem.router.parity_checker import ParityChecker
 from tandem.router.policies.base import PolicySettings, RoutingPolicy
 from tandem.router.policies.registry import policy_class
-from tandem.router.pool import Target, WorkerPool
 from tandem.router.prefix_index import PrefixIndex
 from tandem.router.responses import Responder
 from tandem.router.sse import ResponseShape
@@ -46,11 +46,13 @@ from tandem.router.validation import (
     parse_request,
 )
 from tandem.router.worker_client import HttpWorkerClient, Timeouts
+from tandem.router.workers import Target, WorkerSet
 
 log = logging.getLogger("tandem.router")
 
 ROUTER_KEY: web.AppKey[Router] = web.AppKey("router")
 TOKENIZER_START_WAIT_S = 10.0  # at start-up, how long a tokenizer fetch from a ready worker may delay serving
+PARITY_START_WAIT_S = 10.0  # at start-up, how long proving the ready pairings may delay serving
 
 
 def _error_response(err: RouterError, request_id: str | None = None) -> web.Response:
@@ -95,12 +97,13 @@ class Router:
         self.discovery = discovery  # None: static targets from config
         self.created = int(time.time())
         self.session: aiohttp.ClientSession | None = None
-        self.pool: WorkerPool | None = None
+        self.pool: WorkerSet | None = None
         self.orchestrator: Orchestrator | None = None
         self.responder: Responder | None = None
         self.tokens: TokenizerSync | None = None
         self.index: PrefixIndex | None = None  # only for a policy that routes by prefix
         self.feed: KVEventFeed | None = None
+        self.parity: ParityChecker | None = None  # the handoff parity probe (parity_checker.py)
         self._poller: asyncio.Task | None = None
         self.draining = False  # SIGTERM: not ready, new requests refused, streams finish
         self._active = 0  # generation requests being served
@@ -124,8 +127,13 @@ class Router:
         self.tokens = TokenizerSync(client, self.config.tokenizer)
         if self.config.tokenizer not in (WORKERS, OFF):
             self.tokens.load_dir()
-        self.pool = WorkerPool(client, poll_interval_s=self.config.poll_interval_s, served_model=self.config.model,
+        self.pool = WorkerSet(client, poll_interval_s=self.config.poll_interval_s, served_model=self.config.model,
                                listeners=[self.tokens.refresh])
+        if self.config.parity_probe:
+            c = self.config
+            self.parity = ParityChecker(client, self.metrics.registry, c.parity_tolerance, c.parity_recheck_s,
+                                        c.parity_probe_timeout_s)
+            self.parity.attach(self.pool)
         self.orchestrator = Orchestrator(
             client,
             self.pool,
@@ -146,7 +154,9 @@ class Router:
             self.discovery.on_change = self.set_targets
             self.discovery.start(asyncio.get_running_loop())
         await self.pool.poll_once()
-        await self.tokens.wait_loaded(TOKENIZER_START_WAIT_S)  # the first requests are tokenized here too
+        # the first requests are tokenized here too, and handed off across proven pairings
+        await asyncio.gather(self.tokens.wait_loaded(TOKENIZER_START_WAIT_S),
+                             self.parity.settle(PARITY_START_WAIT_S) if self.parity else asyncio.sleep(0))
         self._poller = asyncio.create_task(self.pool.run())
 
     def _policy(self, client: HttpWorkerClient) -> RoutingPolicy:
@@ -186,6 +196,8 @@ class Router:
             await asyncio.gather(self._poller, return_exceptions=True)
         if self.feed is not None:
             await self.feed.close()
+        if self.parity is not None:
+            await self.parity.stop()
         if self.orchestrator is not None:
             await self.orchestrator.drain()
         if self.session is not None:
@@ -367,5 +379,6 @@ def build_app(config: RouterConfig, discovery: Any = None) -> web.Application:
     app.router.add_get("/health", router.health)
     app.router.add_get("/ready", router.ready)
     app.router.add_get("/metrics", router.metrics_endpoint)
+    parity_checker.add_routes(app, router)  # GET /internal/parity
     tokenize_api.add_routes(app, router)  # POST /tokenize, /detokenize
     return app

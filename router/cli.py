@@ -19,7 +19,7 @@ _FLAGS = (
     "poll_interval_s", "connect_timeout_s", "chunk_timeout_s", "prefill_timeout_s", "log_format",
     "log_level", "max_stop_chars", "tool_call_parser", "busy_wait_s", "write_timeout_s", "stream_send_buffer_bytes",
     "shutdown_grace_s", "prefill_saturated_tokens", "decode_headroom_sequences", "prefix_sequence_cost_tokens",
-    "tokenizer",
+    "tokenizer", "parity_probe", "parity_tolerance", "parity_recheck_s",
 )
 
 
@@ -89,6 +89,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shutdown-grace-s", type=float, default=None,
                         help="on SIGTERM: stop being ready, then let streams finish for this long "
                         f"(default {d.shutdown_grace_s})")
+    parser.add_argument("--no-parity-probe", dest="parity_probe", action="store_false", default=None,
+                        help="hand KV across every pairing unchecked (default: only across pairings the "
+                        "handoff parity probe proved)")
+    parser.add_argument("--parity-tolerance", type=float, default=None,
+                        help="largest |logprob difference| (nats) the parity probe accepts (default: by "
+                        "dtype, 1e-4 for float32, 0.1 for bfloat16)")
+    parser.add_argument("--parity-recheck-s", type=float, default=None,
+                        help=f"probe a worker again this long after its last verdict (0: never; default "
+                        f"{d.parity_recheck_s})")
     parser.add_argument("--log-format", choices=["text", "json"], default=None)
     parser.add_argument("--log-level", default=None)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tandem.contracts import timing
 from tandem.contracts.routing import (
     DECODE_HEADROOM_SEQUENCES,
     PREFILL_SATURATED_TOKENS,
@@ -51,18 +52,23 @@ class RouterConfig:
     tokenizer: str = "workers"  # workers (GET /internal/tokenizer) | off | a folder with the files
     tool_call_parser: str = "hermes"  # how the served model writes tool calls: hermes | llama3_json | mistral
     poll_interval_s: float = 0.5
-    connect_timeout_s: float = 3.0
-    prefill_timeout_s: float = 60.0
-    chunk_timeout_s: float = 15.0
+    connect_timeout_s: float = timing.CONNECT_TIMEOUT_S
+    prefill_timeout_s: float = timing.PREFILL_TIMEOUT_S
+    chunk_timeout_s: float = timing.CHUNK_TIMEOUT_S
     max_prefill_attempts: int = 2
     max_resumes: int = 2
-    busy_wait_s: float = 10.0  # waiting for a busy (429/503) decode worker once a stream started
+    busy_wait_s: float = timing.BUSY_WAIT_S  # waiting for a busy (429/503) decode worker once a stream started
     write_timeout_s: float = 5.0  # a client that reads nothing for this long is dropped, its request aborted
     stream_send_buffer_bytes: int = 64 * 1024  # kernel send buffer of a streaming connection (0: OS default)
     shutdown_grace_s: float = 30.0  # on SIGTERM: not ready at once, streams may finish for this long
     kube_request_timeout_s: float = 10.0  # one list (or connect) call to the API server
     watch_timeout_s: int = 60  # the API server ends each watch after this; a relist follows
     watch_stall_s: float = 30.0  # a watch silent this much longer than its timeout is stalled: relist
+    # The handoff parity probe (router/parity.py): a pairing takes KV handoffs only once proven.
+    parity_probe: bool = True
+    parity_tolerance: float | None = None  # nats; None: by the workers' dtype (parity.TOLERANCE)
+    parity_recheck_s: float = 0.0  # probe a worker again this long after its verdict (0: only when it appears)
+    parity_probe_timeout_s: float = 30.0
     log_format: str = "text"
     log_level: str = "info"
 
@@ -114,6 +120,9 @@ def _check_routing(c: RouterConfig) -> None:
         value = getattr(c, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    if c.parity_tolerance is not None and not (isinstance(c.parity_tolerance, int | float)
+                                               and 0 <= c.parity_tolerance < float("inf")):
+        raise ValueError(f"parity_tolerance must be a number >= 0 (nats), got {c.parity_tolerance!r}")
     from tandem.router.tool_parsers import PARSERS
 
     if c.tool_call_parser not in PARSERS:

@@ -1,6 +1,6 @@
 """The router's calls to workers, and what their failures mean for the request.
 
-The request state machine (orchestrator.py) and the pool (pool.py) talk to workers only through
+The request driver (orchestrator.py) and the worker set (workers.py) talk to workers only through
 `WorkerClient`; `HttpWorkerClient` is the real one (aiohttp, the internal protocol of
 tandem.contracts.protocol), tests use an in-process fake. A call that fails raises one of two:
 - `RouterError`: the client's fault (a 4xx about its own request): passed to it unchanged;
@@ -11,6 +11,10 @@ tandem.contracts.protocol), tests use an in-process fake. A call that fails rais
   is alive and full. It is tried again later, never marked failed.
 Connect, per-call and between-line timeouts bound every wait; a worker's heartbeat lines (sent
 while a request waits in its queue) start the between-line timeout again, like any line.
+Failure messages are the client's own (`describe`): never an aiohttp exception's repr, which
+carries the request's headers and so the service secret, and never chained to one; whatever a
+worker sends back (a body, a line) has the secret scrubbed before it reaches a message, the log
+or the client. Redirects are never followed (they would carry the secret elsewhere).
 `HttpWorkerClient` also fetches a worker's tokenizer (tokenizer_sync.py) and follows its KV events
 (kv_feed.py); those have their own narrow protocols there.
 """
@@ -19,11 +23,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
+from tandem.contracts import timing
 from tandem.contracts.internal_auth import auth_headers
 from tandem.contracts.protocol import (
     NDJSON,
@@ -72,6 +78,30 @@ def retry_after(header: str | None) -> float | None:
         return None
 
 
+REDACTED = "[redacted]"
+
+
+def scrub(value: object, secret: str | None) -> object:
+    """`value` (text, or JSON made of dicts, lists and strings) with every occurrence of `secret`
+    replaced: a worker, or an impostor, may echo the header it was sent."""
+    if not secret:
+        return value
+    if isinstance(value, str):
+        return value.replace(secret, REDACTED)
+    if isinstance(value, dict):
+        return {scrub(k, secret): scrub(v, secret) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v, secret) for v in value]
+    return value
+
+
+def describe(exc: BaseException) -> str:
+    """A failure in words of our own: its type and text. Never its repr: aiohttp's response errors
+    show the request's headers there (Authorization included)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def classify(status: int, body: object, what: str, retry_after_header: str | None = None
              ) -> RouterError | WorkerFailed:
     """The exception for a worker's non-200 answer to `what` (e.g. "prefill on http://p:8000")."""
@@ -110,15 +140,16 @@ class WorkerClient(Protocol):
 
 @dataclass
 class Timeouts:
-    connect_s: float = 3.0
-    prefill_s: float = 60.0  # a whole prefill call, queueing included
-    chunk_s: float = 15.0  # silence allowed between two NDJSON lines of a generate stream
+    connect_s: float = timing.CONNECT_TIMEOUT_S
+    prefill_s: float = timing.PREFILL_TIMEOUT_S  # a whole prefill call, queueing included
+    chunk_s: float = timing.CHUNK_TIMEOUT_S  # silence allowed between two NDJSON lines of a generate stream
     abort_s: float = 2.0
     info_s: float = 2.0
 
 
 # what a broken connection, a timeout or a malformed answer raises while we read it
 _BROKEN = (aiohttp.ClientError, TimeoutError, ValueError, TypeError, KeyError)
+_JSON_TYPE = re.compile(r"^application/(?:[\w.+-]+?\+)?json$")  # what aiohttp's resp.json() accepts
 KV_EVENT_LINE_BYTES = 2**18  # read buffer for /internal/kv/events lines (workers send under 100 KB)
 
 
@@ -130,96 +161,118 @@ class HttpWorkerClient:
         self.session = session
         self.timeouts = timeouts or Timeouts()
         self._auth = auth_headers(secret)  # the service's internal secret: workers want it on /internal/*
+        self._secret = secret
 
     def _headers(self, request_id: str | None = None, **extra: str) -> dict[str, str]:
         return self._auth | ({REQUEST_ID_HEADER: request_id} if request_id else {}) | extra
 
-    @staticmethod
-    async def _error_body(resp: aiohttp.ClientResponse) -> object:
+    def _broken(self, what: str, exc: BaseException, dead: bool) -> WorkerFailed:
+        """The failure of a call that broke (unreachable, cut off, a timeout, a malformed answer)."""
+        return WorkerFailed(str(scrub(f"{what} failed: {describe(exc)}", self._secret)), dead=dead)
+
+    async def _error_body(self, resp: aiohttp.ClientResponse) -> object:
+        """A non-200 answer's body (JSON, else its first 500 characters), the secret scrubbed."""
+        raw = await resp.read()
         try:
-            return await resp.json(content_type=None)
-        except (ValueError, aiohttp.ClientError):
-            return (await resp.text())[:500]
+            body: object = json.loads(raw)
+        except ValueError:
+            body = raw.decode("utf-8", errors="replace")[:500]
+        return scrub(body, self._secret)
+
+    @staticmethod
+    async def _json(resp: aiohttp.ClientResponse) -> dict:
+        """A 200 answer's JSON object; ValueError for anything else (aiohttp's own error for a wrong
+        Content-Type would carry the request headers)."""
+        if not _JSON_TYPE.match(resp.content_type):
+            raise ValueError(f"a 200 answer of Content-Type {resp.content_type!r}, not JSON")
+        body = json.loads(await resp.read())
+        if not isinstance(body, dict):
+            raise ValueError(f"expected a JSON object, got {type(body).__name__}")
+        return body
 
     async def info(self, url: str) -> WorkerInfo:
+        what = f"/internal/info on {url}"
         try:
             timeout = aiohttp.ClientTimeout(total=self.timeouts.info_s)
-            async with self.session.get(url + "/internal/info", headers=self._headers(), timeout=timeout) as resp:
+            async with self.session.get(url + "/internal/info", headers=self._headers(), timeout=timeout,
+                                        allow_redirects=False) as resp:
                 if resp.status != 200:
-                    raise WorkerFailed(f"/internal/info on {url} returned {resp.status}", dead=True)
-                return WorkerInfo.from_dict(await resp.json())
+                    raise WorkerFailed(f"{what} returned {resp.status}", dead=True)
+                return WorkerInfo.from_dict(await self._json(resp))
         except _BROKEN as exc:
-            raise WorkerFailed(f"/internal/info on {url} failed: {exc!r}", dead=True) from exc
+            raise self._broken(what, exc, dead=True) from None
 
     async def prefill(self, url: str, request: GenerateRequest) -> PrefillResult:
+        what = f"prefill on {url}"
         timeout = aiohttp.ClientTimeout(total=self.timeouts.prefill_s, connect=self.timeouts.connect_s)
         try:
             async with self.session.post(
                 url + "/internal/prefill", json=request.to_dict(),
-                headers=self._headers(request.request_id), timeout=timeout,
+                headers=self._headers(request.request_id), timeout=timeout, allow_redirects=False,
             ) as resp:
                 if resp.status != 200:
-                    raise classify(resp.status, await self._error_body(resp), f"prefill on {url}",
-                                   resp.headers.get("Retry-After"))
-                return PrefillResult.from_dict(await resp.json())
+                    raise classify(resp.status, await self._error_body(resp), what, resp.headers.get("Retry-After"))
+                return PrefillResult.from_dict(await self._json(resp))
         except _BROKEN as exc:
-            raise WorkerFailed(f"prefill on {url} failed: {exc!r}", dead=True) from exc
+            raise self._broken(what, exc, dead=True) from None
 
     async def generate(self, url: str, request: GenerateRequest) -> AsyncGenerator[StreamEvent, None]:
+        what = f"generate on {url}"
         timeout = aiohttp.ClientTimeout(
             total=None, connect=self.timeouts.connect_s, sock_read=self.timeouts.chunk_s
         )
         try:
             async with self.session.post(
                 url + "/internal/generate", json=request.to_dict(),
-                headers=self._headers(request.request_id, Accept=NDJSON), timeout=timeout,
+                headers=self._headers(request.request_id, Accept=NDJSON), timeout=timeout, allow_redirects=False,
             ) as resp:
                 if resp.status != 200:
-                    raise classify(resp.status, await self._error_body(resp), f"generate on {url}",
-                                   resp.headers.get("Retry-After"))
+                    raise classify(resp.status, await self._error_body(resp), what, resp.headers.get("Retry-After"))
                 async for line in resp.content:
                     line = line.strip()
                     if line:
                         yield StreamEvent.from_dict(json.loads(line))
         except _BROKEN as exc:
-            raise WorkerFailed(f"generate on {url} failed: {exc!r}", dead=True) from exc
+            raise self._broken(what, exc, dead=True) from None
 
     async def tokenizer(self, url: str) -> TokenizerFiles:
         """GET /internal/tokenizer, its digest checked; raises WorkerFailed (never dead: the router
         only waits longer for its tokenizer)."""
+        what = f"/internal/tokenizer on {url}"
         timeout = aiohttp.ClientTimeout(total=self.timeouts.prefill_s, connect=self.timeouts.connect_s)
         try:
             async with self.session.get(url + "/internal/tokenizer", headers=self._headers(),
-                                        timeout=timeout) as resp:
+                                        timeout=timeout, allow_redirects=False) as resp:
                 if resp.status != 200:
-                    raise WorkerFailed(f"/internal/tokenizer on {url} returned {resp.status}: "
-                                       f"{await self._error_body(resp)}", dead=False)
-                return TokenizerFiles.from_dict(await resp.json())
+                    raise WorkerFailed(f"{what} returned {resp.status}: {await self._error_body(resp)}", dead=False)
+                return TokenizerFiles.from_dict(await self._json(resp))
         except _BROKEN as exc:
-            raise WorkerFailed(f"/internal/tokenizer on {url} failed: {exc!r}", dead=False) from exc
+            raise self._broken(what, exc, dead=False) from None
 
     async def kv_events(self, url: str) -> AsyncGenerator[KVEventMessage, None]:
         """GET /internal/kv/events: its lines as they come, until the stream ends; raises WorkerFailed.
         The worker sends a heartbeat at least every few seconds: silence past `chunk_s` is a break."""
+        what = f"/internal/kv/events on {url}"
         timeout = aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect_s, sock_read=self.timeouts.chunk_s)
         try:
             async with self.session.get(url + "/internal/kv/events", headers=self._headers(Accept=NDJSON),
-                                        timeout=timeout, read_bufsize=KV_EVENT_LINE_BYTES) as resp:
+                                        timeout=timeout, read_bufsize=KV_EVENT_LINE_BYTES,
+                                        allow_redirects=False) as resp:
                 if resp.status != 200:
-                    raise WorkerFailed(f"/internal/kv/events on {url} returned {resp.status}", dead=False)
+                    raise WorkerFailed(f"{what} returned {resp.status}", dead=False)
                 async for line in resp.content:
                     if line.strip():
                         yield KVEventMessage.from_dict(json.loads(line))
         except _BROKEN as exc:
-            raise WorkerFailed(f"/internal/kv/events on {url} failed: {exc!r}", dead=False) from exc
+            raise self._broken(what, exc, dead=False) from None
 
     async def abort(self, url: str, request_id: str, lease_token: str | None = None) -> None:
         body = {"request_id": request_id} | ({"lease_token": lease_token} if lease_token else {})
         try:
             async with self.session.post(
                 url + "/internal/abort", json=body, headers=self._headers(request_id),
-                timeout=aiohttp.ClientTimeout(total=self.timeouts.abort_s),
+                timeout=aiohttp.ClientTimeout(total=self.timeouts.abort_s), allow_redirects=False,
             ) as resp:
                 await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            log.info("abort of %s on %s failed: %r", request_id, url, exc)
+            log.info("%s", self._broken(f"abort of {request_id} on {url}", exc, dead=False))

@@ -73,8 +73,10 @@ BASE_RESOURCES = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-stor
 
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 SERVICE_CIDR = "10.96.0.0/16"
-# KWOK gives pods IPs from here (first one 127.50.0.2) and nodes this InternalIP.
-POD_CIDR = "127.50.0.1/16"
+# KWOK gives pods IPs from a loopback /16 (first one 127.<n>.0.2) and nodes this InternalIP. Each
+# cluster draws its own <n>: test sessions running side by side on one machine (each binding real
+# processes to its pods' IPs) would otherwise hand out, and bind, the same addresses.
+POD_CIDR_OCTETS = range(50, 250)  # Cluster.pod_cidr: 127.<one of these>.0.1/16
 NODE_IP = "127.49.0.1"
 
 T = TypeVar("T")
@@ -229,6 +231,7 @@ class Cluster:
         self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="tandem-k8s-"))
         self._bin_dir = Path(bin_dir) if bin_dir else None
         self.nodes = tuple(nodes)
+        self.pod_cidr = f"127.{secrets.choice(POD_CIDR_OCTETS)}.0.1/16"
         self.startup_timeout = startup_timeout
         self.external = False
         self.kubeconfig = self.work_dir / "kubeconfig"
@@ -426,7 +429,7 @@ class Cluster:
                 "--node-lease-duration-seconds=40",
                 # Loopback pod and node IPs: a test may bind a real process to a pod's IP
                 # and reach it there, and nothing ever dials outside 127.0.0.0/8.
-                f"--cidr={POD_CIDR}",
+                f"--cidr={self.pod_cidr}",
                 f"--node-ip={NODE_IP}",
             ],
         )

@@ -18,6 +18,7 @@ class CompletionStreams:
         self.model, self.prompts, self.max_tokens = model, prompts, max_tokens
         n = len(prompts)
         self.texts, self.chunks = [""] * n, [0] * n
+        self.ids: list[str | None] = [None] * n  # each completion's id: "cmpl-" + the router's request id
         self.finish: list[str | None] = [None] * n
         self.errors: list[str] = []
         self.changed = threading.Condition()
@@ -31,6 +32,7 @@ class CompletionStreams:
                                                         max_tokens=self.max_tokens, temperature=0, stream=True,
                                                         extra_body={"ignore_eos": True}):
                 with self.changed:
+                    self.ids[i] = chunk.id
                     for c in chunk.choices:
                         self.texts[i] += c.text or ""
                         self.finish[i] = c.finish_reason or self.finish[i]

@@ -1,25 +1,32 @@
 """A stand-in for an engine with a prefix cache, as the KV event stream sees it
-(tandem.worker.server.kv_events.KVEventSource): its lock, block size and salt, the hashes it holds,
-and the callback it calls, under its lock, when they change. For the tests of the worker's
-GET /internal/kv/events and of the router's prefix index, until the engine has its own cache."""
+(tandem.worker.server.kv_events.KVEventSource): the hashes it holds, its block size and salt,
+given to a follower with every change after, under its lock. For the tests of the worker's
+GET /internal/kv/events and of the router's prefix index (`enabled=False`: an engine without one)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
-from types import SimpleNamespace
+from collections.abc import Callable, Iterable
 
 
 class FakePrefixCache:
-    def __init__(self, held: Iterable[bytes] = (), block_size: int = 4, salt: bytes = b"salt") -> None:
+    def __init__(self, held: Iterable[bytes] = (), block_size: int = 4, salt: bytes = b"salt",
+                 enabled: bool = True) -> None:
         self.lock = threading.RLock()
-        self.layout = SimpleNamespace(block_size=block_size)
-        self.prefix_hash_salt = salt
+        self.block_size = block_size
+        self.salt = salt
         self.held = set(held)
-        self.on_kv_event = lambda stored, removed: None
+        self.enabled = enabled
+        self.on_kv_event: Callable[[list[bytes], list[bytes]], None] = lambda stored, removed: None
 
-    def cached_block_hashes(self) -> list[bytes]:
-        return list(self.held)
+    def follow_kv_events(self, on_snapshot: Callable[[int, bytes, list[bytes]], None],
+                         on_change: Callable[[list[bytes], list[bytes]], None]) -> bool:
+        if not self.enabled:
+            return False
+        with self.lock:
+            on_snapshot(self.block_size, self.salt, list(self.held))
+            self.on_kv_event = on_change
+        return True
 
     def change(self, stored: Iterable[bytes] = (), removed: Iterable[bytes] = ()) -> None:
         """Store and evict blocks as an engine would: its set and the callback change together."""

@@ -7,6 +7,7 @@ through `worker_client.classify`, exactly as an HTTP answer of that status would
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from tandem.contracts.protocol import (
 from tandem.router.worker_client import WorkerFailed, classify
 
 Outcome = PrefillResult | Exception
-StreamItem = StreamEvent | Exception
+StreamItem = StreamEvent | Exception | asyncio.Event  # an Event: the stream waits for it there
 
 
 def fail(status: int, code: str | None = None, param: str | None = None, type_: str = "invalid_request_error",
@@ -90,6 +91,8 @@ class FakeWorkers:
     calls: list[Call] = field(default_factory=list)
     aborts: list[tuple[str, str]] = field(default_factory=list)
     abort_tokens: list[str | None] = field(default_factory=list)  # the lease token each abort carried
+    # url -> (set when a stream there is being closed, what the closing waits for)
+    close_gates: dict[str, tuple[asyncio.Event, asyncio.Event]] = field(default_factory=dict)
 
     def add(self, url: str, role: Role, generation: str = "g1") -> str:
         self.infos[url] = WorkerInfo(role=role, model="toy", max_model_len=4096, engine_id=url + "-1",
@@ -102,6 +105,12 @@ class FakeWorkers:
 
     def on_generate(self, url: str, *streams: list[StreamItem]) -> None:
         self.streams[url].extend(streams)
+
+    def slow_close(self, url: str) -> tuple[asyncio.Event, asyncio.Event]:
+        """Make closing a stream from `url` take time, as a real connection's may: returns (entered,
+        release): `entered` is set once a close is under way, which then waits for `release`."""
+        gate = self.close_gates[url] = (asyncio.Event(), asyncio.Event())
+        return gate
 
     def made(self, kind: str) -> list[Call]:
         return [c for c in self.calls if c.kind == kind]
@@ -124,10 +133,19 @@ class FakeWorkers:
         self.calls.append(Call("generate", url, request))
         if not self.streams[url]:
             raise died(f"no stream scripted for {url}")
-        for item in self.streams[url].pop(0):
-            if isinstance(item, Exception):
-                raise item
-            yield item
+        try:
+            for item in self.streams[url].pop(0):
+                if isinstance(item, asyncio.Event):
+                    await item.wait()
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield item
+        finally:
+            if url in self.close_gates:
+                entered, release = self.close_gates[url]
+                entered.set()
+                await release.wait()
 
     async def abort(self, url: str, request_id: str, lease_token: str | None = None) -> None:
         self.aborts.append((url, request_id))

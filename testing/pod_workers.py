@@ -1,6 +1,6 @@
 """Real processes standing in for the pods of the test control plane (KWOK runs no containers).
 
-KWOK gives pods loopback IPs (testing/cluster.py POD_CIDR), so a `tandem worker` bound to a pod's IP
+KWOK gives pods loopback IPs (testing/cluster.py Cluster.pod_cidr), so a `tandem worker` bound to a pod's IP
 and its rendered port is reachable exactly where the operator's probe and the router's Kubernetes
 discovery look for that pod. Every process is killed for sure by ProcessGroup.stop().
 """
@@ -98,20 +98,21 @@ class ProcessGroup(Supervisor):
         return self.start(ManagedProcess(meta["name"], argv, full_env, url=f"http://{ip}:{port}", role=role))
 
     def router(self, namespace: str, service: str, port: int, kubeconfig: Path,
-               host: str = "127.0.0.1") -> ManagedProcess:
-        """`tandem router --kubernetes` on loopback, finding the workers through the API server."""
+               host: str = "127.0.0.1", args: tuple[str, ...] = ()) -> ManagedProcess:
+        """`tandem router --kubernetes` on loopback, finding the workers through the API server (`args`:
+        more flags)."""
         argv = [TANDEM, "router", "--kubernetes", "--namespace", namespace, "--service", service,
-                "--host", host, "--port", str(port)]
+                "--host", host, "--port", str(port), *args]
         env = os.environ | {"KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
         if self.api is not None:  # the router pod's env names the service's internal Secret
             env[SECRET_ENV] = self._secret(namespace, f"{service}-internal", "secret")
         return self.start(ManagedProcess("router", argv, env, url=f"http://{host}:{port}", role="router"))
 
-    def router_for_pod(self, pod: dict[str, Any], kubeconfig: Path) -> ManagedProcess:
+    def router_for_pod(self, pod: dict[str, Any], kubeconfig: Path, args: tuple[str, ...] = ()) -> ManagedProcess:
         """The router at its pod's IP and port, where the operator's planner reads its /metrics."""
         meta = pod["metadata"]
         return self.router(meta["namespace"], meta["labels"]["tandem.dev/service"], pod_port(pod), kubeconfig,
-                           host=pod["status"]["podIP"])
+                           host=pod["status"]["podIP"], args=args)
 
 
 def ready_pods(api: Any, namespace: str, name: str, role: str) -> list[dict]:

@@ -62,6 +62,15 @@ def namespace(k8s, request: pytest.FixtureRequest):
             core.delete_namespace(name, propagation_policy="Background")
 
 
+@pytest.fixture(scope="session")
+def helm_bin() -> Path:
+    """helm built by hack/k8s-bins.sh (or from $KUBEBUILDER_ASSETS); a missing binary errors
+    with the command that builds it."""
+    from tandem.testing.cluster import find_bin_dir
+
+    return find_bin_dir(("helm",)) / "helm"
+
+
 # --- end control plane -------------------------------------------------------------------------
 
 

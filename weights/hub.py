@@ -54,7 +54,7 @@ def snapshot_dir(root: Path, repo: str, commit: str) -> Path:
 
 
 @contextlib.contextmanager
-def _translated(repo: str, revision: str, endpoint: str) -> Iterator[None]:
+def translated_errors(repo: str, revision: str, endpoint: str) -> Iterator[None]:
     """The library's exceptions as HubError (the token is in none of the messages)."""
     from huggingface_hub import errors
 
@@ -86,7 +86,7 @@ def resolve_commit(repo: str, revision: str, *, endpoint: str, token: str | None
     """The commit a branch, tag or commit names now (what the hub's model info says)."""
     from huggingface_hub import HfApi
 
-    with _translated(repo, revision, endpoint):
+    with translated_errors(repo, revision, endpoint):
         info = HfApi(endpoint=endpoint).model_info(repo, revision=revision, token=token or False,
                                                    timeout=timeout_s)
     if not info.sha:
@@ -99,7 +99,7 @@ def fetch_config(repo: str, commit: str, *, endpoint: str, token: str | None = N
     """config.json at a commit, without downloading anything else."""
     from huggingface_hub import hf_hub_download
 
-    with tempfile.TemporaryDirectory(prefix="tandem-config-") as tmp, _translated(repo, commit, endpoint):
+    with tempfile.TemporaryDirectory(prefix="tandem-config-") as tmp, translated_errors(repo, commit, endpoint):
         path = hf_hub_download(repo, "config.json", revision=commit, cache_dir=tmp, token=token or False,
                                endpoint=endpoint, etag_timeout=timeout_s)
         try:
@@ -127,7 +127,7 @@ def download(repo: str, commit: str, dest: Path, *, endpoint: str, token: str | 
     with FileLock(str(dest) + ".lock"):
         if is_complete(dest):
             return dest
-        with _translated(repo, commit, endpoint):
+        with translated_errors(repo, commit, endpoint):
             snapshot_download(repo, revision=commit, local_dir=dest, token=token or False, endpoint=endpoint)
         (dest / COMPLETE_MARKER).write_text(json.dumps({"repo": repo, "commit": commit}) + "\n")
     return dest

@@ -117,7 +117,8 @@ def plot(res: dict, path: Path) -> Path:
         a.set_xlabel(x)
         a.set_ylabel(y)
         a.grid(alpha=0.3)
-        a.legend(fontsize=7)
+        if a.get_legend_handles_labels()[0]:  # the handoff panel is empty until kv_handoff has run
+            a.legend(fontsize=7)
     ax[0][0].set_yscale("log")
     ax[0][1].set_yscale("log")
     ax[1][1].set_yscale("log")

@@ -87,7 +87,7 @@ class Bench:
         arm = self.make_arm(spec, tag)
         arm.start()
         try:
-            await arm.wait_ready(timeout_s=600.0)
+            await arm.wait_ready(timeout_s=1200.0)  # a start compiles; minutes on busy shared cores
             model = await served_model(arm.url)
             hi = self.workload.prompt_len[1]
             warm = WorkloadSpec("warmup", "closed", 2, (hi, hi), 4, concurrency=2, seed=999)

@@ -4,6 +4,8 @@ mask and the top-k scale with it), one thread. Arms, interleaved per repetition:
 runner's argmax), greedy with `logprobs=20`, greedy under a JSON grammar (`json_object`: the
 random model writes long strings, so every stream decodes throughout), and both. Reported: the
 median step where every stream decodes, and each arm's extra milliseconds per step over plain.
+Beside it, the sampling step alone (sample_batch on the model's vocabulary, 32 rows, grammars
+advanced by their own draws): the best of many repetitions, which shared cores disturb least.
 
     python -m bench sampling_overhead [--streams 32] [--tokens 48] [--reps 3] [--model bench|toy]
 """
@@ -30,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=("bench", "toy"), default="bench",
                         help="bench: the 42M engine benchmark model; toy: the tests' tiny model (a smoke run)")
     parser.add_argument("--compile", default="auto", choices=("auto", "on", "off"))
+    parser.add_argument("--sampling-reps", type=int, default=200, help="repetitions of the sampling step alone")
+    parser.add_argument("--skip-engine", action="store_true", help="measure the sampling step alone")
 
 
 def _steps(engine: Any, prompts: list[list[int]], tokens: int, extra: dict, tag: str) -> float:
@@ -46,6 +50,37 @@ def _steps(engine: Any, prompts: list[list[int]], tokens: int, extra: dict, tag:
     return statistics.median(full) if full else float("nan")
 
 
+def _sampling_alone(engine: Any, streams: int, reps: int) -> dict[str, float]:
+    """Best-of-`reps` milliseconds of one sampling step per arm: [streams, vocab] float32 logits."""
+    import time
+
+    import torch
+    from tandem.contracts.protocol import SamplingParams
+    from tandem.worker.engine.sampling import SampleRow, sample_batch
+
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(streams, engine.vocab_size, generator=gen) * 3
+    argmax = logits.argmax(-1)
+    best: dict[str, float] = {}
+    for name, extra in ARMS.items():
+        params = SamplingParams(max_tokens=10_000, temperature=0, **extra)
+        grammars = [engine.grammars.compile(extra["structured"]) if "structured" in extra else None
+                    for _ in range(streams)]
+        times = []
+        for _ in range(reps):
+            rows = [SampleRow(params, 0, 0, grammar=g) for g in grammars]
+            t0 = time.perf_counter()
+            tokens, _ = sample_batch(logits, rows, argmax)
+            times.append(time.perf_counter() - t0)
+            for g, t in zip(grammars, tokens, strict=True):
+                if g is not None and g.accept(t):  # a finished grammar starts over
+                    g.matcher.reset()
+        best[name] = min(times) * 1e3
+        print(f"sampling alone {name:20s} best {best[name]:7.3f} ms (median {statistics.median(times) * 1e3:.3f})",
+              flush=True)
+    return best
+
+
 def _model(kind: str) -> Any:
     if kind == "toy":
         import tempfile
@@ -54,7 +89,7 @@ def _model(kind: str) -> Any:
         from tandem.worker.local.toy_model import make_toy_model
 
         return make_toy_model(Path(tempfile.gettempdir()) / "tandem-bench-toy-llama")
-    from bench.engine_model import engine_model_dir
+    from bench.lib.models import engine_model_dir
 
     return engine_model_dir()
 
@@ -74,6 +109,9 @@ def run(args: argparse.Namespace) -> dict:
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, min(vocab, 600), (args.prompt_len,), generator=gen).tolist()
                for _ in range(args.streams)]
+    alone = _sampling_alone(engine, args.streams, args.sampling_reps)
+    if args.skip_engine:
+        return {"streams": args.streams, "vocab": vocab, "model": args.model, "sampling_alone_best_ms": alone}
     for name, extra in ARMS.items():  # warm every path once
         _steps(engine, prompts[:2], 4, extra, f"warm-{name}")
     times: dict[str, list[float]] = {name: [] for name in ARMS}
@@ -90,24 +128,4 @@ def run(args: argparse.Namespace) -> dict:
         print(f"{name:20s} step {s['median_step_ms']:7.2f} ms  (+{s['extra_ms_per_step']:6.2f} ms, "
               f"x{s['ratio_to_plain']:.2f})  reps {' '.join(f'{t:.2f}' for t in s['step_ms'])}", flush=True)
     return {"streams": args.streams, "tokens": args.tokens, "prompt_len": args.prompt_len, "vocab": vocab,
-            "model": args.model, "compile": args.compile, "arms": summary}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Until `python -m bench <scenario>` lands: run this scenario alone and write its JSON result."""
-    import json
-    import time
-    from pathlib import Path
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    result = run(parser.parse_args(argv))
-    out = Path("bench/results/sampling_overhead") / (time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + ".json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+            "model": args.model, "compile": args.compile, "arms": summary, "sampling_alone_best_ms": alone}

@@ -1,4 +1,4 @@
-"""spec.autoscaling in status, both ways. Pure.
+"""spec.autoscaling in status, both ways, and the changes a decision makes to it. Pure.
 
 What the planner decides for a role it owns is kept in the InferenceService's status (the role's
 `replicas`, with a reason and a message), so it survives an operator restart and reconcile stays
@@ -10,6 +10,7 @@ and status reports what the Deployment asks for.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from tandem.operator.autoscaling.planner import (
@@ -94,3 +95,42 @@ def _condition(roles: Mapping[str, ScaledRole], old_status: Mapping[str, Any] | 
         return condition(CONDITION_TYPE, old["status"], old.get("reason", ""), old.get("message", ""))
     return condition(CONDITION_TYPE, "Unknown", Reason.COLLECTING.value,
                      "the planner needs a second scrape before it can take rates")
+
+
+@dataclass(frozen=True)
+class ScaleChange:
+    """One change of an owned role's desired replicas that a decision makes: the Event to post, and
+    (going down) the pods the planner chose to remove."""
+
+    role: str
+    desired: int
+    reason: str  # ScaledUp | ScaledDown
+    message: str
+    remove: tuple[str, ...] = ()
+
+
+def scale_changes(spec: InferenceServiceSpec, old_status: Mapping[str, Any] | None,
+                  decision: Decision) -> list[ScaleChange]:
+    """The roles whose desired replicas `decision` changes against what status keeps."""
+    a = spec.autoscaling
+    changes = []
+    for role, d in decision.roles.items():
+        if a is None or not a.owns(role):
+            continue
+        kept = kept_replicas(spec, old_status, role)
+        if d.desired == kept:
+            continue
+        message = f"{role} {d.message} [{d.reason}]" if d.current == kept else (
+            f"{role} {kept} -> {d.desired} [{d.reason}]: {d.message}")
+        remove = d.remove if d.desired < kept else ()
+        changes.append(ScaleChange(role, d.desired, "ScaledUp" if d.desired > kept else "ScaledDown",
+                                   message, remove))
+    return changes
+
+
+def planned_status(old_status: Mapping[str, Any] | None, changes: list[ScaleChange]) -> dict[str, Any]:
+    """Status as it reads once `changes` are kept in it (what the renderer takes replicas from)."""
+    out = dict(old_status or {})
+    for c in changes:
+        out[c.role] = {**_role_status(old_status, c.role), "replicas": c.desired}
+    return out

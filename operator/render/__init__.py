@@ -13,6 +13,7 @@ defaulted) and returns every child, all in the CR's namespace, in apply order:
    or LeaderWorkerSet                 a role whose groups span nodes           group.py
   Deployment  <name>-router           the OpenAI-compatible router            router.py
   NetworkPolicy <name>-workers        only the service's pods reach workers   trust.py
+  PodDisruptionBudget <name>-<component>  a drain takes maxUnavailable at once  objects.py
   (Secret     <name>-internal         the router's and workers' shared secret: created once by
                                       apply.ensure_internal_secret, random, so not rendered here)
 
@@ -22,6 +23,7 @@ A new kind of child is one builder here plus its (apiVersion, kind) in apply.PAT
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render.config_files import (
@@ -32,9 +34,9 @@ from tandem.operator.render.config_files import (
 )
 from tandem.operator.render.group import LWS_API_VERSION, LWS_KIND, worker_group
 from tandem.operator.render.identity import generation_hash, image_ref, short_hash
-from tandem.operator.render.objects import Manifest, names
+from tandem.operator.render.objects import Manifest, disruption_budget, names
 from tandem.operator.render.router import endpoint, router_deployment, router_rbac, router_service
-from tandem.operator.render.trust import internal_secret, network_policy
+from tandem.operator.render.trust import internal_secret, network_policy, with_secret_uid
 from tandem.operator.render.weights import weights_children
 from tandem.operator.render.worker import worker_deployment, worker_pod_spec, worker_service
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
@@ -55,28 +57,35 @@ __all__ = [
 
 
 def render(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig,
-           replicas: Mapping[str, int | None] | None = None) -> list[Manifest]:
+           replicas: Mapping[str, int | None] | None = None, secret_uid: str | None = None) -> list[Manifest]:
     """Every child of one InferenceService, in apply order (config and RBAC before pods).
 
     `replicas` overrides a worker role's spec.<role>.replicas: the planner's count for an autoscaled
-    role, or None to leave the field out (External mode: an HPA or KEDA owns it).
+    role, or None to leave the field out (External mode: an HPA or KEDA owns it). `secret_uid` is the
+    internal Secret's uid, annotated on every pod template: a Secret created again rolls the pods.
     """
     counts = {role: spec.role(role).replicas for role in WORKER_ROLES} | dict(replicas or {})
     files = config_files(meta["name"], meta["namespace"], spec)
     # Each pod template carries the hash of its own file: a change rolls that component only.
     hashes = {key: short_hash(text, 16) for key, text in files.items()}
     policy = [network_policy(meta, spec, config)] if spec.network_policy.enabled else []
-    return [
+    return with_secret_uid(secret_uid, [
         configmap(meta, files),
         *weights_children(meta, spec, config),
-        *router_rbac(meta),
+        *router_rbac(meta, spec),
         *(worker_service(meta, spec, role) for role in WORKER_ROLES),
         router_service(meta, spec),
         *policy,
+        *(disruption_budget(meta, c, budget) for c, budget in _budgets(spec) if budget.enabled),
         *(worker_workload(meta, spec, role, config, hashes[f"{role}.yaml"], counts[role])
           for role in WORKER_ROLES),
         router_deployment(meta, spec, config, hashes[f"{ROUTER}.yaml"]),
-    ]
+    ])
+
+
+def _budgets(spec: InferenceServiceSpec) -> list[tuple[str, Any]]:
+    return [(role, spec.role(role).pod_disruption_budget) for role in WORKER_ROLES] + [
+        (ROUTER, spec.router.pod_disruption_budget)]
 
 
 def worker_workload(meta: dict, spec: InferenceServiceSpec, role: str, config: OperatorConfig,

@@ -10,13 +10,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
+from tandem.contracts import timing
 from tandem.contracts.names import KV_PORT, ROUTER_PORT, WORKER_PORT
 from tandem.operator.render.objects import Manifest, metadata, names
 from tandem.operator.render.weights import model_arg
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
 from tandem.operator.spec.inference_service import EXIT_MARGIN_S
 
-KV_LEASE_S = 30  # how long prefill keeps KV no decode worker has pulled (the worker's own default)
+KV_LEASE_S = int(timing.KV_LEASE_S)  # how long prefill keeps KV no decode worker has pulled (the worker's own default)
 
 
 def drain_times(spec: InferenceServiceSpec, role: str) -> dict[str, int]:
@@ -52,6 +53,8 @@ def worker_config(name: str, role: str, spec: InferenceServiceSpec) -> dict[str,
         # `tandem worker --tensor-parallel`: the group's ranks; a group that spans nodes finds its
         # share of them and its leader from the LeaderWorkerSet's LWS_* variables.
         cfg["tensor_parallel"] = tensor
+    if engine.prefill_chunk_tokens is not None:
+        cfg["prefill_chunk_tokens"] = engine.prefill_chunk_tokens
     if engine.kv_blocks is not None:
         cfg["num_blocks"] = engine.kv_blocks
     if engine.kv_memory_fraction is not None:

@@ -10,18 +10,32 @@ from tandem.operator.config import OperatorConfig
 from tandem.operator.spec import InferenceServiceSpec, to_json
 
 
+def _ref(repo: str, tag: str) -> str:
+    if tag.startswith("@"):
+        return repo + tag
+    if tag.startswith("sha256:"):
+        return f"{repo}@{tag}"
+    return f"{repo}:{tag}"
+
+
 def image_ref(spec: InferenceServiceSpec, config: OperatorConfig) -> tuple[str, str]:
-    """(image, pullPolicy): the CR's image fields, each falling back to the operator's default."""
+    """The workers' (image, pullPolicy): spec.image's fields, each falling back to the operator's default."""
     image = spec.image
     repo = (image and image.repository) or config.image_repository
     tag = (image and image.tag) or config.image_tag
-    if tag.startswith("@"):
-        ref = repo + tag
-    elif tag.startswith("sha256:"):
-        ref = f"{repo}@{tag}"
-    else:
-        ref = f"{repo}:{tag}"
-    return ref, (image and image.pull_policy) or config.pull_policy
+    return _ref(repo, tag), (image and image.pull_policy) or config.pull_policy
+
+
+def router_image_ref(spec: InferenceServiceSpec, config: OperatorConfig) -> tuple[str, str]:
+    """The router's (image, pullPolicy), its own image (no torch): spec.router.image's fields, then the
+    operator's router image. A version spec.image pins (a tag, not a digest) pins the router's too, so
+    a CR that holds its workers at a release holds its router there as well."""
+    own, shared = spec.router.image, spec.image
+    repo = (own and own.repository) or config.router_repository
+    pinned = shared.tag if shared and shared.tag and "sha256:" not in shared.tag else None
+    tag = (own and own.tag) or pinned or config.router_tag
+    policy = (own and own.pull_policy) or (shared and shared.pull_policy) or config.pull_policy
+    return _ref(repo, tag), policy
 
 
 def short_hash(obj: Any, length: int = 10) -> str:

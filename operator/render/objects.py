@@ -137,3 +137,30 @@ def resources(amounts: dict[str, str]) -> dict[str, dict[str, str]]:
     if not amounts:
         return {}
     return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def pod_settings(settings: Any, service_account: str | None = None) -> dict[str, Any]:
+    """The pod-spec fields a platform sets per component (spec/pod.py): priority, runtime class, pull
+    secrets and ServiceAccount (`service_account` when the spec names none)."""
+    out: dict[str, Any] = {}
+    if settings.priority_class_name:
+        out["priorityClassName"] = settings.priority_class_name
+    if settings.runtime_class_name:
+        out["runtimeClassName"] = settings.runtime_class_name
+    if settings.image_pull_secrets:
+        out["imagePullSecrets"] = [{"name": ref.name} for ref in settings.image_pull_secrets]
+    account = settings.service_account_name or service_account
+    if account:
+        out["serviceAccountName"] = account
+    return out
+
+
+def disruption_budget(meta: dict, component: str, budget: Any) -> Manifest:
+    """A component's PodDisruptionBudget: how many of its pods a node drain may take at once."""
+    name = meta["name"]
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(meta, names(name)[component], component, {LABEL_ROLE: component}),
+        "spec": {**budget.budget(), "selector": {"matchLabels": selector_labels(name, component)}},
+    }

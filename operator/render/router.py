@@ -8,7 +8,7 @@ from typing import Any
 from tandem.contracts.names import LABEL_ROLE, ROUTER_PORT
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render.config_files import ROUTER_SHUTDOWN_GRACE_S
-from tandem.operator.render.identity import image_ref
+from tandem.operator.render.identity import router_image_ref
 from tandem.operator.render.objects import (
     CONFIG_DIR,
     Manifest,
@@ -19,6 +19,7 @@ from tandem.operator.render.objects import (
     metadata,
     names,
     pod_identity_env,
+    pod_settings,
     resources,
     service,
 )
@@ -40,7 +41,7 @@ def router_deployment(meta: dict, spec: InferenceServiceSpec, config: OperatorCo
     """No GPU, Restricted pod security, reads pods through its own Role."""
     name = meta["name"]
     pod = {
-        "serviceAccountName": names(name)[ROUTER],
+        **pod_settings(spec.router, names(name)[ROUTER]),
         "terminationGracePeriodSeconds": ROUTER_PRESTOP_S + ROUTER_SHUTDOWN_GRACE_S + 10,
         "securityContext": {
             "runAsNonRoot": True,
@@ -57,7 +58,7 @@ def router_deployment(meta: dict, spec: InferenceServiceSpec, config: OperatorCo
 
 def router_container(name: str, spec: InferenceServiceSpec, config: OperatorConfig) -> dict[str, Any]:
     router = spec.router
-    image, pull_policy = image_ref(spec, config)
+    image, pull_policy = router_image_ref(spec, config)
     amounts = {key: value for key, value in (("cpu", router.cpu), ("memory", router.memory))
                if value is not None}
     return {
@@ -102,15 +103,15 @@ def router_service(meta: dict, spec: InferenceServiceSpec) -> Manifest:
     return service(meta, ROUTER, svc.port, type=svc.type)
 
 
-def router_rbac(meta: dict) -> list[Manifest]:
-    """ServiceAccount + Role + RoleBinding: the router discovers workers by listing pods."""
+def router_rbac(meta: dict, spec: InferenceServiceSpec) -> list[Manifest]:
+    """ServiceAccount + Role + RoleBinding: the router discovers workers by listing pods. With
+    router.serviceAccountName the Role is bound to that account and none is created."""
     account = names(meta["name"])[ROUTER]
+    subject = spec.router.service_account_name or account
+    own = [] if spec.router.service_account_name else [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(meta, account, ROUTER)}]
     return [
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": metadata(meta, account, ROUTER),
-        },
+        *own,
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
@@ -134,6 +135,6 @@ def router_rbac(meta: dict) -> list[Manifest]:
             "kind": "RoleBinding",
             "metadata": metadata(meta, account, ROUTER),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
-            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": meta["namespace"]}],
+            "subjects": [{"kind": "ServiceAccount", "name": subject, "namespace": meta["namespace"]}],
         },
     ]

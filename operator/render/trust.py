@@ -2,8 +2,9 @@
 NetworkPolicy that keeps every other pod off the workers' ports. Pure.
 
 The Secret's value is random, so it is not rendered here: the operator creates it once
-(`apply.ensure_internal_secret`, create-if-absent: it never reads Secrets) and the pods take it
-from `secretKeyRef`. Workers require it on /internal/* and on the TCP KV port
+(`apply.ensure_internal_secret`, create-if-absent: it never reads Secrets; `ownership.secret_record`
+says when an existing one may be used) and the pods take it from `secretKeyRef`; its uid on the pod
+templates rolls them when it is created again. Workers require it on /internal/* and on the TCP KV port
 (tandem.contracts.internal_auth).
 """
 
@@ -19,6 +20,9 @@ from tandem.operator.render.objects import Manifest, metadata, names
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
 
 SECRET_KEY = "secret"
+# On every pod template: the uid of the internal Secret its pods read. A Secret deleted and created
+# again (a new value) changes it, and the pods roll onto the new value (issue 21.8).
+ANNOTATION_SECRET_UID = "tandem.dev/internal-secret-uid"
 
 
 def internal_secret_env(name: str) -> dict[str, Any]:
@@ -36,6 +40,15 @@ def internal_secret(meta: dict) -> Manifest:
         "metadata": metadata(meta, names(meta["name"])["internal"], "internal"),
         "stringData": {SECRET_KEY: secrets.token_urlsafe(32)},
     }
+
+
+def with_secret_uid(uid: str | None, manifests: list[Manifest]) -> list[Manifest]:
+    """Annotates every pod template among `manifests` with the internal Secret's uid (when known)."""
+    for m in manifests if uid else ():
+        template = (m.get("spec") or {}).get("template")
+        if template is not None:
+            template.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_SECRET_UID] = uid
+    return manifests
 
 
 def network_policy(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig) -> Manifest:

@@ -29,6 +29,7 @@ from tandem.operator.render.objects import (
     config_volume,
     deployment,
     pod_identity_env,
+    pod_settings,
     resources,
     selector_labels,
     service,
@@ -98,7 +99,7 @@ def worker_pod_spec(name: str, spec: InferenceServiceSpec, role: str, config: Op
             }
         ],
     }
-    return pod | placement(role_spec, spec.kv_transfer)
+    return pod | placement(role_spec, spec.kv_transfer) | pod_settings(role_spec)
 
 
 def worker_container(name: str, spec: InferenceServiceSpec, role: str, config: OperatorConfig,

@@ -29,8 +29,11 @@ from typing import Any, NewType
 Quantity = NewType("Quantity", str)
 # An object passed through untouched (a core/v1 Affinity, an EnvVarSource): schema-less here.
 FreeForm = NewType("FreeForm", dict)
+# A count or a percentage of pods (a PodDisruptionBudget's maxUnavailable: 1 or "25%").
+IntOrPercent = NewType("IntOrPercent", str)
 
 QUANTITY_PATTERN = r"^([+]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+PERCENT_PATTERN = r"^(100|[1-9]?[0-9])%$"
 
 
 class _Missing:
@@ -228,6 +231,13 @@ def _scalar(tp: Any, raw: Any, path: str) -> Any:
             return raw
         if isinstance(raw, int) and not isinstance(raw, bool):
             return str(raw)
+    elif tp is IntOrPercent:  # kept as the JSON had it: an int, or a string like "25%"
+        if isinstance(raw, str):
+            _check({"pattern": PERCENT_PATTERN}, raw, path)
+            return raw
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            _check({"minimum": 0}, raw, path)
+            return raw
     elif tp is bool:
         if isinstance(raw, bool):
             return raw
@@ -252,6 +262,7 @@ def _scalar(tp: Any, raw: Any, path: str) -> Any:
 
 def _wrong_type(tp: Any, raw: Any, path: str) -> Any:
     want = {FreeForm: "an object", Quantity: "a quantity (a number or a string like 64Gi)",
+            IntOrPercent: "a number of pods or a percentage like 25%",
             bool: "true or false", int: "an integer", float: "a number", str: "a string"}[tp]
     raise SpecError(path, f"expected {want}, got {_show(raw)}")
 

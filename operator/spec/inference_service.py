@@ -12,16 +12,21 @@ from typing import Any, ClassVar
 
 from tandem.contracts.internal_auth import SECRET_ENV
 from tandem.contracts.names import Role
-from tandem.contracts.routing import (
-    DECODE_HEADROOM_SEQUENCES,
-    PREFILL_SATURATED_TOKENS,
-    PREFIX_SEQUENCE_COST_TOKENS,
-    RoutingPolicy,
-)
 from tandem.operator.spec.autoscaling import AutoscalingSpec
 from tandem.operator.spec.fields import FreeForm, Quantity, Rule, api_field, parse, to_json
-from tandem.operator.spec.model import DNS_SUBDOMAIN, Model, api_type
+from tandem.operator.spec.model import Model, api_type
 from tandem.operator.spec.parallelism import Parallelism, gpus_rule
+from tandem.operator.spec.pod import (
+    DisruptionBudget,
+    Image,
+    LocalObjectReference,
+    image_pull_secrets,
+    pod_disruption_budget,
+    priority_class_name,
+    runtime_class_name,
+    service_account_name,
+)
+from tandem.operator.spec.router import Router
 
 # Variables the operator sets in every worker itself; the CRD refuses them in a role's env.
 RESERVED_ENV = ("POD_IP", "POD_NAME", "TANDEM_GENERATION", SECRET_ENV)
@@ -80,6 +85,10 @@ class Engine:
         description="Tokens processed in one forward step.")
     max_num_seqs: int = api_field(
         "maxNumSeqs", minimum=1, maximum=4096, default=64, description="Sequences in the running batch.")
+    prefill_chunk_tokens: int | None = api_field(
+        "prefillChunkTokens", minimum=1, maximum=1048576,
+        description="Prompt tokens one step may compute beside the running streams, which wait at most one such "
+        "chunk per step (unset: the worker's default for the {role} role; `tandem plan` recommends one).")
     kv_blocks: int | None = api_field(
         "kvBlocks", minimum=1, maximum=16777216,
         description="KV cache size in blocks (instead of kvMemoryFraction).")
@@ -130,6 +139,14 @@ class WorkerRole:
     termination_grace_period_seconds: int = api_field(
         "terminationGracePeriodSeconds", minimum=0, maximum=86400, default=60,
         description="Time a stopping worker gets to finish its requests.")
+    # Pod settings a platform needs (spec/pod.py).
+    priority_class_name: str | None = priority_class_name()
+    runtime_class_name: str | None = runtime_class_name()
+    image_pull_secrets: tuple[LocalObjectReference, ...] | None = image_pull_secrets()
+    service_account_name: str | None = service_account_name(
+        "ServiceAccount of the {role} pods (it must exist), e.g. one a cloud maps to an identity that may read "
+        "the weights. Its token is not mounted: workers never call the Kubernetes API.")
+    pod_disruption_budget: DisruptionBudget = pod_disruption_budget()
 
     RULES: ClassVar[tuple[Rule, ...]] = (gpus_rule(),)
 
@@ -204,69 +221,6 @@ class KVTransfer:
 
 
 @api_type
-class RouterService:
-    """The router's Service: the InferenceService's endpoint."""
-
-    type: str = api_field("type", enum=["ClusterIP", "NodePort", "LoadBalancer"], default="ClusterIP")
-    port: int = api_field("port", minimum=1, maximum=65535, default=8000, description="Port of the router Service.")
-
-
-@api_type
-class RouterLimits:
-    """What the router refuses with a 4xx before any worker sees the request."""
-
-    max_prompt_tokens: int | None = api_field(
-        "maxPromptTokens", minimum=1, description="Longest prompt accepted (default: model.maxModelLen - 1).")
-    max_output_tokens: int | None = api_field(
-        "maxOutputTokens", minimum=1, description="Largest max_tokens accepted.")
-    max_body_bytes: int = api_field(
-        "maxBodyBytes", minimum=1024, maximum=1073741824, default=1048576,
-        description="Largest request body in bytes.")
-
-
-@api_type
-class SecretKeyRef:
-    """A key of a Secret in the InferenceService's namespace."""
-
-    name: str = api_field("name", max_length=253, pattern=DNS_SUBDOMAIN)
-    key: str = api_field("key", max_length=253, pattern="^[-._a-zA-Z0-9]+$", default="api-key")
-
-
-@api_type
-class Router:
-    """The OpenAI-compatible router in front of the workers."""
-
-    replicas: int = api_field("replicas", minimum=0, maximum=100, default=1)
-    service: RouterService = api_field("service", default={})
-    policy: str = api_field(
-        "policy", enum=[p.value for p in RoutingPolicy], default=RoutingPolicy.LEAST_LOADED.value,
-        description="How the router picks workers: least-loaded (prefill by queued prompt tokens, decode "
-        "by running sequences and KV usage), round-robin (each pool in turn) or prefix-aware (by the prompt "
-        "tokens a worker must still compute, from the prefix cache it holds, weighed against its load).")
-    short_prompt_tokens: int = api_field(
-        "shortPromptTokens", minimum=0, maximum=1048576, default=0,
-        description="Prompts below this many tokens skip prefill and are prefilled by decode (0: always "
-        "disaggregate); prefix-aware: also a prompt whose decode worker holds all but this many tokens.")
-    prefill_saturated_tokens: int = api_field(
-        "prefillSaturatedTokens", minimum=0, maximum=1048576, default=PREFILL_SATURATED_TOKENS,
-        description="Load-aware disaggregation: when every prefill worker has this many prompt tokens "
-        "queued, a decode worker with headroom prefills the prompt itself (0: never).")
-    decode_headroom_sequences: int = api_field(
-        "decodeHeadroomSequences", minimum=1, maximum=65536, default=DECODE_HEADROOM_SEQUENCES,
-        description="A decode worker running fewer sequences than this (with KV usage under 90% and a "
-        "shorter prompt queue than prefill) has headroom to prefill when prefill is saturated.")
-    prefix_sequence_cost_tokens: int = api_field(
-        "prefixSequenceCostTokens", minimum=0, maximum=1048576, default=PREFIX_SEQUENCE_COST_TOKENS,
-        description="prefix-aware: how many prompt tokens one sequence running on a decode worker weighs "
-        "against the prefix it holds (higher spreads a hot prefix sooner).")
-    limits: RouterLimits = api_field("limits", default={})
-    api_key_secret_ref: SecretKeyRef | None = api_field(
-        "apiKeySecretRef", description="A Secret holding the API key clients must send as a Bearer token.")
-    cpu: Quantity | None = api_field("cpu", description="CPU request and limit per router pod.")
-    memory: Quantity | None = api_field("memory", description="Memory request and limit per router pod.")
-
-
-@api_type
 class NetworkPolicySpec:
     """Who may reach the worker pods: the operator renders one NetworkPolicy per InferenceService."""
 
@@ -278,19 +232,6 @@ class NetworkPolicySpec:
         "metricsFrom", max_items=16,
         description="NetworkPolicyPeers also allowed to the workers' http port, e.g. Prometheus "
         "(/metrics). The internal API on that port still needs the service's secret.")
-
-
-@api_type
-class Image:
-    """The Tandem image of workers and router; what is unset comes from the operator's config."""
-
-    repository: str | None = api_field(
-        "repository", max_length=512,
-        pattern="^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
-    tag: str | None = api_field(
-        "tag", max_length=128,
-        pattern="^[A-Za-z0-9_][A-Za-z0-9_.-]*(@sha256:[a-f0-9]{64})?$|^@?sha256:[a-f0-9]{64}$")
-    pull_policy: str | None = api_field("pullPolicy", enum=["Always", "IfNotPresent", "Never"])
 
 
 @api_type
@@ -314,10 +255,12 @@ class InferenceServiceSpec:
     kv_transfer: KVTransfer = api_field(
         "kvTransfer", default={}, description="How prefill hands the KV cache to decode.")
     router: Router = api_field(
-        "router", default={}, description="The OpenAI-compatible router: the service's endpoint.")
+        "router", default={}, description="The OpenAI-compatible router: the service's endpoint.",
+        context={"role": ROUTER})
     image: Image | None = api_field(
-        "image", description="The Tandem image for workers and router; unset fields come from the "
-        "operator's configuration.")
+        "image", description="The Tandem worker image (prefill and decode); unset fields come from the "
+        "operator's configuration. A tag set here also pins the router's image tag unless router.image sets "
+        "one.")
     network_policy: NetworkPolicySpec = api_field(
         "networkPolicy", default={}, description="Who may reach the worker pods.")
     autoscaling: AutoscalingSpec | None = api_field(

@@ -13,9 +13,11 @@ from typing import Any
 
 from tandem.operator.spec.fields import (
     MISSING,
+    PERCENT_PATTERN,
     QUANTITY_PATTERN,
     Decl,
     FreeForm,
+    IntOrPercent,
     Quantity,
     Rule,
     declared_fields,
@@ -93,6 +95,9 @@ def _type_schema(tp: Any, decl: Decl, context: dict[str, str]) -> dict[str, Any]
     if tp is Quantity:
         return {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}],
                 "pattern": QUANTITY_PATTERN}
+    if tp is IntOrPercent:
+        return {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}],
+                "minimum": 0, "pattern": PERCENT_PATTERN}
     if tp is FreeForm:
         return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     if tp in _SCALARS:

@@ -33,24 +33,17 @@ from tandem.contracts.names import (
     LABEL_ROLE,
     LABEL_SERVICE,
     Role,
+    controller_ref,
     pod_ready,
     pod_url,
     serves_requests,
 )
-from tandem.router.pool import Target
+from tandem.router.worker_client import describe
+from tandem.router.workers import Target
 
 log = logging.getLogger("tandem.router.discovery")
 
 Getter = Callable[[str], "dict[str, Any] | None"]  # name -> the object as a JSON dict, None if absent
-
-
-def controller_ref(obj: dict[str, Any], kind: str, group: str) -> dict[str, Any] | None:
-    """The object's controller ownerReference if it is a `kind` of API group `group`, else None."""
-    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("controller"):
-            api_group = str(ref.get("apiVersion", "")).rpartition("/")[0]
-            return ref if ref.get("kind") == kind and api_group == group else None
-    return None
 
 
 def _owner(obj: dict[str, Any], kind: str, group: str, get: Getter) -> dict[str, Any] | None:
@@ -239,5 +232,5 @@ class KubernetesDiscovery:
                     log.warning("pod watch failed: %s; relisting", exc.reason)
                     self._stop.wait(1.0)
             except Exception as exc:  # the API server restarting, a dropped connection
-                log.warning("pod watch failed: %r; relisting", exc)
+                log.warning("pod watch failed: %s; relisting", describe(exc))  # never a repr: see describe
                 self._stop.wait(1.0)

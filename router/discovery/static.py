@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tandem.contracts.names import Role
-from tandem.router.pool import Target
+from tandem.router.workers import Target
 
 
 def static_targets(prefill: list[str], decode: list[str]) -> list[Target]:

@@ -1,8 +1,9 @@
 """The routing policy interface: what a policy sees (one request's info, a snapshot of the workers)
 and what it decides (a plan, a prefill retry target, a decode resume target).
 
-A policy only decides. The request state machine (orchestrator.py) makes every call, retry and
-abort, so a new policy plugs in without touching it. A policy that routes by prefix sets
+A policy only decides. The request state machine (decide.py) asks it for workers and the driver
+(orchestrator.py) makes every call, retry and abort, so a new policy plugs in without touching
+either. A policy that routes by prefix sets
 `uses_prefix_index`: the router then keeps a `PrefixIndex` (which worker holds which block
 hashes, fed by the workers' KV events) and hands it over in `PolicySettings.prefix_index`.
 
@@ -15,6 +16,9 @@ its subclasses:
   decode worker, which prefills it itself; so does every prompt when no prefill worker is usable.
   Token counts are exact when the router tokenized the prompt (or the client sent ids), else
   characters / 4 (about what BPE tokenizers average on English).
+- Proven pairings only: a worker takes part in a KV handoff only once the router's parity probe
+  verified it (router/parity.py; `handoff_allowed`); a generation with no proven pair is served by
+  decode-side prefill (route `parity_unverified`, or `parity_mismatch` when a probe disagreed).
 - Load-aware disaggregation (`prefill_saturated`): when every ready prefill worker of the paired
   generation already has at least `prefill_saturated_tokens` prompt tokens queued, a
   decode-capable worker with headroom prefills the prompt itself, in the small chunks its engine
@@ -32,6 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+from tandem.contracts.handoff_parity import ParityState
 from tandem.contracts.names import Role
 from tandem.contracts.prefix import block_hashes
 from tandem.contracts.routing import (
@@ -69,11 +74,24 @@ class WorkerView:
     router_inflight: int = 0
     router_prompt_tokens: int = 0
     tokenizer_sha256: str = ""  # what its /internal/info reports ("" unknown)
+    dtype: str = ""  # its KV cache's dtype, from /internal/info
+    # Its standing from the handoff parity probe (router/parity.py); None: the router does not probe.
+    parity: ParityState | None = None
 
     @property
     def serves_decode(self) -> bool:
         """Decode workers prefill themselves when needed; colocated workers do both."""
         return self.role in (Role.DECODE, Role.COLOCATED)
+
+    @property
+    def handoff_allowed(self) -> bool:
+        """May take part in a prefill-to-decode KV handoff: proven by the parity probe (or not probed)."""
+        return self.parity is None or self.parity is ParityState.VERIFIED
+
+    @property
+    def parity_mismatch(self) -> bool:
+        """A parity probe found it disagreeing: no KV is ever handed to it."""
+        return self.parity is ParityState.MISMATCH
 
 
 @dataclass(frozen=True)
@@ -199,13 +217,20 @@ class PairedPolicy(RoutingPolicy):
         gen = pick_generation(prefill, decode)
         if gen is None:
             return Plan(self.pick_decode(request, decode), None, RouteReason.NO_MATCHING_GENERATION)
+        proven = pick_generation([w for w in prefill if w.handoff_allowed], [w for w in decode if w.handoff_allowed])
+        if proven is None:  # no pairing the parity probe has proven (yet): as without a prefill pool
+            failed = any(w.parity_mismatch for w in [*prefill, *decode] if w.generation == gen)
+            reason = RouteReason.PARITY_MISMATCH if failed else RouteReason.PARITY_UNVERIFIED
+            return Plan(self.pick_decode(request, decode), None, reason)
+        gen = proven
+        prefill = [w for w in prefill if w.handoff_allowed]
         pool = [w for w in prefill if w.generation == gen]
         helper = self.saturated_helper(request, pool, decode)
         if helper is not None:
             return Plan(helper, None, RouteReason.PREFILL_SATURATED)
         p = self.pick_prefill(request, pool)
         # prefer a pure decode worker for the handoff: colocated ones are the fallback pool
-        paired = [w for w in decode if w.generation == gen]
+        paired = [w for w in decode if w.generation == gen and w.handoff_allowed]
         pure = [w for w in paired if w.role is Role.DECODE]
         return Plan(self.pick_decode(request, pure or paired), p, RouteReason.DISAGGREGATED)
 
@@ -228,7 +253,7 @@ class PairedPolicy(RoutingPolicy):
         pool = [
             w for w in workers
             if w.ready and w.url not in exclude and w.role is Role.PREFILL
-            and w.generation == plan.decode.generation
+            and w.generation == plan.decode.generation and w.handoff_allowed
         ]
         return self.pick_prefill(request, pool) if pool else None
 

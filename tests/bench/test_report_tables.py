@@ -86,6 +86,21 @@ def test_targets_mark_met_and_missed_with_the_factor():
     assert rows["itl.p99"]["met"]  # 20 ms <= 30 ms
 
 
+def test_the_peer_is_compared_per_repetition_but_never_taken_as_a_colocated_arm():
+    arms = {**ARMS, "vllm": {"disaggregated": False, "peer": True, "dtype": "bfloat16", "description": "vLLM"}}
+    # vLLM has the shortest gaps of all: were it a colocated candidate, it would be the reference
+    runs = [*_runs(), _run("vllm", 0, 0.01, ttft=0.2), _run("vllm", 1, 0.04, ttft=0.3)]
+    c = compare(runs, arms)["disagg"]
+    assert c["against"] == ["colo-a", "colo-b"]
+    assert c["ratios"]["itl.p50"]["min"] == pytest.approx(0.4)
+    peer = c["peers"]["vllm"]
+    assert (peer["itl.p50"]["min"], peer["itl.p50"]["max"]) == pytest.approx((0.5, 2.0))  # 0.02/0.04, 0.02/0.01
+    assert (peer["ttft.p50"]["min"], peer["ttft.p50"]["max"]) == pytest.approx((2.0, 3.0))
+    rows = {t["target"]: t for t in targets(runs, arms, compare(runs, arms))}
+    assert not rows["ttft.p50 disaggregated / vllm"]["met"]  # 2.5 > 1.2
+    assert rows["itl.p50 disaggregated / vllm"]["factor"] == pytest.approx(1.25)  # median 1.25 against 1.0
+
+
 def test_markdown_and_committed_summary_from_a_synthetic_result():
     runs = _runs()
     result = {

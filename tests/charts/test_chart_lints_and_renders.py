@@ -35,6 +35,7 @@ def test_default_install_renders_the_operator_and_its_rbac(helm_bin: Path) -> No
         "ServiceAccount", "Service", "Deployment", "Pod",  # Pod: the `helm test` hook
         "ClusterRole", "ClusterRoleBinding",  # the operator's rules, every namespace
         "ClusterRole", "ClusterRoleBinding",  # kopf's CRD scanning
+        "Role", "RoleBinding",  # leader election: the Lease in the release namespace
     ])
     for obj in objs:
         labels = obj["metadata"]["labels"]
@@ -48,8 +49,14 @@ def test_default_install_renders_the_operator_and_its_rbac(helm_bin: Path) -> No
 
 def test_optional_parts_render_when_enabled(helm_bin: Path) -> None:
     objs = render(helm_bin, **ALL_ON)
-    monitor = find(objs, "PodMonitor")
-    assert len(monitor) == 1
+    monitors = {m["metadata"]["name"]: m for m in find(objs, "PodMonitor")}
+    assert sorted(monitors) == ["rel-tandem-operator", "rel-tandem-workloads"]
+    operator = monitors["rel-tandem-operator"]["spec"]
+    assert operator["namespaceSelector"] == {"matchNames": ["tandem-system"]}
+    assert operator["selector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    (endpoint,) = operator["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"], endpoint["honorLabels"]) == ("health", "/metrics", True)
+    monitor = [monitors["rel-tandem-workloads"]]
     spec = monitor[0]["spec"]
     assert spec["namespaceSelector"] == {"matchNames": ["llm-a", "llm-b"]}
     relabel = {r["targetLabel"]: r["sourceLabels"] for r in spec["podMetricsEndpoints"][0]["relabelings"]}

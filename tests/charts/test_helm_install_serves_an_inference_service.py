@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -194,9 +195,12 @@ def test_helm_install_then_apply_an_example_serves_it_and_uninstall_cleans_up(
         kinds = sorted(k for k, _, _ in objects)
         rbac = (["ClusterRole", "ClusterRoleBinding"] * 2 if watch == "all-namespaces"
                 else ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"])
-        assert kinds == sorted(["ServiceAccount", "Service", "Deployment", *rbac])
+        election = ["Role", "RoleBinding"]  # the replicas' Lease, in the operator's namespace
+        assert kinds == sorted(["ServiceAccount", "Service", "Deployment", *rbac, *election])
+        assert {ns for kind, name, ns in objects if name.endswith("-leader-election")} == {ops}
         if watch == "one-namespace":
-            assert {ns for kind, _, ns in objects if kind.startswith("Role")} == {llm}
+            assert {ns for kind, name, ns in objects
+                    if kind.startswith("Role") and not name.endswith("-leader-election")} == {llm}
         for kind, name, ns in objects:
             args = ["-n", ns] if ns else []
             k8s.kubectl(*args, "get", kind.lower(), name)  # each exists on the API server
@@ -206,7 +210,7 @@ def test_helm_install_then_apply_an_example_serves_it_and_uninstall_cleans_up(
         # The operator's own pod was admitted by the namespace's enforced Restricted level
         # (helm --wait saw the Deployment available: KWOK runs the pod on the CPU node).
         deploy = kubectl_json(k8s, "-n", ops, "get", "deployment", deploy_name)
-        assert deploy["status"].get("availableReplicas") == 1
+        assert deploy["status"].get("availableReplicas") == 2  # a leader and a standby
         pod_template = deploy["spec"]["template"]
         assert restricted_violations(pod_template["spec"]) == []
 
@@ -295,6 +299,14 @@ def test_helm_install_then_apply_an_example_serves_it_and_uninstall_cleans_up(
             for cond in ("PrefillReady", "DecodeReady", "RouterReady"):
                 assert condition(tis, cond)["status"] == "True", cond
 
+            # Workers run the worker image, the router its own (the chart's defaults; no torch in it).
+            images = {d["metadata"]["labels"]["tandem.dev/role"]: d["spec"]["template"]["spec"]["containers"][0]["image"]
+                      for d in kubectl_json(k8s, "-n", llm, "get", "deployments",
+                                            "-l", f"tandem.dev/service={name}")["items"]}
+            assert images == {"prefill": "ghcr.io/tandem-dev/tandem-worker:0.1.0",
+                              "decode": "ghcr.io/tandem-dev/tandem-worker:0.1.0",
+                              "router": "ghcr.io/tandem-dev/tandem-router:0.1.0"}, images
+
             # The real scheduler put each role on its pool (GPU nodes are tainted).
             nodes = {n["metadata"]["name"]: n["metadata"]["labels"].get(POOL_LABEL)
                      for n in kubectl_json(k8s, "get", "nodes")["items"]}
@@ -311,8 +323,10 @@ def test_helm_install_then_apply_an_example_serves_it_and_uninstall_cleans_up(
 
             # The chart's optional PodMonitor (rendered, not installed: no Prometheus Operator
             # here) selects exactly these pods, on a container port they have.
-            monitor = find(render(k8s.bin_dir / "helm", release=RELEASE, namespace=ops,
-                                  **{"monitoring.podMonitor.enabled": True}), "PodMonitor")[0]
+            monitors = {m["metadata"]["name"].rsplit("-", 1)[-1]: m for m in find(
+                render(k8s.bin_dir / "helm", release=RELEASE, namespace=ops,
+                       **{"monitoring.podMonitor.enabled": True}), "PodMonitor")}
+            monitor = monitors["workloads"]
             keys = [e["key"] for e in monitor["spec"]["selector"]["matchExpressions"]]
             selected = kubectl_json(k8s, "-n", llm, "get", "pods", "-l", ",".join(keys))["items"]
             assert sorted(p["metadata"]["name"] for p in selected) == sorted(
@@ -321,6 +335,20 @@ def test_helm_install_then_apply_an_example_serves_it_and_uninstall_cleans_up(
             for pod in pods:
                 ports = [p.get("name") for c in pod["spec"]["containers"] for p in c.get("ports", [])]
                 assert port_name in ports, (pod["metadata"]["name"], ports)
+
+            # The operator's PodMonitor selects the chart's two operator pods, on their health port;
+            # the operator serves its own metrics there (here: this process, the leader).
+            labels = ",".join(f"{k}={v}" for k, v in monitors["operator"]["spec"]["selector"]["matchLabels"].items())
+            operator_pods = kubectl_json(k8s, "-n", ops, "get", "pods", "-l", labels)["items"]
+            assert len(operator_pods) == 2
+            for pod in operator_pods:
+                assert "health" in [p.get("name") for c in pod["spec"]["containers"] for p in c.get("ports", [])]
+            metrics_url = f"http://127.0.0.1:{health_port}/metrics"
+            with urllib.request.urlopen(metrics_url, timeout=5) as resp:
+                scraped = resp.read().decode()
+            assert "tandem_operator_leader 1.0" in scraped, scraped[-2000:]
+            assert re.search(r'tandem_operator_reconciles_total\{trigger="spec"\} [1-9]', scraped), scraped[-3000:]
+            assert "tandem_operator_reconcile_duration_seconds_bucket" in scraped
 
             table = k8s.kubectl("-n", llm, "get", "tis").stdout
             row = next(line for line in table.splitlines() if line.startswith(name))

@@ -1,6 +1,6 @@
-"""The operator Deployment: one replica, Recreate, probed on kopf's liveness endpoint, the
-worker defaults in its environment, and its pod (and the `helm test` pod) at the Restricted
-Pod Security level."""
+"""The operator Deployment: two replicas electing a leader on a Lease, rolled one pod at a time,
+probed on its liveness endpoint, the worker defaults in its environment, and its pod (and the
+`helm test` pod) at the Restricted Pod Security level."""
 
 from __future__ import annotations
 
@@ -11,11 +11,21 @@ from tandem.testing.chart import find, operator_container, operator_deployment, 
 from tandem.testing.pod_security import restricted_violations
 
 
-def test_one_replica_recreated_never_rolled(helm_bin: Path) -> None:
-    spec = operator_deployment(render(helm_bin))["spec"]
-    assert spec["replicas"] == 1
-    # RollingUpdate would run the old and the new operator side by side for a while.
-    assert spec["strategy"] == {"type": "Recreate"}
+def test_two_replicas_elect_a_leader_and_roll_one_at_a_time(helm_bin: Path) -> None:
+    objs = render(helm_bin)
+    spec = operator_deployment(objs)["spec"]
+    assert spec["replicas"] == 2
+    # Safe with the election: a new pod stands by until the old leader releases the Lease.
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    args = operator_container(objs)["args"]
+    assert "--leader-election" in args and "--leader-election-name=rel-tandem-operator" in args
+    assert "--lease-duration-seconds=15" in args and "--lease-renew-deadline-seconds=10" in args
+    env = {e["name"]: e.get("valueFrom") for e in operator_container(objs)["env"]}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["topologyKey"] == \
+        "kubernetes.io/hostname", "the standby prefers another node"
 
 
 def test_liveness_probe_hits_the_endpoint_the_operator_serves(helm_bin: Path) -> None:
@@ -52,8 +62,13 @@ def test_worker_defaults_reach_the_operator(helm_bin: Path) -> None:
     })
     env = {e["name"]: e.get("value") for e in operator_container(objs)["env"]}
     assert env["TANDEM_WORKER_IMAGE"] == "registry.example/tandem-worker:1.2.3"
+    assert env["TANDEM_ROUTER_IMAGE"] == "ghcr.io/tandem-dev/tandem-router:0.1.0", "its own image, by default"
+    routed = render(helm_bin, **{"routerDefaults.image.repository": "registry.example/tandem-router",
+                                 "routerDefaults.image.tag": "2.0"})
+    routed_env = {e["name"]: e.get("value") for e in operator_container(routed)["env"]}
+    assert routed_env["TANDEM_ROUTER_IMAGE"] == "registry.example/tandem-router:2.0"
     assert env["TANDEM_IMAGE_PULL_POLICY"] == "Always"
-    assert env["TANDEM_RESYNC_SECONDS"] == "30"
+    assert env["TANDEM_RESYNC_SECONDS"] == "60"
 
 
 def test_images_default_to_the_chart_app_version(helm_bin: Path) -> None:

@@ -1,18 +1,19 @@
 """The chart's RBAC grants exactly the operator's calls: cluster-wide by default, per watched
-namespace when asked, never a wildcard, a Secret read, a pod made or removed (pods are only
-annotated: the pods a scale-down removes), or a delete but of a worker role's own workload when it
-changes kind (a Deployment <-> a LeaderWorkerSet, when its groups start or stop spanning nodes). (That nothing is
-missing is proved by the end-to-end test, which runs the operator with these rules.)"""
+namespace when asked, never a wildcard, a Secret read (but the hub tokens named in the values),
+a pod made, removed or changed (issue 21.7: `pods: patch` only where the planner is allowed to mark
+the pods a scale-down removes, a Role per named namespace, never cluster-wide), or a delete but of a
+worker role's own workload when it changes kind (a Deployment <-> a LeaderWorkerSet). (That nothing
+is missing is proved by the end-to-end tests, which run the operator with these rules.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tandem.testing.chart import find, render
+from tandem.testing.chart import CHART_DIR, find, render, run_helm, set_json_args
 
 # (apiGroup, resource) -> verbs: the operator's calls (operator/apply.py, handlers.py, kopf).
 EXPECTED = {
-    ("tandem.dev", "inferenceservices"): {"get", "list", "watch", "patch"},
+    ("tandem.dev", "inferenceservices"): {"get", "list", "watch"},  # kopf writes nothing on them
     ("tandem.dev", "inferenceservices/status"): {"patch"},
     # server-side apply: PATCH, plus `create` when the PATCH creates the object
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
@@ -23,11 +24,12 @@ EXPECTED = {
     ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"},
+    ("policy", "poddisruptionbudgets"): {"get", "create", "patch"},
     ("", "persistentvolumeclaims"): {"get", "create", "patch"},  # a hub model's shared cache
     ("batch", "jobs"): {"get", "create", "patch"},  # its download, once per commit
     ("", "secrets"): {"create"},  # each service's internal secret, created once; never read
-    ("", "pods"): {"get", "list", "watch", "patch"},  # patch: the scale-down's pod-deletion-cost
-    # held to grant the router's Role (owner-chain discovery)
+    ("", "pods"): {"get", "list", "watch"},
+    # the owner chain of the pods the operator trusts (and the router's Role grants the same)
     ("apps", "replicasets"): {"get"},
     ("apps", "statefulsets"): {"get"},
     ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
@@ -36,13 +38,20 @@ EXPECTED = {
 # The only kinds the operator deletes: a role's workload of the kind it no longer uses.
 WORKLOADS = {"deployments", "leaderworkersets"}
 FRAMEWORK = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
+LEASE = {("coordination.k8s.io", "leases"): {"get", "update", "create"}}
+
+
+def election_roles(objs: list[dict]) -> list[dict]:
+    return [r for r in find(objs, "Role") if r["metadata"]["name"].endswith("-leader-election")]
 
 
 def grants(role: dict) -> dict[tuple[str, str], set[str]]:
     out: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
-        assert "*" not in rule["apiGroups"] and not rule.get("resourceNames"), rule
+        assert "*" not in rule["apiGroups"], rule
+        # Only the Lease is named: get/update of that one object (create cannot be limited by name).
+        assert not rule.get("resourceNames") or rule["resources"] == ["leases"], rule
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 out.setdefault((group, resource), set()).update(rule["verbs"])
@@ -60,7 +69,12 @@ def test_cluster_wide_by_default(helm_bin: Path) -> None:
         "rel-tandem-operator-ops": EXPECTED,
         "rel-tandem-operator-ops-framework": FRAMEWORK,
     }
-    assert not find(objs, "Role") and not find(objs, "RoleBinding")
+    (lease,) = election_roles(objs)
+    assert lease["metadata"]["namespace"] == "ops" and grants(lease) == LEASE
+    named = [r for r in lease["rules"] if r.get("resourceNames")]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"],
+                      "resourceNames": ["rel-tandem-operator"]}]
+    assert find(objs, "Role") == [lease] and len(find(objs, "RoleBinding")) == 1
     for binding in find(objs, "ClusterRoleBinding"):
         assert binding["roleRef"]["kind"] == "ClusterRole"
         assert binding["roleRef"]["name"] == binding["metadata"]["name"]
@@ -73,11 +87,11 @@ def test_watched_namespaces_get_roles_and_nothing_cluster_wide_but_discovery(
     objs = render(helm_bin, release="rel", namespace="ops", watchNamespaces=["llm-a", "llm-b"])
     (framework,) = find(objs, "ClusterRole")
     assert grants(framework) == FRAMEWORK | {("", "namespaces"): {"list", "watch"}}
-    roles = find(objs, "Role")
+    roles = [r for r in find(objs, "Role") if r not in election_roles(objs)]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["llm-a", "llm-b"]
     for role in roles:
         assert grants(role) == EXPECTED
-    bindings = find(objs, "RoleBinding")
+    bindings = [b for b in find(objs, "RoleBinding") if not b["metadata"]["name"].endswith("-leader-election")]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["llm-a", "llm-b"]
     for binding in bindings:
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
@@ -95,12 +109,40 @@ def test_nothing_beyond_the_operators_calls(helm_bin: Path) -> None:
             assert "deletecollection" not in verbs
             assert not {"escalate", "bind", "impersonate"} & verbs
             if resource == "pods":
-                assert verbs == {"get", "list", "watch", "patch"}  # never makes or removes pods
+                assert verbs == {"get", "list", "watch"}  # never makes, changes or removes pods
 
 
 def test_rbac_can_be_left_to_the_user(helm_bin: Path) -> None:
     objs = render(helm_bin, **{"rbac.create": False})
     assert not [o for o in objs if o["apiVersion"].startswith("rbac.authorization.k8s.io")]
+
+
+def test_marking_pods_for_removal_is_a_role_per_named_namespace(helm_bin: Path) -> None:
+    """`pods: patch` cannot be limited to annotations by RBAC: it is granted only where asked."""
+    values = {"autoscaling.markPodsForRemoval.enabled": True,
+              "autoscaling.markPodsForRemoval.namespaces": ["llm-a"]}
+    objs = render(helm_bin, release="rel", namespace="ops", **values)
+    for role in find(objs, "ClusterRole"):
+        assert "patch" not in grants(role).get(("", "pods"), set()), "pods: patch cluster-wide"
+    (marker,) = [r for r in find(objs, "Role") if ("", "pods") in grants(r)]
+    assert marker["metadata"]["namespace"] == "llm-a" and grants(marker) == {("", "pods"): {"patch"}}
+    (binding,) = [b for b in find(objs, "RoleBinding") if b["roleRef"]["name"] == marker["metadata"]["name"]]
+    assert binding["metadata"]["namespace"] == "llm-a"
+    assert bound_subjects(binding) == [("ServiceAccount", "rel-tandem-operator", "ops")]
+    args = find(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--mark-pods-for-removal" in args
+    assert "--mark-pods-for-removal" not in find(render(helm_bin), "Deployment")[0]["spec"]["template"][
+        "spec"]["containers"][0]["args"], "off by default"
+
+
+def test_marking_follows_the_watched_namespaces_and_is_never_cluster_wide(helm_bin: Path) -> None:
+    objs = render(helm_bin, release="rel", namespace="ops", watchNamespaces=["llm-a", "llm-b"],
+                  **{"autoscaling.markPodsForRemoval.enabled": True})
+    markers = [r for r in find(objs, "Role") if grants(r) == {("", "pods"): {"patch"}}]
+    assert sorted(r["metadata"]["namespace"] for r in markers) == ["llm-a", "llm-b"]
+    proc = run_helm(helm_bin, "template", "rel", str(CHART_DIR), "--namespace", "ops",
+                    *set_json_args({"autoscaling.markPodsForRemoval.enabled": True}), check=False)
+    assert proc.returncode != 0 and "markPodsForRemoval.namespaces" in proc.stderr, proc.stderr
 
 
 def test_hub_token_secrets_are_read_by_name_only(helm_bin: Path) -> None:

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 import secrets
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from tandem.operator.spec import InferenceServiceSpec
+from tandem.testing.rbac import rbac_md_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "inferenceservices.tandem.dev.yaml"
@@ -81,8 +82,13 @@ CRD_NAME = "inferenceservices.tandem.dev"
 @pytest.fixture(scope="session")
 def crd_installed(k8s) -> str:
     """The CRD applied (server-side, so a later edit of the file updates it) and Established."""
+    from tandem.testing.cluster import wait_until
+
     k8s.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
-    k8s.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+    # Polled: `kubectl wait` fails outright while the new CRD has no status.conditions yet.
+    wait_until(lambda: "True" in k8s.kubectl(
+        "get", f"crd/{CRD_NAME}", "-o", 'jsonpath={.status.conditions[?(@.type=="Established")].status}').stdout,
+        timeout=60, what=f"crd/{CRD_NAME} Established")
     return CRD_NAME
 
 
@@ -151,43 +157,52 @@ def start_operator(k8s, crd_installed, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def documented_rules() -> list[dict]:
-    """operator/RBAC.md's table, one PolicyRule per row: | `group` | `res`, `res` | verb, verb | why |."""
-    rules = []
-    for line in RBAC_MD.read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 4 or not cells[0].startswith("`"):
-            continue
-        group = re.findall(r"`([^`]*)`", cells[0])[0]
-        group = "" if group == '""' else group
-        resources = re.findall(r"`([^`]+)`", cells[1])
-        verbs = [v.strip() for v in cells[2].split(",")]
-        rules.append({"apiGroups": [group], "resources": resources, "verbs": verbs})
-    return rules
+    """operator/RBAC.md's table of what the operator always needs."""
+    return rbac_md_rules(RBAC_MD)
+
+
+@dataclass(frozen=True)
+class ChartRBAC:
+    """The chart's ServiceAccount as a kubeconfig, and the Lease its leader-election Role names."""
+
+    kubeconfig: Path
+    lease: str
+    namespace: str = "default"
+
+    def election(self, duration_s: int = 4) -> list[str]:
+        """`tandem operator` flags for leader election on that Lease (short timings for tests)."""
+        return ["--leader-election", "--leader-election-namespace", self.namespace, "--leader-election-name",
+                self.lease, "--lease-duration-seconds", str(duration_s),
+                "--lease-renew-deadline-seconds", str(duration_s - 1), "--lease-retry-seconds", "1"]
 
 
 @pytest.fixture(scope="module")
-def documented_rbac_kubeconfig(k8s, documented_rules, tmp_path_factory) -> Iterator[Path]:
-    """A kubeconfig of a ServiceAccount bound cluster-wide to exactly RBAC.md's rules (for an operator
-    that must do its job with them); removed at the end of the module."""
-    import yaml
+def chart_rbac(k8s, tmp_path_factory):
+    """chart_rbac(**values) -> ChartRBAC: the Helm chart's own ServiceAccount, bound by exactly the
+    RBAC the chart renders with those values (release namespace `default`); removed at the end."""
+    from tandem.testing.chart import find, render
 
-    name = f"tandem-operator-{secrets.token_hex(3)}"
-    meta = {"name": name}
-    objs = [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": "default"}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": meta,
-         "rules": documented_rules},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": meta,
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}]},
-    ]
-    k8s.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
+    made: list[list[dict]] = []
+
+    def install(**values) -> ChartRBAC:
+        release = f"rbac{secrets.token_hex(3)}"
+        objs = render(k8s.bin_dir / "helm", release=release, namespace="default", **values)
+        rbac = [o for o in objs if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+                                                 "RoleBinding")]
+        made.append(rbac)
+        k8s.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
+        (sa,) = find(rbac, "ServiceAccount")
+        token = k8s.kubectl("create", "token", sa["metadata"]["name"], "-n", "default",
+                            "--duration=1h").stdout.strip()
+        path = k8s.kubeconfig_for_token(token, tmp_path_factory.mktemp("chart-rbac") / "operator.kubeconfig")
+        return ChartRBAC(path, f"{release}-tandem-operator")
+
     try:
-        token = k8s.kubectl("create", "token", name, "-n", "default", "--duration=1h").stdout.strip()
-        yield k8s.kubeconfig_for_token(token, tmp_path_factory.mktemp("rbac") / "operator.kubeconfig")
+        yield install
     finally:
-        k8s.kubectl("delete", "clusterrolebinding,clusterrole", name, "--ignore-not-found", check=False)
-        k8s.kubectl("delete", "serviceaccount", name, "-n", "default", "--ignore-not-found", check=False)
+        for rbac in made:
+            k8s.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=yaml.safe_dump_all(rbac),
+                        check=False)
 
 
 @pytest.fixture(scope="module")

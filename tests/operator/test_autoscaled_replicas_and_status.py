@@ -122,7 +122,7 @@ def test_a_worker_pods_drain_and_kv_lease_fit_in_its_grace_period(typed, meta):
 def test_a_planner_without_history_starts_from_the_current_count(typed):
     """After a restart (or for a newly autoscaled role) a scale-down waits a whole window; a
     scale-up with a 0 s window does not wait."""
-    from tandem.operator.autoscaler import _seeded
+    from tandem.operator.autoscaling.autoscaler import _seeded
     from tandem.operator.autoscaling.planner import PlannerState, _stabilize
 
     a = _spec(typed, {"prefill": {"mode": "External"}, "decode": {"maxReplicas": 8}}).autoscaling

@@ -2,8 +2,8 @@
 renders a LeaderWorkerSet, the LWS controller (built from sigs.k8s.io/lws, its webhooks served by the
 harness) makes the groups, the scheduler places each group's pods on distinct nodes of the decode
 pool within one rack, the InferenceService is Ready only while every pod of a group is, and it
-scales by whole groups; a spec that fits the group on one node again turns it back into a Deployment.
-The operator runs with the RBAC operator/RBAC.md documents.
+scales by whole groups, comes back when deleted (drift); a spec that fits the group on one node again
+turns it back into a Deployment. The operator runs with the Helm chart's RBAC.
 
 The test adds its own KWOK GPU nodes (pool `tp-groups`, two racks of two nodes) so that keeping a
 group inside one rack is a real constraint; they are deleted at the end.
@@ -97,9 +97,14 @@ def _set_ready(api, pod, ready: bool) -> None:
                                                       {"status": {"conditions": conditions}})
 
 
+@pytest.fixture(scope="module")
+def operator(start_operator, chart_rbac):
+    """One operator for the module (two would race for each service's internal Secret)."""
+    return start_operator(kubeconfig=chart_rbac().kubeconfig)
+
+
 def test_a_two_node_decode_group_is_placed_together_ready_as_one_and_scaled_by_groups(
-        k8s, api, start_operator, documented_rbac_kubeconfig, namespace, rack_nodes):
-    start_operator(kubeconfig=documented_rbac_kubeconfig)
+        k8s, api, operator, namespace, rack_nodes):
     name = "tp"
     body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
             "spec": spec()}
@@ -154,6 +159,14 @@ def test_a_two_node_decode_group_is_placed_together_ready_as_one_and_scaled_by_g
     wait_until(lambda: _ready_with(api, namespace, name, "1/1") and sorted(_groups(api, namespace, name)) == ["0"],
                timeout=120, what="one group left, the highest index removed whole")
 
+    # Drift: a deleted LeaderWorkerSet comes back at the next resync, groups and all.
+    crds.delete_namespaced_custom_object("leaderworkerset.x-k8s.io", "v1", namespace, "leaderworkersets",
+                                         f"{name}-decode")
+    wait_until(lambda: crds.get_namespaced_custom_object("leaderworkerset.x-k8s.io", "v1", namespace,
+                                                         "leaderworkersets", f"{name}-decode")["metadata"]["uid"]
+               != lws["metadata"]["uid"], timeout=60, what="the LeaderWorkerSet re-created")
+    wait_until(lambda: _ready_with(api, namespace, name, "1/1"), timeout=120, what="Ready again after the drift")
+
     # Back to one node per group: the LeaderWorkerSet goes, a Deployment of 4-GPU pods takes over.
     crds.patch_namespaced_custom_object(*GVP[:2], namespace, GVP[2], name, {"spec": {"decode": {
         "parallelism": {"tensor": 4, "nodes": 1, "topologyKey": None}}}})
@@ -166,9 +179,8 @@ def test_a_two_node_decode_group_is_placed_together_ready_as_one_and_scaled_by_g
                timeout=60, what="the groups' pods gone")
 
 
-def test_a_group_larger_than_its_pool_is_reported_with_the_numbers(k8s, api, start_operator, namespace):
+def test_a_group_larger_than_its_pool_is_reported_with_the_numbers(k8s, api, operator, namespace):
     """The default decode pool has two nodes: a group of three cannot be placed, and status says why."""
-    start_operator()
     name = "toolarge"
     bad = spec()
     bad["decode"] |= {"gpus": 1, "parallelism": {"tensor": 3, "nodes": 3},
@@ -179,4 +191,5 @@ def test_a_group_larger_than_its_pool_is_reported_with_the_numbers(k8s, api, sta
                      and t, timeout=90, what="DecodeReady reason Unschedulable")
     message = _cond(tis, "DecodeReady")["message"]
     assert "a decode group needs 3 distinct nodes of its pool" in message, message
-    assert "cannot be scheduled" in message and _cond(tis, "Ready")["reason"] == "Unschedulable"
+    assert "cannot be scheduled" in message
+    assert _cond(tis, "Ready")["reason"] == "Unschedulable", json.dumps(tis["status"], indent=1)

@@ -74,9 +74,9 @@ def _ready(api, ns: str, name: str) -> bool:
 
 
 def test_a_killed_follower_restarts_its_group_and_no_stream_hangs(
-        k8s, start_operator, documented_rbac_kubeconfig, namespace, procs, toy_model_dir):
+        k8s, start_operator, chart_rbac, namespace, procs, toy_model_dir):
     api = procs.api
-    start_operator(kubeconfig=documented_rbac_kubeconfig)
+    start_operator(kubeconfig=chart_rbac().kubeconfig)
     name = "tp"
     crds = client.CustomObjectsApi(api)
     crds.create_namespaced_custom_object(*GVP[:2], namespace, GVP[2], {

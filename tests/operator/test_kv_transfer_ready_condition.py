@@ -116,7 +116,8 @@ def test_tcp_workers_are_healthy_serve_through_the_router_and_a_dead_one_is_unre
     name = "tiny"
     apply_service(api, namespace, name, cpu_tcp_spec(str(toy_model_dir)))
     pods = worker_pods(api, namespace, name)
-    assert all(p["status"]["podIP"].startswith("127.50.") for p in pods.values())
+    prefix = k8s.pod_cidr.rsplit(".", 2)[0] + "."
+    assert all(p["status"]["podIP"].startswith(prefix) for p in pods.values()), k8s.pod_cidr
     workers = {role: procs.worker_for_pod(pod, toy_model_dir) for role, pod in pods.items()}
     procs.wait_ready(list(workers.values()))
 

@@ -28,8 +28,19 @@ def test_flags_override_environment(monkeypatch):
     assert cfg.resync_seconds == 7
 
 
+def test_the_router_image_is_chosen_apart_from_the_workers(monkeypatch):
+    monkeypatch.setenv("TANDEM_ROUTER_IMAGE", "env.registry/router:r1")
+    cfg = operator_config(_parse(["-A", "--worker-image", "w.registry/worker:w1"]))
+    assert (cfg.router_repository, cfg.router_tag) == ("env.registry/router", "r1")
+    assert (cfg.image_repository, cfg.image_tag) == ("w.registry/worker", "w1")
+    cfg = operator_config(_parse(["-A", "--router-image", "flag.registry/router@sha256:" + "a" * 64]))
+    assert (cfg.router_repository, cfg.router_tag) == ("flag.registry/router", "@sha256:" + "a" * 64)
+    monkeypatch.delenv("TANDEM_ROUTER_IMAGE")
+    assert OperatorConfig.from_env({}).router_repository == "ghcr.io/tandem-dev/tandem-router"
+
+
 def test_defaults_without_environment(monkeypatch):
-    for var in ("TANDEM_WORKER_IMAGE", "TANDEM_IMAGE_PULL_POLICY", "TANDEM_RESYNC_SECONDS",
+    for var in ("TANDEM_WORKER_IMAGE", "TANDEM_ROUTER_IMAGE", "TANDEM_IMAGE_PULL_POLICY", "TANDEM_RESYNC_SECONDS",
                 "TANDEM_KV_PROBE", "TANDEM_KV_PROBE_TIMEOUT_SECONDS", "TANDEM_METRICS_TIMEOUT_SECONDS",
                 "POD_NAMESPACE", "TANDEM_OPERATOR_POD_LABELS"):
         monkeypatch.delenv(var, raising=False)

@@ -8,15 +8,46 @@ Forbidden in its log.
 from __future__ import annotations
 
 import secrets
+from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client
 from tandem.testing.cluster import wait_until
 from tandem.testing.k8s_events import wait_events
-from tandem.testing.rbac import rbac_denials
+from tandem.testing.rbac import rbac_denials, rbac_md_rules
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+RBAC_MD = Path(__file__).resolve().parents[2] / "operator" / "RBAC.md"
+
+def _grants(rules: list[dict]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+# Documented, not granted by the chart: only where the OwnerReferencesPermissionEnforcement admission
+# plugin is on (RBAC.md says when to add it).
+NOT_IN_CHART = {("tandem.dev", "inferenceservices/finalizers", "update")}
+
+
+def test_the_tables_are_the_charts_rules(helm_bin):
+    """What RBAC.md says and what the chart grants are the same rules, section by section."""
+    from tandem.testing.chart import find, render
+
+    def granted(objs: list[dict], kinds: tuple[str, ...]) -> set[tuple[str, str, str]]:
+        return _grants([rule for o in objs if o["kind"] in kinds for rule in o["rules"]])
+
+    cluster = render(helm_bin, watchNamespaces=["a"])
+    election = [r for r in find(cluster, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    others = [o for o in cluster if o not in election]
+    always = rbac_md_rules(RBAC_MD, "Always")
+    assert granted(others, ("ClusterRole", "Role")) == _grants(always) - NOT_IN_CHART
+    assert granted(election, ("Role",)) == _grants(rbac_md_rules(RBAC_MD, "Leader election"))
+    marking = render(helm_bin, **{"autoscaling.markPodsForRemoval.enabled": True,
+                                  "autoscaling.markPodsForRemoval.namespaces": ["a"]})
+    markers = [r for r in find(marking, "Role") if r["metadata"]["name"].endswith("-pod-marker")]
+    assert granted(markers, ("Role",)) == _grants(rbac_md_rules(RBAC_MD, "Only with `--mark-pods-for-removal`"))
+    assert ("", "pods", "patch") not in _grants(always)
+
 
 def test_the_table_parses_into_rules(documented_rules):
     rules = documented_rules

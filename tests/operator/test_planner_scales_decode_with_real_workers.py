@@ -1,7 +1,8 @@
 """The planner in the operator, on the real control plane, with real worker and router processes
 standing in for the pods (KWOK gives them loopback IPs; each process listens at its pod's IP).
 
-The operator runs with exactly the RBAC that operator/RBAC.md documents. Under load the planner
+The operator runs with exactly the RBAC the Helm chart renders with autoscaling.markPodsForRemoval
+on for the test's namespace (pods: patch there only), and --mark-pods-for-removal. Under load the planner
 raises decode from 1 to 2 and status and an Event say why; when the load stops it lowers decode
 again after the stabilisation window, and the pod the ReplicaSet removes is the one it chose; its
 worker gets SIGTERM (ProcessGroup acts as the kubelet) and drains to a clean exit. Streams running
@@ -113,9 +114,11 @@ class Load:
 
 
 def test_load_raises_decode_and_idle_lowers_it_removing_the_pod_the_planner_chose(
-    k8s, api, start_operator, documented_rbac_kubeconfig, namespace, procs, toy_model_dir
+    k8s, api, start_operator, chart_rbac, namespace, procs, toy_model_dir
 ):
-    operator = start_operator(kubeconfig=documented_rbac_kubeconfig)
+    kubeconfig = chart_rbac(**{"autoscaling.markPodsForRemoval.enabled": True,
+                               "autoscaling.markPodsForRemoval.namespaces": [namespace]}).kubeconfig
+    operator = start_operator("--mark-pods-for-removal", kubeconfig=kubeconfig)
     name = "auto"
     body = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
             "spec": spec(str(toy_model_dir))}
@@ -146,9 +149,14 @@ def test_load_raises_decode_and_idle_lowers_it_removing_the_pod_the_planner_chos
         (event,) = posted(api, namespace, name, "ScaledUp")
         assert event.message == f"decode {up['decode']['message']} [{up['decode']['reason']}]"
 
+        # The printer columns show status as it is (the planner may have moved on since `up`: a decision
+        # every 5 s), so they are compared with status read just before and just after.
+        before = status(api, namespace, name)["decode"]
         wide = k8s.kubectl("get", "tis", name, "-n", namespace, "-o", "wide").stdout
+        after = status(api, namespace, name)["decode"]
         columns = table(wide)
-        assert columns["DECODE-DESIRED"] == "2" and columns["DECODE-SCALING"] == up["decode"]["reason"], wide
+        assert columns["DECODE-DESIRED"] == "2", wide
+        assert columns["DECODE-SCALING"] in (before["reason"], after["reason"]), wide
         assert columns["PREFILL-SCALING"] == "", "prefill is not autoscaled"
 
         # The second decode pod gets its worker; the router finds it and shares the load with it.
@@ -160,8 +168,8 @@ def test_load_raises_decode_and_idle_lowers_it_removing_the_pod_the_planner_chos
 
         # A restarted operator keeps the planner's count: it lives in status, and reconcile reads it.
         operator.stop()
-        operator = start_operator(kubeconfig=documented_rbac_kubeconfig)
-        wait_until(lambda: "Handler 'reconcile_service' succeeded" in operator.log(), timeout=60,
+        operator = start_operator("--mark-pods-for-removal", kubeconfig=kubeconfig)
+        wait_until(lambda: f"{namespace}/{name}: generation" in operator.log(), timeout=60,
                    what="the restarted operator's first reconcile")
         assert status(api, namespace, name)["decode"]["replicas"] == 2
         apps = client.AppsV1Api(api)
@@ -190,4 +198,4 @@ def test_load_raises_decode_and_idle_lowers_it_removing_the_pod_the_planner_chos
     assert CHOSEN not in (left[0]["metadata"].get("annotations") or {})
     gone = next(c for c in procs.children if c.name == chosen.group(1))
     assert gone.proc.wait(60) == 0 and procs.terminated == [chosen.group(1)], gone.log()[-3000:]
-    assert not rbac_denials(operator.log()), "the documented RBAC lacks what the autoscaler does"
+    assert not rbac_denials(operator.log()), "the chart's RBAC lacks what the autoscaler does"

@@ -21,6 +21,8 @@ def test_children_are_the_documented_set(typed, meta):
         ("Service", "llama-prefill"), ("Service", "llama-decode"), ("Service", "llama-router"),
         ("Deployment", "llama-prefill"), ("Deployment", "llama-decode"), ("Deployment", "llama-router"),
         ("NetworkPolicy", "llama-workers"),
+        ("PodDisruptionBudget", "llama-prefill"), ("PodDisruptionBudget", "llama-decode"),
+        ("PodDisruptionBudget", "llama-router"),
     ])
     # the ConfigMap and the NetworkPolicy come before the pods they concern
     kinds = [m["kind"] for m in out]

@@ -118,6 +118,9 @@ def test_config_json_is_judged_with_the_workers_own_words(typed):
     assert judge(config, typed({"model": {"hub": "o/m"}, "decode": {"gpus": 2, "parallelism": {"tensor": 2}}})) is None
     reason, message = judge(config, typed({"model": {"hub": "o/m"}, "decode": {"gpus": 3, "parallelism": {"tensor": 3}}}))
     assert reason == "ParallelismMismatch"
-    assert message == "decode.parallelism: tensor_parallel 3 does not divide the model's 4 attention heads"
+    assert message == "decode tensor parallelism 3 does not divide the model's 4 attention heads (choose a divisor of 4)"
+    experts = config | {"model_type": "mixtral", "num_local_experts": 6}
+    reason, message = judge(experts, typed({"model": {"hub": "o/m"}, "prefill": {"gpus": 4, "parallelism": {"tensor": 4}}}))
+    assert reason == "ParallelismMismatch" and message.startswith("prefill.parallelism: ")
     reason, message = judge({"model_type": "deepseek_v3"}, typed({"model": {"hub": "o/m"}}))
     assert reason == "UnsupportedModel" and "multi-head latent attention" in message

@@ -23,8 +23,11 @@ ROLE = {
     "affinity": {"nodeAffinity": {}},
     "env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}],
     "engine": {"maxBatchedTokens": 8, "maxNumSeqs": 2, "kvBlocks": 10, "kvMemoryFraction": 0.5,
-               "prefixCaching": False},
+               "prefixCaching": False, "prefillChunkTokens": 4},
     "terminationGracePeriodSeconds": 30,
+    "priorityClassName": "serving", "runtimeClassName": "nvidia", "imagePullSecrets": [{"name": "regcred"}],
+    "serviceAccountName": "weights-reader",
+    "podDisruptionBudget": {"enabled": True, "maxUnavailable": "25%", "minAvailable": 1},
 }
 # Every field set (CEL rules are the API server's, so all model sources at once parse here).
 FULL = {
@@ -44,7 +47,11 @@ FULL = {
                "shortPromptTokens": 0, "prefillSaturatedTokens": 4096, "decodeHeadroomSequences": 8,
                "prefixSequenceCostTokens": 128, "limits": {"maxPromptTokens": 10, "maxOutputTokens": 10,
                                                   "maxBodyBytes": 2048},
-               "apiKeySecretRef": {"name": "s", "key": "k"}, "cpu": 1, "memory": "1Gi"},
+               "apiKeySecretRef": {"name": "s", "key": "k"}, "cpu": 1, "memory": "1Gi",
+               "priorityClassName": "serving", "runtimeClassName": "runc", "imagePullSecrets": [{"name": "r"}],
+               "image": {"repository": "reg.io/router", "tag": "1.0", "pullPolicy": "Never"},
+               "serviceAccountName": "router-sa", "podDisruptionBudget": {"enabled": False, "maxUnavailable": 2,
+                                                                          "minAvailable": "50%"}},
     "image": {"repository": "reg.io/x", "tag": "1.0", "pullPolicy": "Always"},
     "networkPolicy": {"enabled": False, "metricsFrom": [{"podSelector": {}}]},
     "autoscaling": {

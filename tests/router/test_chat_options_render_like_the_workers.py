@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from tandem.contracts.protocol import GenerateRequest
 from tandem.router.tokenizer import RouterTokenizer
-from tandem.worker.engine.validation import tokenize
+from tandem.worker.engine.request_checks import tokenize
 
 STYLED = ("{{ bos_token }}{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}"
           "{% if style %}[{{ style }}]{% endif %}{% for m in messages %}<|{{ m['role'] }}|>\n"

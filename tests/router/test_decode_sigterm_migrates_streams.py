@@ -9,6 +9,7 @@ completes, identically, by recompute.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 
 import pytest
@@ -48,15 +49,42 @@ def _stack(group: Supervisor, toy_model_dir, backend: str, decode_args: tuple[st
     return decode, router
 
 
+@contextlib.contextmanager
+def _frozen(workers: list):
+    """SIGSTOP the workers (no stream moves on meanwhile) and SIGCONT them after: a signal sent to
+    one meanwhile is handled as it resumes, before its engine can finish another stream."""
+    for w in workers:
+        w.signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for w in workers:
+            w.signal(signal.SIGCONT)
+
+
+def _worker_running(streams: CompletionStreams, decode: list) -> tuple[object, object, int]:
+    """(the decode worker running the least advanced unfinished stream, the other one, that stream's
+    chunks): read from the workers' logs, which name each request they started."""
+    unfinished = sorted((c, i) for i, c in enumerate(streams.chunks) if streams.finish[i] is None)
+    assert unfinished, "every stream finished before the SIGTERM: nothing to migrate"
+    chunks, i = unfinished[0]
+    rid = streams.ids[i].split("-", 1)[1]
+    holders = [w for w in decode if f"generate started request_id={rid}" in w.log()]
+    assert len(holders) == 1, f"stream {i} ({rid}) started on {len(holders)} decode workers"
+    return holders[0], next(w for w in decode if w is not holders[0]), chunks
+
+
 def _sigterm_mid_stream(decode: list, router, model: str) -> tuple[CompletionStreams, object, object]:
-    """Start the streams; once each has tokens, SIGTERM the decode worker running more of them.
-    The streams, the worker that left and the one that stayed."""
+    """Start the streams; once each has tokens, SIGTERM the decode worker running the least advanced
+    of them while both decode workers are frozen, so that stream is still mid-flight when the
+    worker hands its sequences out, however the machine's load spread the streams' progress. The
+    streams, the worker that left and the one that stayed."""
     streams = CompletionStreams(router.url, model, PROMPTS, MAX_TOKENS, timeout_s=120)
     streams.wait(lambda: min(streams.chunks) >= TOKENS_BEFORE_SIGTERM, 120, "every stream's first tokens")
-    running = [w.get_json("/internal/info")["running"] for w in decode]
-    leaving, staying = decode if running[0] >= running[1] else decode[::-1]
-    assert max(running) > 0, "no stream runs on a decode worker"
-    leaving.signal(signal.SIGTERM)
+    with _frozen(decode):
+        leaving, staying, chunks = _worker_running(streams, decode)
+        assert chunks <= MAX_TOKENS // 2, f"its least advanced stream is {chunks} chunks in already"
+        leaving.signal(signal.SIGTERM)
     streams.join()  # every stream ended by max_tokens, none with an error
     return streams, leaving, staying
 

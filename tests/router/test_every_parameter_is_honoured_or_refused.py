@@ -58,6 +58,13 @@ HONOURED_SAMPLES = {
     "add_generation_prompt": False, "continue_final_message": True, "structured_outputs": {"regex": "[a-z]+"}, "guided_json": {"type": "object"},
     "guided_regex": "[0-9]+", "guided_choice": ["yes", "no"], "guided_grammar": 'start: "a" | "b"',
 }
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+TOOL_FIELDS = {  # (without the field, with it)
+    "tools": ({}, {"tools": [TOOL]}),
+    "tool_choice": ({"tools": [TOOL]}, {"tools": [TOOL], "tool_choice": "required"}),
+    "parallel_tool_calls": ({"tools": [TOOL], "tool_choice": "required"},
+                            {"tools": [TOOL], "tool_choice": "required", "parallel_tool_calls": False}),
+}
 LOGPROBS = {Endpoint.CHAT: {"logprobs": True, "top_logprobs": 3}, Endpoint.COMPLETION: {"logprobs": 3}}
 
 
@@ -94,6 +101,8 @@ def test_an_honoured_field_changes_what_the_workers_get(name, endpoint):
         changed = base | (LOGPROBS[endpoint] if name == "logprobs" or endpoint is Endpoint.CHAT else {})
     elif name == "stream_options":
         changed = base | {"stream_options": {"include_usage": True}}
+    elif name in TOOL_FIELDS:  # each changes the request only beside the tools it applies to
+        base, changed = base | TOOL_FIELDS[name][0], base | TOOL_FIELDS[name][1]
     else:
         assert name in HONOURED_SAMPLES, f"give {name!r} a sample value in HONOURED_SAMPLES"
         changed = base | {name: HONOURED_SAMPLES[name]}

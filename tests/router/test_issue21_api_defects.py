@@ -30,7 +30,7 @@ class _RecordingTokenizer:
     def __init__(self) -> None:
         self.threads: list[threading.Thread] = []
 
-    def encode_chat(self, messages):
+    def encode_chat(self, messages, options=None):
         self.threads.append(threading.current_thread())
         return [1] * len(messages)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from tandem.router.discovery.kubernetes import KubernetesDiscovery
-from tandem.router.pool import Target
+from tandem.router.workers import Target
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

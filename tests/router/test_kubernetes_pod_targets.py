@@ -9,7 +9,7 @@ from tandem.router.discovery.kubernetes import (
     pod_target,
     snapshot_targets,
 )
-from tandem.router.pool import Target
+from tandem.router.workers import Target
 
 
 def _pod(name: str, role: str, generation: str = "g1") -> dict:

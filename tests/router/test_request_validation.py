@@ -75,7 +75,7 @@ def test_completion_prompt_forms(prompt, text, ids):
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"n": 17}, "n"),
         ({"n": 0}, "n"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": 5}}]}, "tools"),
         ({"tool_choice": "auto"}, "tool_choice"),
         ({"logprobs": "yes"}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
@@ -112,7 +112,7 @@ def test_bad_chat_parameters_are_400_naming_the_parameter(extra, param):
 @pytest.mark.parametrize(
     ("extra", "param"),
     [({"prompt": 5}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"), ({"logprobs": 21}, "logprobs"), ({"prompt": [2**63]}, "prompt"),
-     ({"echo": True}, "echo"), ({"best_of": 2}, "best_of"), ({"suffix": "x"}, "suffix")],
+     ({"echo": "yes"}, "echo"), ({"echo": True, "logprobs": 1}, "echo"), ({"best_of": 2}, "best_of"), ({"suffix": "x"}, "suffix")],
 )
 def test_bad_completion_parameters_are_400(extra, param):
     err = _err(COMP | extra, Endpoint.COMPLETION)

@@ -14,19 +14,19 @@ from tandem.router.metrics import RouterMetrics
 from tandem.router.orchestrator import Orchestrator, RequestContext, Started, Tokens
 from tandem.router.policies.base import PolicySettings
 from tandem.router.policies.registry import create_policy
-from tandem.router.pool import Target, WorkerPool
 from tandem.router.prefix_index import PrefixIndex
 from tandem.router.validation import Endpoint, Limits, parse_request
+from tandem.router.workers import Target, WorkerSet
 from tandem.testing.fake_workers import FakeWorkers, finish, prefilled, start, token
 
 IDS = list(range(100, 140))  # 40 tokens, as if the router had tokenized the prompt
 
 
 async def machine(fake: FakeWorkers, policy, limits: Limits | None = None) -> Orchestrator:
-    pool = WorkerPool(fake)
-    pool.set_targets([Target(url) for url in fake.infos])
-    await pool.poll_once()
-    return Orchestrator(fake, pool, policy, RouterMetrics(), limits=limits or Limits())
+    workers = WorkerSet(fake)
+    workers.set_targets([Target(url) for url in fake.infos])
+    await workers.poll_once()
+    return Orchestrator(fake, workers, policy, RouterMetrics(), limits=limits or Limits())
 
 
 def request(ids: list[int], limits: Limits | None = None):
@@ -56,11 +56,11 @@ async def test_a_decode_side_prefill_counts_as_queued_prompt_tokens_until_its_fi
     orch = await machine(fake, create_policy("least-loaded"))
     seen = []
     async for ev in orch.run(request(IDS), RequestContext("r1")):
-        (view,) = orch.pool.views()
+        (view,) = orch.workers.views()
         seen.append((type(ev).__name__, view.router_prompt_tokens, view.router_inflight))
     assert seen[:2] == [("Started", 40, 1), ("Tokens", 0, 1)]  # the prompt is done once a token came
     assert fake.made("generate")[0].request.prompt_token_ids == IDS
-    (view,) = orch.pool.views()
+    (view,) = orch.workers.views()
     assert (view.router_prompt_tokens, view.router_inflight) == (0, 0)
 
 

@@ -1,135 +1,67 @@
-"""Admission (mixed into `Engine`): unique request ids across running, queued, leased and
-being-pulled requests; a queue bounded beyond the free seats (429 with a retry hint); claims that
-hold an id and a queue place before any work; reservations for a pull, made under the engine's
-lock; pulled sequences queued for a seat; withdrawal of a request that has not started.
+"""Admission control: which requests may come in. An id is unique across every state a request can
+be in here (claimed, pulling, waiting, running, leased, migrating: 409), and the requests waiting
+for a seat are bounded beyond the free seats (429 with a retry hint, so a full worker is busy,
+never failed).
+
+A request is *claimed* before any work is done for it (tokenizing, reserving blocks, pulling its
+KV): the claim holds its id and a place in the queue, so a duplicate or a full queue is refused
+first; it ends when the request is queued (`take`) or given up (`unclaim`). What the engine holds
+otherwise (ids in use, the running batch, the queues) is read through the two functions it passes
+in; the engine calls this under its lock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
-from tandem.contracts.kv_layout import KVLayout
-from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.errors import RequestError
-from tandem.worker.engine.prefix_cache import PrefixCache, PublishingLock
-from tandem.worker.engine.scheduler import Scheduler
-from tandem.worker.engine.sequence import SeqStatus, Sequence
 
 
-@dataclass
-class PullReservation:
-    """Blocks held for a pulled prompt: `cached` already hold its leading blocks, `fresh` receive
-    the rest from the prefill worker."""
-
-    cached: list[int]
-    fresh: list[int]
+class AdmissionControl:
+    def __init__(self, max_num_seqs: int, max_waiting: int, *, in_use: Callable[[str], bool],
+                 load: Callable[[], tuple[int, int]]):
+        """`in_use(request_id)`: the engine holds a sequence or a lease of that id; `load()`:
+        (sequences running, sequences queued for a seat)."""
+        if max_num_seqs < 1 or max_waiting < 0:
+            raise ValueError("max_num_seqs must be >= 1 and max_waiting >= 0")
+        self.max_num_seqs = max_num_seqs
+        self.max_waiting = max_waiting
+        self._in_use = in_use
+        self._load = load
+        self._claims: set[str] = set()
 
     @property
-    def blocks(self) -> list[int]:
-        return self.cached + self.fresh
+    def num_claims(self) -> int:
+        """Requests admitted and not queued yet (being tokenized, or their KV pulled)."""
+        return len(self._claims)
 
-
-class Admission:
-    """The admission half of the engine (attributes set by Engine.__init__)."""
-
-    lock: PublishingLock
-    seqs: dict[str, Sequence]
-    leases: dict[str, Any]
-    scheduler: Scheduler
-    allocator: BlockAllocator
-    prefix_cache: PrefixCache
-    layout: KVLayout
-    config: Any
-    stats: Any
-    max_waiting: int
-    on_blocks_freed: Callable[[], None]
-    _claims: set[str]
-    _in_flight: set[str]
-
-    def add(self, seq: Sequence) -> None:
-        """Queue a sequence to be prefilled (locally) and decoded. RequestError 409 for an id in
-        use here, 429 (retry later) when the queue is full; its claim (if any) ends here."""
-        with self.lock:
-            self._take_claim(seq.request_id)
-            self.seqs[seq.request_id] = seq
-            self.stats.prompt_tokens_total += len(seq.prompt_ids)
-            self.scheduler.add(seq)
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._claims
 
     def claim(self, request_id: str) -> None:
-        """Take a place in the queue before any work for a request (tokenizing, a KV pull), so a
-        duplicate id or a full queue is refused first; add/add_prefilled (or release_claim) ends it."""
-        with self.lock:
-            self._admit(request_id)
-            self._claims.add(request_id)
+        """Hold the id and a queue place; RequestError 409 for an id in use here, 429 when full."""
+        self._check(request_id)
+        self._claims.add(request_id)
 
-    def release_claim(self, request_id: str) -> None:
-        with self.lock:
-            self._claims.discard(request_id)
-
-    def _take_claim(self, request_id: str) -> None:
-        """Under the lock: the request's claim ends, or (unclaimed) it is admitted now."""
+    def take(self, request_id: str) -> None:
+        """The request is queued now: its claim ends, or (never claimed) it is admitted now."""
         if request_id in self._claims:
             self._claims.discard(request_id)
         else:
-            self._admit(request_id)
+            self._check(request_id)
 
-    def _admit(self, request_id: str) -> None:
-        """Under the lock: refuse an id that is running, queued, leased or being pulled here, or
-        any request while the queue is full."""
-        if request_id in self.seqs or request_id in self.leases or request_id in self._claims:
+    def unclaim(self, request_id: str) -> None:
+        """Let go of a claim that never became a queued request; a no-op once taken."""
+        self._claims.discard(request_id)
+
+    def _check(self, request_id: str) -> None:
+        if request_id in self._claims or self._in_use(request_id):
             raise RequestError(f"request {request_id!r} is already running here",
                                status=409, param="request_id", code="duplicate_request_id")
-        queued = self.scheduler.num_queued + len(self._claims)
-        free_seats = max(0, self.config.max_num_seqs - len(self.scheduler.running))
-        if queued >= free_seats + self.max_waiting:
-            raise RequestError(f"this worker is full: {len(self.scheduler.running)} sequences run and "
-                               f"{queued} wait (at most {self.max_waiting}): retry shortly or elsewhere",
-                               status=429, type_="service_unavailable", code="queue_full", retry_after_s=1.0)
-
-    def reserve_for_pull(self, seq: Sequence) -> PullReservation | None:
-        """Blocks for the KV of all but the last token (a handoff: the prompt; a migration: prompt
-        and generated tokens) before a pull: the leading blocks this pool already caches
-        (at least the last block is still pulled: the pull also ends the peer's lease), then new
-        blocks for the rest; None when the pool is too full right now. Under the engine's lock (so
-        a step never finds fewer free blocks than it just counted), and leaving a block per running
-        sequence for their next tokens."""
-        n = seq.num_tokens - 1
-        with self.lock:
-            hit = self.prefix_cache.match(seq, n - 1)
-            need = self.layout.blocks_for(n) - len(hit)
-            if self.allocator.num_free - need - self.allocator.num_to_take(hit) < len(self.scheduler.running):
-                return None
-            self.prefix_cache.hit(hit, n)
-            return PullReservation(cached=hit, fresh=self.allocator.allocate(need))
-
-    def free_blocks(self, block_ids: list[int]) -> None:
-        with self.lock:
-            self.allocator.free(block_ids)
-        self.on_blocks_freed()
-
-    def add_prefilled(self, seq: Sequence, block_ids: list[int]) -> None:
-        """Queue a sequence whose KV for all but its last token is already in block_ids (pulled
-        from a prefill worker or a draining decode worker, or cached here) for a seat in the
-        running batch; its last generated token, replayed by make_sequence, is the next one to run.
-        Its claim (if any) ends here."""
-        with self.lock:
-            self._take_claim(seq.request_id)
-            self.seqs[seq.request_id] = seq
-            seq.block_table = list(block_ids)
-            seq.num_computed = seq.num_tokens - 1
-            self.prefix_cache.commit(seq)
-            self.stats.prompt_tokens_total += len(seq.prompt_ids)
-            self.scheduler.add_ready(seq)
-
-    def withdraw(self, request_id: str) -> bool:
-        """Take a request out of the queue if it has not started (its caller will not wait longer);
-        False when it is running or gone."""
-        with self.lock:
-            seq = self.seqs.get(request_id)
-            if seq is None or request_id in self._in_flight or not self.scheduler.withdraw(seq):
-                return False
-            del self.seqs[request_id]
-            seq.status = SeqStatus.FINISHED
-            return True
+        running, queued = self._load()
+        waiting = queued + len(self._claims)
+        free_seats = max(0, self.max_num_seqs - running)
+        if waiting >= free_seats + self.max_waiting:
+            raise RequestError(f"this worker is full: {running} sequences run and {waiting} wait (at most "
+                               f"{self.max_waiting}): retry shortly or elsewhere", status=429,
+                               type_="service_unavailable", code="queue_full", retry_after_s=1.0)

@@ -31,3 +31,17 @@ class EngineConfig:
     # cached prefix (prefix_cache.py); off: every prompt is computed whole.
     prefix_caching: bool = True
     compile: str = "auto"  # auto | on | off: torch.compile the decode step (auto: on a CPU with a C++ compiler)
+
+    def check(self) -> None:
+        """ValueError for settings no engine can run with."""
+        if self.block_size < 1 or self.max_num_seqs < 1 or self.max_batched_tokens < 1:
+            raise ValueError("block_size, max_num_seqs and max_batched_tokens must be >= 1")
+        if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
+            raise ValueError("prefill_chunk_tokens must be >= 1 (or unset: max_batched_tokens)")
+        if self.max_waiting is not None and self.max_waiting < 0:
+            raise ValueError("max_waiting must be >= 0 (or unset: 2 x max_num_seqs)")
+        if self.max_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_batched_tokens ({self.max_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}) so every running sequence can decode each step"
+            )

@@ -84,6 +84,10 @@ def allowed_tokens(grammars: list[Grammar], vocab_size: int) -> torch.Tensor:
     bitmask = torch.zeros(len(grammars), words, dtype=torch.int32)
     _shared_executor().unsafe_compute_mask_ptr([(g.matcher, i) for i, g in enumerate(grammars)],
                                                bitmask.data_ptr(), words * 4, len(grammars))
-    shifts = torch.arange(32, dtype=torch.int32)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
-    return bits.reshape(len(grammars), words * 32)[:, :vocab_size].bool()
+    # little-endian words: byte j of the mask holds tokens 8j..8j+7, bit k token 8j+k
+    bits = _BYTE_BITS[bitmask.view(torch.uint8).long()]
+    return bits.reshape(len(grammars), words * 32)[:, :vocab_size]
+
+
+# Each byte value's 8 bits as booleans, lowest first: unpacking a mask is one table lookup.
+_BYTE_BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).bool()

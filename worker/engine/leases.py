@@ -1,99 +1,96 @@
-"""KV leases (prefill role): a prefilled sequence's blocks kept for a decode worker to pull.
+"""The lease table: blocks a request keeps for another worker to pull (a prefill result: LEASED; a
+draining decode worker's sequence: MIGRATING), keyed by request id, proven by a token, bounded in time.
 
-A lease is keyed by request id and proven by a token handed out with the prefill result; reads,
-releases and aborts must quote it. Mixed into `Engine`, whose lock, allocator and wake-up hook it
-uses; the engine is the transports' LeaseKeeper (worker/kv/base.py).
+A lease's token goes out only with the KVSource naming its blocks (to the router and the worker it
+picks); reading the blocks, releasing them, or aborting the request that holds them must quote it.
+The table holds no lock and frees no block: the engine calls it under its own lock and gives the
+blocks of a lease it takes out back to the pool (engine.py), as it does with the block allocator.
 """
 
 from __future__ import annotations
 
 import hmac
-import logging
 import secrets
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 
-from tandem.worker.engine.block_allocator import BlockAllocator
-from tandem.worker.engine.prefix_cache import PublishingLock
-from tandem.worker.engine.scheduler import Scheduler
-from tandem.worker.engine.sequence import SeqStatus, Sequence
-
-log = logging.getLogger("tandem.worker.engine")
+from tandem.worker.engine.request_state import RequestState
+from tandem.worker.engine.sequence import Sequence
 
 
 @dataclass
 class Lease:
     seq: Sequence
     expires: float  # time.monotonic()
-    # Handed out with the prefill result (KVSource.lease_token); reads and releases must quote it.
+    # Handed out with the KVSource (KVSource.lease_token); reads and releases must quote it.
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
 
 
-def _same_token(expected: str, given: str) -> bool:
+def same_token(expected: str, given: object) -> bool:
     """Constant-time token comparison (a wrong token must not tell how much of it was right)."""
     return isinstance(given, str) and hmac.compare_digest(expected.encode(), given.encode())
 
 
-class LeaseKeeping:
-    """The lease half of the engine (attributes set by Engine.__init__)."""
+class LeaseTable:
+    """Leases by request id: what each holds, its token and when it expires (see the module docstring)."""
 
-    lock: PublishingLock
-    allocator: BlockAllocator
-    scheduler: Scheduler
-    leases: dict[str, Lease]
-    lease_s: float
-    on_blocks_freed: Callable[[], None]
+    def __init__(self, lease_s: float):
+        if lease_s < 0:
+            raise ValueError(f"lease_s must be >= 0 (0: a lease ends at its first expiry check), got {lease_s}")
+        self.lease_s = lease_s
+        self._leases: dict[str, Lease] = {}
 
-    def _lease(self, seq: Sequence) -> None:
-        """Under the lock: seq's blocks now wait for a peer to pull them."""
-        seq.status = SeqStatus.LEASED
-        self.leases[seq.request_id] = Lease(seq, time.monotonic() + self.lease_s)
+    def add(self, seq: Sequence, state: RequestState, now: float | None = None) -> Lease:
+        """seq's blocks now wait for a peer (state: LEASED or MIGRATING), until lease_s from now."""
+        if not state.holds_lease:
+            raise ValueError(f"a lease is held by a LEASED or MIGRATING request, not {state}")
+        if seq.request_id in self._leases:
+            raise ValueError(f"request {seq.request_id!r} holds a lease already")
+        seq.status = state
+        lease = Lease(seq, (time.monotonic() if now is None else now) + self.lease_s)
+        self._leases[seq.request_id] = lease
+        return lease
 
-    def release(self, request_id: str) -> bool:
-        """Free the blocks a prefill result leased (expired, or its result never handed out).
-        In-process callers only: peers go through release_lease, which wants the token."""
-        return self._drop_lease(request_id, None)
+    def token(self, request_id: str) -> str | None:
+        lease = self._leases.get(request_id)
+        return None if lease is None else lease.token
 
-    def release_lease(self, request_id: str, lease_token: str) -> bool:
-        """LeaseKeeper: free a lease whose token a peer quoted (pulled, released or given up);
-        False, freeing nothing, for a wrong token or a lease already gone."""
-        return self._drop_lease(request_id, lease_token)
-
-    def check_read(self, request_id: str, lease_token: str, block_ids: Collection[int]) -> bool:
-        """LeaseKeeper: whether a peer may read these blocks: a live lease of request_id, proven
-        by its token, holds every one of them."""
-        with self.lock:
-            lease = self.leases.get(request_id)
-            return (lease is not None and _same_token(lease.token, lease_token)
-                    and lease.expires > time.monotonic() and set(block_ids) <= set(lease.seq.block_table))
-
-    def lease_token(self, request_id: str) -> str | None:
-        """The token of request_id's live lease, to hand out with its prefill result."""
-        with self.lock:
-            lease = self.leases.get(request_id)
-            return None if lease is None else lease.token
-
-    def _drop_lease(self, request_id: str, lease_token: str | None) -> bool:
-        with self.lock:
-            lease = self.leases.get(request_id)
-            if lease is None or (lease_token is not None and not _same_token(lease.token, lease_token)):
-                return False
-            del self.leases[request_id]
-            self.scheduler.free_blocks(lease.seq)
-            lease.seq.status = SeqStatus.FINISHED
-        self.on_blocks_freed()
-        return True
-
-    def expire_leases(self, now: float | None = None) -> list[str]:
+    def may_read(self, request_id: str, token: str, block_ids: Collection[int], now: float | None = None) -> bool:
+        """A live lease of request_id, proven by its token, holds every one of these blocks."""
+        lease = self._leases.get(request_id)
         now = time.monotonic() if now is None else now
-        with self.lock:
-            expired = [rid for rid, lease in self.leases.items() if lease.expires <= now]
-        for rid in expired:
-            log.warning("KV lease expired before a peer pulled it", extra={"request_id": rid})
-            self.release(rid)
-        return expired
+        return (lease is not None and same_token(lease.token, token) and lease.expires > now
+                and set(block_ids) <= set(lease.seq.block_table))
 
-    def next_lease_expiry(self) -> float | None:
-        with self.lock:
-            return min((lease.expires for lease in self.leases.values()), default=None)
+    def take(self, request_id: str, token: str | None) -> Lease | None:
+        """Take a lease out when `token` is its token (None: the owner itself, e.g. its expiry); its
+        blocks are the caller's to free. None, taking nothing, for a wrong token or no lease."""
+        lease = self._leases.get(request_id)
+        if lease is None or (token is not None and not same_token(lease.token, token)):
+            return None
+        del self._leases[request_id]
+        lease.seq.status = RequestState.FINISHED
+        return lease
+
+    def expired(self, now: float | None = None) -> list[str]:
+        now = time.monotonic() if now is None else now
+        return [rid for rid, lease in self._leases.items() if lease.expires <= now]
+
+    def next_expiry(self) -> float | None:
+        return min((lease.expires for lease in self._leases.values()), default=None)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._leases
+
+    def __getitem__(self, request_id: str) -> Lease:
+        return self._leases[request_id]
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._leases)
+
+    def values(self) -> list[Lease]:
+        return list(self._leases.values())

@@ -1,6 +1,6 @@
 """Log probabilities of the chosen token and the k likeliest alternatives, for the rows that ask.
 
-Computed once per step for those rows together (one log_softmax, one gather, one top-k with the
+Computed once per step for those rows together (one logsumexp, one gather, one top-k with the
 largest k, one transfer to Python lists), from the model's raw logits: what `torch.log_softmax`
 of the model's output gives, before temperature, penalties or a grammar change the draw (vLLM's
 default, `raw_logprobs`). The wire shape (tandem.contracts.protocol.TokenLogprobs) carries ids;
@@ -21,14 +21,16 @@ def compute_logprobs(logits: torch.Tensor, chosen: list[int], ks: list[int | Non
     if not idx:
         return out
     dev = logits.device
-    lp = torch.log_softmax(logits[idx].float(), dim=-1)
-    picked = lp.gather(1, torch.tensor([chosen[i] for i in idx], device=dev).unsqueeze(1)).squeeze(1).tolist()
+    # log_softmax(x) = x - logsumexp(x): one reduction, and only the entries asked for are shifted
+    x = logits[idx].float()
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    picked = (x.gather(1, torch.tensor([chosen[i] for i in idx], device=dev).unsqueeze(1)) - lse).squeeze(1).tolist()
     kmax = max(int(ks[i] or 0) for i in idx)
     top_v: list[list[float]] = [[] for _ in idx]
     top_i: list[list[int]] = [[] for _ in idx]
     if kmax:
-        top = torch.topk(lp, kmax, dim=-1)
-        top_v, top_i = top.values.tolist(), top.indices.tolist()
+        top = torch.topk(x, kmax, dim=-1)
+        top_v, top_i = (top.values - lse).tolist(), top.indices.tolist()
     for j, i in enumerate(idx):
         k = int(ks[i] or 0)
         out[i] = TokenLogprobs(chosen[i], picked[j], list(zip(top_i[j][:k], top_v[j][:k], strict=True)))

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from tandem.contracts.kv_layout import KVLayout
-from tandem.contracts.prefix import block_hashes
+from tandem.contracts.prefix import block_hashes, request_salt
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.sequence import Sequence
 
@@ -32,6 +31,19 @@ def prefix_salt(layout: KVLayout, model_type: str, vocab_size: int) -> bytes:
 
 
 @dataclass
+class PullReservation:
+    """Blocks held for a pulled sequence's KV: `cached` already hold its leading blocks, `fresh`
+    receive the rest from the peer."""
+
+    cached: list[int]
+    fresh: list[int]
+
+    @property
+    def blocks(self) -> list[int]:
+        return self.cached + self.fresh
+
+
+@dataclass
 class PrefixCacheStats:
     query_tokens_total: int = 0  # tokens of the sequences that looked up a prefix
     hit_tokens_total: int = 0  # of those, the tokens found cached
@@ -39,7 +51,7 @@ class PrefixCacheStats:
 
 class PrefixCache:
     """Looks prefixes up and names computed blocks, over the engine's BlockAllocator (under the
-    engine's lock, like the allocator itself)."""
+    engine's lock, like the allocator itself), and tells a follower which names come and go."""
 
     def __init__(self, allocator: BlockAllocator, block_size: int, salt: bytes, enabled: bool = True):
         self.allocator = allocator
@@ -47,6 +59,7 @@ class PrefixCache:
         self.salt = salt
         self.enabled = enabled
         self.stats = PrefixCacheStats()
+        self._on_change: Callable[[list[bytes], list[bytes]], None] | None = None
 
     def hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
         """The hashes of seq's first num_blocks full blocks, extending those it has already."""
@@ -54,7 +67,8 @@ class PrefixCache:
         if len(have) < num_blocks:
             bs = self.block_size
             tokens = seq.all_ids[len(have) * bs: num_blocks * bs]
-            have.extend(block_hashes(tokens, bs, self.salt, parent=have[-1] if have else None))
+            salt = request_salt(self.salt, seq.cache_salt)
+            have.extend(block_hashes(tokens, bs, salt, parent=have[-1] if have else None))
         return have[:num_blocks]
 
     def match(self, seq: Sequence, num_tokens: int) -> list[int]:
@@ -100,43 +114,37 @@ class PrefixCache:
             seq.block_table = []
         seq.num_registered_blocks = 0
 
+    def reserve(self, seq: Sequence, spare: int) -> PullReservation | None:
+        """Blocks for the KV of all but seq's last token before a pull: the leading blocks cached here
+        (at least the last block is still pulled: the pull also ends the peer's lease), then fresh
+        ones for the rest, now seq's block table; None when that would leave fewer than `spare`
+        blocks free (one per running sequence, for its next token)."""
+        n = seq.num_tokens - 1
+        hit = self.match(seq, n - 1)
+        need = -(-n // self.block_size) - len(hit)
+        if self.allocator.num_free - need - self.allocator.num_to_take(hit) < spare:
+            return None
+        self.hit(hit, n)
+        res = PullReservation(cached=hit, fresh=self.allocator.allocate(need))
+        seq.block_table = res.blocks
+        return res
 
-class PublishingLock:
-    """The engine's lock (reentrant), which publishes the prefix cache's changes whenever its
-    outermost holder lets go: every path that changes the cache does so under this lock, so none
-    can forget to publish, and subscribers hear of each change while the lock is still held, as
-    worker/server/kv_events.py's KVEventSource asks."""
+    # ---- the names as a follower sees them (worker/server/kv_events.py) -------------------------
 
-    def __init__(self, publish: Callable[[], None]):
-        self._lock = threading.RLock()
-        self._depth = 0  # changed only by the thread that holds _lock
-        self._owner: int | None = None
-        self._publish = publish
+    def follow(self, on_snapshot: Callable[[int, bytes, list[bytes]], None],
+               on_change: Callable[[list[bytes], list[bytes]], None]) -> bool:
+        """Under the engine's lock: on_snapshot(block_size, salt, every hash named now), then
+        on_change(stored, removed) for each change from then on (publish), so nothing is lost or
+        counted twice. False, following nothing, when caching is off."""
+        if not self.enabled:
+            return False
+        on_snapshot(self.block_size, self.salt, self.allocator.cached_hashes())
+        self._on_change = on_change
+        return True
 
-    def held_here(self) -> bool:
-        """Whether the calling thread holds the lock."""
-        return self._owner == threading.get_ident()
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        got = self._lock.acquire(blocking, timeout)
-        if got:
-            self._depth += 1
-            self._owner = threading.get_ident()
-        return got
-
-    def release(self) -> None:
-        try:
-            if self._depth == 1:
-                self._publish()
-        finally:
-            self._depth -= 1
-            if self._depth == 0:
-                self._owner = None
-            self._lock.release()
-
-    def __enter__(self) -> PublishingLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def publish(self) -> None:
+        """The changes since the last call, to the follower, in one call (the engine's lock calls
+        this as its outermost holder lets go)."""
+        stored, removed = self.allocator.take_events()
+        if (stored or removed) and self._on_change is not None:
+            self._on_change(stored, removed)

@@ -5,7 +5,8 @@ batched on the rows that use them; greedy rows take the argmax, the others a dra
 temperature, top-k, top-p and min-p (batched) from a generator seeded from (request seed, output
 index), so a seeded request samples the same tokens whether its first token came from a prefill
 worker, after a preemption, or not. Log probabilities (logprobs.py) are of the model's raw
-distribution, computed once for the rows that ask.
+distribution, computed once for the rows that ask. A row with `forced_token_ids` (teacher forcing,
+for the router's handoff parity probe) takes the given token instead of its draw and scores it.
 """
 
 from __future__ import annotations
@@ -96,6 +97,9 @@ def sample_batch(logits: torch.Tensor, rows: list[SampleRow], argmax: torch.Tens
     chosen = torch.argmax(logits, dim=-1) if argmax is None else argmax.clone()
     _draw(logits, rows, chosen)
     tokens = chosen.tolist()
+    for i, r in enumerate(rows):  # teacher forcing: the given token, scored below like a drawn one
+        if r.index < len(r.params.forced_token_ids):
+            tokens[i] = r.params.forced_token_ids[r.index]
     return tokens, compute_logprobs(raw, tokens, [r.params.logprobs for r in rows])
 
 

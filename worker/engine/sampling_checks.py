@@ -1,4 +1,4 @@
-"""The ranges of the sampling controls beyond temperature/top-k/top-p (validation.py checks those):
+"""The ranges of the sampling controls beyond temperature/top-k/top-p (request_checks.py checks those):
 penalties, min_p, min_tokens, logit_bias, logprobs and the structured-output spec's shape, checked
 where a request enters so nothing one request carries can fail a step that others share.
 """
@@ -55,3 +55,10 @@ def check_controls(p: SamplingParams, vocab_size: int) -> None:
             raise _bad(f"logit_bias values must be numbers in [{lo:g}, {hi:g}]", "logit_bias")
     if p.structured is not None and not isinstance(p.structured, dict):
         raise _bad("structured must be an object", "response_format")
+    forced = p.forced_token_ids
+    if not isinstance(forced, list) or len(forced) > p.max_tokens or not all(
+            _int(t) and 0 <= t < vocab_size for t in forced):
+        raise _bad(f"forced_token_ids must be at most max_tokens token ids in [0, {vocab_size})",
+                   "forced_token_ids")
+    if forced and p.structured is not None:
+        raise _bad("forced_token_ids and a grammar exclude each other", "forced_token_ids")

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.prefix_cache import PrefixCache
-from tandem.worker.engine.sequence import SeqStatus, Sequence
+from tandem.worker.engine.request_state import RequestState
+from tandem.worker.engine.sequence import Sequence
 
 
 @dataclass
@@ -69,12 +70,12 @@ class Scheduler:
         return len(self.waiting) + len(self.ready)
 
     def add(self, seq: Sequence) -> None:
-        seq.status = SeqStatus.WAITING
+        seq.status = RequestState.WAITING
         self.waiting.append(seq)
 
     def add_ready(self, seq: Sequence) -> None:
         """A sequence whose KV is already in the pool (pulled from a prefill worker)."""
-        seq.status = SeqStatus.WAITING
+        seq.status = RequestState.WAITING
         self.ready.append(seq)
 
     def remove(self, seq: Sequence) -> None:
@@ -107,7 +108,7 @@ class Scheduler:
         self.free_blocks(seq)
         seq.num_computed = 0
         seq.num_preemptions += 1
-        seq.status = SeqStatus.WAITING
+        seq.status = RequestState.WAITING
         self.waiting.appendleft(seq)
         self.on_preempt(seq)
 
@@ -135,7 +136,7 @@ class Scheduler:
         # Pulled sequences take the free seats first: they decode in this very step.
         while self.ready and len(self.running) < self.max_num_seqs:
             seq = self.ready.popleft()
-            seq.status = SeqStatus.RUNNING
+            seq.status = RequestState.RUNNING
             self.running.append(seq)
         # Decoding sequences first (one token each, so a long prompt's chunk never delays them),
         # then prompts being prefilled; each group oldest first. Preemption victims come off the end.
@@ -167,7 +168,7 @@ class Scheduler:
             if n == 0 or need > self.allocator.num_free:
                 break  # first come, first served: don't let later requests overtake the head
             self.waiting.popleft()
-            seq.status = SeqStatus.RUNNING
+            seq.status = RequestState.RUNNING
             self.running.append(seq)
             self.cache.take(seq, hit, seq.num_tokens)
             seq.num_computed = cached

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import enum
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.contracts.protocol import FinishReason, SamplingParams
+from tandem.worker.engine.request_state import RequestState
 
-
-class SeqStatus(enum.StrEnum):
-    WAITING = "waiting"  # queued (new, or preempted and waiting to be recomputed)
-    RUNNING = "running"  # in the running batch
-    LEASED = "leased"  # first token out (prefill) or migrated: blocks kept until a peer pulls them
-    FINISHED = "finished"
+log = logging.getLogger("tandem.worker.engine")
 
 
 @dataclass
@@ -32,6 +28,13 @@ class SeqOutput:
     migrated: bool = False  # the engine is draining: the sequence left it (kv_blocks: leased KV, if any)
     logprobs: list[Any] | None = None  # TokenLogprobs per token_ids entry, when the request asked
 
+    @classmethod
+    def engine_error(cls, request_id: str, error: Exception) -> SeqOutput:
+        """The last output of a sequence the engine failed on (its own input broke a step)."""
+        return cls(request_id, finished=True, finish_reason=FinishReason.ERROR,
+                   error={"message": f"the engine failed on this request: {error}",
+                          "type": "internal_error", "param": None, "code": "engine_error"})
+
 
 @dataclass(eq=False)  # identity: queues find and remove *this* sequence
 class Sequence:
@@ -44,7 +47,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     prefill_only: bool = False  # prefill role: stop after the first token and lease the blocks
     arrival: float = 0.0
-    status: SeqStatus = SeqStatus.WAITING
+    status: RequestState = RequestState.WAITING
     num_computed: int = 0  # tokens of all_ids whose K/V are in the pool
     block_table: list[int] = field(default_factory=list)
     num_preemptions: int = 0
@@ -57,6 +60,7 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list, repr=False)
     num_registered_blocks: int = 0
     stop_ids: frozenset[int] = frozenset()  # params.stop_token_ids, for a constant-time check per token
+    cache_salt: str | None = None  # the request's prefix-cache salt: its blocks match only the same salt's
     grammar: Any = None  # grammar.Grammar of a structured output, advanced with every token taken
     sampled_logprobs: Any = None  # the TokenLogprobs of the token just sampled (batch.py), until taken
 
@@ -75,4 +79,32 @@ class Sequence:
 
     @property
     def finished(self) -> bool:
-        return self.status == SeqStatus.FINISHED
+        return self.status == RequestState.FINISHED
+
+    def stop_reason(self, tok: int) -> FinishReason | None:
+        """The stop rules for `tok`, just appended to output_ids (it also feeds the detokenizer)."""
+        p = self.params
+        if (tok in self.eos_ids and not p.ignore_eos) or tok in self.stop_ids or self.detok.add(tok):
+            return FinishReason.STOP
+        if self.grammar is not None and self.grammar.accept(tok):
+            return FinishReason.STOP
+        if len(self.output_ids) >= p.max_tokens or self.num_tokens >= self.max_total_len:
+            return FinishReason.LENGTH
+        return None
+
+    def final_text(self) -> str:
+        """The text the detokenizer still holds back, or "" when it is what failed."""
+        try:
+            return self.detok.take(final=True)
+        except Exception:  # noqa: BLE001 - the sequence ends either way
+            log.exception("could not detokenize the end of the text", extra={"request_id": self.request_id})
+            return ""
+
+    def emit(self, out: SeqOutput) -> None:
+        """Hand an output to the request's listener; its failure stays its own."""
+        if self.sink is None:
+            return
+        try:
+            self.sink(out)
+        except Exception:  # noqa: BLE001 - one listener's failure must not stop the others' outputs
+            log.exception("delivering an output failed", extra={"request_id": self.request_id})

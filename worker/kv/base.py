@@ -9,11 +9,13 @@ name through registry.py, so importing Tandem never requires nixl.
 from __future__ import annotations
 
 import abc
+import asyncio
 import enum
 from collections.abc import Awaitable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tandem.contracts import timing
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.kv_layout import KVLayout
 from tandem.contracts.protocol import KVRank, KVSource
@@ -42,8 +44,8 @@ class KVTransferError(RuntimeError):
 @dataclass
 class KVTransferConfig:
     backend: str = "nixl"  # "nixl" | "tcp" | "memory"
-    timeout_s: float = 10.0  # a handoff that takes longer fails with TIMED_OUT
-    lease_s: float = 30.0  # prefill side: blocks not pulled by then are reclaimed
+    timeout_s: float = timing.KV_TRANSFER_TIMEOUT_S  # a handoff that takes longer fails with TIMED_OUT
+    lease_s: float = timing.KV_LEASE_S  # prefill side: blocks not pulled by then are reclaimed
     host: str = "127.0.0.1"  # address peers use to reach this worker (the pod IP in a cluster)
     extra: dict[str, Any] = field(default_factory=dict)  # backend options (UCX settings, limits)
     # The service's internal secret (tandem.contracts.internal_auth): sent on the HTTP calls to
@@ -122,6 +124,12 @@ class KVTransport(abc.ABC):
     def source_ranks(self) -> list[KVRank]:
         """A tensor-parallel worker's other ranks, which a KVSource it hands out carries."""
         return []
+
+    def still_writing(self, request_id: str) -> asyncio.Future | None:
+        """After a failed pull of request_id: a transfer that may still write into its destination
+        blocks (its abort has not returned within timeout_s), done once it has stopped; the caller
+        keeps those blocks out of use until then. None: nothing writes there any more."""
+        return None
 
     @abc.abstractmethod
     async def pull(self, request_id: str, source: KVSource, local_block_ids: list[int],

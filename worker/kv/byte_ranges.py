@@ -49,3 +49,9 @@ def head_ranges(source: KVLayout, dest: KVLayout, heads: HeadSlice, src_blocks: 
 def blocks_touched(offset: int, nbytes: int, block_bytes: int) -> range:
     """The blocks a byte range of a pool reads from (what a lease must hold for the read)."""
     return range(offset // block_bytes, (offset + nbytes - 1) // block_bytes + 1)
+
+
+def overlapping(ranges: list[list[int]]) -> bool:
+    """Whether two of these [offset, bytes] ranges share a byte (a read never needs a byte twice)."""
+    ordered = sorted(ranges)
+    return any(nxt[0] < cur[0] + cur[1] for cur, nxt in zip(ordered, ordered[1:], strict=False))

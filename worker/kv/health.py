@@ -3,11 +3,10 @@
 One TransferHealth per transport records every pull (decode side) and every
 serve (prefill side): last success, failures, the effective bandwidth of recent
 transfers, and which network transport UCX would use (so a silent fallback from
-RDMA to TCP is visible, reference.md). The same figures go to Prometheus, into
-the registry the server passes in (config.extra["prometheus_registry"]) or the
-default one; metric objects are created once per registry so several transports
-in one process (tests, benchmarks) share them, told apart by the `backend` and
-`direction` labels (never per request).
+RDMA to TCP is visible, reference.md). The same figures go to Prometheus through
+the KVTransferMetrics the worker passes in (config.extra["kv_metrics"], made once
+in its registry), which several transports in one process (tests, benchmarks)
+share, told apart by the `backend` and `direction` labels (never per request).
 """
 
 from __future__ import annotations
@@ -15,10 +14,9 @@ from __future__ import annotations
 import collections
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from tandem.contracts.kv_health import KVHealth, TransportInfo
 
 # UCX transport names that move bytes over RDMA hardware (verbs, mlx5 accelerated, EFA).
@@ -26,45 +24,30 @@ RDMA_TLS = {"rc", "rc_v", "rc_x", "rc_verbs", "rc_mlx5", "dc", "dc_x", "dc_mlx5"
             "ud_x", "ud_verbs", "ud_mlx5", "ib", "srd", "mlx5"}
 
 
-@dataclass
-class _Metrics:
-    bytes_total: Counter
-    seconds: Histogram
-    failures_total: Counter
-    last_success: Gauge
-    rdma: Gauge
+class KVTransferMetrics:
+    """The tandem_kv_transfer_* metrics, registered once in one registry. The registry's owner
+    makes them (the worker's WorkerMetrics) and hands them to every transport of the process
+    (config.extra["kv_metrics"]), which are told apart by their labels; a transport given none
+    counts in a registry of its own, which nobody scrapes."""
 
-
-_METRICS: dict[int, tuple[CollectorRegistry, _Metrics]] = {}
-
-
-def metrics_for(registry: CollectorRegistry | None = None) -> _Metrics:
-    """The KV transfer metrics registered in `registry` (default: prometheus' global one), made once."""
-    registry = registry or REGISTRY
-    found = _METRICS.get(id(registry))
-    if found is not None and found[0] is registry:
-        return found[1]
-    labels = ["backend", "direction"]
-    m = _Metrics(
-        bytes_total=Counter("tandem_kv_transfer_bytes_total", "KV cache bytes moved between workers",
-                            labels, registry=registry),
-        seconds=Histogram("tandem_kv_transfer_seconds",
-                          "Duration of one KV handoff (metadata, transfer and completion signal)",
-                          labels, registry=registry,
-                          buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                   0.5, 1.0, 2.5, 5.0, 10.0, 30.0)),
-        failures_total=Counter("tandem_kv_transfer_failures_total",
-                               "KV handoffs that failed (peer gone, transfer error, timeout)",
-                               labels, registry=registry),
-        last_success=Gauge("tandem_kv_transfer_last_success_timestamp_seconds",
-                           "Unix time of the last successful KV handoff", labels,
-                           registry=registry),
-        rdma=Gauge("tandem_kv_transfer_rdma_in_use",
-                   "1 when the KV transport moves bytes over RDMA, 0 when it uses TCP or memory",
-                   ["backend"], registry=registry),
-    )
-    _METRICS[id(registry)] = (registry, m)
-    return m
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        labels = ["backend", "direction"]
+        self.bytes_total = Counter("tandem_kv_transfer_bytes_total", "KV cache bytes moved between workers",
+                                   labels, registry=self.registry)
+        self.seconds = Histogram("tandem_kv_transfer_seconds",
+                                 "Duration of one KV handoff (metadata, transfer and completion signal)",
+                                 labels, registry=self.registry,
+                                 buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                          0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
+        self.failures_total = Counter("tandem_kv_transfer_failures_total",
+                                      "KV handoffs that failed (peer gone, transfer error, timeout)",
+                                      labels, registry=self.registry)
+        self.last_success = Gauge("tandem_kv_transfer_last_success_timestamp_seconds",
+                                  "Unix time of the last successful KV handoff", labels, registry=self.registry)
+        self.rdma = Gauge("tandem_kv_transfer_rdma_in_use",
+                          "1 when the KV transport moves bytes over RDMA, 0 when it uses TCP or memory",
+                          ["backend"], registry=self.registry)
 
 
 def detect_ucx_transport(env: dict[str, str] | None = None,
@@ -117,11 +100,11 @@ class TransferHealth:
 
     RECENT = 32  # transfers averaged for the effective bandwidth
 
-    def __init__(self, backend: str, engine_id: str, registry: CollectorRegistry | None = None,
+    def __init__(self, backend: str, engine_id: str, metrics: KVTransferMetrics | None = None,
                  transport: TransportInfo | None = None):
         self.backend = backend
         self.engine_id = engine_id
-        self.metrics = metrics_for(registry)
+        self.metrics = metrics if metrics is not None else KVTransferMetrics()
         self.transport = transport or TransportInfo(
             rdma=False, network=backend, detected_by=f"the {backend} backend never uses RDMA")
         self.metrics.rdma.labels(backend).set(1 if self.transport.rdma else 0)

@@ -120,9 +120,11 @@ class NixlTransport(PullTransport):
             raise KVTransferError(f"NIXL {what} did not return within {bound} s", TransferState.TIMED_OUT)
         return fut.result()
 
-    async def _settle(self, what: str, fn: Callable[[], Any]) -> None:
+    async def _settle(self, what: str, fn: Callable[[], Any], request_id: str | None = None) -> None:
         """Run fn on the agent thread and wait for it even through cancellation (at most timeout_s):
-        it stops a READ, and nothing may still write into our pool once _read is left."""
+        it stops a READ, and nothing may still write into our pool once _read is left. If it has
+        not returned by then, the READ of `request_id` may still land: still_writing() says so
+        until it returns, and the caller keeps the destination blocks out of use."""
         fut = asyncio.wrap_future(self._agent.submit(fn))
         deadline = time.monotonic() + self.config.timeout_s
         cancelled = False
@@ -133,6 +135,8 @@ class NixlTransport(PullTransport):
                 cancelled = True
         if not fut.done():
             log.error("NIXL %s still running after %s s: its READ may yet land", what, self.config.timeout_s)
+            if request_id is not None:
+                self._writing(request_id, fut)
         elif fut.exception() is not None:
             log.warning("NIXL %s failed: %s", what, fut.exception())
         if cancelled:
@@ -296,7 +300,8 @@ class NixlTransport(PullTransport):
         finally:
             if not finished:
                 log.info("aborting the unfinished NIXL READ of %s", request_id)
-            await self._settle("release of a READ", lambda: self._release(posted, md))
+            await self._settle("release of a READ", lambda: self._release(posted, md),
+                               None if finished else request_id)
         return len(ranges)
 
     def _release(self, posted: list[Any], md: dict[str, Any]) -> None:

@@ -13,7 +13,9 @@ Protocol (the same for every backend; why it is this way):
   forgotten (NIXL: remove_remote_agent; TCP: its connections closed); if the
   fresh metadata still names another engine_id the KV is gone and that is a
   KVTransferError. Any failed transfer also drops the cache, so stale metadata
-  is never used twice.
+  is never used twice. Peers no pull has used for kv_peer_idle_s, and the least
+  recently used beyond kv_max_peers, are forgotten too (peer_table.py), so
+  prefill churn never piles up sockets, NIXL agents or metadata here.
 - Layout compatibility (KVLayout.compatible_with) and every block id are checked
   before a byte moves. Adjacent blocks that are adjacent on BOTH sides merge into
   one transfer (byte_ranges.py).
@@ -56,6 +58,7 @@ from tandem.worker.kv.base import (
 )
 from tandem.worker.kv.byte_ranges import Range, head_ranges
 from tandem.worker.kv.health import TransferHealth
+from tandem.worker.kv.peer_table import MAX_PEERS, PEER_IDLE_S, PeerTable
 
 if TYPE_CHECKING:
     import torch
@@ -83,11 +86,13 @@ class PullTransport(KVTransport):
         if tuple(pool.shape) != layout.shape:
             raise ValueError(f"pool shape {tuple(pool.shape)} does not match the layout {layout.shape}")
         self.kv_health = TransferHealth(self.name, engine_id,
-                                        config.extra.get("prometheus_registry"),
+                                        config.extra.get("kv_metrics"),
                                         self._transport_info())
-        self._peers: dict[str, dict[str, Any]] = {}  # url -> metadata of the engine last seen there
-        self._peer_locks: dict[str, asyncio.Lock] = {}
+        # url -> metadata of the engine last seen there; bounded (peer_table.py)
+        self._peers = PeerTable(float(config.extra.get("kv_peer_idle_s", PEER_IDLE_S)),
+                                int(config.extra.get("kv_max_peers", MAX_PEERS)))
         self._background: set[asyncio.Task] = set()
+        self._landing: dict[str, list[asyncio.Future]] = {}  # request id -> transfers that may still write
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
@@ -115,6 +120,23 @@ class PullTransport(KVTransport):
 
     # --- shared -------------------------------------------------------------------------------
 
+    def still_writing(self, request_id: str) -> asyncio.Future | None:
+        pending = [f for f in self._landing.get(request_id, []) if not f.done()]
+        return asyncio.ensure_future(asyncio.wait(pending)) if pending else None
+
+    def _writing(self, request_id: str, transfer: asyncio.Future) -> None:
+        """A backend's transfer for request_id that may still write into this pool until it is done."""
+        self._landing.setdefault(request_id, []).append(transfer)
+
+        def landed(_: asyncio.Future) -> None:
+            left = [f for f in self._landing.get(request_id, []) if f is not transfer]
+            if left:
+                self._landing[request_id] = left
+            else:
+                self._landing.pop(request_id, None)
+
+        transfer.add_done_callback(landed)
+
     def _base_metadata(self) -> dict[str, Any]:
         return {"backend": self.name, "engine_id": self.engine_id, "layout": self.layout.to_dict()}
 
@@ -131,20 +153,22 @@ class PullTransport(KVTransport):
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        for md in list(self._peers.values()):
+        for url, md in self._peers.items():
+            self._peers.pop(url)
             await self._forget_peer(md)
-        self._peers.clear()
         if self._session is not None:
             await self._session.close()
 
     async def _peer(self, source: KVRank) -> dict[str, Any]:
-        """The metadata of the engine that holds source's blocks: cached, or fetched if it restarted."""
+        """The metadata of the engine that holds source's blocks: cached, or fetched if it restarted.
+        Peers gone quiet are forgotten first, so prefill churn leaves nothing behind here."""
+        await self._forget_stale_peers()
         cached = self._peers.get(source.url)
         if cached is not None and cached["engine_id"] == source.engine_id:
             return cached
         # One discovery per URL at a time: concurrent pulls from a restarted peer must not
         # forget the successor another pull has just added.
-        async with self._peer_locks.setdefault(source.url, asyncio.Lock()):
+        async with self._peers.lock(source.url):
             return await self._discover(source)
 
     async def _discover(self, source: KVRank) -> dict[str, Any]:
@@ -166,8 +190,13 @@ class PullTransport(KVTransport):
                 f"the prefill worker at {source.url} is now {md['engine_id']}, but the KV was "
                 f"computed by {source.engine_id} (it restarted and its blocks are gone): re-run prefill")
         await self._add_peer(md)
-        self._peers[source.url] = md
+        self._peers.put(source.url, md)
+        await self._forget_stale_peers()  # the newcomer (in use) may push the least recent out
         return md
+
+    async def _forget_stale_peers(self) -> None:
+        for url in self._peers.stale():
+            await self._drop_peer(url)
 
     async def _fetch(self, source: KVRank) -> dict[str, Any]:
         """GET the peer's metadata and check it can serve us at all (backend, layout)."""
@@ -193,7 +222,7 @@ class PullTransport(KVTransport):
         return md
 
     async def _drop_peer(self, url: str) -> None:
-        md = self._peers.pop(url, None)
+        md = self._peers.pop(url)
         if md is not None:
             try:
                 await self._forget_peer(md)
@@ -266,14 +295,18 @@ class PullTransport(KVTransport):
     async def _read_rank(self, request_id: str, source: KVSource, rank: int, slices: list[HeadSlice],
                          local_block_ids: list[int], release: bool, moving: set[int]) -> tuple[int, int]:
         """(bytes, transfers) read from one rank of the source."""
-        md = await self._peer(source.rank(rank))
-        self._check(source, local_block_ids, md)
-        remote = KVLayout(**md["layout"])
-        ranges = [r for s in slices for r in head_ranges(remote, self.layout, s, source.block_ids, local_block_ids)]
-        if not ranges:
-            return 0, 0
-        moving.add(rank)
-        return sum(n for _, _, n in ranges), await self._read(md, request_id, source.lease_token, ranges, release)
+        endpoint = source.rank(rank)
+        with self._peers.using(endpoint.url):  # not forgotten while this pull needs it
+            md = await self._peer(endpoint)
+            self._check(source, local_block_ids, md)
+            remote = KVLayout(**md["layout"])
+            ranges = [r for s in slices
+                      for r in head_ranges(remote, self.layout, s, source.block_ids, local_block_ids)]
+            if not ranges:
+                return 0, 0
+            moving.add(rank)
+            return sum(n for _, _, n in ranges), await self._read(md, request_id, source.lease_token, ranges,
+                                                                  release)
 
     async def _release_lease(self, request_id: str, source: KVSource) -> None:
         """End the lease at the source's rank 0 now that every rank has read; it must have been live

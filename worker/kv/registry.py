@@ -9,7 +9,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from tandem.contracts.kv_layout import KVLayout
-from tandem.worker.kv.base import KVTransferConfig, KVTransport
+from tandem.worker.kv.base import KVTransferConfig, KVTransport, LeaseKeeper
 
 if TYPE_CHECKING:
     import torch
@@ -36,6 +36,10 @@ def transport_class(name: str) -> type[KVTransport]:
 
 
 def create_transport(name: str, pool: torch.Tensor, layout: KVLayout, engine_id: str,
-                     config: KVTransferConfig) -> KVTransport:
-    """A transport of backend `name` over `pool`; call `await transport.start()` before use."""
-    return transport_class(name)(pool, layout, engine_id, config)
+                     config: KVTransferConfig, leases: LeaseKeeper | None = None) -> KVTransport:
+    """A transport of backend `name` over `pool`, serving and freeing the leases `leases` keeps (the
+    engine; none: it serves nothing); call `await transport.start()` before use."""
+    transport = transport_class(name)(pool, layout, engine_id, config)
+    if leases is not None:
+        transport.leases = leases
+    return transport

@@ -7,8 +7,9 @@ handshake of tcp_wire.py; then, per pull:
     decode -> prefill   {"op": "read", "request_id", "engine_id", "lease_token",
                          "ranges": [[offset, bytes], ...], "release": true}
     prefill -> decode   {"ok": true, "bytes": N} then N raw bytes, the ranges in order
-                        (or {"ok": false, "error"}, nothing sent, when the engine_id is not ours or
-                        no live lease with that token holds every block the ranges touch)
+                        (or {"ok": false, "error"}, nothing sent, when the engine_id is not ours,
+                        ranges fall outside the pool or overlap (checked before they are expanded
+                        into blocks), or no live lease with that token holds every block they touch)
     decode -> prefill   {"op": "release", "request_id", "lease_token"} (only after a read with
                         "release": true; a rank of a tensor-parallel pull reads with false, and the
                         lease is released once at the source's rank 0, see pulling.py)
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.kv_layout import KVLayout
 from tandem.worker.kv.base import KVTransferConfig, KVTransferError
-from tandem.worker.kv.byte_ranges import Range, blocks_touched
+from tandem.worker.kv.byte_ranges import Range, blocks_touched, overlapping
 from tandem.worker.kv.pulling import PullTransport, pool_bytes
 from tandem.worker.kv.tcp_wire import (
     HandshakeError,
@@ -264,6 +265,8 @@ class TcpTransport(PullTransport):
             return "ranges must be a list of [offset, bytes] integer pairs, release true or false"
         if any(n <= 0 or s < 0 or s + n > len(self._mem) for s, n in ranges):
             return "byte ranges outside the pool"
+        if overlapping(ranges):  # checked before expanding: the blocks touched stay below pool + ranges
+            return "byte ranges overlap: a read asks for each byte of the pool at most once"
         blocks = {b for s, n in ranges for b in blocks_touched(s, n, self.layout.block_bytes)}
         allowed = self.leases.check_read(rid, token, sorted(blocks))
         if inspect.isawaitable(allowed):  # a rank asks its group's rank 0, which holds the leases

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 from tandem.contracts.internal_auth import SECRET_ENV
+from tandem.weights.hub import HubError
+from tandem.weights.local import is_hub_id, model_folder
 from tandem.worker.local.processes import ManagedProcess, Supervisor, free_port
 
 # what `tandem up` builds when no --model is given: a bit bigger than the tests' model, still
@@ -38,7 +40,8 @@ TOY_VERSION = 1  # bump when make_toy_model's output for the same arguments chan
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="a Hugging Face model folder (default: a small toy Llama, "
+    parser.add_argument("--model", help="a Hugging Face model folder, or a hub id org/name[@revision] "
+                        "(downloaded once into the Hugging Face cache; HF_ENDPOINT, HF_TOKEN) (default: a small toy Llama, "
                         "built once under ~/.cache/tandem/models/)")
     parser.add_argument("--port", type=int, default=8000, help="the router's port (default 8000)")
     parser.add_argument("--host", default="127.0.0.1", help="the router's address (default 127.0.0.1)")
@@ -154,9 +157,15 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _raise_on_signal)
     sup: Supervisor | None = None
     try:
-        model = Path(args.model) if args.model else toy_model_dir()
+        try:
+            model = model_folder(args.model) if args.model else toy_model_dir()
+        except HubError as e:
+            print(f"tandem up: {e}", file=sys.stderr)
+            return 2
         if not args.model and not args.served_name:
             args.served_name = TOY_SERVED_NAME  # friendlier than the cache folder's name
+        if args.model and is_hub_id(args.model) and not args.served_name:
+            args.served_name = args.model.partition("@")[0]  # not the snapshot folder's commit
         if not (model / "config.json").is_file():
             print(f"tandem up: {model} is not a Hugging Face model folder (no config.json)", file=sys.stderr)
             return 2

@@ -2,10 +2,10 @@
 
 Routes, by file: this one has the application (create_app: the table of every route), the error
 middleware and the plain endpoints (/health, /ready, /v1/models, /metrics, /internal/info);
-generate.py streams /internal/generate (handoff.py: the KV pull before it); prefill.py serves
+generate.py streams /internal/generate (the engine pulls a handoff's KV first); prefill.py serves
 /internal/prefill, /internal/abort and the /internal/kv/* lease and transport endpoints;
 tokenizer_files.py /internal/tokenizer; kv_events.py /internal/kv/events. Shared: state.py (settings,
-state), responses.py (OpenAI-format errors), parsing.py (strict bodies), auth.py (the secret).
+state), http_errors.py (OpenAI-format errors), parsing.py (strict bodies), auth.py (the secret).
 
 Model endpoints answer 503 until the model is loaded; errors before a stream starts are OpenAI-format
 4xx/5xx bodies; once streaming, a failure ends the NDJSON stream with an error event. A client that
@@ -19,22 +19,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tandem.contracts.protocol import REQUEST_ID_HEADER, WorkerInfo
 from tandem.worker.server import generate, kv_events, prefill, tokenizer_files
 from tandem.worker.server.auth import internal_auth
+from tandem.worker.server.http_errors import error_response, need_engine
 from tandem.worker.server.parsing import RequestRefused
-from tandem.worker.server.responses import error_response, need_engine
 from tandem.worker.server.state import STATE_KEY, WorkerSettings, WorkerState
 
-if TYPE_CHECKING:  # torch stays out of the import: the server starts before the model loads
-    from tandem.worker.engine.async_engine import AsyncEngine
-    from tandem.worker.kv.base import KVTransport
-
-__all__ = ["STATE_KEY", "WorkerSettings", "WorkerState", "attach_engine", "create_app", "error_response"]
+__all__ = ["STATE_KEY", "WorkerSettings", "WorkerState", "create_app", "error_response"]
 
 log = logging.getLogger("tandem.worker.server")
 
@@ -92,6 +88,7 @@ async def info(request: web.Request) -> web.Response:
         kv_usage=eng.allocator.num_used / eng.allocator.num_blocks if eng else 0.0,
         outstanding_prompt_tokens=eng.outstanding_prompt_tokens() if eng else 0,
         tokenizer_sha256=tokenizer_files.digest(request.app),
+        dtype=eng.layout.dtype if eng else "",
     ).to_dict()
     if eng is not None:
         doc |= {"kv_blocks_free": eng.allocator.num_free, "kv_blocks_total": eng.allocator.num_blocks,
@@ -141,15 +138,3 @@ def create_app(state: WorkerState) -> web.Application:
     tokenizer_files.add_routes(app, state)  # GET /internal/tokenizer
     kv_events.add_routes(app, state)  # GET /internal/kv/events
     return app
-
-
-def attach_engine(state: WorkerState, engine: AsyncEngine, transport: KVTransport | None = None) -> None:
-    """Wire a started AsyncEngine (and transport) into the state and mark the worker ready."""
-    state.engine = engine
-    state.transport = transport
-    engine.engine.on_step = state.metrics.observe_step
-    engine.on_step_gap = state.metrics.step_gap_seconds.observe
-    if transport is not None:
-        transport.leases = engine.engine
-        state.settings.kv_backend = transport.name
-    state.ready = True

@@ -12,15 +12,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tandem.contracts import timing
 from tandem.contracts.names import KVBackend, Role
 from tandem.worker.server.config import WorkerConfig
 
 ROLES = tuple(r.value for r in Role)
-SHUTDOWN_GRACE_S = 5.0
 BACKENDS = tuple(b.value for b in KVBackend)
 
 
@@ -62,14 +61,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "their request and start prompts that share a prefix from them (default on)")
     a("--kv-backend", choices=BACKENDS, default=None,
       help="KV transfer backend (default nixl for prefill/decode, none for colocated)")
-    a("--kv-timeout-s", type=float, default=None, help="a KV pull that takes longer fails (default 10)")
+    a("--kv-timeout-s", type=float, default=None, help=f"a KV pull that takes longer fails (default {timing.KV_TRANSFER_TIMEOUT_S:g})")
     a("--kv-reserve-wait-s", type=float, default=None, help="decode: a handoff waits this long for free "
-      "KV blocks, then answers 503 with Retry-After (default 2)")
+      f"KV blocks, then answers 503 with Retry-After (default {timing.KV_RESERVE_WAIT_S:g})")
     a("--prefill-queue-s", type=float, default=None, help="a prefill still queued after this is answered "
-      "429 with Retry-After, well before the router's prefill timeout (default 10)")
+      f"429 with Retry-After, well before the router's prefill timeout (default {timing.PREFILL_QUEUE_S:g})")
     a("--engine-stall-s", type=float, default=None, help="an engine thread without progress this long "
       "(or dead) turns /health and /ready to 503 (default 120)")
-    a("--kv-lease-s", type=float, default=None, help="prefill: free unpulled KV blocks after this (default 30)")
+    a("--kv-lease-s", type=float, default=None,
+      help=f"prefill: free unpulled KV blocks after this (default {timing.KV_LEASE_S:g})")
     a("--kv-port", type=int, default=None, help="tcp KV backend: the port prefill serves KV on "
       "(default 5601; 0 picks a free one)")
     a("--internal-secret-file", default=None, help="file holding the service's internal secret (a mounted "
@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "running sequences to other decode workers (their KV pulled from here; the router carries each "
       "stream over) instead of waiting for them to finish (default on for decode, needs a kv backend)")
     a("--heartbeat-s", type=float, default=None, help="a generate stream silent this long (a queued "
-      "request) gets a keep-alive line, so the router does not take it for a hang (default 5)")
+      f"request) gets a keep-alive line, so the router does not take it for a hang (default {timing.HEARTBEAT_S:g})")
     a("--tensor-parallel", type=int, default=None, metavar="N", help="ranks (one process per device) that "
       "share the model: weights, attention heads and KV cache split N ways. Alone on a node this process "
       "is rank 0 and starts the others (default 1)")
@@ -146,14 +146,12 @@ def advertise_url(cfg: WorkerConfig, port: int) -> str:
 
 
 async def serve(cfg: WorkerConfig) -> int:
-    import asyncio
+    """Boot, ready, run until SIGTERM, drain, stop (worker/server/runtime.py); the exit status."""
     import logging
-    import signal
 
-    from aiohttp import web
     from tandem.worker.engine.errors import ModelLoadError
     from tandem.worker.engine.loader import model_source
-    from tandem.worker.server.app import WorkerSettings, WorkerState, attach_engine, create_app
+    from tandem.worker.server.runtime import StartupError, WorkerRuntime
 
     log = logging.getLogger("tandem.worker")
     try:
@@ -161,107 +159,23 @@ async def serve(cfg: WorkerConfig) -> int:
     except ModelLoadError as e:
         log.error("cannot start the engine: %s", e)
         return 1
-    engine_id, _ = engine_identity()
-    settings = WorkerSettings(role=cfg.role, advertise_url="", engine_id=engine_id, generation=cfg.generation or "",
-                              kv_backend=str(cfg.kv_backend), served_name=cfg.served_name,
-                              reserve_wait_s=cfg.kv_reserve_wait_s, prefill_queue_s=cfg.prefill_queue_s,
-                              internal_secret=cfg.internal_secret, heartbeat_s=cfg.heartbeat_s)
     if cfg.internal_secret is None:
         log.warning("no internal secret ($TANDEM_INTERNAL_SECRET or --internal-secret-file): /internal/* "
                     "and the KV transfer accept anyone who can reach this worker")
-    state = WorkerState(settings)
-    # After the drain, streams still open get SHUTDOWN_GRACE_S to send their last line.
-    runner = web.AppRunner(create_app(state), handler_cancellation=True, access_log=None,
-                           shutdown_timeout=SHUTDOWN_GRACE_S)
-    await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port)
-    await site.start()
-    port = runner.addresses[0][1]
-    settings.advertise_url = advertise_url(cfg, port)
-    log.info("listening on %s:%d (advertised as %s), role %s, engine_id %s", cfg.host, port,
-             settings.advertise_url, settings.role.value, engine_id)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    # torch and transformers load only now, so /health answers while they import.
-    from tandem.worker.engine.async_engine import AsyncEngine
-    from tandem.worker.engine.engine import Engine
-
-    transport = None
-    aeng = None
-    leader = None  # tensor parallelism: rank 0's side of the group (engine/parallel/leader.py)
+    engine_id, _ = engine_identity()
+    runtime = WorkerRuntime(cfg, engine_id, advertise_url=lambda port: advertise_url(cfg, port))
     try:
+        await runtime.boot()
         try:
-            if cfg.tensor_parallel > 1:
-                from tandem.worker.engine.parallel.leader import start_group
-
-                leader, engine = await start_group(cfg, engine_id, settings.advertise_url)
-            else:
-                engine = await asyncio.to_thread(Engine, cfg.engine_config(), lease_s=cfg.kv_lease_s)
-        except (ModelLoadError, ValueError, RuntimeError) as e:  # RuntimeError: a group that did not form
-            state.load_error = str(e)
-            log.error("cannot start the engine: %s", e)
+            await runtime.ready()
+        except StartupError as e:
+            log.error("%s", e)
             return 1
-        if cfg.kv_backend is not KVBackend.NONE:
-            from tandem.worker.kv.registry import create_transport
-
-            host = settings.advertise_url.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-            kv_config = cfg.kv_transfer_config(host, {"prometheus_registry": state.metrics.registry})
-            try:
-                transport = create_transport(str(cfg.kv_backend), engine.pool, engine.layout, engine_id, kv_config)
-                await transport.start()
-            except Exception as e:  # noqa: BLE001 - report any backend failure the same way
-                state.load_error = f"KV backend {cfg.kv_backend.value!r} failed to start: {e}"
-                log.error("%s", state.load_error)
-                return 1
-        if leader is not None:  # the other ranks serve too: the group's transport over every rank's
-            transport = await leader.serving(transport)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            # again: a transfer library may have replaced the handlers while it started
-            loop.add_signal_handler(sig, stop.set)
-        aeng = AsyncEngine(engine, stall_s=cfg.engine_stall_s)
-        aeng.start()
-        attach_engine(state, aeng, transport)
-        log.info("ready: serving %s (max_model_len %d, %d KV blocks of %d tokens, kv backend %s)",
-                 engine.served_name, engine.max_model_len, engine.layout.num_blocks, engine.layout.block_size,
-                 cfg.kv_backend.value)
-        await stop.wait()
-        state.ready, state.draining = False, True  # /ready 503 and new requests 503 draining
-        if cfg.migrate_on_drain and transport is not None:
-            log.info("draining: handing %d sequences to other decode workers", len(engine.seqs))
-            aeng.start_migration()  # each stream ends with MIGRATE; the drain waits for the pulls
-        await drain(engine, cfg.drain_s, log, lambda: state.open_streams)
-        for rid in list(engine.seqs):  # their streams end with finish_reason abort: the router resumes them
-            aeng.abort(rid)
-        log.info("shutting down")
+        await runtime.until_stopped()
+        await runtime.drain()
         return 0
     finally:
-        state.ready = False
-        await runner.cleanup()
-        if aeng is not None:
-            await aeng.stop()
-        if leader is not None:
-            await asyncio.to_thread(leader.close)
-        if transport is not None:
-            await transport.close()
-
-
-async def drain(engine: Any, within: float, log: Any, open_streams: Callable[[], int] = lambda: 0) -> None:
-    """Let running sequences finish (or migrate), other workers pull leased KV, and every stream
-    write its last line (a FINISH, or the MIGRATE of a sequence handed out without KV, which no
-    lease keeps the drain waiting for) before the process exits, so scaling a pool down does not
-    fail the handoffs and migrations in flight."""
-    import asyncio
-    import time
-
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if engine.idle() and open_streams() == 0:
-            return
-        await asyncio.sleep(0.05)  # the engine thread finishes them; nothing to await on here
-    if engine.seqs or engine.leases:
-        log.warning("drain timed out with %d sequences and %d leases left", len(engine.seqs), len(engine.leases))
+        await runtime.stop()
 
 
 def run(args: argparse.Namespace) -> int:

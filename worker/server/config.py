@@ -16,6 +16,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tandem.contracts import timing
 from tandem.contracts.internal_auth import SECRET_ENV, load_secret
 from tandem.contracts.names import KV_PORT, KVBackend, Role
 from tandem.worker.engine.parallel.placement import Placement, place
@@ -58,11 +59,11 @@ class WorkerConfig:
     max_model_len: int | None = None
     log_format: str = "text"
     log_level: str = "info"
-    kv_timeout_s: float = 10.0
-    kv_reserve_wait_s: float = 2.0  # a handoff waits this long for free blocks, then 503 + Retry-After
-    prefill_queue_s: float = 10.0  # a prefill not started after this is answered 429 + Retry-After
+    kv_timeout_s: float = timing.KV_TRANSFER_TIMEOUT_S
+    kv_reserve_wait_s: float = timing.KV_RESERVE_WAIT_S  # a handoff waits this long for free blocks, then 503 + Retry-After
+    prefill_queue_s: float = timing.PREFILL_QUEUE_S  # a prefill not started after this is answered 429 + Retry-After
     engine_stall_s: float = 120.0  # an engine thread without progress this long fails /health
-    kv_lease_s: float = 30.0
+    kv_lease_s: float = timing.KV_LEASE_S
     kv_extra: dict[str, Any] = field(default_factory=dict)  # backend options (UCX settings, limits)
     kv_port: int = KV_PORT  # tcp backend: where prefill serves KV (0: any free port)
     generation: str | None = None  # default $TANDEM_GENERATION
@@ -70,7 +71,7 @@ class WorkerConfig:
     # On SIGTERM, hand running sequences to other decode workers (their KV leased here for the
     # pull) instead of waiting for them to finish. None: on for decode, off for the other roles.
     migrate_on_drain: bool | None = None
-    heartbeat_s: float = 5.0  # keep-alive line on a silent generate stream (below the router's 15 s)
+    heartbeat_s: float = timing.HEARTBEAT_S  # keep-alive line on a silent generate stream (contracts/timing.py)
     # Tensor parallelism (engine/parallel/placement.py): N ranks, one process per device. Alone on
     # a node this process is rank 0 and starts the others; spanning nodes (a LeaderWorkerSet) the
     # rank, ranks per node and the leader's address default from $LWS_* (flags win).

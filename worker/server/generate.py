@@ -1,10 +1,11 @@
 """POST /internal/generate: a sequence streamed as NDJSON (START, TOKEN..., FINISH, ERROR or MIGRATE).
 
-Tokens given in generated_token_ids (a handoff's first token, a resume's tokens so far) are
-replayed by make_sequence, never streamed: the stream starts after them. With a kv_source the
-prompt's KV (a migrated sequence's: prompt and generated tokens but the last) is pulled first
-(handoff.py). A draining decode worker ends its streams with MIGRATE (engine/migration.py): the
-sequence's KV lease, if any, and its tokens so far, for the router to continue it elsewhere.
+The engine admits the request (engine/async_engine.py: claimed, tokenized, a handoff's KV pulled
+first, engine/kv_pull.py); this file parses and streams. Tokens given in generated_token_ids (a
+handoff's first token, a resume's tokens so far) are replayed by the engine, never streamed: the
+stream starts after them. A draining decode worker ends its streams with MIGRATE
+(engine/migration.py): the sequence's KV lease, if any, and its tokens so far, for the router to
+continue it elsewhere.
 While nothing comes (queued, or a slow step) a HEARTBEAT
 line goes out every `heartbeat_s`; if the engine thread has died or stalls meanwhile, the stream
 ends with an ERROR instead (code engine_unhealthy), so the router resumes the request elsewhere.
@@ -24,8 +25,8 @@ from aiohttp import web
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import NDJSON, REQUEST_ID_HEADER, EventType, StreamEvent
 from tandem.worker.engine.token_texts import TokenTexts
-from tandem.worker.server.handoff import check_source, leased_source, pull
-from tandem.worker.server.responses import claim_request, from_request_error, make_sequence_off_loop
+from tandem.worker.server.http_errors import refused
+from tandem.worker.server.parsing import model_request
 from tandem.worker.server.state import WorkerState
 
 log = logging.getLogger("tandem.worker.server")
@@ -48,65 +49,25 @@ def _token_line(token_ids: list[int], text: str, logprobs: list[dict[str, Any]] 
     return (_encode(doc) + "\n").encode()
 
 
-class _Replayed:
-    """The outputs of a request whose replayed tokens already end it: the held-back text, if any."""
-
-    def __init__(self, seq: Any) -> None:
-        from tandem.worker.engine.sequence import SeqOutput
-
-        self.out = [SeqOutput(seq.request_id, text=seq.detok.take(final=True), finished=True,
-                              finish_reason=seq.finish_reason)]
-
-    async def get(self, timeout_s: float) -> list[Any]:
-        out, self.out = self.out, []
-        return out
-
-    def close(self) -> None:
-        pass
-
-
 async def generate(request: web.Request) -> web.StreamResponse:
-    claimed = await claim_request(request, "/internal/generate", not_for=Role.PREFILL)
-    if isinstance(claimed, web.Response):
-        return claimed
-    state, req = claimed
-    try:
-        started = await _queue(state, req)
-    finally:
-        state.engine.engine.release_claim(req.request_id)  # a no-op once the sequence took its claim over
-    if isinstance(started, web.Response):
-        return started
-    seq, outputs, pulled = started
-    return await _stream(request, state, seq, outputs, pulled)
-
-
-async def _queue(state: WorkerState, req: Any) -> tuple[Any, Any, bool] | web.Response:
-    """Tokenize, pull a handoff's KV and queue the sequence (its id claimed already): the sequence,
-    its outputs and whether it was pulled, or the error to answer."""
     from tandem.worker.engine.errors import RequestError
 
-    rid, aeng = req.request_id, state.engine
+    parsed = await model_request(request, "/internal/generate", not_for=Role.PREFILL)
+    if isinstance(parsed, web.Response):
+        return parsed
+    state, req = parsed
     try:
-        seq = await make_sequence_off_loop(aeng.engine, req)
+        outputs = await state.engine.generate(req)
     except RequestError as e:
-        return from_request_error(e, rid)
-    if seq.finished:  # the worker that sampled the last of them died before it could say so
-        return seq, _Replayed(seq), False
-    blocks = None
-    if req.kv_source is not None:
-        if (resp := check_source(state, req, seq)) is not None:
-            return resp
-        blocks = await pull(state, req, seq)
-        if isinstance(blocks, web.Response):
-            return blocks
-    return seq, aeng.submit(seq, kv_blocks=blocks), blocks is not None  # submit takes the claim over
+        return refused(state, e, req.request_id)
+    return await _stream(request, state, outputs, pulled=req.kv_source is not None)
 
 
 def _migrate_line(state: WorkerState, seq: Any, out: Any) -> bytes:
     """MIGRATE: where the sequence's leased KV is (none: it is recomputed), and its tokens so far."""
     kv = None
     if out.kv_blocks is not None:
-        kv = leased_source(state, seq.request_id, out.kv_blocks, seq.num_computed)
+        kv = state.engine.lease_source(seq.request_id, out.kv_blocks, seq.num_computed)
     log.info("generate migrating", extra={"request_id": seq.request_id, "completion_tokens": len(seq.output_ids),
                                           "kv_tokens": kv.num_tokens if kv else 0})
     return _line(StreamEvent(EventType.MIGRATE, kv=kv, generated_token_ids=list(seq.output_ids)))
@@ -136,10 +97,10 @@ def _lines(state: WorkerState, seq: Any, outs: list[Any]) -> tuple[list[bytes], 
     return lines, False
 
 
-async def _stream(request: web.Request, state: WorkerState, seq: Any, outputs: Any,
-                  pulled: bool) -> web.StreamResponse:
+async def _stream(request: web.Request, state: WorkerState, outputs: Any, pulled: bool) -> web.StreamResponse:
     """START, TOKEN lines (HEARTBEAT while there is none), then FINISH (or ERROR); a stream cut
     short aborts the sequence (closing `outputs` does)."""
+    seq = outputs.seq
     rid = seq.request_id
     log.info("generate started", extra={"request_id": rid, "prompt_tokens": len(seq.prompt_ids),
                                          "pulled": pulled, "replayed": seq.num_resumed})

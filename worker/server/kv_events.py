@@ -1,14 +1,14 @@
 """GET /internal/kv/events: what this worker's prefix cache holds, streamed to the router's index.
 
-The engine interface (`KVEventSource`, implemented by an engine with a prefix cache):
-- `cached_block_hashes()`: every block hash it holds now;
-- it calls `on_kv_event(stored, removed)` whenever that set changes (hashes of
-  tandem.contracts.prefix.block_hashes over `layout.block_size` tokens with `prefix_hash_salt`;
-  a hash in at most one of the two lists per call), always while holding `lock`, never
-  blocking and never calling back into the engine; batching a step's changes into one call is best.
-Holding `lock` while reading the hashes and setting the callback makes the snapshot exact: no
-change is lost or counted twice. An engine without the interface publishes an empty snapshot
-with `enabled: false` and nothing after it.
+The engine interface (`KVEventSource`): `follow_kv_events(on_snapshot, on_change)` calls
+`on_snapshot(block_size, salt, hashes)` with every block hash it holds now, then
+`on_change(stored, removed)` whenever that set changes (hashes of
+tandem.contracts.prefix.block_hashes over `block_size` tokens with `salt`; a hash in at most one of
+the two lists per call), both under the engine's lock, never blocking and never calling back into
+the engine; batching a step's changes into one call is best. Taking the snapshot and starting the
+changes under one lock makes the snapshot exact: no change is lost or counted twice. An engine
+without a prefix cache answers False and the stream publishes an empty snapshot with
+`enabled: false` and nothing after it.
 
 The stream (NDJSON of tandem.contracts.protocol.KVEventMessage): a snapshot as of `seq` (split
 over several lines of at most LINE_HASHES hashes, all with that seq), then one UPDATE per change,
@@ -26,7 +26,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from aiohttp import web
 from tandem.contracts.protocol import NDJSON, KVEventMessage, KVEventType, openai_error
@@ -37,16 +37,11 @@ LINE_HASHES = 2048  # hashes per NDJSON line (about 70 KB): below the readers' l
 QUEUE_LINES = 4096  # lines a reader may fall behind before it is cut off to resync
 
 
-@runtime_checkable
 class KVEventSource(Protocol):
-    """What an engine with a prefix cache offers the event stream (see the module docstring)."""
+    """What an engine offers the event stream (see the module docstring)."""
 
-    lock: Any  # held by the engine whenever it calls on_kv_event
-    layout: Any  # .block_size: tokens per hashed block
-    prefix_hash_salt: bytes
-    on_kv_event: Callable[[list[bytes], list[bytes]], None]
-
-    def cached_block_hashes(self) -> list[bytes]: ...
+    def follow_kv_events(self, on_snapshot: Callable[[int, bytes, list[bytes]], None],
+                         on_change: Callable[[list[bytes], list[bytes]], None]) -> bool: ...
 
 
 def _line(msg: KVEventMessage) -> bytes:
@@ -95,27 +90,23 @@ class KVEventPublisher:
         self._bind_lock = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def bind(self, engine: Any) -> None:
-        """Start following `engine` (once): take its hashes and set its callback under its lock."""
+    async def bind(self, engine: KVEventSource) -> None:
+        """Start following `engine` (once): its hashes now, then every change."""
         async with self._bind_lock:
             if self._bound is engine:
                 return
             self._loop = asyncio.get_running_loop()
-            if isinstance(engine, KVEventSource):
-                await asyncio.to_thread(self._bind_locked, engine)
-                self._enabled = True
-            else:
+            self._enabled = await asyncio.to_thread(engine.follow_kv_events, self._snapshot, self.on_kv_event)
+            if not self._enabled:
                 log.info("the engine keeps no prefix cache: KV events publish an empty snapshot")
             self._bound = engine
 
-    def _bind_locked(self, engine: KVEventSource) -> None:
-        with engine.lock:
-            hashes = engine.cached_block_hashes()
-            with self._lock:
-                self._held = set(hashes)
-                self._block_size = int(engine.layout.block_size)
-                self._salt = bytes(engine.prefix_hash_salt)
-            engine.on_kv_event = self.on_kv_event
+    def _snapshot(self, block_size: int, salt: bytes, hashes: list[bytes]) -> None:
+        """Called by the engine under its lock, before any on_kv_event."""
+        with self._lock:
+            self._held = set(hashes)
+            self._block_size = int(block_size)
+            self._salt = bytes(salt)
 
     def on_kv_event(self, stored: list[bytes], removed: list[bytes]) -> None:
         """Called by the engine (any thread, under its lock): record and fan out the change."""

@@ -12,6 +12,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from tandem.worker.kv.health import KVTransferMetrics
 
 
 class EngineCollector(Collector):
@@ -83,6 +84,7 @@ class WorkerMetrics:
     def __init__(self, get_engine: Callable[[], Any], get_problem: Callable[[], str | None] = lambda: None):
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(get_engine, get_problem))
+        self.kv_transfer = KVTransferMetrics(self.registry)  # for the KV transport (config.extra["kv_metrics"])
         self.refused = Counter(
             "tandem_worker_requests_refused", "Requests refused because the worker was full, by reason "
             "(queue_full, kv_cache_full, prefill_queue_timeout); answered 429/503 with Retry-After",
@@ -124,3 +126,11 @@ class WorkerMetrics:
     def observe_step(self, seconds: float, num_tokens: int) -> None:
         self.step_seconds.observe(seconds)
         self.step_tokens.observe(num_tokens)
+
+    def observe_pull(self, report: Any) -> None:
+        """One handoff's KV pulled (engine/kv_pull.py PullReport)."""
+        self.kv_pull_seconds.observe(report.seconds)
+        self.kv_pull_saved_bytes.inc(report.saved_bytes)
+        if report.migrated_from is not None:
+            self.migrations_in.inc()
+            self.migration_pulled_tokens.inc(report.pulled_tokens)

@@ -2,7 +2,7 @@
 and every field of a GenerateRequest checked for its type before the engine sees it, so a malformed
 call is a 4xx in OpenAI's format, never a 500 from deep inside the engine.
 
-Ranges stay with the engine's own checks (engine/validation.py: finite numbers, a temperature
+Ranges stay with the engine's own checks (engine/request_checks.py: finite numbers, a temperature
 below 1e-5 taken as greedy, stop-string limits, token ids below the vocabulary, the context
 length), so one rule serves every caller; here: types, the fields a KV handoff needs, and
 unknown keys inside `sampling` and `kv_source` (a typo there would otherwise be silently ignored
@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 from tandem.contracts.json_body import BodyError, decode_json
+from tandem.contracts.names import Role
 from tandem.contracts.protocol import (
     REQUEST_ID_HEADER,
     GenerateRequest,
@@ -25,6 +26,8 @@ from tandem.contracts.protocol import (
     SamplingParams,
     openai_error,
 )
+from tandem.worker.server.http_errors import need_engine, wrong_role
+from tandem.worker.server.state import STATE_KEY, WorkerState
 
 MAX_REQUEST_ID_CHARS = 256
 
@@ -87,6 +90,7 @@ _SAMPLING: dict[str, tuple[Callable[[Any], bool], str]] = {
     "logit_bias": (lambda v: isinstance(v, dict), "an object of token id -> bias"),
     "logprobs": (_opt(_int), "an integer"),
     "structured": (_opt(lambda v: isinstance(v, dict)), "an object"),
+    "forced_token_ids": (_ids, "a list of token ids"),
 }
 def _kv_rank(v: Any) -> bool:
     """One more rank of a tensor-parallel source (tandem.contracts.protocol.KVRank)."""
@@ -102,6 +106,7 @@ _KV_SOURCE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "num_tokens": (_count, "a non-negative integer"),
     "extra": (lambda v: isinstance(v, dict), "an object"),
     "lease_token": (lambda v: isinstance(v, str), "a string"),
+    "generation": (lambda v: isinstance(v, str), "a string"),
     "ranks": (lambda v: isinstance(v, list) and all(map(_kv_rank, v)),
               "a list of objects with a url, an engine_id and an optional extra object"),
 }
@@ -115,6 +120,7 @@ _TOP: dict[str, tuple[Callable[[Any], bool], str]] = {
     "generated_token_ids": (_opt(_ids), "a list of token ids"),
     "emitted_chars": (_opt(_count), "a non-negative integer"),
     "first_token_id": (_opt(_count), "a token id"),
+    "cache_salt": (_opt(lambda v: isinstance(v, str)), "a string"),
     "chat_options": (_opt(lambda v: isinstance(v, dict)), "an object"),
 }
 
@@ -187,3 +193,17 @@ async def request_id_body(request: web.Request, *, token: bool) -> tuple[str, st
         raise RequestRefused(400, "lease_token must be the KVSource's lease_token (a non-empty string)",
                              "lease_token", "invalid_value", rid)
     return rid, lease_token
+
+
+async def model_request(request: web.Request, route: str, not_for: Role
+                        ) -> tuple[WorkerState, GenerateRequest] | web.Response:
+    """The start of /internal/generate and /internal/prefill: parse the body and check this worker
+    takes the route (not a `not_for` worker, an engine that is up); the engine does the rest."""
+    state = request.app[STATE_KEY]
+    req = parse_generate(await read_json(request), request)
+    rid = req.request_id
+    if state.settings.role == not_for:
+        return wrong_role(state, route, rid)
+    if (resp := need_engine(state, rid)) is not None:
+        return resp
+    return state, req

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from tandem.contracts import timing
 from tandem.contracts.names import Role
 from tandem.worker.server.metrics import WorkerMetrics
 
@@ -24,12 +25,13 @@ class WorkerSettings:
     kv_backend: str = "none"
     served_name: str | None = None
     # A handoff waits this long at most for free blocks to receive its KV, then answers 503 with
-    # Retry-After (busy, never failed); with the pull's own bound it stays under the router's 15 s.
-    reserve_wait_s: float = 2.0
+    # Retry-After (busy, never failed); with the pull's own bound it stays under the router's
+    # chunk timeout (contracts/timing.py).
+    reserve_wait_s: float = timing.KV_RESERVE_WAIT_S
     # A prefill waits this long at most in the queue before it starts, then answers 429 with
     # Retry-After: a prefill answers in one piece, and a long silence would look like a hang.
-    prefill_queue_s: float = 10.0
-    heartbeat_s: float = 5.0  # a generate stream silent this long gets a heartbeat line (router: 15 s)
+    prefill_queue_s: float = timing.PREFILL_QUEUE_S
+    heartbeat_s: float = timing.HEARTBEAT_S  # a generate stream silent this long gets a heartbeat line
     # The service's internal secret (tandem.contracts.internal_auth); None: /internal/* is open.
     internal_secret: str | None = field(default=None, repr=False)
 

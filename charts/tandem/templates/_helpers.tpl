@@ -62,6 +62,10 @@ app.kubernetes.io/part-of: tandem
 {{- printf "%s:%s" .Values.workerDefaults.image.repository (default .Chart.AppVersion .Values.workerDefaults.image.tag) }}
 {{- end }}
 
+{{- define "tandem.routerImage" -}}
+{{- printf "%s:%s" .Values.routerDefaults.image.repository (default .Chart.AppVersion .Values.routerDefaults.image.tag) }}
+{{- end }}
+
 {{/* The Restricted pod security level, for the operator pod and the `helm test` pod. */}}
 {{- define "tandem.podSecurityContext" -}}
 runAsNonRoot: true
@@ -90,11 +94,11 @@ ServiceAccount, so a rule missing here fails it. No delete anywhere: children go
 InferenceService through owner references and the garbage collector.
 */}}
 {{- define "tandem.operatorRules" -}}
-# The InferenceService: kopf lists and watches it and patches its annotations (handler
-# progress); the resync lists it and reads it back; status goes through the subresource.
+# The InferenceService: kopf lists and watches it (event handlers only: kopf writes nothing on
+# it); every pass reads it afresh; status goes through the subresource.
 - apiGroups: ["tandem.dev"]
   resources: ["inferenceservices"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: ["tandem.dev"]
   resources: ["inferenceservices/status"]
   verbs: ["patch"]
@@ -121,6 +125,10 @@ InferenceService through owner references and the garbage collector.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "create", "patch"]
+# Each component's PodDisruptionBudget, server-side applied like the other children.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch"]
 # A hub model's shared cache (model.cache.pvc): its claim and the download Job per commit.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
@@ -144,13 +152,12 @@ InferenceService through owner references and the garbage collector.
 # Pods: readiness and scheduling failures become status conditions. The router's Role grants
 # pods and EndpointSlices get/list/watch, and Kubernetes lets the operator write (and bind) a
 # Role only with every permission it grants (no `escalate` or `bind` verbs here), so the
-# operator holds them too. `patch` is for annotations only: before the autoscaler lowers a
-# worker role's replicas it marks the pods it chose to remove (the lowest
-# controller.kubernetes.io/pod-deletion-cost), so the ReplicaSet removes exactly those. Never
-# create or delete: the ReplicaSet does both.
+# operator holds them too. Never create, change or delete: the ReplicaSet does that (marking
+# the pods a scale-down removes is tandem.podMarkerRules, only where autoscaling.markPodsForRemoval
+# names a namespace).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["get", "list", "watch"]
@@ -177,4 +184,36 @@ and watches namespaces to notice them appear. */}}
   resources: ["namespaces"]
   verbs: ["list", "watch"]
 {{- end }}
+{{- end }}
+
+{{/* autoscaling.markPodsForRemoval: before it lowers a worker role's replicas, the planner gives
+the pods it chose the lowest controller.kubernetes.io/pod-deletion-cost, so the ReplicaSet removes
+exactly those. A patch of pods: RBAC cannot narrow it to annotations, so a Role per named namespace,
+never cluster-wide. */}}
+{{- define "tandem.podMarkerRules" -}}
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["patch"]
+{{- end }}
+
+{{/* The namespaces where the operator may mark pods (autoscaling.markPodsForRemoval). */}}
+{{- define "tandem.podMarkerNamespaces" -}}
+{{- $mark := .Values.autoscaling.markPodsForRemoval }}
+{{- $namespaces := $mark.namespaces | default .Values.watchNamespaces }}
+{{- if not $namespaces }}
+{{- fail "autoscaling.markPodsForRemoval.namespaces: name the namespaces where the operator may annotate pods (or set watchNamespaces): pods: patch is never granted cluster-wide" }}
+{{- end }}
+{{- toJson $namespaces }}
+{{- end }}
+
+{{/* Leader election, in the operator's own namespace: read and renew its Lease (by name), and
+create it the first time (RBAC cannot name an object that does not exist yet). */}}
+{{- define "tandem.leaseRules" -}}
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "update"]
+  resourceNames: [{{ include "tandem.operatorName" . | quote }}]
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["create"]
 {{- end }}

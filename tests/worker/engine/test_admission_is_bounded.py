@@ -46,9 +46,9 @@ def test_ids_are_unique_across_queued_leased_and_claimed(make_engine):
     for rid in ("c", "l"):  # a claim or a lease holds its id; a submit takes over its own claim
         _refused(lambda rid=rid: eng.claim(rid), 409, "duplicate_request_id")
     eng.claim("q")  # "q" finished: its id is free
-    eng.release_claim("q")
-    eng.release_claim("c")
-    eng.release("l")
+    eng.unclaim("q")
+    eng.unclaim("c")
+    eng.abort("l", eng.lease_token("l"))
     submit(eng, "l", IDS, greedy(2))  # every id is free again
     run_to_completion(eng)
 
@@ -63,7 +63,8 @@ def test_pulled_sequences_wait_for_a_seat_and_decode_when_seated(make_engine, re
         outs: list = []
         seq.sink = outs.append
         eng.claim(seq.request_id)
-        eng.add_prefilled(seq, eng.reserve_for_pull(seq).blocks)  # as after a pull into those blocks
+        assert eng.begin_pull(seq) is not None and eng.seqs[seq.request_id].status == "pulling"
+        eng.finish_pull(seq)  # as after a pull into the blocks it reserved
         pulled.append(outs)
     assert eng.num_running == 0 and eng.num_waiting == 4
     chunks = eng.scheduler.schedule()
@@ -97,7 +98,7 @@ def test_reservations_take_the_engine_lock_and_leave_room_for_running_sequences(
         return eng.make_sequence(GenerateRequest(request_id=rid, prompt_token_ids=[0] + list(range(30, 29 + num_tokens)),
                                                  sampling=greedy(4), generated_token_ids=[7]))
 
-    assert eng.reserve_for_pull(handoff("big", 3 * 16)) is None  # 3 of 4 free would leave less than a block each
+    assert eng.begin_pull(handoff("big", 3 * 16)) is None  # 3 of 4 free would leave less than a block each
     held = []
     real = eng.allocator.allocate
 
@@ -106,7 +107,8 @@ def test_reservations_take_the_engine_lock_and_leave_room_for_running_sequences(
         return real(n)
 
     eng.allocator.allocate = allocate
-    got = eng.reserve_for_pull(handoff("fits", 2 * 16))
+    fits = handoff("fits", 2 * 16)
+    got = eng.begin_pull(fits)
     assert held == [True] and len(got.fresh) == 2 and not got.cached
-    eng.free_blocks(got.blocks)
+    eng.fail_pull(fits)
     run_to_completion(eng)

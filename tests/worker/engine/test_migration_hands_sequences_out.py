@@ -82,14 +82,15 @@ def test_the_leased_kv_continues_the_sequence_on_another_engine(make_engine, ref
     generated = tokens_of(outs)
     seq = dst.make_sequence(GenerateRequest(request_id="m", prompt_token_ids=PROMPT, sampling=greedy(24),
                                             generated_token_ids=generated))
-    res = dst.reserve_for_pull(seq)
+    dst.claim("m")
+    res = dst.begin_pull(seq)
     assert res is not None and not res.cached and len(res.fresh) == len(outs[-1].kv_blocks)
     for s, d in zip(outs[-1].kv_blocks, res.fresh, strict=True):
         dst.pool[d].copy_(src.pool[s])
     assert src.release_lease("m", src.lease_token("m"))
     more: list = []
     seq.sink = more.append
-    dst.add_prefilled(seq, res.blocks)
+    dst.finish_pull(seq)
     run_to_completion(dst)
     assert generated + tokens_of(more) == reference(PROMPT, 24)
     assert dst.stats.prefill_tokens_computed_total == 0

@@ -24,9 +24,12 @@ class Subscriber:
     def __init__(self, engine) -> None:
         self.engine = engine
         self.calls = 0
-        with engine.lock:
-            self.held = set(engine.cached_block_hashes())
-            engine.on_kv_event = self.on_kv_event
+        self.held: set[bytes] = set()
+        assert engine.follow_kv_events(self.on_snapshot, self.on_kv_event)
+
+    def on_snapshot(self, block_size: int, salt: bytes, hashes: list[bytes]) -> None:
+        assert self.engine.lock._lock._is_owned(), "the snapshot outside the engine's lock"
+        self.held = set(hashes)
 
     def on_kv_event(self, stored: list[bytes], removed: list[bytes]) -> None:
         assert self.engine.lock._lock._is_owned(), "an event outside the engine's lock"
@@ -54,7 +57,7 @@ def test_snapshot_plus_events_equal_the_cache(make_engine):
         eng.step()
         with eng.lock:
             assert sub.held == set(eng.cached_block_hashes())
-    eng.release("lease")
+    eng.abort("lease", eng.lease_token("lease"))
     assert eng.allocator.evictions_total > 0 and eng.stats.preemptions_total > 0
     assert sub.calls > 0
     with eng.lock:

@@ -126,7 +126,7 @@ def test_leased_prefill_blocks_are_cached_once_released(make_engine, loaded_toy)
         assert outs[-1].kv_blocks == eng.leases[rid].seq.block_table
         firsts.append(outs[-1].token_ids)
         check_blocks_accounted(eng)
-        assert eng.release(rid)
+        assert eng.abort(rid, eng.lease_token(rid))
     assert firsts[0] == firsts[1]
     assert eng.prefix_cache.stats.hit_tokens_total == (len(p) - 1) // BS * BS  # the second one's
     check_blocks_accounted(eng)
@@ -152,7 +152,7 @@ def test_books_balance_after_mixed_traffic(make_engine):
             eng.abort("run1")
             eng.abort("abort-waiting")
     run_checked(eng)
-    assert eng.leases and eng.release("lease")
+    assert eng.leases and eng.abort("lease", eng.lease_token("lease"))
     check_blocks_accounted(eng)
     assert eng.allocator.num_used == 0
     assert all(eng.allocator.refcount(b) == 0 for b in range(eng.allocator.num_blocks))
@@ -161,12 +161,11 @@ def test_books_balance_after_mixed_traffic(make_engine):
 
 
 def test_cache_off_computes_everything(make_engine, reference):
-    from tandem.worker.server.kv_events import KVEventSource
-
     eng = make_engine(block_size=BS, max_waiting=64, prefix_caching=False)
     p = ids(30, 9)
     assert generate(eng, [p, p], 5, "o") == [reference(p, 5)] * 2
     assert eng.prefix_cache.stats.query_tokens_total == eng.prefix_cache.stats.hit_tokens_total == 0
     assert eng.allocator.num_cached == 0 and not eng.cached_block_hashes()
-    assert not isinstance(eng, KVEventSource)  # its KV event stream says it has no cache
-    assert isinstance(make_engine(block_size=BS, max_waiting=64), KVEventSource)
+    follow = (lambda *snapshot: None, lambda stored, removed: None)
+    assert not eng.follow_kv_events(*follow)  # its KV event stream says it has no cache
+    assert make_engine(block_size=BS, max_waiting=64).follow_kv_events(*follow)

@@ -68,7 +68,7 @@ def test_a_prompt_the_tokenizer_refuses_is_a_400(make_engine):
         def __call__(self, text):
             raise ValueError("text too strange")
 
-    eng.tokenizer = Refusing()
+    eng.intake.tokenizer = Refusing()
     with pytest.raises(RequestError) as e:
         eng.make_sequence(GenerateRequest(request_id="tok", prompt="\U0010ffff"))
     assert (e.value.status, e.value.param) == (400, "prompt") and "text too strange" in str(e.value)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from tandem.contracts.protocol import SamplingParams
 from tandem.worker.engine.block_allocator import BlockAllocator
+from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.scheduler import Scheduler
-from tandem.worker.engine.sequence import SeqStatus, Sequence
+from tandem.worker.engine.sequence import Sequence
 
 
 def _seq(rid: str, n: int) -> Sequence:
@@ -40,7 +41,7 @@ def test_max_num_seqs_and_fcfs():
         s.add(q)
     chunks = s.schedule()
     assert [c.seq.request_id for c in chunks] == ["0", "1"]
-    assert seqs[2].status == SeqStatus.WAITING
+    assert seqs[2].status == RequestState.WAITING
 
 
 def test_preempts_newest_when_blocks_run_out():
@@ -53,7 +54,7 @@ def test_preempts_newest_when_blocks_run_out():
     assert alloc.num_free == 0
     chunks = s.schedule()  # old needs a third block: new is preempted and its blocks freed
     assert [c.seq.request_id for c in chunks] == ["old"]
-    assert new.status == SeqStatus.WAITING and new.num_computed == 0 and not new.block_table
+    assert new.status == RequestState.WAITING and new.num_computed == 0 and not new.block_table
     assert s.waiting[0] is new and new.num_preemptions == 1
     s.remove(old)
     s.remove(new)
@@ -89,7 +90,7 @@ def test_prefill_budget_caps_prompt_tokens_per_step_never_decodes():
     s.add(c)
     chunks = s.schedule()
     assert [(x.seq.request_id, x.start, x.num_tokens) for x in chunks] == [("a", 3, 1), ("b", 0, 6)]
-    assert c.status == SeqStatus.WAITING  # the budget is spent: c waits although tokens remain
+    assert c.status == RequestState.WAITING  # the budget is spent: c waits although tokens remain
     _advance(chunks)
     chunks = s.schedule()
     assert [(x.seq.request_id, x.start, x.num_tokens) for x in chunks] == [("a", 4, 1), ("b", 6, 6)]

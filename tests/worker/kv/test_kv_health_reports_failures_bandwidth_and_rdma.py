@@ -8,12 +8,12 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from tandem.testing.kv_peer import SMALL_LAYOUT, KVPeer
 from tandem.worker.kv.base import KVTransferConfig, KVTransferError
-from tandem.worker.kv.health import TransferHealth, detect_ucx_transport
+from tandem.worker.kv.health import KVTransferMetrics, TransferHealth, detect_ucx_transport
 
 
 def test_health_tracks_success_failure_and_recent_bandwidth() -> None:
     reg = CollectorRegistry()
-    h = TransferHealth("tcp", "e-1", reg)
+    h = TransferHealth("tcp", "e-1", KVTransferMetrics(reg))
     assert h.report().healthy and h.bandwidth() is None
     h.success("pull", 1_000_000, 0.5)
     h.success("pull", 3_000_000, 0.5)
@@ -31,10 +31,11 @@ def test_health_tracks_success_failure_and_recent_bandwidth() -> None:
     assert reg.get_sample_value("tandem_kv_transfer_rdma_in_use", {"backend": "tcp"}) == 0
 
 
-def test_two_transports_share_one_registry() -> None:
+def test_two_transports_share_one_registry_s_metrics() -> None:
     reg = CollectorRegistry()
-    TransferHealth("tcp", "a", reg).success("pull", 5, 0.1)
-    TransferHealth("tcp", "b", reg).success("pull", 7, 0.1)
+    metrics = KVTransferMetrics(reg)  # made once by the registry's owner
+    TransferHealth("tcp", "a", metrics).success("pull", 5, 0.1)
+    TransferHealth("tcp", "b", metrics).success("pull", 7, 0.1)
     assert reg.get_sample_value("tandem_kv_transfer_bytes_total",
                                 {"backend": "tcp", "direction": "pull"}) == 12
 
@@ -67,7 +68,7 @@ def test_no_rdma_device_means_tcp_fallback_and_says_how_it_knows(tmp_path: Path)
 
 async def test_transport_health_and_metrics_after_real_pulls() -> None:
     reg = CollectorRegistry()
-    cfg = KVTransferConfig(backend="memory", extra={"prometheus_registry": reg})
+    cfg = KVTransferConfig(backend="memory", extra={"kv_metrics": KVTransferMetrics(reg)})
     p = KVPeer("memory", SMALL_LAYOUT, "h-prefill", cfg)
     d = KVPeer("memory", SMALL_LAYOUT, "h-decode", cfg, fill=False)
     await p.start()
@@ -97,6 +98,6 @@ def test_nixl_health_reports_the_ucx_transport_in_effect(monkeypatch: pytest.Mon
     from tandem.worker.kv.nixl import NixlTransport
     monkeypatch.setenv("UCX_TLS", "tcp")
     t = NixlTransport(torch.zeros(SMALL_LAYOUT.shape), SMALL_LAYOUT, "n-1",
-                      KVTransferConfig(extra={"prometheus_registry": CollectorRegistry()}))
+                      KVTransferConfig())
     tr = t.health().transport
     assert tr.rdma is False and tr.ucx_tls == "tcp" and tr.nixl_backend == "UCX"

@@ -28,12 +28,19 @@ def server_hf_toy(toy_model_dir: Path):
 
 
 class Worker:
-    def __init__(self, client, state, engine, transport=None):
+    def __init__(self, client, state, engine, serve):
         self.client = client
         self.state = state
         self.engine = engine  # the synchronous Engine
-        self.transport = transport
+        self.transport = None
         self.url = state.settings.advertise_url
+        self._serve = serve
+
+    async def serve(self) -> None:
+        """Start the engine thread and the transport and mark the worker ready, as a process does
+        (worker/server/runtime.py start_serving)."""
+        await self._serve()
+        self.transport = self.state.transport
 
     @property
     def auth(self) -> dict[str, str]:
@@ -56,55 +63,48 @@ class Worker:
 async def start_worker(server_loaded_toy, toy_model_dir):
     from aiohttp.test_utils import TestClient, TestServer
     from tandem.contracts.names import Role
-    from tandem.worker.engine.async_engine import AsyncEngine
     from tandem.worker.engine.config import EngineConfig
     from tandem.worker.engine.engine import Engine
-    from tandem.worker.server.app import WorkerSettings, WorkerState, attach_engine, create_app
+    from tandem.worker.kv.base import KVTransferConfig
+    from tandem.worker.server.app import WorkerSettings, WorkerState, create_app
+    from tandem.worker.server.runtime import start_serving
 
-    started: list[tuple[Worker, AsyncEngine, object]] = []
+    started: list[Worker] = []
 
     async def start(role: str = "colocated", kv_backend: str | None = None, lease_s: float = 30.0,
                     attach: bool = True, secret: str | None = None, stall_s: float = 120.0,
-                    serve_kv: bool | None = None, **overrides) -> Worker:
+                    serve_kv: bool | None = None, generation: str = "g1", **overrides) -> Worker:
         cfg = dict(model=str(toy_model_dir), num_blocks=128, block_size=8, max_num_seqs=8,
                    max_batched_tokens=256)
         cfg.update(overrides)
-        eng = Engine(EngineConfig(**cfg), loaded=server_loaded_toy, lease_s=lease_s)
         engine_id = f"test-{role}-{uuid.uuid4().hex[:8]}"
         state = WorkerState(WorkerSettings(role=Role(role), advertise_url="", engine_id=engine_id,
-                                           generation="g1", reserve_wait_s=2.0, internal_secret=secret))
+                                           generation=generation, reserve_wait_s=2.0, internal_secret=secret))
+        eng = Engine(EngineConfig(**cfg), loaded=server_loaded_toy, lease_s=lease_s,
+                     on_step=state.metrics.observe_step)
         client = TestClient(TestServer(create_app(state)))
         await client.start_server()
         state.settings.advertise_url = str(client.make_url("")).rstrip("/")
-        aeng = AsyncEngine(eng, stall_s=stall_s)
-        transport = None
-        if kv_backend is not None:
-            from tandem.worker.kv.base import KVTransferConfig
-            from tandem.worker.kv.registry import create_transport
-
-            transport = create_transport(kv_backend, eng.pool, eng.layout, engine_id,
-                                         KVTransferConfig(backend=kv_backend, timeout_s=5.0, lease_s=lease_s,
-                                                          extra={"prometheus_registry": state.metrics.registry},
-                                                          secret=secret,
-                                                          serve=role != "decode" if serve_kv is None else serve_kv))
-            await transport.start()
-        w = Worker(client, state, eng, transport)
-        started.append((w, aeng, transport))
+        kv_config = KVTransferConfig(backend=kv_backend or "none", timeout_s=5.0, lease_s=lease_s,
+                                     extra={"kv_metrics": state.metrics.kv_transfer},
+                                     secret=secret, serve=role != "decode" if serve_kv is None else serve_kv)
+        w = Worker(client, state, eng, lambda: start_serving(state, eng, stall_s=stall_s,
+                                                             kv_backend=kv_backend or "none", kv_config=kv_config))
+        started.append(w)
         if attach:
-            aeng.start()
-            attach_engine(state, aeng, transport)
+            await w.serve()
         return w
 
     yield start
     errors = []
-    for w, aeng, transport in started:
+    for w in started:
         try:
             await w.wait_idle()
         except AssertionError as e:
             errors.append(str(e))
         await w.client.close()
-        if aeng._thread is not None:
-            await aeng.stop()
-        if transport is not None:
-            await transport.close()
+        if w.state.engine is not None:
+            await w.state.engine.stop()
+        if w.state.transport is not None:
+            await w.state.transport.close()
     assert not errors, errors

@@ -66,7 +66,7 @@ async def test_a_prefill_that_cannot_start_in_time_is_429(start_worker):
 async def test_a_handoff_without_room_is_503_busy_and_its_lease_stays(start_worker, server_loaded_toy):
     p = await start_worker(role="prefill", kv_backend="memory")
     d = await start_worker(role="decode", kv_backend="memory")
-    d.state.settings.reserve_wait_s = 0.2
+    d.state.engine.kv.reserve_wait_s = 0.2
     res = await (await p.client.post("/internal/prefill", json={"request_id": "h", "prompt_token_ids": IDS,
                                                                  "sampling": SAMPLING})).json()
     handoff = {"request_id": "h", "prompt_token_ids": IDS, "sampling": SAMPLING, "kv_source": res["kv"],
@@ -75,7 +75,8 @@ async def test_a_handoff_without_room_is_503_busy_and_its_lease_stays(start_work
     await _busy(await d.client.post("/internal/generate", json=handoff), 503, "kv_cache_full")
     assert d.engine.allocator.num_used == len(held) and not d.engine.seqs and not d.engine.num_waiting
     assert p.engine.lease_token("h") == res["kv"]["lease_token"]  # the router may retry the handoff
-    d.engine.free_blocks(held)
+    with d.engine.lock:
+        d.engine.allocator.free(held)
     async with d.client.post("/internal/generate", json=handoff) as resp:
         assert resp.status == 200
         assert len(stream_tokens(await ndjson_events(resp))) == 5  # the first came from prefill

@@ -72,8 +72,11 @@ async def open_stream(client: TestClient, **headers) -> Lines:
 
 
 def test_the_fake_implements_the_engine_interface():
-    assert isinstance(FakeCache(), KVEventSource)
-    assert not isinstance(SimpleNamespace(lock=None), KVEventSource)
+    cache: KVEventSource = FakeCache({h(1)}, block_size=4, salt=b"s")
+    seen = []
+    assert cache.follow_kv_events(lambda *snap: seen.append(snap), lambda stored, removed: None)
+    assert seen == [(4, b"s", [h(1)])]
+    assert not FakeCache(enabled=False).follow_kv_events(seen.append, lambda stored, removed: None)
 
 
 async def test_snapshot_then_numbered_updates_in_order(serve):
@@ -153,7 +156,7 @@ async def test_a_reader_that_falls_behind_is_cut_off(serve, monkeypatch):
 
 
 async def test_an_engine_without_a_prefix_cache_publishes_an_empty_snapshot(serve):
-    lines = await open_stream(await serve(SimpleNamespace(lock=threading.RLock())))
+    lines = await open_stream(await serve(FakeCache(enabled=False)))
     snap = await lines.next()
     assert snap.type is KVEventType.SNAPSHOT and not snap.enabled and snap.hashes == []
 

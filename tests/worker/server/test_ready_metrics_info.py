@@ -18,23 +18,14 @@ def _samples(text: str) -> dict[str, float]:
 
 
 async def test_ready_only_after_the_engine_is_attached(start_worker):
-    from tandem.worker.server.app import attach_engine
-
     w = await start_worker(attach=False)
     assert (await w.client.get("/health")).status == 200
     r = await w.client.get("/ready")
     assert r.status == 503 and (await r.json())["status"] == "loading"
     r = await w.client.post("/internal/generate", json={"request_id": "early", "prompt": "hi"})
     assert r.status == 503 and (await r.json())["error"]["code"] == "not_ready"
-    from tandem.worker.engine.async_engine import AsyncEngine
-
-    aeng = AsyncEngine(w.engine)
-    aeng.start()
-    try:
-        attach_engine(w.state, aeng)
-        assert (await w.client.get("/ready")).status == 200
-    finally:
-        await aeng.stop()
+    await w.serve()
+    assert (await w.client.get("/ready")).status == 200
 
 
 async def test_info_models_and_metrics(start_worker):

@@ -4,9 +4,8 @@ or released, so scaling a prefill pool down does not break handoffs in flight.""
 from __future__ import annotations
 
 import asyncio
-import logging
 
-from tandem.worker.server.cli import drain
+from tandem.worker.server.runtime import wait_drained
 
 BODY = {"request_id": "d1", "prompt": "Hello, world!", "sampling": {"max_tokens": 5, "temperature": 0}}
 
@@ -15,7 +14,7 @@ async def test_drain_waits_for_the_lease(start_worker):
     w = await start_worker(role="prefill", kv_backend="memory")
     resp = await w.client.post("/internal/prefill", json=BODY)
     assert resp.status == 200 and (kv := (await resp.json())["kv"]) is not None
-    task = asyncio.create_task(drain(w.engine, 60.0, logging.getLogger("test")))
+    task = asyncio.create_task(wait_drained(w.engine, 60.0))
     for _ in range(10):
         await asyncio.sleep(0.06)
     assert not task.done(), "drain returned while a lease was outstanding"
@@ -28,7 +27,7 @@ async def test_drain_gives_up_after_its_bound(start_worker):
     resp = await w.client.post("/internal/prefill", json=dict(BODY, request_id="d2"))
     assert resp.status == 200
     kv = (await resp.json())["kv"]
-    await asyncio.wait_for(drain(w.engine, 0.2, logging.getLogger("test")), 10)
+    assert not await asyncio.wait_for(wait_drained(w.engine, 0.2), 10)
     assert "d2" in w.engine.leases  # still there: drain only waits, the lease is freed on release
     await w.client.post("/internal/kv/release", json={"request_id": "d2", "lease_token": kv["lease_token"]})
 
@@ -53,5 +52,5 @@ async def test_drain_waits_for_every_stream_to_write_its_last_line(start_worker)
         asked.append(1)
         return next(answers, 0)
 
-    await asyncio.wait_for(drain(w.engine, 60.0, logging.getLogger("test"), open_streams), 10)
+    assert await asyncio.wait_for(wait_drained(w.engine, 60.0, open_streams), 10)
     assert len(asked) == 3, "drain returned with streams still open"

@@ -36,8 +36,8 @@ async def test_the_served_files_tokenize_like_the_worker(start_worker):
     assert await info_digest(w) == served.sha256
     router = RouterTokenizer.from_files(served.files)
     for prompt in ("Hello, world!", "", "The router sends the prompt to a prefill worker. " * 30):
-        assert router.encode_prompt(prompt) == w.engine.tokenize(GenerateRequest("r", prompt=prompt))
-    assert router.encode_chat(CHAT) == w.engine.tokenize(GenerateRequest("r", messages=CHAT))
+        assert router.encode_prompt(prompt) == w.engine.intake.tokenize(GenerateRequest("r", prompt=prompt))
+    assert router.encode_chat(CHAT) == w.engine.intake.tokenize(GenerateRequest("r", messages=CHAT))
 
 
 async def test_tokenizer_files_with_a_wrong_digest_are_refused():

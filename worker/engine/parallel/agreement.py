@@ -6,7 +6,6 @@ Rank 0 publishes it in the rendezvous store before it builds its engine; the oth
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,13 +27,3 @@ class Agreement:
 
     def rank_engine_id(self, rank: int) -> str:
         return self.engine_id if rank == 0 else f"{self.engine_id}-r{rank}"
-
-
-def engine_settings(config: Any) -> dict[str, Any]:
-    return dataclasses.asdict(config)
-
-
-def max_context(model_limit: int, setting: int | None, num_blocks: int, block_size: int) -> int:
-    """The engine's context length (Engine.__init__ caps it the same way)."""
-    limit = model_limit if setting is None else min(setting, model_limit)
-    return min(limit, num_blocks * block_size)

@@ -5,8 +5,10 @@ every rank (`source_ranks`), under rank 0's lease; a pull it is asked for runs o
 once, each rank reading the heads its pool holds straight from the source rank(s) that hold them
 (rank 0 through its own transport, the others through their rank servers' /internal/rank/pull),
 none releasing; once all have read, rank 0 releases the lease, which must still have been live.
-A pull returns only when no rank is still writing: a failed rank's answer is awaited from the
-others too (each bounds its own pull by timeout_s) before the blocks go back to the pool.
+A pull waits for every rank's answer (each bounds its own pull by timeout_s, and answers once
+nothing writes into its blocks any more) for timeout_s and a margin; a rank that has not answered
+by then, or when the pull is cancelled, is what still_writing() waits for: its blocks stay out of
+use until it answers.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class GroupTransport(KVTransport):
         self.name = local.name
         self.ranks = ranks  # ranks 1.. of this worker, in order
         self._session: aiohttp.ClientSession | None = None
+        self._landing: dict[str, list[asyncio.Future]] = {}  # request id -> rank pulls not answered yet
 
     @property
     def leases(self) -> LeaseKeeper:  # type: ignore[override]
@@ -71,6 +74,14 @@ class GroupTransport(KVTransport):
     def health(self) -> KVHealth:
         return self.local.health()
 
+    def still_writing(self, request_id: str) -> asyncio.Future | None:
+        """Rank 0's own transfers that may still land, and the ranks that have not answered yet (a
+        rank answers once nothing writes into its blocks any more)."""
+        pending = [f for f in self._landing.get(request_id, []) if not f.done()]
+        own = self.local.still_writing(request_id)
+        pending += [own] if own is not None else []
+        return asyncio.ensure_future(asyncio.wait(pending)) if pending else None
+
     async def pull(self, request_id: str, source: KVSource, local_block_ids: list[int],
                    release: bool = True) -> TransferStats:
         timeout = self.config.timeout_s
@@ -78,15 +89,16 @@ class GroupTransport(KVTransport):
         own = asyncio.ensure_future(self.local.pull(request_id, source, local_block_ids, release=False))
         others = [asyncio.ensure_future(self._rank_pull(r, request_id, source, local_block_ids))
                   for r in self.ranks]
-        tasks = [own, *others]
-        try:
-            results = await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
+        try:  # each rank bounds its own pull by timeout_s; its answer gets a margin on top
+            await asyncio.shield(asyncio.wait([own, *others], timeout=timeout + _ANSWER_MARGIN_S))
         except asyncio.CancelledError:
-            # The blocks go back to the pool when this returns: no rank may still write into them.
-            # Rank 0's own pull settles when cancelled; the others end within their own bound.
-            own.cancel()
-            await asyncio.wait(tasks, timeout=timeout + _ANSWER_MARGIN_S)
+            own.cancel()  # rank 0's own pull stops its transfers before it returns
+            self._keep_landing(request_id, others)
             raise
+        self._keep_landing(request_id, others)
+        results = [t.result() if t.done() and not t.cancelled() and t.exception() is None else
+                   (t.exception() if t.done() and not t.cancelled() else
+                    KVTransferError("no answer in time", TransferState.TIMED_OUT)) for t in (own, *others)]
         errors = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
         if errors:
             rank, err = errors[0]
@@ -106,20 +118,30 @@ class GroupTransport(KVTransport):
             self.local.kv_health.success("pull", nbytes, seconds)  # the whole group's pull, once
         return TransferStats(request_id, nbytes, seconds, len(local_block_ids), sum(s.num_transfers for s in stats))
 
+    def _keep_landing(self, request_id: str, rank_pulls: list[asyncio.Future]) -> None:
+        """Ranks that have not answered may still write into the blocks: still_writing() waits for them."""
+        pending = [t for t in rank_pulls if not t.done()]
+        if pending:
+            self._landing[request_id] = pending
+            for t in pending:
+                t.add_done_callback(lambda _, rid=request_id: self._forget_landed(rid))
+
+    def _forget_landed(self, request_id: str) -> None:
+        if all(t.done() for t in self._landing.get(request_id, [])):
+            self._landing.pop(request_id, None)
+
     async def _rank_pull(self, rank: KVRank, request_id: str, source: KVSource,
                          local_block_ids: list[int]) -> TransferStats:
+        """One rank's pull; its answer comes once nothing writes into its blocks any more."""
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(headers=auth_headers(self.config.secret))
         body = {"request_id": request_id, "source": dataclasses.asdict(source), "block_ids": local_block_ids}
         try:
-            async with asyncio.timeout(self.config.timeout_s + _ANSWER_MARGIN_S), self._session.post(
-                    rank.url.rstrip("/") + "/internal/rank/pull", json=body,
-                    headers={REQUEST_ID_HEADER: request_id}) as resp:
+            async with self._session.post(rank.url.rstrip("/") + "/internal/rank/pull", json=body,
+                                          headers={REQUEST_ID_HEADER: request_id}) as resp:
                 doc = await resp.json()
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as e:
-            raise KVTransferError(f"{rank.url} did not answer ({type(e).__name__}: {e})",
-                                  TransferState.TIMED_OUT if isinstance(e, TimeoutError) else TransferState.FAILED
-                                  ) from e
+        except (aiohttp.ClientError, OSError, ValueError) as e:  # the rank is gone: it writes nothing more
+            raise KVTransferError(f"{rank.url} did not answer ({type(e).__name__}: {e})") from e
         if not doc.get("ok"):
             raise KVTransferError(str(doc.get("error") or doc), TransferState(doc.get("state") or "failed"))
         return TransferStats(request_id, doc["bytes"], doc["seconds"], len(local_block_ids), doc["transfers"])

@@ -74,28 +74,28 @@ class GroupLeader:
                               c.returncode)
                     os._exit(1)
 
-    def load_engine(self, lease_s: float) -> Any:
+    def load_engine(self, cfg: Any, on_step: Any) -> Any:
         """Join the group, publish the agreement and build the group's engine (blocking: run it on a
-        thread). The other ranks load and compile alongside."""
-        from tandem.worker.engine.engine import Engine, pool_blocks
+        thread; the runtime's load_engine). The other ranks load and compile alongside."""
+        from tandem.worker.engine.engine import Engine
         from tandem.worker.engine.loader import load_model
-        from tandem.worker.engine.parallel.agreement import Agreement, max_context
+        from tandem.worker.engine.parallel.agreement import Agreement
         from tandem.worker.engine.parallel.group import ParallelGroup
+        from tandem.worker.engine.pool_sizing import size_pool
 
-        cfg = self.cfg
         self.group = ParallelGroup.join(self._spec, self._device, self._store)
         ecfg = dataclasses.replace(cfg.engine_config(), device=str(self._device))
         lm = load_model(ecfg.model, dtype=ecfg.dtype, device=ecfg.device, max_model_len=ecfg.max_model_len,
                         trust_remote_code=ecfg.trust_remote_code, weights=False)
         lm.group = self.group
-        ecfg.num_blocks = pool_blocks(ecfg, lm)
+        layout, context = size_pool(ecfg, lm)  # as the engine will: the group's blocks, from rank 0's memory
+        ecfg.num_blocks = layout.num_blocks
         kv = cfg.kv_transfer_config("")
         self.group.publish("agreement", Agreement(
             engine=dataclasses.asdict(ecfg), engine_id=self.engine_id, leader_url=self.leader_url,
-            max_context=max_context(lm.max_model_len, ecfg.max_model_len, ecfg.num_blocks, ecfg.block_size),
-            role=cfg.role.value, kv_backend=cfg.kv_backend.value,
+            max_context=context, role=cfg.role.value, kv_backend=cfg.kv_backend.value,
             kv={"timeout_s": kv.timeout_s, "lease_s": kv.lease_s, "extra": kv.extra, "serve": kv.serve}))
-        self.engine = Engine(ecfg, loaded=lm, lease_s=lease_s)
+        self.engine = Engine(ecfg, loaded=lm, lease_s=cfg.kv_lease_s, on_step=on_step)
         return self.engine
 
     def wait_for_ranks(self) -> list[Any]:
@@ -127,16 +127,3 @@ class GroupLeader:
         if self.group is not None:
             self.group.close()
 
-
-async def start_group(cfg: Any, engine_id: str, leader_url: str) -> tuple[GroupLeader, Any]:
-    """Rank 0's start: its ranks started (on this, the main, thread), then the engine built with
-    them (on a thread: the event loop keeps answering /health)."""
-    import asyncio
-
-    leader = GroupLeader(cfg, engine_id, leader_url)
-    try:
-        leader.start()
-        return leader, await asyncio.to_thread(leader.load_engine, cfg.kv_lease_s)
-    except BaseException:
-        await asyncio.to_thread(leader.close)  # the ranks it started go with it
-        raise

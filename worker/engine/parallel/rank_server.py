@@ -163,6 +163,9 @@ async def _pull(request: web.Request) -> web.Response:
     try:
         stats = await t.pull(rid, KVSource(**doc["source"]), list(doc["block_ids"]), release=False)
     except KVTransferError as e:
+        landing = t.still_writing(rid)
+        if landing is not None:  # answer only once nothing writes into the blocks: rank 0 frees them then
+            await landing
         return web.json_response({"ok": False, "error": str(e), "state": str(e.state)})
     return web.json_response({"ok": True, "bytes": stats.bytes, "seconds": stats.seconds,
                               "transfers": stats.num_transfers})

@@ -12,6 +12,7 @@ from typing import Any
 from tandem.contracts.chat_options import template_args
 from tandem.contracts.protocol import (
     GREEDY_TEMPERATURE_BELOW,
+    MAX_CACHE_SALT_CHARS,
     WORKER_MAX_STOP_CHARS,
     WORKER_MAX_STOP_STRINGS,
     GenerateRequest,
@@ -109,3 +110,13 @@ def generated_ids(req: GenerateRequest, vocab_size: int) -> list[int]:
     if req.first_token_id is not None and resumed[0] != req.first_token_id:
         raise RequestError("first_token_id differs from generated_token_ids[0]", param="first_token_id")
     return list(resumed)
+
+
+def check_cache_salt(salt: Any) -> str | None:
+    """GenerateRequest.cache_salt: None, or a non-empty string of at most MAX_CACHE_SALT_CHARS."""
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not 0 < len(salt) <= MAX_CACHE_SALT_CHARS:
+        raise _bad(f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters",
+                   "cache_salt")
+    return salt

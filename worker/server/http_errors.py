@@ -1,15 +1,13 @@
-"""The worker's error answers, all in OpenAI's format, and the checks every model route makes first."""
+"""The worker's error answers, all in OpenAI's format, and the checks every model route makes first
+(an engine that is up and not draining, a route its role serves)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from aiohttp import web
-from tandem.contracts.names import Role
-from tandem.contracts.protocol import REQUEST_ID_HEADER, GenerateRequest, openai_error
-from tandem.worker.server.parsing import parse_generate, read_json
-from tandem.worker.server.state import STATE_KEY, WorkerState
+from tandem.contracts.protocol import REQUEST_ID_HEADER, openai_error
+from tandem.worker.server.state import WorkerState
 
 RETRY_AFTER_S = 1  # what a full worker asks callers to wait: the router tries elsewhere meanwhile
 
@@ -58,33 +56,3 @@ def refused(state: WorkerState, e: Any, request_id: str) -> web.Response:
     if e.retry_after_s is not None:
         state.metrics.refused.labels(e.code).inc()
     return from_request_error(e, request_id)
-
-
-async def claim_request(request: web.Request, route: str, not_for: Role
-                        ) -> tuple[WorkerState, GenerateRequest] | web.Response:
-    """The start of /internal/generate and /internal/prefill: parse the body, check this worker
-    takes the route (not a `not_for` worker, an engine that is up), and claim the request's id
-    and queue place before any work, so a duplicate or a full queue is refused first. The caller
-    hands the claim to the engine (add, add_prefilled) or releases it."""
-    from tandem.worker.engine.errors import RequestError
-
-    state = request.app[STATE_KEY]
-    req = parse_generate(await read_json(request), request)
-    rid = req.request_id
-    if state.settings.role == not_for:
-        return wrong_role(state, route, rid)
-    if (resp := need_engine(state, rid)) is not None:
-        return resp
-    try:
-        state.engine.engine.claim(rid)
-    except RequestError as e:
-        return refused(state, e, rid)
-    return state, req
-
-
-async def make_sequence_off_loop(engine: Any, req: GenerateRequest, *, prefill_only: bool = False) -> Any:
-    """engine.make_sequence, on a thread when it tokenizes text or messages or builds a grammar (the
-    event loop serves every other stream meanwhile); inline for token ids, which cost nothing."""
-    if req.prompt_token_ids is not None and req.sampling.structured is None:
-        return engine.make_sequence(req, prefill_only=prefill_only)
-    return await asyncio.to_thread(engine.make_sequence, req, prefill_only=prefill_only)

@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tandem.contracts.handoff_parity import ParityState
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import WorkerInfo
 from tandem.router.policies.base import WorkerView
 from tandem.router.worker_client import WorkerClient, WorkerFailed
 
-log = logging.getLogger("tandem.router.pool")
+log = logging.getLogger("tandem.router.workers")
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class _Entry:
     router_prompt_tokens: int = 0
     last_error: str = ""
 
-    def view(self) -> WorkerView:
+    def view(self, parity: Callable[[str], ParityState | None] | None = None) -> WorkerView:
         info = self.info
         role = info.role if info else self.target.role
         gen = self.target.generation if self.target.generation is not None else (info.generation if info else "")
@@ -58,16 +59,23 @@ class _Entry:
             router_inflight=self.router_inflight,
             router_prompt_tokens=self.router_prompt_tokens,
             tokenizer_sha256=info.tokenizer_sha256 if info else "",
+            dtype=info.dtype if info else "",
+            parity=parity(self.target.url) if parity is not None else None,
         )
 
 
 @dataclass
-class WorkerPool:
+class WorkerSet:
+    """Every worker this router knows and how loaded each is (in the engine, a "pool" is the KV
+    tensor; here it is a set of worker processes)."""
+
     client: WorkerClient
     poll_interval_s: float = 0.5
     served_model: str | None = None  # fixed by configuration, else learnt from the workers
     # called with the views after every poll (the tokenizer check)
     listeners: list[Callable[[list[WorkerView]], None]] = field(default_factory=list)
+    # each worker's standing from the handoff parity probe (router/parity_checker.py); None: no probe
+    parity: Callable[[str], ParityState | None] | None = None
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -91,7 +99,7 @@ class WorkerPool:
         return list(self._entries)
 
     def views(self) -> list[WorkerView]:
-        return [e.view() for e in self._entries.values()]
+        return [e.view(self.parity) for e in self._entries.values()]
 
     def model(self) -> str | None:
         if self.served_model:

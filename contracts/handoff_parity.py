@@ -1,0 +1,105 @@
+"""The handoff parity report: what a router serves at GET /internal/parity and the operator reads for
+the HandoffVerified condition. One definition for both sides.
+
+Each router checks every prefill/decode pairing it routes through (router/parity.py): a fixed probe
+goes through prefill-then-decode (the KV handed off over the real transport) and through the decode
+worker alone, and the teacher-forced log probabilities of a fixed continuation are compared. A
+worker's `state` says whether it may take part in a KV handoff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+PARITY_PATH = "/internal/parity"
+
+
+class ParityState(enum.StrEnum):
+    """One worker's standing for KV handoffs, as its router's probes found it."""
+
+    UNCHECKED = "unchecked"  # no probe yet (waiting for a partner of the other role, or its turn)
+    VERIFIED = "verified"  # its last probe agreed: it takes part in handoffs
+    MISMATCH = "mismatch"  # a probe disagreed beyond the tolerance: no handoff to or from it
+    FAILED = "failed"  # the probe could not finish (an error, a timeout): retried, no handoff meanwhile
+
+
+class ProbeOutcome(enum.StrEnum):
+    MATCH = "match"
+    MISMATCH = "mismatch"
+    ERROR = "error"
+
+
+@dataclass
+class ProbeResult:
+    """One probe of a (prefill, decode) pair."""
+
+    prefill: str  # worker URLs
+    decode: str
+    generation: str
+    outcome: ProbeOutcome
+    max_abs_diff: float | None = None  # max over the continuation of |logprob(handoff) - logprob(alone)|
+    tolerance: float = 0.0
+    dtype: str = ""
+    tokens: int = 0  # continuation tokens compared
+    message: str = ""
+    seconds: float = 0.0  # how long the probe took
+    at_unix: float = 0.0
+    seed: int = 0  # the probe's tokens (router/parity.py probe_tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ProbeResult:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in d.items() if k in known}
+        values["outcome"] = ProbeOutcome(values["outcome"])
+        return cls(**values)
+
+
+@dataclass
+class WorkerParity:
+    """One worker in a router's report: its standing and the probe that set it."""
+
+    url: str
+    role: str
+    generation: str
+    state: ParityState
+    checking: bool = False  # a probe of it is running now
+    last: ProbeResult | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> WorkerParity:
+        last = d.get("last")
+        return cls(url=str(d["url"]), role=str(d["role"]), generation=str(d.get("generation", "")),
+                   state=ParityState(d["state"]), checking=bool(d.get("checking", False)),
+                   last=ProbeResult.from_dict(last) if isinstance(last, dict) else None)
+
+
+@dataclass
+class ParityReport:
+    """GET /internal/parity. `enabled` false: the router does not probe (every pairing is used
+    unchecked, as before the probe existed)."""
+
+    enabled: bool
+    workers: list[WorkerParity] = field(default_factory=list)
+    probes_total: dict[str, int] = field(default_factory=dict)  # by ProbeOutcome
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ParityReport:
+        """Parse a router's answer; unknown keys (a newer router) are ignored; ValueError/KeyError/
+        TypeError for a document that is not one."""
+        if not isinstance(d.get("enabled"), bool) or not isinstance(d.get("workers", []), list):
+            raise ValueError("not a parity report")
+        totals = d.get("probes_total") or {}
+        return cls(enabled=d["enabled"], workers=[WorkerParity.from_dict(w) for w in d.get("workers", [])],
+                   probes_total={str(k): int(v) for k, v in totals.items()})

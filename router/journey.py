@@ -1,0 +1,152 @@
+"""One client request's journey across workers, as data: the only place its state lives.
+
+A `Journey` holds everything the router knows about one request: where it is (`Phase`), the route
+it took, every worker it touched and the lease tokens it holds there, what the client has received
+(tokens, characters), and what the next decode worker needs (the KV to pull and whose lease it
+is, the workers excluded, failures and busy answers so far, a migration in progress). The pure
+`decide` (decide.py) moves it from one state to the next; the driver (orchestrator.py) performs
+the calls that `decide` asks for and never keeps request state of its own.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from tandem.contracts import timing
+from tandem.contracts.protocol import FinishReason, GenerateRequest, KVSource
+from tandem.contracts.routing import RouteReason
+from tandem.router.policies.base import (
+    Plan,
+    RequestInfo,
+    RoutingPolicy,
+    WorkerView,
+    estimate_tokens,
+)
+from tandem.router.validation import Limits, ParsedRequest
+
+
+@dataclass
+class Started:
+    """The client's stream may start: a worker accepted the request and counted its prompt."""
+
+    prompt_tokens: int
+
+
+@dataclass
+class Tokens:
+    token_ids: list[int]
+    text: str
+    logprobs: list[dict] | None = None  # per token (TokenLogprobs.to_wire), when the request asked
+
+
+@dataclass
+class Finished:
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+Event = Started | Tokens | Finished
+
+
+class Phase(enum.StrEnum):
+    """Where a request is; logged when it ends, so an early end says where it happened."""
+
+    PLAN = "plan"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"  # the client got a finish: nothing to abort
+    FAILED = "failed"  # ended with an error the client sees
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the router's configuration says about every journey."""
+
+    policy: RoutingPolicy
+    limits: Limits = field(default_factory=Limits)
+    max_prefill_attempts: int = 2
+    max_resumes: int = 2
+    busy_wait_s: float = timing.BUSY_WAIT_S  # waiting for a busy decode worker once the client has tokens
+
+
+@dataclass
+class Move:
+    """A migration under way: from which worker, since when (until the next worker's first token)."""
+
+    source: str
+    since: float
+
+
+def request_info(req: ParsedRequest, request_id: str) -> RequestInfo:
+    """What the policy sees of a request: its size (exact for token ids, else estimated)."""
+    if req.prompt_token_ids is not None:
+        return RequestInfo(request_id, len(req.prompt_token_ids), list(req.prompt_token_ids))
+    return RequestInfo(request_id, estimate_tokens(req.prompt_chars()))
+
+
+@dataclass
+class Journey:
+    """One client request from arrival to its end (see the module docstring)."""
+
+    request_id: str
+    phase: Phase = Phase.PLAN
+    route: RouteReason | None = None
+    touched: list[str] = field(default_factory=list)  # every worker it reached: aborted if it ends early
+    prefill_url: str | None = None
+    decode_url: str | None = None
+    lease_tokens: dict[str, str] = field(default_factory=dict)  # worker url -> the KV lease's token there
+    # set on arrival
+    request: ParsedRequest | None = None
+    rules: Rules | None = None
+    info: RequestInfo | None = None
+    plan: Plan | None = None
+    # what the client has, across prefill, decode, resumes and migrations
+    prompt_ids: list[int] | None = None
+    prompt_tokens: int | None = None
+    generated: list[int] = field(default_factory=list)
+    chars: int = 0  # characters of generated text the client has
+    finish_reason: str = FinishReason.STOP.value
+    # prefill
+    prefill_attempts: int = 0
+    prefill_tried: set[str] = field(default_factory=set)
+    # decode
+    target: WorkerView | None = None  # the decode worker asked last
+    kv: KVSource | None = None  # what the next decode worker pulls
+    lease_holder: str | None = None  # the worker whose lease `kv` is
+    kv_generation: str | None = None  # the generation of the model that computed `kv`
+    excluded: set[str] = field(default_factory=set)  # dead or leaving: never asked again
+    failures: int = 0  # decode failures (a resume each)
+    failure: Exception | None = None  # the failure being handled (its copy is being aborted)
+    busy: dict[str, float] = field(default_factory=dict)  # busy decode workers -> their Retry-After
+    busy_deadline: float | None = None  # monotonic end of the waiting allowed to this request
+    move: Move | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.phase is Phase.FINISHED
+
+    def touch(self, url: str) -> None:
+        if url not in self.touched:
+            self.touched.append(url)
+
+    def clear_kv(self) -> None:
+        self.kv = self.lease_holder = self.kv_generation = None
+
+    def worker_request(self, decode: bool) -> GenerateRequest:
+        """The worker request: the client's prompt, or its token ids once a worker tokenized it, plus
+        (for decode) the tokens so far, the text the client has, and where their KV is."""
+        req = self.request
+        assert req is not None
+        greq = GenerateRequest(
+            request_id=self.request_id, prompt=req.prompt, messages=req.messages,
+            prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
+            chat_options=req.chat_options if req.messages is not None else None,
+        )
+        if decode:
+            if self.prompt_ids is not None:
+                greq.prompt, greq.messages, greq.prompt_token_ids = None, None, self.prompt_ids
+            greq.generated_token_ids, greq.emitted_chars, greq.kv_source = list(self.generated), self.chars, self.kv
+            greq.migrated_from = self.lease_holder if self.move is not None and self.kv is not None else None
+        return greq

@@ -1,0 +1,117 @@
+"""One handoff parity probe: a seeded prompt through the decode worker alone, then through a prefill
+worker and the same decode worker (the KV pulled over the real transport), both teacher-forced
+through a seeded continuation with its log probabilities returned; router/parity.py compares them.
+
+Both paths score each continuation token the same way where it matters: the prompt in one prefill
+chunk, then one decode step per token, so with the same weights and a faithful handoff the numbers
+agree to the last bit in float32 (a batch shared with other requests can move the last bits). The
+prompt is new per probe, so no earlier probe's KV is found in a prefix cache. The decode worker
+alone goes first, so it computes the prompt from scratch; where the workers know the request's
+prefix-cache salt (`cache_salt`) each path has its own, and the handoff pulls every block; without
+it the decode worker keeps the prompt's full blocks from the first path and pulls the rest (always
+the last block). Everything a failed probe leaves on a worker (a lease, a sequence) is aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+
+from tandem.contracts.handoff_parity import ProbeOutcome, ProbeResult
+from tandem.contracts.protocol import LOGPROB_FLOOR, EventType, GenerateRequest, SamplingParams
+from tandem.router.errors import RouterError
+from tandem.router.parity import Pair, Scored, compare, probe_tokens
+from tandem.router.worker_client import WorkerClient, WorkerFailed, describe
+
+
+def _sampling(continuation: Sequence[int]) -> SamplingParams:
+    return SamplingParams(max_tokens=len(continuation), temperature=0.0, ignore_eos=True, logprobs=0,
+                          forced_token_ids=list(continuation))
+
+
+def _request(request_id: str, prompt: Sequence[int], continuation: Sequence[int], salt: str,
+             **handoff: object) -> GenerateRequest:
+    req = GenerateRequest(request_id, prompt_token_ids=list(prompt), sampling=_sampling(continuation), **handoff)
+    if hasattr(req, "cache_salt"):  # contracts with the per-request prefix-cache salt (issue 21.13)
+        req.cache_salt = salt
+    return req
+
+
+def _scored(entry: object) -> Scored:
+    if not isinstance(entry, dict):
+        raise ValueError("a token without logprobs")
+    return Scored(int(entry["id"]), max(float(entry["logprob"]), LOGPROB_FLOOR))
+
+
+async def _stream(client: WorkerClient, url: str, req: GenerateRequest) -> list[Scored]:
+    """Every token line's scored tokens, until the stream's finish."""
+    out: list[Scored] = []
+    async for ev in client.generate(url, req):
+        if ev.type is EventType.TOKEN:
+            out.extend(_scored(e) for e in ev.logprobs or [None] * len(ev.token_ids))
+        elif ev.type is EventType.ERROR:
+            raise WorkerFailed(f"generate on {url}: {(ev.error or {}).get('message')}", dead=False)
+        elif ev.type is EventType.FINISH:
+            return out
+        elif ev.type is EventType.MIGRATE:
+            raise WorkerFailed(f"generate on {url}: the worker is leaving", dead=False)
+    raise WorkerFailed(f"generate on {url}: the stream ended without a finish", dead=False)
+
+
+async def _handoff(client: WorkerClient, pair: Pair, rid: str, prompt: Sequence[int],
+                   continuation: Sequence[int]) -> list[Scored]:
+    """Prefill on the prefill worker, then decode with its KV pulled; the lease freed on any failure."""
+    salt = f"parity-probe-{rid}"
+    res = await client.prefill(pair.prefill.url, _request(rid, prompt, continuation, salt))
+    if res.kv is None:
+        raise WorkerFailed(f"prefill on {pair.prefill.url} handed off no KV ({res.finish_reason})", dead=False)
+    first = _scored(res.first_token_logprobs)
+    pulled = False
+    try:
+        req = _request(rid, prompt, continuation, salt, kv_source=res.kv, generated_token_ids=[res.first_token_id])
+        rest = await _stream(client, pair.decode.url, req)
+        pulled = True
+        return [first, *rest]
+    finally:
+        if not pulled:
+            await asyncio.gather(client.abort(pair.prefill.url, rid, res.kv.lease_token),
+                                 client.abort(pair.decode.url, rid))
+
+
+async def _alone(client: WorkerClient, url: str, rid: str, prompt: Sequence[int],
+                 continuation: Sequence[int]) -> list[Scored]:
+    done = False
+    try:
+        out = await _stream(client, url, _request(rid, prompt, continuation, f"parity-probe-{rid}"))
+        done = True
+        return out
+    finally:
+        if not done:
+            await client.abort(url, rid)
+
+
+async def run_probe(client: WorkerClient, pair: Pair, tolerance: float, timeout_s: float,
+                    seed: int | None = None) -> ProbeResult:
+    """Probe `pair` within `timeout_s`; never raises for what the workers do (an ERROR result)."""
+    t0, at = time.monotonic(), time.time()
+    tag = uuid.uuid4().hex[:16]
+    seed = int(tag, 16) if seed is None else seed
+    prompt, continuation = probe_tokens(seed)
+    result = ProbeResult(pair.prefill.url, pair.decode.url, pair.decode.generation, ProbeOutcome.ERROR,
+                         tolerance=tolerance, dtype=pair.decode.dtype, tokens=len(continuation), at_unix=at,
+                         seed=seed)
+    try:
+        async with asyncio.timeout(timeout_s):
+            alone = await _alone(client, pair.decode.url, f"parity-{tag}-alone", prompt, continuation)
+            handoff = await _handoff(client, pair, f"parity-{tag}-handoff", prompt, continuation)
+        result.outcome, result.max_abs_diff, result.message = compare(handoff, alone, tolerance, continuation)
+    except TimeoutError:
+        result.message = f"the probe took longer than {timeout_s:g} s"
+    except (WorkerFailed, RouterError) as e:
+        result.message = str(e)
+    except (ValueError, KeyError, TypeError) as e:
+        result.message = f"a worker answered the probe with something unreadable: {describe(e)}"
+    result.seconds = time.monotonic() - t0
+    return result

@@ -1,0 +1,56 @@
+"""The lease table on its own: a lease is found, read and taken out only with its token, only
+while it lives, and only for the blocks it holds; expiry lists what nobody came for; the table
+frees nothing itself (its owner gives the blocks back)."""
+
+from __future__ import annotations
+
+import pytest
+from tandem.contracts.protocol import SamplingParams
+from tandem.worker.engine.leases import LeaseTable
+from tandem.worker.engine.request_state import RequestState
+from tandem.worker.engine.sequence import Sequence
+
+
+def _seq(rid: str, blocks: list[int]) -> Sequence:
+    seq = Sequence(request_id=rid, prompt_ids=[1, 2, 3], params=SamplingParams(), max_total_len=64, seed=0)
+    seq.block_table = list(blocks)
+    return seq
+
+
+def test_a_lease_is_read_and_taken_only_with_its_token():
+    table = LeaseTable(lease_s=30.0)
+    seq = _seq("r", [4, 5, 6])
+    lease = table.add(seq, RequestState.LEASED, now=100.0)
+    assert seq.status is RequestState.LEASED and "r" in table and len(table) == 1
+    token = table.token("r")
+    assert token == lease.token and len(token) >= 32
+    assert table.may_read("r", token, [5, 6], now=100.0)
+    assert not table.may_read("r", token, [5, 7], now=100.0), "a block the lease does not hold"
+    assert not table.may_read("r", "wrong", [5], now=100.0)
+    assert not table.may_read("r", token, [5], now=130.0), "expired"
+    assert table.take("r", "wrong") is None and "r" in table
+    assert table.take("r", token) is lease and "r" not in table
+    assert seq.status is RequestState.FINISHED and seq.block_table == [4, 5, 6], "the owner frees the blocks"
+    assert table.take("r", token) is None and table.token("r") is None
+
+
+def test_expiry_lists_what_nobody_pulled_and_the_owner_takes_it_out():
+    table = LeaseTable(lease_s=10.0)
+    table.add(_seq("early", [1]), RequestState.LEASED, now=0.0)
+    table.add(_seq("late", [2]), RequestState.MIGRATING, now=5.0)
+    assert table.next_expiry() == 10.0
+    assert table.expired(now=9.9) == []
+    assert table.expired(now=10.0) == ["early"]
+    assert table.take("early", None) is not None  # the owner itself needs no token
+    assert table.next_expiry() == 15.0 and table.expired(now=20.0) == ["late"]
+
+
+def test_only_a_leasing_state_and_one_lease_per_id():
+    table = LeaseTable(lease_s=1.0)
+    with pytest.raises(ValueError):
+        table.add(_seq("x", [1]), RequestState.RUNNING)
+    table.add(_seq("x", [1]), RequestState.MIGRATING)
+    with pytest.raises(ValueError):
+        table.add(_seq("x", [2]), RequestState.LEASED)
+    with pytest.raises(ValueError):
+        LeaseTable(lease_s=-1)
