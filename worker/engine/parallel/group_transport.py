@@ -124,9 +124,11 @@ class GroupTransport(KVTransport):
         if pending:
             self._landing[request_id] = pending
             for t in pending:
-                t.add_done_callback(lambda _, rid=request_id: self._forget_landed(rid))
+                t.add_done_callback(lambda done, rid=request_id: self._forget_landed(rid, done))
 
-    def _forget_landed(self, request_id: str) -> None:
+    def _forget_landed(self, request_id: str, done: asyncio.Future) -> None:
+        if not done.cancelled() and done.exception() is not None:  # the pull failed already; it has landed
+            log.info("rank answered late for %s: %s", request_id, done.exception())
         if all(t.done() for t in self._landing.get(request_id, [])):
             self._landing.pop(request_id, None)
 
