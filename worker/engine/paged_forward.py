@@ -9,6 +9,7 @@ tokens then attend by block table, and each chunk with SDPA over its context.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -20,8 +21,9 @@ from tandem.worker.engine.decode_step import MIN_TABLE_WIDTH, CompiledKernels
 from tandem.worker.engine.weights import ModelWeights
 
 # After start-up a shape the warm-up did not compile runs eagerly rather than compiling inside a
-# request (tests set "fail_on_recompile" to prove the warm-up covers every shape).
-RECOMPILE_STANCE = "eager_on_recompile"
+# request (tests set "fail_on_recompile", here or through $TANDEM_RECOMPILE_STANCE for a worker
+# process and its ranks, to prove the warm-up covers every shape).
+RECOMPILE_STANCE = os.environ.get("TANDEM_RECOMPILE_STANCE", "eager_on_recompile")
 
 
 @dataclass
@@ -128,6 +130,9 @@ class StepLogits(NamedTuple):
 
 
 class PagedForward:
+    # A tensor-parallel runner (parallel/executor.py) lists its group's other ranks (KVRank endpoints).
+    ranks: tuple = ()
+
     def __init__(self, weights: ModelWeights, pool: torch.Tensor, layout: KVLayout, kernels: CompiledKernels):
         self.w = weights
         self.pool = pool
