@@ -4,14 +4,16 @@ It joins the group at the leader's address, reads the agreement rank 0 published
 loads its slices of the weights, allocates its pool (its KV heads, the group's block count),
 compiles the decode step in step with the others, starts its rank server (rank_server.py: its KV
 transport and a small HTTP API), tells rank 0 where that is, and then runs every step rank 0 sends
-(executor.follow) until rank 0 stops the group. A group that fails (rank 0 or another rank gone or
-silent past --tp-timeout-s) ends this process with exit code 1.
+(executor.follow) until rank 0 stops the group, also after a SIGTERM (rank 0 drains first, and
+its migrating streams still need this rank's heads). A group that fails (rank 0 or another rank
+gone or silent past --tp-timeout-s) ends this process with exit code 1.
 """
 
 from __future__ import annotations
 
 import logging
 import pickle
+import signal
 import time
 from datetime import timedelta
 from typing import Any
@@ -71,6 +73,10 @@ def run_follower(cfg: Any) -> int:
     p = cfg.placement
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    # SIGTERM (a group's pods deleted together) waits for rank 0, which drains first: its migrating
+    # streams need this rank's KV heads. Rank 0 stops the group, or its loss ends this rank.
+    signal.signal(signal.SIGTERM, lambda *_: log.info("rank %d: SIGTERM, leaving when rank 0 stops the group",
+                                                      p.rank))
     spec = GroupSpec(p.size, p.rank, p.leader_host, p.leader_port, timeout_s=cfg.tp_timeout_s)
     device = rank_device(cfg.device, p.rank % p.local_ranks)
     server = None
