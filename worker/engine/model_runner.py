@@ -16,6 +16,8 @@ from tandem.worker.engine.paged_forward import BatchItem, StepLogits
 
 
 class ModelRunner(Protocol):
+    ranks: tuple  # tensor parallelism: the group's other ranks (KVRank endpoints) on rank 0; else ()
+
     def forward(self, items: list[BatchItem]) -> StepLogits: ...
 
     def problem(self) -> str | None:

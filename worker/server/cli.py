@@ -159,7 +159,7 @@ async def serve(cfg: WorkerConfig) -> int:
 
     log = logging.getLogger("tandem.worker")
     try:
-        check_before_loading(cfg.model, cfg.model_backend.value)
+        check_before_loading(cfg.model, cfg.model_backend.value, cfg.tensor_parallel)
     except ModelLoadError as e:
         log.error("cannot start the engine: %s", e)
         return 1

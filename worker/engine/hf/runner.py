@@ -24,6 +24,9 @@ log = logging.getLogger("tandem.worker.engine")
 
 
 class TransformersForward:
+    # Under tensor parallelism rank 0's LeaderRunner lists the other ranks; a rank's own runner none.
+    ranks: tuple = ()
+
     def __init__(self, model: Any, pool: torch.Tensor, layout: KVLayout):
         self.model = model
         self.pool = pool

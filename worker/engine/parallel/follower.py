@@ -41,8 +41,10 @@ def read_agreement(group: Any) -> Any:
 def load_rank(agreement: Any, group: Any) -> Any:
     """This rank's forward pass over its shard and its pool, compiled in step with the other ranks."""
     import torch
+    from tandem.contracts.model_support import ModelBackend
     from tandem.worker.engine.decode_step import prepare_kernels
     from tandem.worker.engine.loader import load_model
+    from tandem.worker.engine.model_runner import rank_runner
     from tandem.worker.engine.paged_forward import PagedForward, kv_layout_for
     from tandem.worker.engine.weights import model_weights
 
@@ -50,11 +52,17 @@ def load_rank(agreement: Any, group: Any) -> Any:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     lm = load_model(cfg.model, dtype=cfg.dtype, device=str(group.device), max_model_len=cfg.max_model_len,
-                    trust_remote_code=cfg.trust_remote_code, weights=False)
+                    trust_remote_code=cfg.trust_remote_code, weights=False, backend=cfg.model_backend,
+                    tensor_parallel=group.size)
     lm.group = group
-    weights = model_weights(lm)
     layout = kv_layout_for(lm.config, cfg.num_blocks, cfg.block_size, lm.dtype, group)
     pool = torch.zeros(layout.shape, dtype=lm.dtype, device=group.device)
+    if lm.backend is ModelBackend.TRANSFORMERS:  # the model's own classes, split (hf/tensor_parallel.py)
+        runner, why = rank_runner(lm, pool, layout)
+        log.info("rank %d ready: %d KV heads of %d in %d blocks, %s", group.rank, layout.local_kv_heads,
+                 layout.num_kv_heads, layout.num_blocks, why)
+        return runner
+    weights = model_weights(lm)
     kernels, why = prepare_kernels(weights, cfg.compile, pool, agreement.max_context)
     log.info("rank %d ready: %d KV heads of %d in %d blocks, decode step: %s", group.rank,
              layout.local_kv_heads, layout.num_kv_heads, layout.num_blocks, why)
