@@ -42,6 +42,8 @@ COPY contracts/ contracts/
 COPY operator/ operator/
 COPY router/ router/
 COPY worker/ worker/
+COPY planning/ planning/
+COPY weights/ weights/
 
 # ---------------------------------------------------------------------------------------------
 # operator-build: the operator extra only; torch is never installed here.

@@ -15,6 +15,7 @@ ROOTS = {
     "tandem.operator": "operator",
     "tandem.worker": "worker",
     "tandem.router": "router",  # the OpenAI endpoint; never imports torch
+    "tandem.planning": "planning",  # sizing a deployment from measurements (`tandem plan`); no torch at import
     "tandem.weights": "weights",  # hub revisions, config.json, downloads; no torch
     "tandem.testing": "testing",  # control-plane harness and toy model, shared by tests and bench
 }

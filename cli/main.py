@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("tandem.worker.server.cli", "run one model worker (prefill, decode or colocated)"),
     "router": ("tandem.router.cli", "run the OpenAI-compatible router"),
     "operator": ("tandem.operator.cli", "run the Kubernetes operator (kopf)"),
+    "plan": ("tandem.cli.plan", "how many prefill and decode workers a workload needs, from measurements"),
     "model": ("tandem.weights.cli", "download a hub model's weights once (what download Jobs and init containers run)"),
 }
 

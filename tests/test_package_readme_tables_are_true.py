@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("router", "worker/*", "operator", "bench", "contracts")
+PACKAGES = ("router", "worker/*", "operator", "bench", "contracts", "planning")
 TOKEN = re.compile(r"`([^`\s]+)`")
 PATH_LIKE = re.compile(r"^[\w.\-/]+(\.(py|md|ya?ml|json|toml|sh|txt)|/)$")
 

@@ -19,7 +19,7 @@ import statistics
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.simulator.capacity import Capacity
+from bench.simulator.capacity import cpu_capacity
 from bench.simulator.policies import size_for_peak
 from bench.simulator.replay import POLICIES, Result, plot, simulate, table
 
@@ -59,7 +59,7 @@ def replot(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> dict:
     if args.replot:
         return replot(args)
-    cap = Capacity.from_calibration(startup_s=args.startup_s)
+    cap = cpu_capacity(startup_s=args.startup_s)
     unit = size_for_peak(cap, 1.0, args.itl)
     per_rps = unit.prefill + unit.decode  # rounding makes this a slight overestimate; resized below
     results: list[Result] = []

@@ -1,5 +1,5 @@
 """What one replica can do, for the autoscaling simulator: prefill time by prompt length and decode
-step time by batch size, Tandem's engine in-process on one pinned core (bench/simulator/calibrate.py).
+step time by batch size, Tandem's engine in-process on one pinned core (tandem.planning.calibrate).
 
     python -m bench calibrate [--repeats 2] [--merge bench/simulator/capacity_cpu.json]
 
@@ -35,15 +35,16 @@ def run(args: argparse.Namespace) -> dict:
     os.sched_setaffinity(0, {core})
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
+    from tandem.planning.calibrate import measure, merge
     from tandem.worker.local.toy_model import make_toy_model
 
     from bench.lib.models import MULTITURN_MODEL
-    from bench.simulator.calibrate import measure, merge
 
     torch.set_num_threads(1)
     model_dir = make_toy_model(Path(tempfile.gettempdir()) / "tandem-sim-calibrate", **MULTITURN_MODEL)
     t0 = time.time()
-    result = measure(model_dir, args.repeats, args.context, args.decode_steps)
+    result = measure(model_dir, dtype="float32", repeats=args.repeats, context=args.context,
+                     decode_steps=args.decode_steps, say=lambda line: print(line, flush=True))
     if args.merge:
         result = merge(json.loads(Path(args.merge).read_text()), result)
     result |= {"runs": result.get("runs", 1), "model": MULTITURN_MODEL, "threads": 1, "core": core,

@@ -1,7 +1,8 @@
 """The policies the simulator compares, each called once per interval with the simulation.
 
 - planner: Tandem's planner, the pure `plan()` the operator will run, fed the same typed readings
-  the operator reads from /metrics (router histograms, worker gauges and counters).
+  the operator reads from /metrics (router histograms, worker gauges and counters):
+  tandem.planning.planner_loop.PlannerPolicy.
 - fixed: a fleet sized for the peak, never changed.
 - ratio: one HPA-like rule on one metric (requests in flight per replica) for the whole service,
   split between prefill and decode by the fixed ratio of the peak fleet: how a service is scaled
@@ -11,15 +12,12 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 
-from tandem.operator.autoscaling.planner import PlannerState, plan
-from tandem.operator.autoscaling.snapshot import MetricsWindow
 from tandem.operator.autoscaling.spec import AutoscalingSpec
+from tandem.planning.capacity import Capacity
+from tandem.planning.simulation import Simulation
 
-from bench.simulator.capacity import Capacity
-from bench.simulator.cluster import ROLES, Simulation
 from bench.simulator.trace import load_shape, mean_lengths
 
 
@@ -58,25 +56,6 @@ def size_for_peak(cap: Capacity, peak_rps: float, itl_target: float, utilization
         d = max(d, rate * decode_s / seats)
         flight = max(flight, rate * (prefill_s + decode_s))
     return Fleet(max(1, math.ceil(p)), max(1, math.ceil(d)), flight)
-
-
-class PlannerPolicy:
-    name = "planner"
-
-    def __init__(self, spec: AutoscalingSpec):
-        self.spec = spec
-        self.window = MetricsWindow(spec.window_s)
-        self.state = PlannerState()
-        self.reasons: Counter[tuple[str, str]] = Counter()
-
-    def __call__(self, sim: Simulation, now: float) -> dict[str, tuple[int, tuple[str, ...]]]:
-        self.window = self.window.add(sim.scrape())
-        current = {r: sim.provisioned(r) for r in ROLES}
-        decision, self.state = plan(self.window.snapshot(), current, self.spec, self.state, now)
-        for role, d in decision.roles.items():
-            if d.desired != d.current:
-                self.reasons[(role, str(d.reason))] += 1
-        return {role: (d.desired, d.remove) for role, d in decision.roles.items()}
 
 
 class FixedPolicy:

@@ -8,14 +8,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from prometheus_client import generate_latest
-from tandem.operator.autoscaling.scrape import parse_router
 from tandem.operator.autoscaling.spec import AutoscalingSpec
-from tandem.router.metrics import RouterMetrics
+from tandem.planning.capacity import Capacity
+from tandem.planning.planner_loop import PlannerPolicy
+from tandem.planning.planner_loop import router_bounds as planner_router_bounds
+from tandem.planning.simulation import Simulation
 
-from bench.simulator.capacity import Capacity
-from bench.simulator.cluster import Simulation
-from bench.simulator.policies import FixedPolicy, Fleet, PlannerPolicy, RatioPolicy
+from bench.simulator.policies import FixedPolicy, Fleet, RatioPolicy
 from bench.simulator.trace import day, load_shape
 
 POLICIES = ("planner", "fixed", "ratio")
@@ -47,11 +46,11 @@ FINE_ITL = (0.03, 0.075, 0.09, 0.11, 0.125, 0.15)
 
 
 def router_bounds(fine: bool = False) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """The router's own histogram buckets (the planner reads percentiles through them)."""
-    r = parse_router(generate_latest(RouterMetrics().registry).decode())
+    """The router's own histogram buckets (the planner reads percentiles through them), or finer ones."""
+    ttft, itl = planner_router_bounds()
     if not fine:
-        return r.ttft.bounds, r.itl.bounds
-    return tuple(sorted(set(r.ttft.bounds) | set(FINE_TTFT))), tuple(sorted(set(r.itl.bounds) | set(FINE_ITL)))
+        return ttft, itl
+    return tuple(sorted(set(ttft) | set(FINE_TTFT))), tuple(sorted(set(itl) | set(FINE_ITL)))
 
 
 def planner_spec(fleet: Fleet, ttft: float, itl: float, prefill_min: int, percentile: float = 90) -> AutoscalingSpec:

@@ -13,16 +13,8 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class Request:
-    id: int
-    t: float  # arrival, seconds since the start of the day
-    prompt: int  # tokens
-    output: int  # tokens to generate (>= 1)
-    kind: str
+from tandem.planning.workload import Request
 
 
 def _bump(h: float, centre: float, width: float) -> float:

@@ -53,6 +53,8 @@ def worker_config(name: str, role: str, spec: InferenceServiceSpec) -> dict[str,
         # `tandem worker --tensor-parallel`: the group's ranks; a group that spans nodes finds its
         # share of them and its leader from the LeaderWorkerSet's LWS_* variables.
         cfg["tensor_parallel"] = tensor
+    if engine.prefill_chunk_tokens is not None:
+        cfg["prefill_chunk_tokens"] = engine.prefill_chunk_tokens
     if engine.kv_blocks is not None:
         cfg["num_blocks"] = engine.kv_blocks
     if engine.kv_memory_fraction is not None:

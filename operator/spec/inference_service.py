@@ -85,6 +85,10 @@ class Engine:
         description="Tokens processed in one forward step.")
     max_num_seqs: int = api_field(
         "maxNumSeqs", minimum=1, maximum=4096, default=64, description="Sequences in the running batch.")
+    prefill_chunk_tokens: int | None = api_field(
+        "prefillChunkTokens", minimum=1, maximum=1048576,
+        description="Prompt tokens one step may compute beside the running streams, which wait at most one such "
+        "chunk per step (unset: the worker's default for the {role} role; `tandem plan` recommends one).")
     kv_blocks: int | None = api_field(
         "kvBlocks", minimum=1, maximum=16777216,
         description="KV cache size in blocks (instead of kvMemoryFraction).")

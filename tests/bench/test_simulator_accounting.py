@@ -8,10 +8,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from tandem.planning.capacity import Capacity
+from tandem.planning.planner_loop import PlannerPolicy
+from tandem.planning.simulation import Simulation
 
-from bench.simulator.capacity import Capacity
-from bench.simulator.cluster import Simulation
-from bench.simulator.policies import FixedPolicy, PlannerPolicy, size_for_peak
+from bench.simulator.policies import FixedPolicy, size_for_peak
 from bench.simulator.replay import planner_spec, router_bounds
 from bench.simulator.trace import Request, day, load_shape
 

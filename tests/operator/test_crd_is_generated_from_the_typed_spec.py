@@ -52,7 +52,9 @@ def test_prefill_and_decode_differ_only_where_the_role_is_named():
     assert prefill["properties"][grace]["default"] == 120 and decode["properties"][grace]["default"] == 60
     for schema in (prefill, decode):
         del schema["properties"][grace], schema["description"]
-    swapped = yaml.safe_dump(prefill).replace("prefill", "decode")
+    # A field named for prompt prefill itself (not for the role) keeps its name in both roles.
+    swapped = yaml.safe_dump(prefill).replace("prefillChunkTokens", "\0").replace("prefill", "decode")
+    swapped = swapped.replace("\0", "prefillChunkTokens")
     assert yaml.safe_load(swapped) == decode
     assert decode["properties"]["replicas"]["description"] == (
         "Number of decode workers (a worker is one pod, or a group of parallelism.nodes pods).")

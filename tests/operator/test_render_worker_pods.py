@@ -132,7 +132,8 @@ def test_engine_settings_land_in_the_role_config_file(typed, meta):
     spec = typed({
         "model": {"path": "/m", "dtype": "bfloat16", "maxModelLen": 8192, "servedName": "m"},
         "prefill": {"engine": {"maxBatchedTokens": 16384, "kvBlocks": 4096}},
-        "decode": {"engine": {"maxNumSeqs": 128, "kvMemoryFraction": 0.5, "prefixCaching": False}},
+        "decode": {"engine": {"maxNumSeqs": 128, "kvMemoryFraction": 0.5, "prefixCaching": False,
+                              "prefillChunkTokens": 96}},
         "kvTransfer": {"backend": "tcp", "blockSize": 32},
     })
     cm = _by(render(meta, spec, CONFIG), "ConfigMap", "llama-config")
@@ -146,6 +147,7 @@ def test_engine_settings_land_in_the_role_config_file(typed, meta):
     }
     assert decode["max_num_seqs"] == 128 and decode["kv_memory_fraction"] == 0.5
     assert decode["prefix_caching"] is False
+    assert decode["prefill_chunk_tokens"] == 96, "tandem plan's chunk size reaches the worker's flag"
     assert "num_blocks" not in decode
     # each role mounts only its own file, as config.yaml
     pod = _pod(render(meta, spec, CONFIG), "decode")["spec"]

@@ -23,7 +23,7 @@ ROLE = {
     "affinity": {"nodeAffinity": {}},
     "env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}],
     "engine": {"maxBatchedTokens": 8, "maxNumSeqs": 2, "kvBlocks": 10, "kvMemoryFraction": 0.5,
-               "prefixCaching": False},
+               "prefixCaching": False, "prefillChunkTokens": 4},
     "terminationGracePeriodSeconds": 30,
     "priorityClassName": "serving", "runtimeClassName": "nvidia", "imagePullSecrets": [{"name": "regcred"}],
     "serviceAccountName": "weights-reader",

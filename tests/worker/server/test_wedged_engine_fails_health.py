@@ -39,7 +39,8 @@ async def test_a_wedged_engine_fails_health_and_ends_its_streams(start_worker):
     w.engine.runner.forward = forward
     async with w.client.post("/internal/generate", json=dict(BODY, request_id="w")) as resp:
         events = await ndjson_events(resp)
-    assert [e["type"] for e in events[:4]] == ["start", "token", "token", "token"]
+    # heartbeats (every 0.1 s of silence) may come between them on a loaded machine
+    assert [e["type"] for e in events if e["type"] != "heartbeat"][:4] == ["start", "token", "token", "token"]
     assert events[-1]["type"] == "error" and events[-1]["error"]["code"] == "engine_unhealthy"
     assert "no progress" in (await _health_becomes(w, 503))["message"]
     assert (await w.client.get("/ready")).status == 503

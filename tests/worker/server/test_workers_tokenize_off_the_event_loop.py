@@ -15,13 +15,13 @@ async def test_text_prompts_are_tokenized_off_the_loop(start_worker, route):
     w = await start_worker(role="colocated", kv_backend="tcp" if route.endswith("prefill") else None)
     loop_thread = threading.current_thread()
     seen: list[threading.Thread] = []
-    tokenize = w.engine.tokenize
+    tokenize = w.engine.intake.tokenize
 
     def recording(req):
         seen.append(threading.current_thread())
         return tokenize(req)
 
-    w.engine.tokenize = recording
+    w.engine.intake.tokenize = recording
     bodies = [{"request_id": "text", "prompt": "Hello there " * 50},
               {"request_id": "chat", "messages": [{"role": "user", "content": "hi"}]},
               {"request_id": "ids", "prompt_token_ids": [1, 5, 9]}]

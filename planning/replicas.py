@@ -1,7 +1,9 @@
 """The simulated replicas: a prefill replica serves prompts one at a time (FIFO); a decode replica
 runs continuous batching as a fluid: between two events every running sequence advances at one
-token per step, a step taking Capacity.step_s(n). Each keeps the counters a real worker exports,
-so the simulator can hand the planner the readings it reads in production.
+token per step, a step taking Capacity.step_s(n). A decode replica that prefills a prompt itself
+either stalls its streams for the whole prompt or, with a chunk size, prefills it a chunk per step
+beside them (each such step costs Capacity.chunk_step_s). Each keeps the counters a real worker
+exports, so the simulator can hand the planner the readings it reads in production.
 """
 
 from __future__ import annotations
@@ -12,9 +14,8 @@ import itertools
 from collections import deque
 
 from tandem.operator.autoscaling.scrape import Histogram, WorkerReading
-
-from bench.simulator.capacity import Capacity
-from bench.simulator.trace import Request
+from tandem.planning.capacity import Capacity
+from tandem.planning.workload import Request
 
 STARTING, READY, DRAINING = "starting", "ready", "draining"
 KV_BLOCK = 16
@@ -86,16 +87,18 @@ class DecodeReplica(Replica):
     """Continuous batching as a fluid: v counts the tokens each running sequence has made so far."""
 
     __slots__ = ("running", "v", "t_last", "local", "stall_end", "stall_req", "waiting", "kv_prompt", "kv_v",
-                 "_ids", "kv_blocks_total")
+                 "_ids", "kv_blocks_total", "chunk", "local_left")
 
-    def __init__(self, name: str, created: float, kv_blocks_total: int = 4096):
+    def __init__(self, name: str, created: float, kv_blocks_total: int = 4096, chunk: int | None = None):
         super().__init__(name, "decode", created)
         self.running: list[tuple[float, int, Seq]] = []  # heap by v_end
         self.v = 0.0
         self.t_last = created
         self.local: deque[Request] = deque()  # prompts to prefill here (no prefill replica)
-        self.stall_end: float | None = None  # a local prefill in progress: nothing decodes until then
-        self.stall_req: Request | None = None
+        self.stall_end: float | None = None  # a whole-prompt local prefill: nothing decodes until then
+        self.stall_req: Request | None = None  # the prompt being prefilled here
+        self.chunk = chunk  # prompt tokens per step when prefilling beside the streams (None: whole)
+        self.local_left = 0.0  # its tokens still to prefill (chunked)
         self.waiting: deque[Seq] = deque()  # prefilled, waiting for a seat
         self.kv_prompt = 0.0  # sum of the running sequences' prompt tokens
         self.kv_v = 0.0  # sum of v at which they joined (tokens made = n * v - kv_v)
@@ -115,10 +118,20 @@ class DecodeReplica(Replica):
             self.busy_s += dt
             return
         n = len(self.running)
-        if not n:
+        if self.stall_req is not None:  # chunked: one chunk and one token per stream each step
+            s = cap.chunk_step_s(n, self.chunk)
+            dv = dt / s
+            self.local_left -= self.chunk * dv
+            self.step_tokens += self.chunk * dv
+            if not n:
+                self.steps += dv
+                self.busy_s += dt
+                return
+        elif not n:
             return
-        s = cap.step_s(n)
-        dv = dt / s
+        else:
+            s = cap.step_s(n)
+            dv = dt / s
         self.v += dv
         self.gen_tokens += n * dv
         self.steps += dv
@@ -137,12 +150,23 @@ class DecodeReplica(Replica):
         self.kv_prompt -= seq.req.prompt + seq.req.output - seq.remaining
         self.kv_v -= seq.joined_v
 
+    def local_done(self, now: float) -> bool:
+        """Whether the prompt being prefilled here has finished by `now`."""
+        if self.stall_end is not None:
+            return self.stall_end <= now + 1e-12
+        return self.stall_req is not None and self.local_left <= 1e-6
+
     def next_event(self, cap: Capacity) -> float | None:
         if self.stall_end is not None:
             return self.stall_end
-        if not self.running:
+        n = len(self.running)
+        if self.stall_req is not None:
+            s = cap.chunk_step_s(n, self.chunk)
+            local = self.t_last + max(0.0, self.local_left) / self.chunk * s
+            return min(local, self.t_last + max(0.0, self.running[0][0] - self.v) * s) if n else local
+        if not n:
             return None
-        return self.t_last + max(0.0, self.running[0][0] - self.v) * cap.step_s(len(self.running))
+        return self.t_last + max(0.0, self.running[0][0] - self.v) * cap.step_s(n)
 
     def reading(self) -> WorkerReading:
         n = len(self.running)

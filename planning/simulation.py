@@ -4,8 +4,9 @@ One request: the router sends the prompt to the ready prefill replica with the f
 prompt tokens (exact below 9 replicas, the best of 4 sampled above: the real router scans them
 all, which is too slow to simulate at hundreds); its first token leaves at the end of that
 prefill (TTFT); after the KV handoff it joins the least-loaded ready decode replica, which runs
-it to its last token. With no ready prefill replica, a decode replica prefills the prompt itself,
-stalling its running sequences meanwhile (route `no_prefill_worker`), as the router does.
+it to its last token. With no ready prefill replica, a decode replica prefills the prompt itself
+(route `no_prefill_worker`, as the router does): its running sequences stall for the whole prompt,
+or, with `decode_chunk_tokens`, wait one chunk per step (the engine's chunked prefill).
 
 Scaling: a new replica is provisioned at once and ready `startup_s` later. A prefill replica being
 removed takes no new prompt and leaves when its queue is empty; a decode replica being removed
@@ -24,9 +25,8 @@ from collections.abc import Callable, Iterator
 
 from tandem.operator.autoscaling.scrape import RouterReading
 from tandem.operator.autoscaling.snapshot import PodScrape, ScrapeRound
-
-from bench.simulator.capacity import Capacity
-from bench.simulator.replicas import (
+from tandem.planning.capacity import Capacity
+from tandem.planning.replicas import (
     DRAINING,
     READY,
     STARTING,
@@ -35,7 +35,7 @@ from bench.simulator.replicas import (
     PrefillReplica,
     Seq,
 )
-from bench.simulator.trace import Request
+from tandem.planning.workload import Request
 
 ARRIVE, PREFILL_DONE, DECODE, JOIN, UP, TICK = range(6)
 ROLES = ("prefill", "decode")
@@ -63,9 +63,10 @@ class Simulation:
     def __init__(self, cap: Capacity, trace: Iterator[Request], decide: Decide, initial: dict[str, int],
                  *, interval_s: float, day_s: float, ttft_slo: float, tpot_slo: float,
                  ttft_bounds: tuple[float, ...], itl_bounds: tuple[float, ...], seed: int = 0,
-                 export_outstanding: bool = False):
+                 export_outstanding: bool = False, decode_chunk_tokens: int | None = None):
         self.cap, self.trace, self.decide = cap, trace, decide
         self.interval_s, self.day_s, self.export_outstanding = interval_s, day_s, export_outstanding
+        self.decode_chunk_tokens = decode_chunk_tokens
         self.rng = random.Random(seed)
         self.events: list = []
         self._tie = itertools.count()
@@ -144,7 +145,7 @@ class Simulation:
             d = self._decode_target()
             d.local.append(req)
             d.prompt_tokens += req.prompt
-            if d.stall_end is None:
+            if d.stall_req is None:
                 self._start_local_prefill(d)
 
     def _start_prefill(self, p: PrefillReplica) -> None:
@@ -201,6 +202,10 @@ class Simulation:
     def _start_local_prefill(self, d: DecodeReplica) -> None:
         d.advance(self.now, self.cap, self.itl_hist)
         req = d.local.popleft()
+        if d.chunk is not None:  # a chunk per step beside the streams (advance() counts their gaps)
+            d.stall_req, d.local_left = req, float(req.prompt)
+            self._reschedule(d)
+            return
         dur = self.cap.prefill_s(req.prompt)
         n = len(d.running)
         if n:
@@ -210,9 +215,9 @@ class Simulation:
 
     def _decode_event(self, d: DecodeReplica) -> None:
         d.advance(self.now, self.cap, self.itl_hist)
-        if d.stall_end is not None and d.stall_end <= self.now + 1e-12:
+        if d.local_done(self.now):
             req = d.stall_req
-            d.stall_end, d.stall_req = None, None
+            d.stall_end, d.stall_req, d.local_left = None, None, 0.0
             d.steps += 1
             d.step_tokens += req.prompt
             d.gen_tokens += 1
@@ -248,7 +253,8 @@ class Simulation:
     def _provision(self, role: str, ready_now: bool = False) -> None:
         self._count(role, self.now)
         name = f"{role}-{next(self._names)}"
-        r = PrefillReplica(name, self.now) if role == "prefill" else DecodeReplica(name, self.now)
+        r = (PrefillReplica(name, self.now) if role == "prefill"
+             else DecodeReplica(name, self.now, chunk=self.decode_chunk_tokens))
         self.replicas[role][name] = r
         if ready_now:
             r.state = READY
