@@ -22,6 +22,7 @@ from tandem.contracts.protocol import FinishReason, GenerateRequest
 from tandem.worker.engine.admission import AdmissionControl
 from tandem.worker.engine.batch import run_batch
 from tandem.worker.engine.block_allocator import BlockAllocator
+from tandem.worker.engine.chunk_sizing import ChunkSizer
 from tandem.worker.engine.config import EngineConfig
 from tandem.worker.engine.decode_step import prepare_kernels
 from tandem.worker.engine.engine_lock import PublishingLock
@@ -73,6 +74,11 @@ class Engine:
             on_preempt=self._on_preempt, prefill_chunk_tokens=config.prefill_chunk_tokens,
             prefix_cache=self.prefix_cache,
         )
+        self.chunk_sizer = None
+        if config.prefill_stall_factor is not None:
+            self.chunk_sizer = ChunkSizer(self.scheduler.prefill_chunk_tokens, config.prefill_stall_factor,
+                                          config.block_size)
+            self.scheduler.chunk_budget = self.chunk_sizer.budget
         weights = model_weights(lm)
         kernels, why = prepare_kernels(weights, config.compile, self.pool, self.max_model_len)
         self.runner = model_runner(weights, self.pool, self.layout, kernels)
@@ -280,7 +286,10 @@ class Engine:
             self.stats.steps_total += 1
             self.stats.prefill_tokens_computed_total += prefill_tokens
         n = sum(c.num_tokens for c in chunks)
-        self.on_step(time.perf_counter() - t0, n)  # before the outputs: a reader sees its own step
+        seconds = time.perf_counter() - t0
+        if self.chunk_sizer is not None:
+            self.chunk_sizer.observe(seconds, n - prefill_tokens, prefill_tokens)
+        self.on_step(seconds, n)  # before the outputs: a reader sees its own step
         for seq, out in emits:
             seq.emit(out)
         return n
