@@ -43,6 +43,7 @@ COPY operator/ operator/
 COPY router/ router/
 COPY worker/ worker/
 COPY planning/ planning/
+COPY weights/ weights/
 
 # ---------------------------------------------------------------------------------------------
 # operator-build: the operator extra only; torch is never installed here.

@@ -12,6 +12,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from tandem.contracts.parallelism import tensor_parallel_problem_for
+
 
 class ModelBackend(enum.StrEnum):
     """The forward pass a worker runs: the hand-written one (fastest, Llama family), or
@@ -27,9 +29,19 @@ NATIVE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
 NATIVE_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 
 # Decoder-only causal LMs whose transformers definitions run on Tandem's paged KV cache, each one
-# checked token for token against transformers' generate (tests/worker/engine/test_architectures_*).
+# checked token for token against transformers' generate, and logit for logit against its forward:
+# the first eight in depth (tests/worker/engine/test_architectures_match_generate.py, and with KV
+# handoff, prefix caching and migration in tests/worker/kv/test_architectures_hand_off_kv.py), the
+# rest on a tiny model each in the first file.
 TRANSFORMERS_MODEL_TYPES = frozenset({
     "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "qwen3_moe", "mixtral",
+    "afmoe", "apertus", "arcee", "aria_text", "beam", "bitnet", "cohere", "cohere2", "cohere2_moe", "cwm",
+    "ernie4_5", "ernie4_5_moe", "exaone4", "exaone_moe", "flex_olmo", "flint", "gemma", "gemma2", "glm", "glm4",
+    "glm4_moe", "gpt2", "gpt_neox", "gpt_oss", "granite", "granite_swa", "granitemoe", "granitemoe_swa",
+    "granitemoeshared", "helium", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "internlm3",
+    "iquestcoder", "jais2", "kolibri1", "laguna", "mellum", "minimax_m2", "minimax_m3_vl_text", "ministral",
+    "ministral3", "nanochat", "olmo", "olmo2", "olmo3", "olmoe", "opt", "persimmon", "phi", "phimoe",
+    "qwen2_moe", "seed_oss", "smollm3", "solar_open", "starcoder2", "vaultgemma",
 })
 
 _LATENT = ("uses multi-head latent attention (MLA): its KV cache holds one compressed latent per token "
@@ -49,16 +61,34 @@ REFUSED_MODEL_TYPES: dict[str, str] = {
 # Where a config.json names its routed experts' count (Mixtral, Qwen-MoE, DeepSeek/GLM style).
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
-# Tensor parallelism on the transformers path is not built yet: those models run on one rank.
-TRANSFORMERS_MAX_TENSOR_PARALLEL = 1
+# Split across a tensor-parallel group on the transformers path (attention heads and dense MLPs by
+# the model's own plan, routed experts whole per rank: worker/engine/hf/tensor_parallel.py),
+# verified at tensor_parallel 2 (tests/worker/engine/test_transformers_path_splits_across_ranks.py).
+# Other types on that path run on one rank.
+TRANSFORMERS_TENSOR_PARALLEL_TYPES = frozenset({
+    "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "mixtral", "qwen3_moe",
+})
+
+
+# Rotary variants whose frequencies transformers recomputes from the longest position in the
+# forward call: in a step that batches many sequences (or prefills a prompt in chunks) that is not
+# each sequence's own length, so no batched engine reproduces generate for them.
+LENGTH_DEPENDENT_ROPE_TYPES = frozenset({"dynamic", "longrope"})
+
+
+def rope_types(config_json: dict[str, Any]) -> set[str]:
+    """The rotary variants a config asks for, one per layer kind where it has several (Gemma 3's
+    rope_parameters are keyed by layer type); {'default'} when it names none."""
+    rope = config_json.get("rope_parameters") or config_json.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        return {"default"}
+    parts = [v for v in rope.values() if isinstance(v, dict)] or [rope]
+    return {str(p.get("rope_type", p.get("type", "default"))) for p in parts}
 
 
 def rope_type(config_json: dict[str, Any]) -> str:
-    """The rotary variant a config asks for ('default' when it names none)."""
-    rope = config_json.get("rope_parameters") or config_json.get("rope_scaling") or {}
-    if not isinstance(rope, dict):
-        return "default"
-    return str(rope.get("rope_type", rope.get("type", "default")))
+    """The rotary variant of a config with one ('default' when it names none)."""
+    return ",".join(sorted(rope_types(config_json)))
 
 
 def uses_sliding_window(config_json: dict[str, Any]) -> bool:
@@ -108,6 +138,10 @@ def _architecture_reason(config_json: dict[str, Any]) -> str | None:
     if config_json.get("quantization_config"):
         method = (config_json["quantization_config"] or {}).get("quant_method", "unnamed")
         return f"quantized checkpoints ({method}) are not supported: serve a float32, float16 or bfloat16 one"
+    if dependent := sorted(rope_types(config_json) & LENGTH_DEPENDENT_ROPE_TYPES):
+        return (f"rope_type {dependent[0]!r} is not supported: transformers recomputes its rotary frequencies "
+                "from the longest position in each forward call, which in a batch of many sequences (or a "
+                "prompt prefilled in chunks) is not each sequence's own length, so outputs would differ")
     if model_type not in TRANSFORMERS_MODEL_TYPES | NATIVE_MODEL_TYPES:
         return (f"model_type {model_type!r} is not supported: Tandem serves the decoder-only causal LMs it "
                 f"has verified ({', '.join(sorted(TRANSFORMERS_MODEL_TYPES | NATIVE_MODEL_TYPES))})")
@@ -120,18 +154,16 @@ def _parallel_reason(config_json: dict[str, Any], tensor_parallel: int, backend:
     tp = tensor_parallel
     if tp == 1:
         return None
-    if backend is ModelBackend.TRANSFORMERS and tp > TRANSFORMERS_MAX_TENSOR_PARALLEL:
-        return (f"tensor_parallel {tp} is not available for {config_json.get('model_type')!r}: models on the "
-                f"transformers path run on one rank (tensor_parallel {TRANSFORMERS_MAX_TENSOR_PARALLEL})")
+    model_type = config_json.get("model_type")
+    if backend is ModelBackend.TRANSFORMERS and model_type not in TRANSFORMERS_TENSOR_PARALLEL_TYPES:
+        return (f"tensor_parallel {tp} is not available for {model_type!r}: on the transformers path only "
+                f"{', '.join(sorted(TRANSFORMERS_TENSOR_PARALLEL_TYPES))} split across ranks; it runs on one")
     heads = config_json.get("num_attention_heads")
     kv_heads = config_json.get("num_key_value_heads") or heads
     if not isinstance(heads, int) or not isinstance(kv_heads, int):
         return "config.json names no num_attention_heads: cannot split the model across ranks"
-    if heads % tp:
-        return f"tensor_parallel {tp} does not divide the model's {heads} attention heads"
-    if kv_heads % tp and tp % kv_heads:
-        return (f"tensor_parallel {tp} and the model's {kv_heads} KV heads do not fit: one must divide "
-                "the other (each rank holds whole KV heads)")
+    if (problem := tensor_parallel_problem_for(heads, kv_heads, tp)) is not None:
+        return problem
     experts = expert_count(config_json)
     if experts is not None and experts % tp:
         return f"tensor_parallel {tp} does not divide the model's {experts} experts (each rank holds whole experts)"

@@ -34,9 +34,13 @@ WORKER_PORT_NAME = "http"
 KV_PORT = 5601
 KV_PORT_NAME = "kv"
 # Where the ranks of a group that spans nodes meet: a port on the leader pod (torch.distributed's
-# store), reached as $LWS_LEADER_ADDRESS:RENDEZVOUS_PORT.
+# store), reached as $LWS_LEADER_ADDRESS:RENDEZVOUS_PORT (`tandem worker --leader-address HOST:PORT`).
 RENDEZVOUS_PORT = 29500
 RENDEZVOUS_PORT_NAME = "dist"
+# What LeaderWorkerSet sets in a group's pods, and the worker's group flags default from.
+LWS_LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"  # the leader pod's stable address (no port)
+LWS_GROUP_SIZE_ENV = "LWS_GROUP_SIZE"  # pods in the group
+LWS_WORKER_INDEX_ENV = "LWS_WORKER_INDEX"  # this pod's index in the group (the leader's is 0)
 
 
 class Role(enum.StrEnum):

@@ -23,6 +23,9 @@ Endpoints every worker serves (aiohttp, see worker/server/):
   GET  /internal/kv/metadata    the KV agent's metadata (backend, engine_id, epoch, layout, ...)
   POST /internal/kv/release     {"request_id", "lease_token"}: the prefill side frees a request's
                                 leased blocks (a wrong token or a second release frees nothing)
+  POST /internal/kv/check       {"request_id", "lease_token", "block_ids"} -> {"ok"}: may these blocks
+                                be read under that lease? Asked by the worker's own tensor-parallel
+                                ranks before they serve a read (the leases live on rank 0)
   GET  /internal/kv/health      KV transfer health, read by the operator for KVTransferReady
   GET  /internal/tokenizer      TokenizerFiles: the served model's tokenizer and chat template, so
                                 the router tokenizes as the workers do without a model volume

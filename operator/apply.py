@@ -8,7 +8,6 @@ write to a child is the pod annotations that name the pods a scale-down removes 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -19,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tandem.contracts.names import GROUP, PLURAL, VERSION
 from tandem.operator.config import DEFAULT_API_TIMEOUT_SECONDS, FIELD_MANAGER, HANDOVER_MANAGER
-from tandem.operator.ownership import REFUSED, refusal
+from tandem.operator.metrics import METRICS
 
 log = logging.getLogger(__name__)
 # Every API call is bounded (connect, read): a hung API server must not wedge a reconcile.
@@ -61,34 +60,6 @@ class ApplyResult:
     reason: str = "ApplyFailed"  # Ready's reason when error is set (AdoptionRefused: ownership.py)
 
 
-@dataclass(frozen=True)
-class Applied:
-    """What a child was last applied as, and the object the apply returned: an unchanged manifest
-    over an unchanged object needs no apply (a resync then costs a GET per child, not a PATCH)."""
-
-    digest: str
-    resource_version: str
-    generation: int | None = None
-
-
-def _digest(manifest: dict) -> str:
-    return hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
-
-
-def _untouched(live: dict, manifest: dict, last: Applied | None, digest: str) -> bool:
-    """Whether `live` is still what applying this very manifest left: the same resourceVersion, or for
-    a workload whose status its controller keeps writing, the same spec generation and our labels."""
-    if last is None or last.digest != digest:
-        return False
-    meta = live["metadata"]
-    if meta.get("resourceVersion") == last.resource_version:
-        return True
-    if manifest["kind"] not in SCALED_KINDS or meta.get("generation") != last.generation:
-        return False
-    labels = meta.get("labels") or {}
-    return all(labels.get(k) == v for k, v in (manifest["metadata"].get("labels") or {}).items())
-
-
 def ref(manifest: dict) -> str:
     return f"{manifest['kind']}/{manifest['metadata']['name']}"
 
@@ -107,10 +78,11 @@ def request(
     body: dict | None = None,
     content_type: str | None = None,
     timeout_s: float | None = None,
+    accept: str = "application/json",
 ) -> dict:
     """One raw API call returning the JSON body as a dict; non-2xx raises ApiException. `timeout_s`
     bounds it (default API_TIMEOUT_S)."""
-    headers = {"Accept": "application/json"}
+    headers = {"Accept": accept}
     if content_type:
         headers["Content-Type"] = content_type
     params = api.param_serialize(
@@ -122,7 +94,9 @@ def request(
         auth_settings=["BearerToken"],
     )
     limit = API_TIMEOUT_S if timeout_s is None else timeout_s
-    resp = api.call_api(*params, _request_timeout=(min(5.0, limit), limit))
+    METRICS.api_requests.labels(method).inc()
+    with METRICS.api_seconds.time():
+        resp = api.call_api(*params, _request_timeout=(min(5.0, limit), limit))
     resp.read()
     text = (resp.data or b"").decode("utf-8", errors="replace")
     if not 200 <= resp.status <= 299:
@@ -142,9 +116,13 @@ def server_side_apply(api: client.ApiClient, manifest: dict) -> dict:
     )
 
 
-def _live(api: client.ApiClient, manifest: dict) -> dict | None:
+# The object's metadata alone: what deciding whether (and how) to apply needs, a fraction of the bytes.
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+
+
+def read_object(api: client.ApiClient, manifest: dict, metadata_only: bool = False) -> dict | None:
     try:
-        return request(api, "GET", _path(manifest))
+        return request(api, "GET", _path(manifest), accept=METADATA_ONLY if metadata_only else "application/json")
     except ApiException as e:
         if e.status == 404:
             return None
@@ -176,56 +154,14 @@ def release_replicas(api: client.ApiClient, manifest: dict, live: dict) -> None:
             body=claim, content_type="application/apply-patch+yaml")
 
 
-def _error_text(e: ApiException) -> str:
+def error_text(e: ApiException) -> str:
     try:
         return json.loads(e.body or "").get("message") or f"{e.status} {e.reason}"
     except (TypeError, ValueError, AttributeError):
         return f"{e.status} {e.reason}"
 
 
-def apply_all(api: client.ApiClient, manifests: list[dict], applied: dict[str, Applied] | None = None) -> ApplyResult:
-    """Applies children in order; stops at the first failure and says whether retrying may help.
-
-    A GET before each apply tells created/updated/unchanged apart (a no-op apply keeps the
-    resourceVersion), which is what the events on the CR report, and whose an existing object is:
-    one the InferenceService does not control is refused, not taken over (ownership.refusal). With
-    `applied` (kept per service) a child nobody changed since the same manifest was applied is not
-    applied again.
-    """
-    result, applied = ApplyResult(), {} if applied is None else applied
-    for manifest in manifests:
-        digest = _digest(manifest)
-        try:
-            live = _live(api, manifest)
-            refused = refusal(live, manifest) if live is not None else None
-            if refused is not None:
-                return ApplyResult(result.created, result.updated, refused.message, refused.retryable, REFUSED)
-            if live is not None and _untouched(live, manifest, applied.get(ref(manifest)), digest):
-                continue
-            if (live is not None and manifest["kind"] in SCALED_KINDS and "replicas" not in manifest["spec"]
-                    and owns_replicas(live)):
-                release_replicas(api, manifest, live)
-            before = live["metadata"]["resourceVersion"] if live is not None else None
-            stored = server_side_apply(api, manifest)["metadata"]
-            after = stored["resourceVersion"]
-            applied[ref(manifest)] = Applied(digest, after, stored.get("generation"))
-        except ApiException as e:
-            result.error = f"applying {ref(manifest)}: {_error_text(e)}{_missing_kind_hint(manifest, e)}"
-            # 4xx other than conflicts/throttling: the API server refuses what we rendered.
-            result.retryable = e.status is None or e.status >= 500 or e.status in (409, 429)
-            return result
-        except Exception as e:  # connection errors and the like: retry later
-            result.error = f"applying {ref(manifest)}: {e}"
-            result.retryable = True
-            return result
-        if before is None:
-            result.created.append(ref(manifest))
-        elif before != after:
-            result.updated.append(ref(manifest))
-    return result
-
-
-def _missing_kind_hint(manifest: dict, e: ApiException) -> str:
+def missing_kind_hint(manifest: dict, e: ApiException) -> str:
     """What to do when the cluster does not serve a kind the spec needs (LeaderWorkerSet's CRD)."""
     if e.status == 404 and manifest["kind"] == "LeaderWorkerSet":
         return ("; the LeaderWorkerSet API (sigs.k8s.io/lws) is not installed in this cluster: install it "
@@ -239,7 +175,7 @@ def prune(api: client.ApiClient, owner_uid: str, stale: list[dict]) -> list[str]
     them. `stale` holds their (apiVersion, kind, metadata) stubs; returns what was deleted."""
     deleted = []
     for stub in stale:
-        live = _live(api, stub)  # None too when the kind is not served (no LWS CRD)
+        live = read_object(api, stub)  # None too when the kind is not served (no LWS CRD)
         owners = (live or {}).get("metadata", {}).get("ownerReferences") or []
         if not any(o.get("controller") and o.get("uid") == owner_uid for o in owners):
             continue
@@ -263,7 +199,7 @@ def ensure_internal_secret(api: client.ApiClient, secret: dict) -> tuple[ApplyRe
     except ApiException as e:
         if e.status == 409:
             return ApplyResult(), None
-        return ApplyResult(error=f"creating {ref(secret)}: {_error_text(e)}",
+        return ApplyResult(error=f"creating {ref(secret)}: {error_text(e)}",
                            retryable=e.status is None or e.status >= 500 or e.status == 429), None
     except Exception as e:  # connection errors and the like: retry later
         return ApplyResult(error=f"creating {ref(secret)}: {e}", retryable=True), None
@@ -287,7 +223,7 @@ def mark_for_removal(api: client.ApiClient, namespace: str, pods: list[dict], ch
                     body={"metadata": {"annotations": marks}}, content_type="application/merge-patch+json")
         except ApiException as e:
             if e.status != 404:
-                errors.append(f"pod {name}: {_error_text(e)}")
+                errors.append(f"pod {name}: {error_text(e)}")
         except Exception as e:  # connection errors and the like
             errors.append(f"pod {name}: {e}")
     return errors

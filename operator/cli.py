@@ -88,8 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     election.add_argument("--lease-retry-seconds", type=float, default=2.0, metavar="S",
                           help="renew, or try to acquire, this often (default 2)")
     parser.add_argument(
-        "--workers", type=int, default=int(os.environ.get("TANDEM_OPERATOR_WORKERS") or 8), metavar="N",
-        help="passes over different InferenceServices that may run at once ($TANDEM_OPERATOR_WORKERS, default 8)",
+        "--workers", type=int, default=int(os.environ.get("TANDEM_OPERATOR_WORKERS") or 16), metavar="N",
+        help="passes over different InferenceServices that may run at once ($TANDEM_OPERATOR_WORKERS, default 16)",
     )
 
 

@@ -2,6 +2,7 @@
 
     the InferenceService created, its spec changed, or seen at start-up -> apply + status
     its resync timer (every --resync-seconds, jittered)                 -> apply + status (drift)
+    a child Deployment deleted or changed by someone else               -> apply + status (drift)
     a child Deployment or pod changed (coalesced for CHILD_DELAY_S)     -> status
     its planner timer (every spec.autoscaling.intervalSeconds)          -> plan + status (+ apply)
     an apply failed in a way retrying can fix (after RETRY_S)           -> apply + status
@@ -25,7 +26,8 @@ from tandem.operator.autoscaling.autoscaler import Planning, decide
 from tandem.operator.config import OperatorConfig
 from tandem.operator.metrics import METRICS, OperatorMetrics
 from tandem.operator.observe import observe
-from tandem.operator.reconcile import Memory, parse_spec, run_pass
+from tandem.operator.reconcile import Memory, act, conclude, parse_spec
+from tandem.operator.spec import WORKER_ROLES
 from tandem.operator.work import PLAN, RESYNC, RETRY, SPEC, STATUS, Trigger, Work, merge
 from tandem.operator.workqueue import WorkQueue
 
@@ -49,7 +51,7 @@ class ServiceState:
 class Controller:
     """The operator's work: the queue, its triggers, and one pass."""
 
-    def __init__(self, api: client.ApiClient, config: OperatorConfig, workers: int = 8,
+    def __init__(self, api: client.ApiClient, config: OperatorConfig, workers: int = 16,
                  metrics: OperatorMetrics = METRICS) -> None:
         self.api, self.config, self.metrics = api, config, metrics
         self.queue: WorkQueue[Key, Work] = WorkQueue(self.timed_pass, merge, workers, metrics.queue_wait.observe)
@@ -75,9 +77,23 @@ class Controller:
             state.generation = meta.get("generation")
             self.queue.add(key, SPEC)
 
-    def child_event(self, namespace: str, service: str) -> None:
-        """A Deployment or pod of the service changed: its status, soon (a burst is one pass)."""
-        self.queue.schedule((namespace, service), STATUS, CHILD_DELAY_S, "child")
+    def child_event(self, namespace: str, service: str, body: dict | None = None,
+                    event_type: str | None = None) -> None:
+        """A Deployment or pod of the service changed: its status, soon (a burst is one pass). A
+        Deployment deleted, or whose spec someone else changed (a generation the operator's last apply
+        did not leave), is drift: applied again at once, not at the next resync."""
+        key = (namespace, service)
+        if body is not None and body.get("kind") == "Deployment" and self._drifted(key, body, event_type):
+            self.queue.add(key, RESYNC)
+            return
+        self.queue.schedule(key, STATUS, CHILD_DELAY_S, "child")
+
+    def _drifted(self, key: Key, body: dict, event_type: str | None) -> bool:
+        state = self.services.get(key)
+        last = state.memory.applied.get(f"Deployment/{body['metadata']['name']}") if state else None
+        if last is None:
+            return False  # not applied by this process yet: its first pass applies anyway
+        return event_type == "DELETED" or body["metadata"].get("generation") != last.generation
 
     async def close(self) -> None:
         if self.session is not None:
@@ -116,19 +132,26 @@ class Controller:
             state = self.services[key] = ServiceState(generation=body["metadata"].get("generation"))
             work = merge(work, SPEC)
         spec, spec_error = parse_spec(body)
-        obs = await asyncio.to_thread(observe, self.api, *key, body["metadata"].get("uid"), state.memory.owners)
-        decision = kv = None
+        uid, memory = body["metadata"].get("uid"), state.memory
+        groups = spec is None or any(spec.role(r).parallelism.spans_nodes for r in WORKER_ROLES)
+        decision = kv = before = None
         if self.session is None:
             self.session = probe.new_session()
-        if work.plan and spec is not None:
-            decision, kv = await decide(state.planning, body["metadata"].get("uid"), spec, obs, self.config,
-                                        self.session)
+        if (work.plan and spec is not None) or work.trigger is Trigger.RESYNC:
+            # The planner decides from the pods as they are now; a resync applies over the workloads
+            # just listed (no GET each) and, finding nothing to change, reports on the same list.
+            before = await asyncio.to_thread(observe, self.api, *key, uid, memory.owners, groups)
+        if work.plan and spec is not None and before is not None:
+            decision, kv = await decide(state.planning, uid, spec, before, self.config, self.session)
             if decision is not None:
                 self.metrics.decided(*key, decision, state.planning.snapshot)
+        acted = await asyncio.to_thread(act, self.api, body, self.config, work, memory, decision, before)
+        obs = before if before is not None and acted.unchanged else await asyncio.to_thread(
+            observe, self.api, *key, uid, memory.owners, groups)
         if kv is None:
             kv = await probe.probe_workers(obs, self.config, self.session)
-        result = await asyncio.to_thread(run_pass, self.api, body, self.config, work, state.memory,
-                                         decision, obs, kv)
+        await asyncio.to_thread(conclude, self.api, body, self.config, memory, acted, obs, decision, kv)
+        result = acted.result
         if work.trigger is Trigger.SPEC:
             log.info("%s/%s: generation %s reconciled%s", *key, body["metadata"].get("generation"),
                      f" ({result.error})" if result.error else "")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -47,7 +48,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         kube_config.load_incluster_config()
     except kube_config.ConfigException:
         kube_config.load_kube_config()
-    memo.api = client.ApiClient()
+    # Passes wait on the API server far more than they compute: every worker gets a thread and a
+    # connection of its own (asyncio's default executor has cores + 4 threads, the client 5 x cores).
+    threads = memo.workers + 4
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(threads, thread_name_prefix="pass"))
+    configuration = client.Configuration.get_default_copy()
+    configuration.connection_pool_maxsize = threads
+    memo.api = client.ApiClient(configuration)
     memo.controller = Controller(memo.api, memo.config, memo.workers)
     memo.queue_task = asyncio.create_task(memo.controller.queue.run())
 
@@ -68,6 +75,7 @@ async def service_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
 @kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
-async def child_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A child moved: its owner's status, soon (coalesced per owner)."""
-    memo.controller.child_event(body["metadata"]["namespace"], body["metadata"]["labels"][LABEL_SERVICE])
+async def child_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A child moved: its owner's status soon (coalesced per owner), or its drift corrected now."""
+    memo.controller.child_event(body["metadata"]["namespace"], body["metadata"]["labels"][LABEL_SERVICE],
+                                dict(body), type)

@@ -54,6 +54,12 @@ class OperatorMetrics:
             "What the planner read for its last decision, per role: " + ", ".join(INPUTS) + " (summed over the "
             "role's readable pods; kv_usage a fraction, busy in replica-equivalents, rates per second).",
             ["namespace", "inferenceservice", "role", "input"], registry=registry)
+        self.api_requests = Counter(
+            "tandem_operator_api_requests_total", "Calls to the Kubernetes API server, by HTTP method.",
+            ["method"], registry=registry)
+        self.api_seconds = Histogram(
+            "tandem_operator_api_request_duration_seconds", "Time one call to the API server took.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=registry)
         self.scrape_failures = Counter(
             "tandem_operator_scrape_failures_total",
             "Pod answers the operator could not use: what it asked (metrics, kv_health) and why (timeout, "

@@ -77,16 +77,20 @@ def _fetcher(api: client.ApiClient, namespace: str) -> Fetch:
 
 
 def observe(api: client.ApiClient, namespace: str, name: str, uid: str | None,
-            owners: Owners | None = None) -> Observation:
-    """The service's workloads and pods (by label, then by owner chain) and its router Service.
+            owners: Owners | None = None, groups: bool = True) -> Observation:
+    """The service's workloads and pods (by label, then by owner chain) and its router Service;
+    LeaderWorkerSets only with `groups` (a role of the spec spans nodes, or the spec is unreadable).
 
     A role run as a LeaderWorkerSet counts groups: its replicas are groups, and a group is ready when
     every one of its pods is (status.role_observation)."""
     owners = {} if owners is None else owners
     selector = f"{LABEL_SERVICE}={name}"
     ours = {uid or ""}
-    workloads = _list(api, f"/apis/apps/v1/namespaces/{namespace}/deployments", selector)
-    workloads += _list(api, f"/apis/{LWS}/namespaces/{namespace}/leaderworkersets", selector, absent_ok=True)
+    # A list's items of a built-in kind carry no kind of their own.
+    workloads = [{"apiVersion": "apps/v1", "kind": "Deployment", **d}
+                 for d in _list(api, f"/apis/apps/v1/namespaces/{namespace}/deployments", selector)]
+    if groups:
+        workloads += _list(api, f"/apis/{LWS}/namespaces/{namespace}/leaderworkersets", selector, absent_ok=True)
     workloads = [w for w in workloads if (controller_ref(w, KIND, GROUP) or {}).get("uid") in ours]
     pods = [p for p in _list(api, f"/api/v1/namespaces/{namespace}/pods", selector)
             if not p["metadata"].get("deletionTimestamp")]
@@ -97,6 +101,7 @@ def observe(api: client.ApiClient, namespace: str, name: str, uid: str | None,
         role = (workload["metadata"].get("labels") or {}).get(LABEL_ROLE)
         if role is None or workload["metadata"].get("deletionTimestamp"):  # e.g. pruned: kind switched
             continue
+        obs.workloads[f"{workload['kind']}/{workload['metadata']['name']}"] = workload
         mine = {workload["metadata"]["uid"]}
         role_pods = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == role
                      and trusted(p, mine, by_uid, owners, fetch)]

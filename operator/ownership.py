@@ -35,6 +35,12 @@ def refusal(live: dict[str, Any], manifest: dict[str, Any]) -> Refusal | None:
     ref = _controller(live)
     if ref is not None and ref.get("uid") == owner["uid"]:
         return None
+    if (manifest["kind"], ref and ref.get("kind"), ref and ref.get("name")) == (
+            "Service", "LeaderWorkerSet", manifest["metadata"]["name"]):
+        # A group role's headless Service has its LeaderWorkerSet's name, and the LWS controller makes
+        # one when it finds none: ours through our LeaderWorkerSet (a foreign LWS of that name is
+        # refused when the operator applies its own).
+        return None
     if ref is not None and (ref.get("kind"), ref.get("name")) == (owner["kind"], owner["name"]):
         return Refusal(f"{what} belongs to an earlier {owner['kind']} named {owner['name']} (uid {ref.get('uid')}) "
                        "that the garbage collector has not removed yet", retryable=True)

@@ -1,6 +1,7 @@
-"""One pass over one InferenceService: act on a planner decision, render, apply, observe, write
-status once, report events. Runs in a thread (the Kubernetes client is synchronous), called only by
-the work queue (tandem.operator.controller), which runs one pass at a time per service: no lock.
+"""One pass over one InferenceService, in two halves around the observation of its children: `act`
+(the planner's decision, the model check, render, apply) and `conclude` (status written once, events).
+Each runs in a thread (the Kubernetes client is synchronous), called only by the work queue
+(tandem.operator.controller), which runs one pass at a time per service: no lock.
 
 Level-triggered: running a pass twice changes nothing the second time. The spec is parsed once per
 pass into the typed InferenceServiceSpec; one the operator cannot use (a CRD older than the
@@ -21,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from kubernetes import client
-from tandem.operator import apply, model_check
+from tandem.operator import apply, children, model_check
 from tandem.operator.autoscaling.planner import Decision
 from tandem.operator.autoscaling.status import (
     ScaleChange,
@@ -32,7 +33,7 @@ from tandem.operator.autoscaling.status import (
 )
 from tandem.operator.config import OperatorConfig
 from tandem.operator.group_pods import removed_by_scale_down
-from tandem.operator.observe import Owners, observe
+from tandem.operator.observe import Owners
 from tandem.operator.ownership import REFUSED, secret_record
 from tandem.operator.render import (
     endpoint,
@@ -62,7 +63,7 @@ class Memory:
 
     kv_reason: str | None = None  # KVTransferReady's reason as last written: one Warning per transition
     owners: Owners = field(default_factory=dict)  # the owner chain's ReplicaSets/StatefulSets, read once each
-    applied: dict[str, apply.Applied] = field(default_factory=dict)  # what each child was applied as
+    applied: dict[str, children.Applied] = field(default_factory=dict)  # what each child was applied as
     pruned: tuple[str, ...] | None = None  # the stale kinds last pruned (a role changing kind prunes again)
 
 
@@ -87,18 +88,14 @@ def parse_spec(body: dict) -> tuple[InferenceServiceSpec | None, str | None]:
         return None, str(e)
 
 
-def _status(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None,
-            config: OperatorConfig, generation: int | None, memory: Memory, decision: Decision | None = None,
-            model: model_check.ModelFinding | None = None, seen: Observation | None = None,
+def _status(body: dict, spec: InferenceServiceSpec | None, config: OperatorConfig, generation: int | None,
+            obs: Observation, decision: Decision | None = None, model: model_check.ModelFinding | None = None,
             **findings: object) -> dict:
-    """Computes status from the children, observed now unless `seen` still holds (the pass changed
-    none); `findings` are Observation fields (apply_error, spec_error, kv_probes) that the caller
-    knows and the API server does not; `decision` is the planner's, when one was just made; `model`
-    what model_check found."""
+    """Status from the observed children; `findings` are Observation fields (apply_error, spec_error,
+    kv_probes) that the caller knows and the API server does not; `decision` is the planner's, when
+    one was just made; `model` what model_check found."""
     meta = body["metadata"]
-    if seen is None:
-        seen = observe(api, meta["namespace"], meta["name"], meta.get("uid"), memory.owners)
-    obs = dataclasses.replace(seen, **findings)
+    obs = dataclasses.replace(obs, **findings)
     old = body.get("status") or {}
     if generation is None:
         generation = old.get("observedGeneration")
@@ -116,24 +113,49 @@ def _status(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None
     return compute_status(spec, obs, old, stamp, generation, url, label, scaling, found)
 
 
-def run_pass(api: client.ApiClient, body: dict, config: OperatorConfig, work: Work, memory: Memory,
-             decision: Decision | None = None, obs: Observation | None = None,
-             kv_probes: list[KVProbe] | None = None) -> apply.ApplyResult:
-    """One pass over `body` (just read): the planner's `decision` (made from `obs`) acted on, the
-    children applied when `work.apply` asks or the decision changes replicas, status written once if
-    it changed. `kv_probes` are the workers' KV health answers (None: not probed)."""
-    meta = body["metadata"]
+@dataclass
+class Acted:
+    """What the first half of a pass did: the spec read, the planner's changes, and the apply."""
+
+    spec: InferenceServiceSpec | None
+    spec_error: str | None
+    changes: list[ScaleChange]
+    applies: bool
+    result: apply.ApplyResult
+    secret: dict | None
+    model: model_check.ModelFinding | None
+
+    @property
+    def unchanged(self) -> bool:
+        """Nothing was created or changed: what was observed before the pass still holds."""
+        return not self.changes and not (self.result.created or self.result.updated or self.result.error)
+
+
+def act(api: client.ApiClient, body: dict, config: OperatorConfig, work: Work, memory: Memory,
+        decision: Decision | None = None, obs: Observation | None = None) -> Acted:
+    """A pass's first half, on `body` (just read): the planner's `decision` (made from `obs`) acted on,
+    the children applied when `work.apply` asks or the decision changes replicas."""
     spec, spec_error = parse_spec(body)
     old = body.get("status") or {}
     changes = scale_changes(spec, old, decision) if spec is not None and decision is not None else []
-    _mark_removals(api, meta["namespace"], obs, changes, config)
+    _mark_removals(api, body["metadata"]["namespace"], obs, changes, config)
     applies = work.apply or bool(changes)
-    result, secret, model = _apply_phase(api, body, spec, spec_error, config, work, changes, applies, memory)
+    known = obs.workloads if obs is not None else {}
+    result, secret, model = _apply_phase(api, body, spec, spec_error, config, work, changes, applies, memory, known)
+    return Acted(spec, spec_error, changes, applies, result, secret, model)
+
+
+def conclude(api: client.ApiClient, body: dict, config: OperatorConfig, memory: Memory, acted: Acted,
+             obs: Observation, decision: Decision | None = None, kv_probes: list[KVProbe] | None = None) -> None:
+    """A pass's second half: status from `obs` (the children as they are after `acted`), written once
+    if it changed; the events. `kv_probes` are the workers' KV health answers (None: not probed)."""
+    meta, old, spec, result = body["metadata"], body.get("status") or {}, acted.spec, acted.result
+    model = acted.model
     ready = _condition(old, "Ready")
     if result.error and ready.get("message") != result.error:
         # Once per distinct failure, not per pass.
         apply.post_event(api, body, "Warning", "InvalidSpec" if spec is None else result.reason, result.error)
-    if applies or spec is None:
+    if acted.applies or spec is None:
         # observedGeneration advances only once the spec it describes is applied.
         applied = not result.error and not (model is not None and model.blocking)
         generation = meta.get("generation") if applied else None
@@ -141,25 +163,22 @@ def run_pass(api: client.ApiClient, body: dict, config: OperatorConfig, work: Wo
     else:  # nothing applied: what the last apply found still holds
         failed = ready.get("reason") in ("ApplyFailed", REFUSED)
         generation, apply_error, apply_reason = None, ready["message"] if failed else None, ready.get("reason")
-    unchanged = not changes and not (result.created or result.updated or result.error)
-    status = _status(api, body, spec, config, generation, memory, decision, model=model,
-                     seen=obs if unchanged else None, apply_error=apply_error,
-                     apply_reason=apply_reason or "ApplyFailed", spec_error=spec_error, kv_probes=kv_probes)
-    if secret:
-        status["internalSecret"] = secret
+    status = _status(body, spec, config, generation, obs, decision, model=model, apply_error=apply_error,
+                     apply_reason=apply_reason or "ApplyFailed", spec_error=acted.spec_error, kv_probes=kv_probes)
+    if acted.secret:
+        status["internalSecret"] = acted.secret
     _kv_event(api, body, status, memory)
     if not same_status(old, status):
         apply.write_status(api, meta["namespace"], meta["name"], status, old)
     body["status"] = status
-    for c in changes:
+    for c in acted.changes:
         log.info("%s/%s: %s", meta["namespace"], meta["name"], c.message)
         apply.post_event(api, body, "Normal", c.reason, c.message)
-    return result
 
 
 def _apply_phase(api: client.ApiClient, body: dict, spec: InferenceServiceSpec | None, spec_error: str | None,
-                 config: OperatorConfig, work: Work, changes: list[ScaleChange], applies: bool, memory: Memory
-                 ) -> tuple[apply.ApplyResult, dict | None, model_check.ModelFinding | None]:
+                 config: OperatorConfig, work: Work, changes: list[ScaleChange], applies: bool, memory: Memory,
+                 known: dict[str, dict]) -> tuple[apply.ApplyResult, dict | None, model_check.ModelFinding | None]:
     """(what applying did, status.internalSecret, the model's finding). A pass that does not apply
     carries the model's finding from status (no hub call); a model that cannot be served applies
     nothing: no pod downloads a model it cannot serve."""
@@ -174,7 +193,7 @@ def _apply_phase(api: client.ApiClient, body: dict, spec: InferenceServiceSpec |
         return apply.ApplyResult(), old.get("internalSecret"), model
     replicas = render_replicas(spec, planned_status(old, changes))
     scaled = {names(body["metadata"]["name"])[c.role] for c in changes}
-    result, secret = _apply(api, body, model.spec, config, work, replicas, scaled, memory)
+    result, secret = _apply(api, body, model.spec, config, work, replicas, scaled, memory, known)
     return result, secret, model
 
 
@@ -210,7 +229,8 @@ def _mark_removals(api: client.ApiClient, namespace: str, obs: Observation | Non
 
 
 def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config: OperatorConfig, work: Work,
-           replicas: dict[str, int | None], scaled: set[str], memory: Memory) -> tuple[apply.ApplyResult, dict | None]:
+           replicas: dict[str, int | None], scaled: set[str], memory: Memory,
+           known: dict[str, dict]) -> tuple[apply.ApplyResult, dict | None]:
     """Renders and applies every child, the internal Secret first; posts Created/Updated/DriftCorrected
     events (not for the Deployments in `scaled`: the planner's ScaledUp/ScaledDown events say why those
     changed). Returns what happened and status.internalSecret."""
@@ -223,7 +243,7 @@ def _apply(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config
         result = apply.ApplyResult(error=refused.message, retryable=refused.retryable, reason=REFUSED)
     if not result.error:  # the Secret exists before any pod that mounts it
         manifests = render(meta, spec, config, replicas, (record or {}).get("uid"))
-        applied = apply.apply_all(api, manifests, memory.applied)
+        applied = children.apply_all(api, manifests, memory.applied, known)
         result = dataclasses.replace(applied, created=result.created + applied.created)
     if not result.error:  # a role that changed kind (Deployment <-> LeaderWorkerSet): the old one goes
         result = _prune(api, meta, spec, result, memory)

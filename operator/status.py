@@ -81,6 +81,7 @@ class KVProbe:
 @dataclass
 class Observation:
     roles: dict[str, RoleObservation] = field(default_factory=dict)
+    workloads: dict[str, dict[str, Any]] = field(default_factory=dict)  # "Kind/name" -> the object as listed
     router_service: bool = False
     apply_error: str | None = None  # why the last apply failed, if it did
     apply_reason: str = "ApplyFailed"  # Ready's reason for it (AdoptionRefused: another owner holds a child)

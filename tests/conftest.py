@@ -17,6 +17,15 @@ def toy_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_toy_model(tmp_path_factory.getbasetemp() / "toy-llama")
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory):
+    """tiny_model(arch) -> a tiny random-weight model of that architecture (testing/tiny_models.py),
+    built once per session and shared by every test that asks for it."""
+    from tandem.testing.tiny_models import make_tiny_model
+
+    return lambda arch: make_tiny_model(arch, tmp_path_factory.getbasetemp() / f"tiny-{arch}")
+
+
 # --- end toy model -----------------------------------------------------------------------------
 
 # --- control plane (engineer A: tandem.testing.cluster) ----------------------------------------

@@ -213,6 +213,10 @@ def test_dockerignore_keeps_only_what_the_build_copies() -> None:
         assert (REPO / path).exists(), f"COPY {path}: not in the repository"
     # The images ship the product only: no test harness, no tests.
     assert not copied & {"testing", "tests", "bench"}
+    # ... and every product package setup.py installs (a missing one is an ImportError in a pod).
+    setup_py = (REPO / "setup.py").read_text()
+    roots = set(re.findall(r'"tandem\.\w+": "(\w+)"', setup_py)) - {"testing"}
+    assert roots <= copied, f"setup.py packages the Dockerfile does not COPY: {sorted(roots - copied)}"
 
 
 def test_operator_image_default_command_is_accepted_by_tandem_operator(dockerfile) -> None:

@@ -45,8 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--services", type=int, default=100, help="InferenceServices created at once")
     p.add_argument("--idle-s", type=float, default=120.0, help="the idle window measured after all are Ready")
     p.add_argument("--settle-s", type=float, default=15.0, help="wait this long after Ready before the window")
-    p.add_argument("--resync-s", type=float, default=30.0, help="the operator's --resync-seconds")
-    p.add_argument("--workers", type=int, default=8, help="the operator's --workers")
+    p.add_argument("--resync-s", type=float, default=60.0, help="the operator's --resync-seconds")
+    p.add_argument("--workers", type=int, default=16, help="the operator's --workers")
     p.add_argument("--no-kv-probe", action="store_true", help="run the operator with --no-kv-probe")
     p.add_argument("--ready-timeout-s", type=float, default=1800.0)
 
@@ -126,8 +126,10 @@ def _scrape(base: str) -> dict[str, float]:
     from tandem.testing.scraped import scrape, value
 
     m = scrape(base + "/metrics")
-    return {"passes": value(m, "tandem_operator_reconciles_total"),
+    return {"passes": value(m, "tandem_operator_reconciles_total"), "depth": value(m, "tandem_operator_queue_depth"),
             "pass_seconds": value(m, "tandem_operator_reconcile_duration_seconds_sum"),
+            "api_calls": value(m, "tandem_operator_api_requests_total"),
+            "api_seconds": value(m, "tandem_operator_api_request_duration_seconds_sum"),
             "scrape_failures": value(m, "tandem_operator_scrape_failures_total")}
 
 
@@ -157,21 +159,33 @@ def run(args: argparse.Namespace) -> dict:
 
             def all_ready() -> bool:
                 ready, total = _ready_count(api, namespace)
-                progress.append((round(time.monotonic() - t0, 1), ready))
+                pods = client.CoreV1Api(api).list_namespaced_pod(namespace).items
+                running = sum(1 for p in pods if any(c.type == "Ready" and c.status == "True"
+                                                     for c in (p.status.conditions or [])))
+                q = _scrape(base)
+                progress.append((round(time.monotonic() - t0, 1), ready, len(pods), running, q["depth"],
+                                 q["passes"]))
                 return ready == args.services
 
             wait_until(all_ready, timeout=args.ready_timeout_s, interval=1.0, what="every InferenceService Ready")
-            ready_s, cpu_ready = time.monotonic() - t0, sampler.cpu() - cpu0
+            ready_s, cpu_ready, at_ready = time.monotonic() - t0, sampler.cpu() - cpu0, _scrape(base)
             time.sleep(args.settle_s)
             before, cpu1, t1 = _scrape(base), sampler.cpu(), time.monotonic()
             time.sleep(args.idle_s)
             idle_cpu, idle_wall, after = sampler.cpu() - cpu1, time.monotonic() - t1, _scrape(base)
         sampler.stop.set()
+        print(f"{args.services} services: all Ready after {ready_s:.1f} s ({cpu_ready:.1f} s of operator CPU); "
+              f"idle {100 * idle_cpu / idle_wall:.1f}% of a core, RSS {sampler.rss() / 2**20:.0f} MB "
+              f"(peak {sampler.peak_rss / 2**20:.0f} MB)", flush=True)
         return {
             "services": args.services, "nodes": len(nodes), "resync_s": args.resync_s, "workers": args.workers,
             "kv_probe": not args.no_kv_probe, "create_s": round(create_s, 2), "ready_s": round(ready_s, 1),
+            # (s, services Ready, pods, pods Ready, queue depth, passes so far)
             "ready_progress": progress[:: max(1, len(progress) // 40)],
             "cpu_until_ready_s": round(cpu_ready, 2),
+            "passes_until_ready": at_ready["passes"], "api_calls_until_ready": at_ready["api_calls"],
+            "api_mean_latency_ms_until_ready": round(1000 * at_ready["api_seconds"] / max(1, at_ready["api_calls"]), 1),
+            "idle_api_calls_per_s": round((after["api_calls"] - before["api_calls"]) / idle_wall, 2),
             "idle_cpu_core_fraction": round(idle_cpu / idle_wall, 4), "idle_window_s": round(idle_wall, 1),
             "idle_passes_per_s": round((after["passes"] - before["passes"]) / idle_wall, 2),
             "idle_scrape_failures_per_s": round((after["scrape_failures"] - before["scrape_failures"]) / idle_wall, 2),

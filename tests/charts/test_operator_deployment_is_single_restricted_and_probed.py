@@ -68,7 +68,7 @@ def test_worker_defaults_reach_the_operator(helm_bin: Path) -> None:
     routed_env = {e["name"]: e.get("value") for e in operator_container(routed)["env"]}
     assert routed_env["TANDEM_ROUTER_IMAGE"] == "registry.example/tandem-router:2.0"
     assert env["TANDEM_IMAGE_PULL_POLICY"] == "Always"
-    assert env["TANDEM_RESYNC_SECONDS"] == "30"
+    assert env["TANDEM_RESYNC_SECONDS"] == "60"
 
 
 def test_images_default_to_the_chart_app_version(helm_bin: Path) -> None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tandem.operator.apply import Applied, _digest, _untouched
+from tandem.operator.children import Applied, _digest, _untouched
 
 CONFIG_MAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x-config", "labels": {"a": "1"}},
               "data": {"k": "v"}}

@@ -30,6 +30,19 @@ def test_only_an_object_this_inference_service_controls_is_its_own(meta):
     assert refusal(_live(dict(ours, controller=False)), manifest), "a non-controller reference proves nothing"
 
 
+def test_a_group_service_its_leader_worker_set_made_is_ours(meta):
+    """The LWS controller makes a headless Service named after the LeaderWorkerSet when it finds none;
+    that name is the role's Service: the operator's, through its LeaderWorkerSet."""
+    service = {"kind": "Service", "metadata": {"name": "llama-decode", "ownerReferences": [
+        {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "name": meta["name"], "uid": meta["uid"],
+         "controller": True}]}}
+    lws = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": "llama-decode",
+           "uid": "l-1", "controller": True}
+    assert refusal(_live(lws), service) is None
+    other = dict(lws, name="someone-else")
+    assert refusal(_live(other), service), "an LWS of another name holds it: refused"
+
+
 def test_a_predecessor_of_the_same_name_is_waited_for():
     meta = {"name": "llama", "uid": "new"}
     earlier = {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService", "name": "llama", "uid": "old",

@@ -13,6 +13,7 @@ decoding the step may take the configured maximum: nobody waits on it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 WEIGHT = 0.25  # of a new observation in the moving averages: a few steps follow a change of load
 
@@ -52,6 +53,15 @@ class ChunkSizer:
             return self.max_tokens
         room = (self.stall_factor - 1.0) * self.ordinary_s / self.token_s
         return max(self.min_tokens, min(self.max_tokens, int(room)))
+
+
+def sizer_for(scheduler: Any, stall_factor: float | None, block_size: int) -> ChunkSizer | None:
+    """The scheduler's chunk sizer for this setting (None: fixed chunks), wired in."""
+    if stall_factor is None:
+        return None
+    sizer = ChunkSizer(scheduler.prefill_chunk_tokens, stall_factor, block_size)
+    scheduler.chunk_budget = sizer.budget
+    return sizer
 
 
 def _mix(old: float | None, new: float) -> float:

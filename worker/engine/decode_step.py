@@ -88,6 +88,10 @@ def prepare_kernels(weights: ModelWeights, setting: str, pool: torch.Tensor, max
     except Exception as e:  # noqa: BLE001 - any compiler failure means the same: run eagerly
         if setting == "on":
             raise
+        if weights.group.size > 1:  # one rank eager and another compiled would not meet in their collectives
+            raise RuntimeError(f"torch.compile failed on rank {weights.group.rank} ({type(e).__name__}: {e}); "
+                               "a tensor-parallel group cannot leave one rank eager: start it with "
+                               "--compile off, or fix the compiler") from e
         log.warning("torch.compile failed (%s: %s); the decode step runs eagerly", type(e).__name__, e)
         kernels = kernels_for(weights, False, pool.shape[4])
         why = "eager (torch.compile failed)"

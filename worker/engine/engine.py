@@ -7,7 +7,7 @@ the scheduler (who runs each step), the lease table (leases.py: blocks kept for 
 the prefix cache over the block allocator. `AsyncEngine` (async_engine.py) runs its steps on a
 dedicated thread and drives the stages that wait (tokenizing, the KV pull) for the HTTP server;
 tests and benchmarks drive `Engine` directly. The model is reached through one interface, the
-runner (paged_forward.py `model_runner`: `forward(items) -> StepLogits`).
+runner (model_runner.py `build_runner`: `forward(items) -> StepLogits`).
 """
 
 from __future__ import annotations
@@ -22,22 +22,21 @@ from tandem.contracts.protocol import FinishReason, GenerateRequest
 from tandem.worker.engine.admission import AdmissionControl
 from tandem.worker.engine.batch import run_batch
 from tandem.worker.engine.block_allocator import BlockAllocator
-from tandem.worker.engine.chunk_sizing import ChunkSizer
+from tandem.worker.engine.chunk_sizing import sizer_for
 from tandem.worker.engine.config import EngineConfig
-from tandem.worker.engine.decode_step import prepare_kernels
 from tandem.worker.engine.engine_lock import PublishingLock
 from tandem.worker.engine.engine_stats import EngineStats
 from tandem.worker.engine.intake import Intake
 from tandem.worker.engine.leases import LeaseTable
 from tandem.worker.engine.loader import LoadedModel, load_model
 from tandem.worker.engine.migration import hand_out
-from tandem.worker.engine.paged_forward import BatchItem, model_runner
+from tandem.worker.engine.model_runner import build_runner
+from tandem.worker.engine.paged_forward import BatchItem
 from tandem.worker.engine.pool_sizing import size_pool
 from tandem.worker.engine.prefix_cache import PrefixCache, PullReservation, prefix_salt
 from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.scheduler import ScheduledChunk, Scheduler
 from tandem.worker.engine.sequence import SeqOutput, Sequence
-from tandem.worker.engine.weights import model_weights
 
 log = logging.getLogger("tandem.worker.engine")
 
@@ -54,7 +53,7 @@ class Engine:
         self.config = config
         self.loaded = lm = loaded or load_model(
             config.model, dtype=config.dtype, device=config.device, max_model_len=config.max_model_len,
-            trust_remote_code=config.trust_remote_code,
+            trust_remote_code=config.trust_remote_code, backend=config.model_backend,
         )
         self.tokenizer = lm.tokenizer
         self.vocab_size = int(lm.config.vocab_size)
@@ -74,14 +73,8 @@ class Engine:
             on_preempt=self._on_preempt, prefill_chunk_tokens=config.prefill_chunk_tokens,
             prefix_cache=self.prefix_cache,
         )
-        self.chunk_sizer = None
-        if config.prefill_stall_factor is not None:
-            self.chunk_sizer = ChunkSizer(self.scheduler.prefill_chunk_tokens, config.prefill_stall_factor,
-                                          config.block_size)
-            self.scheduler.chunk_budget = self.chunk_sizer.budget
-        weights = model_weights(lm)
-        kernels, why = prepare_kernels(weights, config.compile, self.pool, self.max_model_len)
-        self.runner = model_runner(weights, self.pool, self.layout, kernels)
+        self.chunk_sizer = sizer_for(self.scheduler, config.prefill_stall_factor, config.block_size)
+        self.runner, why = build_runner(lm, self.pool, self.layout, config.compile, self.max_model_len)
         log.info("engine: %s on %s, %d thread(s); decode step: %s; prefill up to %d prompt tokens per step; "
                  "prefix caching %s", str(lm.dtype).removeprefix("torch."), lm.device, torch.get_num_threads(),
                  why, self.scheduler.prefill_chunk_tokens, "on" if config.prefix_caching else "off")

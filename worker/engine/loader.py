@@ -1,23 +1,31 @@
-"""Loading a Hugging Face causal LM (Llama, Mistral, Qwen2) and its tokenizer through transformers.
+"""Loading a Hugging Face causal LM and its tokenizer through transformers, on the path that runs it.
 
-The engine runs its own forward pass over these modules, so it accepts only the architectures whose
-math it reproduces exactly, and refuses the rest with a message instead of producing wrong output.
+The model's config.json is judged first (contracts/model_support.py, the same words the operator
+uses), before any weights load: an architecture neither path reproduces exactly is refused with a
+message instead of producing wrong output. The native path (Llama, Mistral, Qwen2) runs the engine's
+own forward pass over these modules; the transformers path runs the model's own classes with the
+paged attention of hf/paged_attention.py, registered as its `attn_implementation`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tandem.contracts.model_support import (
+    ModelBackend,
+    check_model_config,
+    serving_backend,
+    uses_sliding_window,
+)
 from tandem.worker.engine.errors import ModelLoadError
 
 log = logging.getLogger("tandem.worker.engine")
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -31,6 +39,7 @@ class LoadedModel:
     max_model_len: int
     eos_ids: frozenset[int]
     name: str
+    backend: ModelBackend = ModelBackend.NATIVE  # the forward pass that runs it (model_runner.py)
     # Tensor parallelism (engine/parallel/): the rank's group, and the checkpoint folder its
     # slices are read from (model is None then: no rank loads the whole model).
     group: Any = None
@@ -81,40 +90,18 @@ def resolve_dtype(dtype: str, config: Any, device: Any) -> tuple[Any, str]:
     return torch.float32, f"auto: the checkpoint's {name or 'float32'} (served as saved, exact)"
 
 
-def _sliding_window(config: Any) -> int | None:
-    """The attention window when some layer uses one, else None."""
-    window = getattr(config, "sliding_window", None)
-    if config.model_type == "qwen2":
-        types = getattr(config, "layer_types", None) or []
-        uses = "sliding_attention" in types or getattr(config, "use_sliding_window", False)
-        return window if uses else None
-    return window
-
-
-def check_config(config: Any, max_model_len: int | None) -> int:
-    """Refuse what the engine's forward pass would get wrong; return the context length to serve."""
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(
-            f"model_type {model_type!r} is not supported: Tandem runs {', '.join(SUPPORTED_MODEL_TYPES)} "
-            "architectures (Llama-style decoder with RoPE and RMSNorm)"
-        )
-    rope = getattr(config, "rope_parameters", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ModelLoadError(
-            f"rope_type {rope_type!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
-        )
+def context_limit(config: Any, backend: ModelBackend, max_model_len: int | None) -> int:
+    """The context length to serve. The native pass has no sliding window: within the window it
+    equals full attention, so a windowed model runs natively only up to its window."""
     model_max = int(getattr(config, "max_position_embeddings", 0) or 0) or 2048
     limit = model_max
-    window = _sliding_window(config)
-    if window is not None:
-        # Within the window sliding attention equals full attention; beyond it the engine would differ.
+    window = getattr(config, "sliding_window", None)
+    if backend is ModelBackend.NATIVE and uses_sliding_window(config.to_dict()):
         if max_model_len is not None and max_model_len > window:
             raise ModelLoadError(
-                f"this {model_type} model uses sliding-window attention ({window} tokens), which Tandem "
-                f"does not implement; set max_model_len <= {window} (asked for {max_model_len})"
-            )
+                f"this {config.model_type} model uses sliding-window attention ({window} tokens), which the "
+                f"native path does not implement; set max_model_len <= {window} (asked for {max_model_len}) "
+                "or use the transformers backend")
         limit = min(limit, window)
     if max_model_len is not None:
         if max_model_len > model_max:
@@ -123,6 +110,20 @@ def check_config(config: Any, max_model_len: int | None) -> int:
             )
         limit = max_model_len
     return limit
+
+
+def read_config_json(src: str, looks_local: bool) -> dict[str, Any]:
+    """The model's config.json as saved (a hub id: from HF_HOME's cache), before transformers reads it."""
+    try:
+        if looks_local:
+            path = Path(src) / "config.json"
+        else:
+            from transformers.utils import cached_file
+
+            path = Path(cached_file(src, "config.json"))
+        return json.loads(path.read_text())
+    except Exception as e:  # noqa: BLE001 - a missing, unreadable or malformed file all mean "can't load"
+        raise ModelLoadError(f"cannot read the model config at {src!r}: {e}") from e
 
 
 def _eos_ids(generation_config: Any, config: Any, tokenizer: Any) -> frozenset[int]:
@@ -151,49 +152,68 @@ def model_source(model: str) -> tuple[str, bool]:
     return (str(path) if looks_local else model), looks_local
 
 
+def check_before_loading(model: str, backend: str = "auto", tensor_parallel: int = 1) -> dict[str, Any]:
+    """The model's config.json, once it is judged servable (contracts/model_support.py, the
+    operator's words); raises ModelLoadError with the reason otherwise. Imports no torch, so a worker
+    refuses a model it cannot serve within a second of starting."""
+    src, looks_local = model_source(model)
+    raw = read_config_json(src, looks_local)
+    if (reason := check_model_config(raw, tensor_parallel, backend)) is not None:
+        raise ModelLoadError(reason)
+    return raw
+
+
 def load_model(
     model: str, *, dtype: str = "auto", device: str = "auto", max_model_len: int | None = None,
-    trust_remote_code: bool = False, weights: bool = True,
+    trust_remote_code: bool = False, backend: str = "auto", tensor_parallel: int = 1, weights: bool = True,
 ) -> LoadedModel:
-    """Load weights and tokenizer from a local folder, or a hub id resolved through HF_HOME's cache.
-    weights=False: config and tokenizer only (model None), for a tensor-parallel rank, which reads
-    just its slices of the weights (engine/parallel/)."""
+    """Load weights and tokenizer from a local folder, or a hub id resolved through HF_HOME's cache,
+    for the path `backend` (auto | native | transformers) names or auto chooses. weights=False:
+    config and tokenizer only (model None), for a tensor-parallel rank of the native path, which
+    reads just its slices of the weights (engine/parallel/); the transformers path loads the model
+    and splits it (hf/tensor_parallel.py)."""
+    t0 = time.monotonic()
+    raw = check_before_loading(model, backend, tensor_parallel)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     src, looks_local = model_source(model)
-    path = Path(src)
-    t0 = time.monotonic()
     log.info("loading model config from %s", src)
+    chosen, why_path = serving_backend(raw, backend)
     try:
         config = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds; all mean "can't load"
         raise ModelLoadError(f"cannot read the model config at {src!r}: {e}") from e
-    limit = check_config(config, max_model_len)
+    limit = context_limit(config, chosen, max_model_len)
     dev = resolve_device(device)
     torch_dtype, why = resolve_dtype(dtype, config, dev)
-    if not weights:
+    if not weights and chosen is ModelBackend.NATIVE:  # the transformers path splits a loaded model
         return _without_weights(src, looks_local, config, torch_dtype, dev, limit, trust_remote_code)
-    log.info("loading %s weights (%s) onto %s as %s (%s)", config.model_type, src, dev,
-             str(torch_dtype).removeprefix("torch."), why)
+    log.info("loading %s weights (%s) onto %s as %s (%s); %s path (%s)", config.model_type, src, dev,
+             str(torch_dtype).removeprefix("torch."), why, chosen.value, why_path)
+    extra: dict[str, Any] = {}
+    if chosen is ModelBackend.TRANSFORMERS:
+        from tandem.worker.engine.hf.paged_attention import register
+
+        extra["attn_implementation"] = register()
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(
-            src, dtype=torch_dtype, trust_remote_code=trust_remote_code
-        )
+            src, dtype=torch_dtype, trust_remote_code=trust_remote_code, **extra)
         tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
     except Exception as e:  # noqa: BLE001
         raise ModelLoadError(f"cannot load the model or tokenizer at {src!r}: {e}") from e
     hf_model = hf_model.to(dev).eval()
     inner = getattr(hf_model, "model", None)
-    if inner is None or not hasattr(inner, "layers") or not hasattr(hf_model, "lm_head"):
+    native_layout = inner is not None and hasattr(inner, "layers") and hasattr(hf_model, "lm_head")
+    if chosen is ModelBackend.NATIVE and not native_layout:
         raise ModelLoadError(f"{type(hf_model).__name__} does not have the Llama module layout")
     n_params = sum(p.numel() for p in hf_model.parameters())
     log.info(
         "model loaded in %.1fs: %.1fM parameters, %d layers, context %d",
         time.monotonic() - t0, n_params / 1e6, config.num_hidden_layers, limit,
     )
-    name = path.name if looks_local else model
+    name = Path(src).name if looks_local else model
     eos = _eos_ids(getattr(hf_model, "generation_config", None), config, tokenizer)
-    return LoadedModel(hf_model, tokenizer, config, torch_dtype, dev, limit, eos, name)
+    return LoadedModel(hf_model, tokenizer, config, torch_dtype, dev, limit, eos, name, chosen)
 
 
 def _without_weights(src: str, looks_local: bool, config: Any, dtype: Any, dev: Any, limit: int,

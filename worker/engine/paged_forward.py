@@ -9,6 +9,7 @@ tokens then attend by block table, and each chunk with SDPA over its context.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -20,8 +21,9 @@ from tandem.worker.engine.decode_step import MIN_TABLE_WIDTH, CompiledKernels
 from tandem.worker.engine.weights import ModelWeights
 
 # After start-up a shape the warm-up did not compile runs eagerly rather than compiling inside a
-# request (tests set "fail_on_recompile" to prove the warm-up covers every shape).
-RECOMPILE_STANCE = "eager_on_recompile"
+# request (tests set "fail_on_recompile", here or through $TANDEM_RECOMPILE_STANCE for a worker
+# process and its ranks, to prove the warm-up covers every shape).
+RECOMPILE_STANCE = os.environ.get("TANDEM_RECOMPILE_STANCE", "eager_on_recompile")
 
 
 @dataclass
@@ -39,7 +41,7 @@ def kv_layout_for(config, num_blocks: int, block_size: int, dtype: torch.dtype, 
         num_blocks=num_blocks,
         num_layers=config.num_hidden_layers,
         block_size=block_size,
-        num_kv_heads=config.num_key_value_heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,  # MHA configs name none
         head_dim=head_dim,
         dtype=str(dtype).removeprefix("torch."),
         tp_size=group.size if group is not None else 1,
@@ -128,6 +130,9 @@ class StepLogits(NamedTuple):
 
 
 class PagedForward:
+    # A tensor-parallel runner (parallel/executor.py) lists its group's other ranks (KVRank endpoints).
+    ranks: tuple = ()
+
     def __init__(self, weights: ModelWeights, pool: torch.Tensor, layout: KVLayout, kernels: CompiledKernels):
         self.w = weights
         self.pool = pool

@@ -288,7 +288,8 @@ class PullTransport(KVTransport):
             raise
         seconds = time.monotonic() - t0
         nbytes = sum(n for n, _ in done)
-        self.kv_health.success("pull", nbytes, seconds)
+        if release:  # else one rank's share: its group's rank 0 counts the whole pull (group_transport.py)
+            self.kv_health.success("pull", nbytes, seconds)
         return TransferStats(request_id, nbytes, seconds, len(local_block_ids), sum(t for _, t in done))
 
     async def _read_rank(self, request_id: str, source: KVSource, rank: int, slices: list[HeadSlice],

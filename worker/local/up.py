@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from tandem.contracts.internal_auth import SECRET_ENV
+from tandem.contracts.model_support import check_model_config
 from tandem.weights.hub import HubError
 from tandem.weights.local import is_hub_id, model_folder
 from tandem.worker.local.processes import ManagedProcess, Supervisor, free_port
@@ -51,7 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode workers; colocated workers in colocated mode (default 1)")
     parser.add_argument("--kv-backend", choices=["nixl", "tcp"], default="nixl",
                         help="how KV moves from prefill to decode (default nixl)")
-    parser.add_argument("--pin-cpus", action="store_true", help="pin each worker to its own CPU core")
+    parser.add_argument("--tp", type=int, default=None, metavar="N",
+                        help="tensor parallelism of every worker: N ranks (processes) each (default 1)")
+    parser.add_argument("--prefill-tp", type=int, default=None, metavar="N",
+                        help="tensor parallelism of the prefill workers (default --tp)")
+    parser.add_argument("--decode-tp", type=int, default=None, metavar="N",
+                        help="tensor parallelism of the decode workers, or the colocated ones (default --tp)")
+    parser.add_argument("--pin-cpus", action="store_true", help="pin each worker to its own CPU core "
+                        "(a worker of several ranks is not pinned)")
     parser.add_argument("--threads", type=int, default=1, help="compute threads per worker (default 1)")
     parser.add_argument("--served-name", default=None,
                         help="model name clients send (default: the model folder's name)")
@@ -92,11 +100,13 @@ def plan(args: argparse.Namespace, model: Path, secret: str | None = None) -> li
         else [("prefill", args.prefill), ("decode", args.decode)]
     )
     for role, count in roles:
+        tp = tensor_parallel(args, role)
         for i in range(count):
             port = free_port()
             argv = [
                 *exe, "worker", "--role", role, "--model", str(model), "--host", "127.0.0.1",
                 "--port", str(port), "--threads", str(args.threads),
+                *(["--tensor-parallel", str(tp)] if tp > 1 else []),
                 *(["--kv-backend", args.kv_backend] if role != "colocated" else []),
                 "--kv-port", "0",  # several workers share this host: each takes a free KV port
                 # everything stops together here: a decode worker lets its streams finish instead of
@@ -105,7 +115,7 @@ def plan(args: argparse.Namespace, model: Path, secret: str | None = None) -> li
                 *(["--served-name", args.served_name] if args.served_name else []),
                 *args.worker_arg,
             ]
-            cpu = cpus[len(children) % len(cpus)] if cpus else None
+            cpu = cpus[len(children) % len(cpus)] if cpus and tp == 1 else None
             env = os.environ | {"OMP_NUM_THREADS": str(args.threads), SECRET_ENV: secret}
             children.append(ManagedProcess(f"{role}-{i}", argv, env, f"http://127.0.0.1:{port}", cpu=cpu,
                                            capture=False, role=role))
@@ -123,6 +133,12 @@ def plan(args: argparse.Namespace, model: Path, secret: str | None = None) -> li
     return children
 
 
+def tensor_parallel(args: argparse.Namespace, role: str) -> int:
+    """The ranks of one worker of `role`: --prefill-tp / --decode-tp, else --tp, else 1."""
+    own = args.prefill_tp if role == "prefill" else args.decode_tp
+    return own or args.tp or 1
+
+
 def _raise_on_signal(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -133,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.mode == "colocated" and args.decode < 1:
         print("tandem up: colocated mode needs --decode >= 1", file=sys.stderr)
+        return 2
+    if any(n is not None and n < 1 for n in (args.tp, args.prefill_tp, args.decode_tp)):
+        print("tandem up: --tp, --prefill-tp and --decode-tp must be >= 1", file=sys.stderr)
         return 2
     if args.api_key is None and os.environ.get("TANDEM_API_KEY"):
         args.api_key = os.environ["TANDEM_API_KEY"]
@@ -150,6 +169,9 @@ def run(args: argparse.Namespace) -> int:
             args.served_name = args.model.partition("@")[0]  # not the snapshot folder's commit
         if not (model / "config.json").is_file():
             print(f"tandem up: {model} is not a Hugging Face model folder (no config.json)", file=sys.stderr)
+            return 2
+        if (reason := check_model_config(json.loads((model / "config.json").read_text()))) is not None:
+            print(f"tandem up: cannot serve {model}: {reason}", file=sys.stderr)
             return 2
         children = plan(args, model)
         workers = len(children) - 1

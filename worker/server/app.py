@@ -17,6 +17,7 @@ set, /internal/* (but the KV health probe) answers only callers that send it (au
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any
 
@@ -93,7 +94,8 @@ async def info(request: web.Request) -> web.Response:
         doc |= {"kv_blocks_free": eng.allocator.num_free, "kv_blocks_total": eng.allocator.num_blocks,
                 "kv_blocks_cached": eng.allocator.num_cached,
                 "kv_layout": eng.layout.to_dict(), "leased": len(eng.leases), "url": s.advertise_url,
-                "max_num_seqs": eng.config.max_num_seqs, "max_waiting": eng.max_waiting}
+                "max_num_seqs": eng.config.max_num_seqs, "max_waiting": eng.max_waiting,
+                "tensor_parallel": eng.layout.tp_size, "ranks": [dataclasses.asdict(r) for r in eng.runner.ranks]}
     return web.json_response(doc)
 
 
@@ -130,6 +132,7 @@ def create_app(state: WorkerState) -> web.Application:
     app.router.add_post("/internal/prefill", prefill.prefill)
     app.router.add_post("/internal/abort", prefill.abort)
     app.router.add_post("/internal/kv/release", prefill.kv_release)
+    app.router.add_post("/internal/kv/check", prefill.kv_check)
     app.router.add_get("/internal/kv/metadata", prefill.kv_metadata)
     app.router.add_get("/internal/kv/health", prefill.kv_health)
     tokenizer_files.add_routes(app, state)  # GET /internal/tokenizer

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.contracts import timing
+from tandem.contracts.model_support import ModelBackend
 from tandem.contracts.names import KVBackend, Role
 from tandem.worker.server.config import WorkerConfig
 
@@ -60,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "--prefill-chunk-tokens (default 2 for decode, off for colocated and prefill; 0: fixed chunks)")
     a("--compile", choices=("auto", "on", "off"), default=None, help="torch.compile the decode step at "
       "start-up (default auto: on a CPU with a C++ compiler; never for --role prefill)")
+    a("--model-backend", choices=tuple(b.value for b in ModelBackend), default=None, help="the forward pass: "
+      "native (hand-written, Llama/Mistral/Qwen2), transformers (the model's own classes with paged attention), "
+      "or auto (default: native where it is exact, else transformers)")
     a("--prefix-caching", action=argparse.BooleanOptionalAction, default=None, help="keep KV blocks after "
       "their request and start prompts that share a prefix from them (default on)")
     a("--kv-backend", choices=BACKENDS, default=None,
@@ -85,6 +89,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "stream over) instead of waiting for them to finish (default on for decode, needs a kv backend)")
     a("--heartbeat-s", type=float, default=None, help="a generate stream silent this long (a queued "
       f"request) gets a keep-alive line, so the router does not take it for a hang (default {timing.HEARTBEAT_S:g})")
+    a("--tensor-parallel", type=int, default=None, metavar="N", help="ranks (one process per device) that "
+      "share the model: weights, attention heads and KV cache split N ways. Alone on a node this process "
+      "is rank 0 and starts the others (default 1)")
+    a("--rank", type=int, default=None, metavar="K", help="a group spanning nodes: this process's rank, the "
+      "first of its node (default $LWS_WORKER_INDEX x N / $LWS_GROUP_SIZE)")
+    a("--local-ranks", type=int, default=None, metavar="L", help="a group spanning nodes: ranks on this "
+      "node, this process and L-1 it starts (default N / $LWS_GROUP_SIZE, else 1)")
+    a("--leader-address", default=None, metavar="HOST:PORT", help="where rank 0 listens for the other ranks "
+      "(default $LWS_LEADER_ADDRESS, port 29500; unset: a group on this node)")
+    a("--tp-timeout-s", type=float, default=None, help="a wait between the ranks longer than this fails "
+      "the group (default 60)")
     a("--threads", type=int, default=None, help="torch.set_num_threads")
     a("--served-name", default=None, help="model name in /v1/models (default: the folder's name)")
     a("--generation", default=None, help="tandem.dev/generation (default $TANDEM_GENERATION)")
@@ -142,12 +157,12 @@ async def serve(cfg: WorkerConfig) -> int:
     import logging
 
     from tandem.worker.engine.errors import ModelLoadError
-    from tandem.worker.engine.loader import model_source
+    from tandem.worker.engine.loader import check_before_loading
     from tandem.worker.server.runtime import StartupError, WorkerRuntime
 
     log = logging.getLogger("tandem.worker")
     try:
-        model_source(cfg.model)
+        check_before_loading(cfg.model, cfg.model_backend.value)
     except ModelLoadError as e:
         log.error("cannot start the engine: %s", e)
         return 1
@@ -191,4 +206,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                           str(Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem")) / "inductor"))
     logging.getLogger("tandem.worker").info("starting worker", extra={"settings": cfg.public()})
+    if cfg.placement.rank > 0:  # a follower rank of a tensor-parallel group: no HTTP API of its own
+        from tandem.worker.engine.parallel.follower import run_follower
+
+        return run_follower(cfg)
     return asyncio.run(serve(cfg))

@@ -18,14 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 from tandem.contracts import timing
 from tandem.contracts.internal_auth import SECRET_ENV, load_secret
+from tandem.contracts.model_support import ModelBackend
 from tandem.contracts.names import KV_PORT, KVBackend, Role
+from tandem.worker.engine.parallel.placement import Placement, place
 
 if TYPE_CHECKING:
     from tandem.worker.engine.config import EngineConfig
     from tandem.worker.kv.base import KVTransferConfig
 
 
-_ENUMS = (Role, KVBackend)
+_ENUMS = (Role, KVBackend, ModelBackend)
 
 # A colocated or decode worker prefills in small chunks so the streams it is decoding wait one
 # chunk per step (about 60-150 ms on one CPU core), not a whole prompt; a prefill worker has no
@@ -59,6 +61,7 @@ class WorkerConfig:
     # default (ROLE_PREFILL_STALL); 0: fixed chunks of prefill_chunk_tokens
     prefill_stall_factor: float | None = None
     compile: str = "auto"  # auto | on | off: torch.compile the decode step at start-up
+    model_backend: ModelBackend = ModelBackend.AUTO  # the forward pass (contracts/model_support.py)
     prefix_caching: bool = True  # keep KV blocks after their request and reuse them for equal prefixes
     kv_backend: KVBackend | None = None  # None: nixl for prefill/decode, none for colocated
     threads: int | None = None
@@ -79,9 +82,18 @@ class WorkerConfig:
     # pull) instead of waiting for them to finish. None: on for decode, off for the other roles.
     migrate_on_drain: bool | None = None
     heartbeat_s: float = timing.HEARTBEAT_S  # keep-alive line on a silent generate stream (contracts/timing.py)
+    # Tensor parallelism (engine/parallel/placement.py): N ranks, one process per device. Alone on
+    # a node this process is rank 0 and starts the others; spanning nodes (a LeaderWorkerSet) the
+    # rank, ranks per node and the leader's address default from $LWS_* (flags win).
+    tensor_parallel: int = 1
+    rank: int | None = None
+    local_ranks: int | None = None
+    leader_address: str | None = None  # HOST[:PORT] where rank 0 listens for the others
+    tp_timeout_s: float = 60.0  # a collective between the ranks waits this long at most, then fails the group
     internal_secret_file: str | None = None  # a mounted Secret; wins over $TANDEM_INTERNAL_SECRET
     # Loaded in __post_init__ from the file or the environment, never from flags or YAML.
     internal_secret: str | None = field(default=None, repr=False)
+    placement: Placement = field(init=False, repr=False)  # from the group settings, in __post_init__
 
     def __post_init__(self) -> None:
         if self.kv_backend is None:
@@ -105,6 +117,9 @@ class WorkerConfig:
             raise ValueError(f"prefill_stall_factor must be above 1 (or 0: fixed chunks), got {self.prefill_stall_factor}")
         if self.max_waiting is not None and self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        self.placement = place(self.tensor_parallel, self.rank, self.local_ranks, self.leader_address, os.environ)
+        if not self.tp_timeout_s > 0:
+            raise ValueError(f"tp_timeout_s must be a number of seconds > 0, got {self.tp_timeout_s}")
         for key in ("kv_reserve_wait_s", "prefill_queue_s", "engine_stall_s", "drain_s", "heartbeat_s"):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"{key} must be a number of seconds >= 0, got {getattr(self, key)}")
@@ -138,6 +153,7 @@ class WorkerConfig:
             max_model_len=self.max_model_len, served_name=self.served_name, threads=self.threads,
             prefill_chunk_tokens=self.effective_prefill_chunk_tokens(), prefix_caching=self.prefix_caching,
             prefill_stall_factor=self.effective_prefill_stall_factor(),
+            model_backend=self.model_backend.value,
             # A prefill worker never runs a decode step: nothing to compile there.
             compile="off" if self.role is Role.PREFILL and self.compile == "auto" else self.compile,
         )
@@ -169,7 +185,8 @@ class WorkerConfig:
 
     def public(self) -> dict[str, Any]:
         """What the start-up log line shows (backend options may hold addresses; the secret never)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("kv_extra", "internal_secret")}
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if k not in ("kv_extra", "internal_secret", "placement")}
 
 
 def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:

@@ -65,6 +65,17 @@ async def kv_release(request: web.Request) -> web.Response:
     return web.json_response({"request_id": rid, "released": found})
 
 
+async def kv_check(request: web.Request) -> web.Response:
+    """{"request_id", "lease_token", "block_ids"}: may these blocks be read? Asked by this worker's
+    other tensor-parallel ranks (engine/parallel/rank_server.py), whose reads rank 0's leases cover."""
+    state = request.app[STATE_KEY]
+    rid, lease_token = await request_id_body(request, token=True)
+    blocks = (await request.json()).get("block_ids")
+    ok = (state.engine is not None and isinstance(blocks, list) and all(type(b) is int for b in blocks)
+          and state.engine.engine.check_read(rid, lease_token, blocks))
+    return web.json_response({"request_id": rid, "ok": ok})
+
+
 async def kv_metadata(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     if state.transport is None:

@@ -43,10 +43,12 @@ class StartupError(RuntimeError):
 
 
 async def start_serving(state: WorkerState, engine: Engine, *, stall_s: float, kv_backend: str = "none",
-                        kv_config: KVTransferConfig | None = None) -> None:
+                        kv_config: KVTransferConfig | None = None, group: Any = None) -> None:
     """Run `engine` for `state`: its step thread, the KV transport (unless "none") with the engine
     as its lease keeper, the worker's metrics fed through constructor callbacks; then mark the
-    worker ready. StartupError when the transport cannot start."""
+    worker ready. StartupError when the transport cannot start. `group`: a tensor-parallel
+    worker's rank 0 side (engine/parallel/leader.py), which waits for its other ranks to serve and
+    makes the transport the group's."""
     from tandem.worker.engine.async_engine import AsyncEngine
     from tandem.worker.engine.kv_pull import KVEndpoint
 
@@ -63,6 +65,9 @@ async def start_serving(state: WorkerState, engine: Engine, *, stall_s: float, k
             await transport.start()
         except Exception as e:  # noqa: BLE001 - report any backend failure the same way
             raise StartupError(f"KV backend {kv_backend!r} failed to start: {e}") from e
+    if group is not None:
+        transport = await group.serving(transport)
+    if transport is not None:
         s.kv_backend = transport.name
         endpoint = KVEndpoint(transport, s.advertise_url, s.engine_id, s.generation, s.reserve_wait_s)
     aeng.start(endpoint)
@@ -99,6 +104,7 @@ class WorkerRuntime:
         self._advertise_url = advertise_url
         self._runner: web.AppRunner | None = None
         self._stop_requested = asyncio.Event()
+        self._group: Any = None  # tensor parallelism: rank 0's side of the group (engine/parallel/leader.py)
 
     async def boot(self) -> None:
         """Listen for HTTP and for the stop signals."""
@@ -118,16 +124,23 @@ class WorkerRuntime:
         from tandem.worker.engine.errors import ModelLoadError
 
         cfg, state = self.cfg, self.state
+        load = self._load_engine
         try:
-            engine = await asyncio.to_thread(self._load_engine, cfg, state.metrics.observe_step)
-        except (ModelLoadError, ValueError) as e:
+            if cfg.tensor_parallel > 1:  # its other ranks start now, on this (the main) thread
+                from tandem.worker.engine.parallel.leader import GroupLeader
+
+                self._group = GroupLeader(cfg, state.settings.engine_id, state.settings.advertise_url)
+                self._group.start()
+                load = self._group.load_engine
+            engine = await asyncio.to_thread(load, cfg, state.metrics.observe_step)
+        except (ModelLoadError, ValueError, RuntimeError) as e:  # RuntimeError: a group that did not form
             state.load_error = str(e)
             raise StartupError(f"cannot start the engine: {e}") from e
         host = state.settings.advertise_url.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
         kv_config = cfg.kv_transfer_config(host, {"kv_metrics": state.metrics.kv_transfer})
         try:
             await start_serving(state, engine, stall_s=cfg.engine_stall_s, kv_backend=str(cfg.kv_backend),
-                                kv_config=kv_config)
+                                kv_config=kv_config, group=self._group)
         except StartupError as e:
             state.load_error = str(e)
             raise
@@ -168,6 +181,8 @@ class WorkerRuntime:
             await self._runner.cleanup()
         if state.engine is not None:
             await state.engine.stop()
+        if self._group is not None:  # after the last step: the other ranks leave (or die with this one)
+            await asyncio.to_thread(self._group.close)
         if state.transport is not None:
             await state.transport.close()
 

@@ -79,17 +79,18 @@ def _save_with_toy_tokenizer(model, toy_model_dir: Path, dest: Path) -> str:
     return str(dest)
 
 
-def test_non_llama_architecture_is_refused(tmp_path, toy_model_dir):
-    from transformers import GPT2Config, GPT2LMHeadModel
+def test_an_architecture_neither_path_verified_is_refused(tmp_path, toy_model_dir):
+    from transformers import BloomConfig, BloomForCausalLM
 
     path = _save_with_toy_tokenizer(
-        GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=512, n_positions=64)),
-        toy_model_dir, tmp_path / "gpt2")
-    with pytest.raises(ModelLoadError, match="model_type 'gpt2' is not supported"):
+        BloomForCausalLM(BloomConfig(n_layer=1, hidden_size=32, n_head=2, vocab_size=512)),
+        toy_model_dir, tmp_path / "bloom")
+    with pytest.raises(ModelLoadError, match="model_type 'bloom' is not supported"):
         load_model(path)
 
 
-def test_mistral_sliding_window_beyond_it_is_refused(tmp_path, toy_model_dir):
+def test_mistral_sliding_window_beyond_it_is_refused_on_the_native_path(tmp_path, toy_model_dir):
+    from tandem.contracts.model_support import ModelBackend
     from transformers import MistralConfig, MistralForCausalLM
 
     cfg = MistralConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -97,5 +98,22 @@ def test_mistral_sliding_window_beyond_it_is_refused(tmp_path, toy_model_dir):
                         max_position_embeddings=256)
     path = _save_with_toy_tokenizer(MistralForCausalLM(cfg), toy_model_dir, tmp_path / "mistral")
     with pytest.raises(ModelLoadError, match="sliding-window"):
-        load_model(path, max_model_len=128)
-    assert load_model(path).max_model_len == 64  # served within the window, where it is exact
+        load_model(path, max_model_len=128, backend="native")
+    assert load_model(path, backend="native").max_model_len == 64  # served within the window, where it is exact
+    generic = load_model(path, max_model_len=128)  # auto: the transformers path has the window
+    assert (generic.backend, generic.max_model_len) == (ModelBackend.TRANSFORMERS, 128)
+
+
+def test_unsupported_architecture_is_refused_before_the_weights_load(tmp_path):
+    """The refusal comes from config.json alone (the words the operator uses): a folder with no
+    weights at all gets it, rather than a load error."""
+    import json
+
+    from tandem.contracts.model_support import check_model_config
+
+    config = {"model_type": "deepseek_v3", "num_attention_heads": 8, "kv_lora_rank": 64}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError) as e:
+        load_model(str(tmp_path))
+    assert str(e.value) == check_model_config(config)
+    assert "multi-head latent attention" in str(e.value)

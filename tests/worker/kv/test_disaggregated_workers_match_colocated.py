@@ -9,7 +9,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 import torch
-from tandem.testing.engine_helpers import ndjson_events, reference_generate, stream_tokens
+from tandem.testing.engine_helpers import reference_generate
+from tandem.testing.worker_http import all_blocks_back, colocated, disaggregated
 from tandem.testing.worker_process import WorkerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(400)]
@@ -17,28 +18,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(400)]
 FLAGS = ("--num-blocks", "256", "--block-size", "8", "--kv-timeout-s", "5", "--drain-s", "1")
 N = 8
 GREEDY = {"max_tokens": N, "temperature": 0, "ignore_eos": True}
-
-
-async def disaggregated(s: aiohttp.ClientSession, p: str, d: str, rid: str, ids: list[int]) -> list[int]:
-    """POST /internal/prefill on P, then /internal/generate with its kv_source on D: the prefill's first
-    token, then the decode stream (which never repeats it)."""
-    async with s.post(f"{p}/internal/prefill", json={"request_id": rid, "prompt_token_ids": ids,
-                                                     "sampling": GREEDY}) as r:
-        res = await r.json()
-        assert r.status == 200, res
-    assert res["kv"]["backend"] in ("nixl", "tcp") and res["kv"]["num_tokens"] == len(ids)
-    body = {"request_id": rid, "prompt_token_ids": ids, "sampling": GREEDY,
-            "kv_source": res["kv"], "first_token_id": res["first_token_id"]}
-    async with s.post(f"{d}/internal/generate", json=body) as r:
-        assert r.status == 200, await r.text()
-        return [res["first_token_id"]] + stream_tokens(await ndjson_events(r))
-
-
-async def colocated(s: aiohttp.ClientSession, c: str, rid: str, ids: list[int]) -> list[int]:
-    async with s.post(f"{c}/internal/generate", json={"request_id": rid, "prompt_token_ids": ids,
-                                                      "sampling": GREEDY}) as r:
-        assert r.status == 200, await r.text()
-        return stream_tokens(await ndjson_events(r))
 
 
 def prompts() -> list[list[int]]:
@@ -62,12 +41,12 @@ async def test_prefill_plus_decode_equals_colocated_and_transformers(
     async with aiohttp.ClientSession() as s:
         for i, ids in enumerate(prompts()):
             want = reference_generate(hf, ids, N)
-            assert await colocated(s, c, f"c{i}", ids) == want, f"colocated differs at {len(ids)} tokens"
-            assert await disaggregated(s, p, d, f"d{i}", ids) == want, \
+            assert await colocated(s, c, f"c{i}", ids, GREEDY) == want, f"colocated differs at {len(ids)} tokens"
+            assert await disaggregated(s, p, d, f"d{i}", ids, GREEDY) == want, \
                 f"disaggregated differs at {len(ids)} tokens"
         # Several handoffs at once.
         many = prompts() * 2
-        got = await asyncio.gather(*(disaggregated(s, p, d, f"m{i}", ids) for i, ids in enumerate(many)))
+        got = await asyncio.gather(*(disaggregated(s, p, d, f"m{i}", ids, GREEDY) for i, ids in enumerate(many)))
         for ids, toks in zip(many, got, strict=True):
             assert toks == reference_generate(hf, ids, N)
     await all_blocks_back(procs[:2])
@@ -83,16 +62,3 @@ def _text(url: str) -> str:
 
     with urllib.request.urlopen(url, timeout=10) as r:
         return r.read().decode()
-
-
-async def all_blocks_back(workers: list[WorkerProcess], within_s: float = 10.0) -> None:
-    """Every KV block free and nothing leased, on each worker (releases land asynchronously)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + within_s
-    for w in workers:
-        while True:
-            info = await asyncio.to_thread(w.get_json, "/internal/info")
-            if info["kv_blocks_free"] == info["kv_blocks_total"] and not info["leased"]:
-                break
-            assert loop.time() < end, f"{w.argv[4]}: blocks not returned: {info}"
-            await asyncio.sleep(0.05)

@@ -100,3 +100,18 @@ def test_router_death_stops_everything(toy_model_dir):
         assert "the router exited" in stack.log()
     finally:
         stack.stop()
+
+
+def test_a_model_no_worker_can_serve_is_refused_before_any_process_starts(tmp_path, capsys):
+    import json
+
+    from tandem.contracts.model_support import check_model_config
+
+    config = {"model_type": "mamba", "hidden_size": 64}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        assert up.run(_args(model=str(tmp_path))) == 2
+    finally:
+        signal.signal(signal.SIGTERM, before)  # run() installs its own handler
+    assert check_model_config(config) in capsys.readouterr().err

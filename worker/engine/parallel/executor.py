@@ -48,6 +48,7 @@ class LeaderRunner:
     def __init__(self, local: Any, group: ParallelGroup, beat_s: float = 1.0):
         self.local = local  # the PagedForward over rank 0's shard
         self.group = group
+        self.ranks: tuple = ()  # the other ranks' endpoints (KVRank), once they serve
         self.beat_s = beat_s
         self._lock = threading.Lock()  # one message at a time, in the same order on every rank
         self._last_sent = time.monotonic()

@@ -81,12 +81,19 @@ class ParallelGroup:
         dist.init_process_group(backend, store=store, rank=spec.rank, world_size=spec.size,
                                 timeout=timedelta(seconds=spec.startup_s))
         ranks = list(range(spec.size))
-        serving = timedelta(seconds=spec.timeout_s)
-        group = dist.new_group(ranks, timeout=serving, backend=backend)
-        cpu_group = group if backend == "gloo" else dist.new_group(ranks, timeout=serving, backend="gloo")
+        # Start-up's collectives (compiling in step) wait as long as joining; serving() shortens it.
+        startup = timedelta(seconds=spec.startup_s)
+        group = dist.new_group(ranks, timeout=startup, backend=backend)
+        cpu_group = group if backend == "gloo" else dist.new_group(ranks, timeout=startup, backend="gloo")
         log.info("joined the tensor-parallel group as rank %d of %d (%s, leader %s:%d)", spec.rank, spec.size,
                  backend, spec.leader_host, spec.leader_port)
         return cls(spec, device, store, group, cpu_group)
+
+    def serving(self) -> None:
+        """Start-up is over on this rank: from now on a collective waits timeout_s at most."""
+        if self.size > 1:
+            for g in {id(self.group): self.group, id(self.cpu_group): self.cpu_group}.values():
+                dist.set_timeout(timedelta(seconds=self.spec.timeout_s), g)
 
     # --- collectives the layers use (traceable by torch.compile) --------------------------------
 
@@ -139,9 +146,9 @@ class ParallelGroup:
     def publish(self, key: str, value: Any) -> None:
         self.store.set(f"tandem/{key}/{self.rank}", pickle.dumps(value))
 
-    def gather_published(self, key: str, timeout_s: float | None = None) -> list[Any]:
-        """Every rank's value for `key`, in rank order, waiting for the slowest."""
-        keys = [f"tandem/{key}/{r}" for r in range(self.size)]
+    def gather_published(self, key: str, ranks: range | None = None, timeout_s: float | None = None) -> list[Any]:
+        """The ranks' (default: every rank's) values for `key`, in rank order, waiting for the slowest."""
+        keys = [f"tandem/{key}/{r}" for r in (range(self.size) if ranks is None else ranks)]
         try:
             self.store.wait(keys, timedelta(seconds=timeout_s or self.spec.startup_s))
         except RuntimeError as e:

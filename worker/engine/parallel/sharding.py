@@ -13,6 +13,7 @@ KV heads follow tandem.contracts.kv_layout (an equal share, or one head replicat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tandem.contracts.kv_layout import kv_heads_of_rank
 from tandem.contracts.parallelism import ParallelismError, tensor_parallel_problem_for
@@ -88,3 +89,15 @@ class Shard:
         """Rows of the embedding and the output head this rank holds (the last may hold fewer)."""
         start = min(self.vocab, self.rank * self.vocab_chunk)
         return Span(start, min(self.vocab, start + self.vocab_chunk))
+
+
+def config_problem(config: dict[str, Any], tp: int) -> str | None:
+    """Why a model (its config.json) cannot be split over `tp` ranks, or None: checked before any
+    rank starts, with the numbers."""
+    heads = int(config.get("num_attention_heads") or 0)
+    kv = int(config.get("num_key_value_heads") or heads)
+    problem = tensor_parallel_problem_for(heads, kv, tp)
+    inter = int(config.get("intermediate_size") or 0)
+    if problem is None and inter % tp:
+        problem = f"tensor parallelism {tp} does not divide the model's intermediate size {inter}"
+    return problem

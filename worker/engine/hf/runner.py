@@ -1,0 +1,80 @@
+"""The model runner built from transformers' own model classes: any verified decoder-only causal LM
+(contracts/model_support.py) runs on Tandem's paged KV pool, with the same `BatchItem`s in and the
+same `StepLogits` out as the native runner (paged_forward.py), so continuous batching, chunked
+prefill, the prefix cache, KV handoff and migration work unchanged.
+
+One step is one call of the model's forward on the flat batch ([1, tokens], each token with its
+own position); every attention layer goes through paged_attention.py, and the model's head keeps
+only the sampled rows (`logits_to_keep`), so final soft-capping or logit scaling stay the model's.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from tandem.contracts.kv_layout import KVLayout
+from tandem.worker.engine.errors import ModelLoadError
+from tandem.worker.engine.hf.packed_linears import pack_linears
+from tandem.worker.engine.hf.paged_attention import STEP_KWARG, PagedStep, layer_windows
+from tandem.worker.engine.paged_forward import BatchItem, StepLogits, step_inputs
+
+log = logging.getLogger("tandem.worker.engine")
+
+
+class TransformersForward:
+    def __init__(self, model: Any, pool: torch.Tensor, layout: KVLayout):
+        self.model = model
+        self.pool = pool
+        self.layout = layout
+        self.block_size = layout.block_size
+        self.device = pool.device
+        try:
+            self.windows = layer_windows(model.config)
+        except ValueError as e:
+            raise ModelLoadError(f"{type(model).__name__} cannot run on the transformers path: {e}") from e
+        keeps = getattr(model, "_supports_logits_to_keep", None)
+        self.keeps_logits = bool(keeps and keeps())
+        self._check_every_layer_attends()
+        self.packed = pack_linears(model)
+
+    def problem(self) -> str | None:
+        """Nothing breaks this runner for good between steps (one process, one rank)."""
+        return None
+
+    @torch.inference_mode()
+    def forward(self, items: list[BatchItem]) -> StepLogits:
+        """Logits (float32) for the last token of every item with sample=True, in order."""
+        logits, _ = self._run(items)
+        return StepLogits(logits)
+
+    def _run(self, items: list[BatchItem]) -> tuple[torch.Tensor, PagedStep]:
+        st = step_inputs(items, self.block_size, self.device)
+        step = PagedStep.build(self.pool, st, self.windows)
+        rows = torch.tensor(st.sample_rows or [0], dtype=torch.long, device=self.device)
+        kwargs: dict[str, Any] = {STEP_KWARG: step}
+        if self.keeps_logits:
+            kwargs["logits_to_keep"] = rows
+        out = self.model(input_ids=st.ids[None], position_ids=st.positions[None], use_cache=False, **kwargs)
+        logits = out.logits[0] if self.keeps_logits else out.logits[0, rows]
+        if not st.sample_rows:
+            return logits.new_empty((0, logits.shape[-1]), dtype=torch.float32), step
+        return logits.float(), step
+
+    @torch.inference_mode()
+    def _check_every_layer_attends(self) -> None:
+        """One token through the model at start-up (into block 0, which nothing holds yet): every
+        layer must have attended through the pool exactly once, in order, or this model computes
+        attention some other way and its output would be wrong; refuse it here instead."""
+        try:
+            _, step = self._run([BatchItem([0], 0, [0], True)])
+        except RuntimeError as e:
+            raise ModelLoadError(f"{type(self.model).__name__} cannot run on the transformers path: {e}") from e
+        want = list(range(self.layout.num_layers))
+        if step.layers_seen != want:
+            raise ModelLoadError(
+                f"{type(self.model).__name__} does not route every layer's attention through the paged KV "
+                f"cache (layers seen: {step.layers_seen}, expected {want}); it cannot run on the "
+                "transformers path")
+        self.pool.zero_()

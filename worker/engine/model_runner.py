@@ -1,0 +1,59 @@
+"""The one interface between the engine and a model: a runner takes a step's `BatchItem`s and
+returns the sampled rows' logits (`StepLogits`). Two implementations, chosen per model by the
+loader: the native forward pass (paged_forward.py, hand-written, compiled on a CPU) and the
+transformers path (hf/runner.py, the model's own classes over the same paged pool). Under tensor
+parallelism every rank runs one over its shard, and rank 0's engine calls the LeaderRunner that
+sends each step to the others (parallel/executor.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+from tandem.contracts.kv_layout import KVLayout
+from tandem.contracts.model_support import ModelBackend
+from tandem.worker.engine.paged_forward import BatchItem, StepLogits
+
+
+class ModelRunner(Protocol):
+    def forward(self, items: list[BatchItem]) -> StepLogits: ...
+
+    def problem(self) -> str | None:
+        """Why the runner cannot run a step any more (a failed tensor-parallel group), or None."""
+
+
+def build_runner(loaded: Any, pool: torch.Tensor, layout: KVLayout, compile_setting: str, max_context: int
+                 ) -> tuple[ModelRunner, str]:
+    """The engine's runner for a loaded model over `pool`, and how its steps run (for the start-up
+    log): on rank 0 of a tensor-parallel group, the one that drives the group."""
+    if loaded.backend is ModelBackend.TRANSFORMERS:
+        runner, why = rank_runner(loaded, pool, layout)
+        group = getattr(loaded, "group", None)
+        if group is None or group.size == 1:
+            return runner, why
+        from tandem.worker.engine.parallel.executor import LeaderRunner
+
+        return LeaderRunner(runner, group), why
+    from tandem.worker.engine.decode_step import prepare_kernels
+    from tandem.worker.engine.paged_forward import model_runner
+    from tandem.worker.engine.weights import model_weights
+
+    weights = model_weights(loaded)
+    kernels, why = prepare_kernels(weights, compile_setting, pool, max_context)
+    return model_runner(weights, pool, layout, kernels), why
+
+
+def rank_runner(loaded: Any, pool: torch.Tensor, layout: KVLayout) -> tuple[ModelRunner, str]:
+    """The transformers path's forward pass over this rank's shard (every rank of a group builds
+    one, at the same time: its start-up check runs the group's collectives)."""
+    from tandem.worker.engine.hf.runner import TransformersForward
+    from tandem.worker.engine.hf.tensor_parallel import shard_model
+
+    group = getattr(loaded, "group", None)
+    why = "transformers' model classes, paged attention"
+    if group is not None and group.size > 1:
+        if not getattr(loaded.model, "tandem_sharded", False):
+            shard_model(loaded.model, group)
+            loaded.model.tandem_sharded = True
+        why += f", rank {group.rank} of {group.size} (heads and experts split)"
+    return TransformersForward(loaded.model, pool, layout), why

@@ -1,0 +1,103 @@
+"""A follower rank (K > 0) of a tensor-parallel worker: `tandem worker --tensor-parallel N --rank K`.
+
+It joins the group at the leader's address, reads the agreement rank 0 published (agreement.py),
+loads its slices of the weights, allocates its pool (its KV heads, the group's block count),
+compiles the decode step in step with the others, starts its rank server (rank_server.py: its KV
+transport and a small HTTP API), tells rank 0 where that is, and then runs every step rank 0 sends
+(executor.follow) until rank 0 stops the group. A group that fails (rank 0 or another rank gone or
+silent past --tp-timeout-s) ends this process with exit code 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from datetime import timedelta
+from typing import Any
+
+log = logging.getLogger("tandem.worker.engine.parallel")
+
+
+def rank_device(device: str, local_index: int) -> Any:
+    """This rank's device: cpu, or one GPU per rank of the node (auto picks cuda:local_index)."""
+    import torch
+
+    if device in ("auto", "cuda") and torch.cuda.is_available():
+        return torch.device("cuda", local_index)
+    if device == "auto":
+        return torch.device("cpu")
+    return torch.device(device)
+
+
+def read_agreement(group: Any) -> Any:
+    """What rank 0 published (it does before building its own engine)."""
+    group.store.wait(["tandem/agreement/0"], timedelta(seconds=group.spec.startup_s))
+    return pickle.loads(group.store.get("tandem/agreement/0"))
+
+
+def load_rank(agreement: Any, group: Any) -> Any:
+    """This rank's forward pass over its shard and its pool, compiled in step with the other ranks."""
+    import torch
+    from tandem.worker.engine.decode_step import prepare_kernels
+    from tandem.worker.engine.loader import load_model
+    from tandem.worker.engine.paged_forward import PagedForward, kv_layout_for
+    from tandem.worker.engine.weights import model_weights
+
+    cfg = agreement.engine_config()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    lm = load_model(cfg.model, dtype=cfg.dtype, device=str(group.device), max_model_len=cfg.max_model_len,
+                    trust_remote_code=cfg.trust_remote_code, weights=False)
+    lm.group = group
+    weights = model_weights(lm)
+    layout = kv_layout_for(lm.config, cfg.num_blocks, cfg.block_size, lm.dtype, group)
+    pool = torch.zeros(layout.shape, dtype=lm.dtype, device=group.device)
+    kernels, why = prepare_kernels(weights, cfg.compile, pool, agreement.max_context)
+    log.info("rank %d ready: %d KV heads of %d in %d blocks, decode step: %s", group.rank,
+             layout.local_kv_heads, layout.num_kv_heads, layout.num_blocks, why)
+    return PagedForward(weights, pool, layout, kernels)
+
+
+def run_follower(cfg: Any) -> int:
+    """The follower's whole life; its exit code."""
+    import torch
+    from tandem.worker.engine.errors import ModelLoadError
+    from tandem.worker.engine.parallel.executor import follow
+    from tandem.worker.engine.parallel.group import GroupFailed, GroupSpec, ParallelGroup
+    from tandem.worker.engine.parallel.node_ranks import start_node_ranks
+    from tandem.worker.engine.parallel.rank_server import RankServer
+
+    p = cfg.placement
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    spec = GroupSpec(p.size, p.rank, p.leader_host, p.leader_port, timeout_s=cfg.tp_timeout_s)
+    device = rank_device(cfg.device, p.rank % p.local_ranks)
+    server = None
+    group = None
+    children = start_node_ranks(cfg, f"{p.leader_host}:{p.leader_port}", device)  # the node's other ranks
+    try:
+        t0 = time.monotonic()
+        group = ParallelGroup.join(spec, device)
+        agreement = read_agreement(group)
+        runner = load_rank(agreement, group)
+        server = RankServer(cfg, agreement, runner.pool, runner.layout)
+        group.publish("endpoint", server.start())
+        group.serving()
+        server.serving = True
+        log.info("rank %d serving %.1fs after start", p.rank, time.monotonic() - t0)
+        follow(group, runner)
+        return 0
+    except GroupFailed as e:
+        log.error("rank %d leaves: %s", p.rank, e)
+        return 1
+    except (ModelLoadError, ValueError, RuntimeError, OSError) as e:
+        log.exception("rank %d failed to start: %s", p.rank, e)
+        return 1
+    finally:
+        if server is not None:
+            server.stop()
+        if group is not None:
+            group.close()
+        for c in children:  # they leave with the group; reap them
+            c.stop(grace_s=10.0)
