@@ -23,6 +23,10 @@ class EngineConfig:
     # Prompt tokens one step may prefill, all prompts together: decoding sequences wait at most
     # one such chunk per step. None: max_batched_tokens (the worker sets a per-role default).
     prefill_chunk_tokens: int | None = None
+    # A step that prefills beside decoding streams lasts at most this many ordinary decode steps: its
+    # chunk is sized from measured step times, within prefill_chunk_tokens (chunk_sizing.py). None:
+    # every chunk is prefill_chunk_tokens.
+    prefill_stall_factor: float | None = None
     max_model_len: int | None = None  # context length; None: the model's max_position_embeddings
     served_name: str | None = None  # name in /v1/models; None: the model folder's name
     threads: int | None = None  # torch.set_num_threads
@@ -41,6 +45,8 @@ class EngineConfig:
             raise ValueError("block_size, max_num_seqs and max_batched_tokens must be >= 1")
         if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
             raise ValueError("prefill_chunk_tokens must be >= 1 (or unset: max_batched_tokens)")
+        if self.prefill_stall_factor is not None and not self.prefill_stall_factor > 1:
+            raise ValueError("prefill_stall_factor must be above 1 (or unset: fixed prefill chunks)")
         if self.max_waiting is not None and self.max_waiting < 0:
             raise ValueError("max_waiting must be >= 0 (or unset: 2 x max_num_seqs)")
         if self.max_batched_tokens < self.max_num_seqs:

@@ -22,6 +22,7 @@ from tandem.contracts.protocol import FinishReason, GenerateRequest
 from tandem.worker.engine.admission import AdmissionControl
 from tandem.worker.engine.batch import run_batch
 from tandem.worker.engine.block_allocator import BlockAllocator
+from tandem.worker.engine.chunk_sizing import sizer_for
 from tandem.worker.engine.config import EngineConfig
 from tandem.worker.engine.engine_lock import PublishingLock
 from tandem.worker.engine.engine_stats import EngineStats
@@ -72,6 +73,7 @@ class Engine:
             on_preempt=self._on_preempt, prefill_chunk_tokens=config.prefill_chunk_tokens,
             prefix_cache=self.prefix_cache,
         )
+        self.chunk_sizer = sizer_for(self.scheduler, config.prefill_stall_factor, config.block_size)
         self.runner, why = build_runner(lm, self.pool, self.layout, config.compile, self.max_model_len)
         log.info("engine: %s on %s, %d thread(s); decode step: %s; prefill up to %d prompt tokens per step; "
                  "prefix caching %s", str(lm.dtype).removeprefix("torch."), lm.device, torch.get_num_threads(),
@@ -277,7 +279,10 @@ class Engine:
             self.stats.steps_total += 1
             self.stats.prefill_tokens_computed_total += prefill_tokens
         n = sum(c.num_tokens for c in chunks)
-        self.on_step(time.perf_counter() - t0, n)  # before the outputs: a reader sees its own step
+        seconds = time.perf_counter() - t0
+        if self.chunk_sizer is not None:
+            self.chunk_sizer.observe(seconds, n - prefill_tokens, prefill_tokens)
+        self.on_step(seconds, n)  # before the outputs: a reader sees its own step
         for seq, out in emits:
             seq.emit(out)
         return n

@@ -47,6 +47,7 @@ class Scheduler:
         on_preempt: Callable[[Sequence], None] | None = None,
         prefill_chunk_tokens: int | None = None,
         prefix_cache: PrefixCache | None = None,
+        chunk_budget: Callable[[int], int] | None = None,
     ):
         self.allocator = allocator
         self.cache = prefix_cache or PrefixCache(allocator, block_size, b"", enabled=False)
@@ -54,6 +55,9 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_batched_tokens = max_batched_tokens
         self.prefill_chunk_tokens = prefill_chunk_tokens or max_batched_tokens
+        # Given the sequences decoding this step, the prompt tokens it may prefill (chunk_sizing.py);
+        # None: always prefill_chunk_tokens.
+        self.chunk_budget = chunk_budget
         self.waiting: deque[Sequence] = deque()  # prompts to prefill: new, or preempted
         self.ready: deque[Sequence] = deque()  # KV in the pool already (pulled): waiting for a seat
         self.running: list[Sequence] = []
@@ -131,13 +135,15 @@ class Scheduler:
 
     def schedule(self) -> list[ScheduledChunk]:
         budget = self.max_batched_tokens
-        prefill_budget = self.prefill_chunk_tokens
         chunks: list[ScheduledChunk] = []
         # Pulled sequences take the free seats first: they decode in this very step.
         while self.ready and len(self.running) < self.max_num_seqs:
             seq = self.ready.popleft()
             seq.status = RequestState.RUNNING
             self.running.append(seq)
+        prefill_budget = self.prefill_chunk_tokens
+        if self.chunk_budget is not None:
+            prefill_budget = min(prefill_budget, self.chunk_budget(sum(s.num_pending == 1 for s in self.running)))
         # Decoding sequences first (one token each, so a long prompt's chunk never delays them),
         # then prompts being prefilled; each group oldest first. Preemption victims come off the end.
         queue = [s for s in self.running if s.num_pending == 1] + [s for s in self.running if s.num_pending > 1]

@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--prefill-chunk-tokens", type=int, default=None, help="prompt tokens prefilled per step, all "
       "prompts together: running streams wait at most one chunk (default 256 for colocated and decode, "
       "--max-batched-tokens for prefill)")
+    a("--prefill-stall-factor", type=float, default=None, help="a step that prefills beside decoding "
+      "streams lasts at most this many ordinary steps: its chunk is sized from measured step times, within "
+      "--prefill-chunk-tokens (default 2 for decode, off for colocated and prefill; 0: fixed chunks)")
     a("--compile", choices=("auto", "on", "off"), default=None, help="torch.compile the decode step at "
       "start-up (default auto: on a CPU with a C++ compiler; never for --role prefill)")
     a("--model-backend", choices=tuple(b.value for b in ModelBackend), default=None, help="the forward pass: "

@@ -33,6 +33,11 @@ _ENUMS = (Role, KVBackend, ModelBackend)
 # chunk per step (about 60-150 ms on one CPU core), not a whole prompt; a prefill worker has no
 # streams to protect and takes whole prompts up to max_batched_tokens (None).
 ROLE_PREFILL_CHUNK: dict[Role, int | None] = {Role.COLOCATED: 256, Role.DECODE: 256, Role.PREFILL: None}
+# A decode worker prefills only what the router could not send to prefill (a saturated or missing
+# prefill pool): its streams come first, so such a step lasts at most two ordinary steps, the chunk
+# sized from measured step times (engine/chunk_sizing.py). A colocated worker's trade of TTFT
+# against gaps is its chunk size's; a prefill worker has no streams.
+ROLE_PREFILL_STALL: dict[Role, float | None] = {Role.COLOCATED: None, Role.DECODE: 2.0, Role.PREFILL: None}
 
 
 @dataclass
@@ -52,6 +57,9 @@ class WorkerConfig:
     max_batched_tokens: int = 2048
     # Prompt tokens per step, all prompts together; None: the role's default (ROLE_PREFILL_CHUNK)
     prefill_chunk_tokens: int | None = None
+    # A step prefilling beside streams lasts at most this many ordinary steps; None: the role's
+    # default (ROLE_PREFILL_STALL); 0: fixed chunks of prefill_chunk_tokens
+    prefill_stall_factor: float | None = None
     compile: str = "auto"  # auto | on | off: torch.compile the decode step at start-up
     model_backend: ModelBackend = ModelBackend.AUTO  # the forward pass (contracts/model_support.py)
     prefix_caching: bool = True  # keep KV blocks after their request and reuse them for equal prefixes
@@ -105,6 +113,8 @@ class WorkerConfig:
             raise ValueError(f"compile must be auto, on or off, got {self.compile!r}")
         if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
+        if self.prefill_stall_factor is not None and self.prefill_stall_factor != 0 and not self.prefill_stall_factor > 1:
+            raise ValueError(f"prefill_stall_factor must be above 1 (or 0: fixed chunks), got {self.prefill_stall_factor}")
         if self.max_waiting is not None and self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
         self.placement = place(self.tensor_parallel, self.rank, self.local_ranks, self.leader_address, os.environ)
@@ -142,10 +152,16 @@ class WorkerConfig:
             max_batched_tokens=self.max_batched_tokens,
             max_model_len=self.max_model_len, served_name=self.served_name, threads=self.threads,
             prefill_chunk_tokens=self.effective_prefill_chunk_tokens(), prefix_caching=self.prefix_caching,
+            prefill_stall_factor=self.effective_prefill_stall_factor(),
             model_backend=self.model_backend.value,
             # A prefill worker never runs a decode step: nothing to compile there.
             compile="off" if self.role is Role.PREFILL and self.compile == "auto" else self.compile,
         )
+
+    def effective_prefill_stall_factor(self) -> float | None:
+        if self.prefill_stall_factor is None:
+            return ROLE_PREFILL_STALL[self.role]
+        return self.prefill_stall_factor or None
 
     def effective_prefill_chunk_tokens(self) -> int | None:
         if self.prefill_chunk_tokens is not None:

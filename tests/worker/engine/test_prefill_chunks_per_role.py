@@ -51,3 +51,40 @@ def test_setting_overrides_the_role_default_and_bad_values_are_refused():
         WorkerConfig(model="m", prefill_chunk_tokens=0)
     with pytest.raises(ValueError, match="compile"):
         WorkerConfig(model="m", compile="sometimes")
+
+
+def test_a_decode_worker_sizes_the_chunk_beside_its_streams_and_outputs_do_not_change(make_engine, loaded_toy,
+                                                                                      reference):
+    eng = make_engine(block_size=4, prefill_chunk_tokens=64, prefill_stall_factor=2.0)
+    tok = loaded_toy.tokenizer
+    short, long_ids = tok("Hello, world!")["input_ids"], tok(LONG * 2)["input_ids"]
+    first = submit(eng, "short", short, greedy(300))
+    eng.step()
+    for _ in range(3):
+        eng.step()  # decode-only steps: the ordinary step is measured
+    second = submit(eng, "long", long_ids, greedy(6))
+    chunks, allowed = [], []
+    eng.on_step = lambda seconds, n: chunks.append(n - 1)  # the stream's one token aside
+    while not second or not second[0].token_ids:
+        before = len(tokens_of(first))
+        allowed.append(min(eng.chunk_sizer.budget(1), len(long_ids) - sum(chunks)))
+        eng.step()
+        assert len(tokens_of(first)) == before + 1, "the running stream missed a step"
+    assert chunks == allowed, "each chunk is what the sizer allowed beside one decoding stream"
+    assert sum(chunks) == len(long_ids) and max(chunks) <= 64
+    while eng.has_work():
+        eng.step()
+    assert tokens_of(first) == reference(short, 300)
+    assert tokens_of(second) == reference(long_ids, 6)
+
+
+@pytest.mark.parametrize(("role", "expected"), [(Role.COLOCATED, None), (Role.DECODE, 2.0), (Role.PREFILL, None)])
+def test_only_a_decode_worker_sizes_its_chunks_by_default(role, expected):
+    assert WorkerConfig(role=role, model="m").engine_config().prefill_stall_factor == expected
+
+
+def test_the_stall_factor_can_be_set_or_turned_off_and_bad_values_are_refused():
+    assert WorkerConfig(role=Role.COLOCATED, model="m", prefill_stall_factor=3).engine_config().prefill_stall_factor == 3
+    assert WorkerConfig(role=Role.DECODE, model="m", prefill_stall_factor=0).engine_config().prefill_stall_factor is None
+    with pytest.raises(ValueError, match="prefill_stall_factor"):
+        WorkerConfig(model="m", prefill_stall_factor=0.5)
