@@ -27,14 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
-from tandem.testing.cluster import (
-    DEFAULT_NODES,
-    POOL_LABEL,
-    Cluster,
-    NodeSpec,
-    free_port,
-    wait_until,
-)
+from tandem.testing.cluster import Cluster, free_port, wait_until
+from tandem.testing.kube_nodes import DEFAULT_NODES, POOL_LABEL, NodeSpec
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "inferenceservices.tandem.dev.yaml"
 GVP = ("tandem.dev", "v1alpha1", "inferenceservices")

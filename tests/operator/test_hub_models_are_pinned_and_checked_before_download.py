@@ -24,8 +24,9 @@ import openai
 import pytest
 from kubernetes import client
 from tandem.contracts.internal_auth import SECRET_ENV
-from tandem.testing.cluster import POOL_LABEL, wait_until
+from tandem.testing.cluster import wait_until
 from tandem.testing.fake_hub import FakeHub, Repo
+from tandem.testing.kube_nodes import POOL_LABEL
 from tandem.testing.router_process import RouterProcess
 from tandem.testing.worker_process import WorkerProcess
 
