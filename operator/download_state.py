@@ -1,4 +1,7 @@
-"""A hub model's download Job (model.cache.pvc) -> the ModelReady condition. Pure.
+"""How a hub model's download goes -> the ModelReady condition. Pure.
+
+With model.cache.pvc one Job downloads (download_condition); with a hostPath or emptyDir cache each
+worker pod's init container does (pods_download_condition, below).
 
 The Job of the pinned commit (render.weights.download_job_name) is read in every pass, and its
 watch events start one, so the condition follows the Job of the commit the spec pins now:
@@ -38,19 +41,18 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def why(terminated: dict[str, Any]) -> str:
+    """The last line of a terminated container's message (with FallbackToLogsOnError it is the log's
+    tail: the one line `tandem model download` printed comes last), or its exit code."""
+    lines = [line.strip() for line in str(terminated.get("message") or "").splitlines() if line.strip()]
+    return lines[-1] if lines else f"exited {terminated.get('exitCode')} ({terminated.get('reason') or 'no message'})"
+
+
 def last_failure(pods: list[dict[str, Any]]) -> str | None:
-    """The last line of the newest failed attempt's termination message (with FallbackToLogsOnError
-    it is the log's tail: the one line `tandem model download` printed comes last), or its exit code."""
-    failed = [(_terminated(p).get("finishedAt") or "", _terminated(p)) for p in pods
-              if (p.get("status") or {}).get("phase") == "Failed"]
-    if not failed:
-        return None
-    _, state = max(failed, key=lambda f: f[0])
-    lines = [line.strip() for line in str(state.get("message") or "").splitlines() if line.strip()]
-    if lines:
-        return lines[-1]
-    code = state.get("exitCode")
-    return f"exited {code} ({state.get('reason') or 'no message'})" if code is not None else None
+    """Why the newest failed attempt of a Job failed (None: none failed)."""
+    failed = [_terminated(p) for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
+    failed = [t for t in failed if t]
+    return why(max(failed, key=lambda t: t.get("finishedAt") or "")) if failed else None
 
 
 def download_condition(checked: str, job_name: str, claim: str, job: dict[str, Any] | None,
@@ -75,3 +77,33 @@ def download_condition(checked: str, job_name: str, claim: str, job: dict[str, A
         message += (f"; {attempts} failed attempt{'s' if attempts > 1 else ''} so far (it retries {limit} times), "
                     f"the last: {line or 'no message'}")
     return condition(TYPE, "Unknown", "Downloading", message)
+
+
+def _init_failure(pod: dict[str, Any], init: str) -> dict[str, Any] | None:
+    """The download init container's last end, if it failed and has not succeeded since."""
+    for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        if cs.get("name") != init:
+            continue
+        state = cs.get("state") or {}
+        ended = state.get("terminated") or ((cs.get("lastState") or {}).get("terminated") if "waiting" in state
+                                            else None)
+        return ended if ended and ended.get("exitCode") not in (None, 0) else None
+    return None
+
+
+def pods_download_condition(checked: dict[str, str], init: str, permanent: int,
+                            pods: list[dict[str, Any]]) -> dict[str, str]:
+    """ModelReady when each worker pod downloads for itself (its init container `init`, retried by
+    the kubelet for ever): `checked` as it was while none failed; DownloadFailed when one failed in a
+    way trying again cannot help (exit code `permanent`), Downloading with the line while retrying."""
+    failed = [(pod["metadata"]["name"], ended) for pod in pods if (ended := _init_failure(pod, init))]
+    if not failed:
+        return checked
+    hopeless = [(name, ended) for name, ended in failed if ended.get("exitCode") == permanent]
+    name, ended = (hopeless or failed)[0]
+    where = f"{len(failed)} of {len(pods)} worker pods could not download the weights; pod {name}: {why(ended)}"
+    if hopeless:
+        return condition(TYPE, "False", "DownloadFailed", (
+            f"{where}. Trying again cannot help: fix the cause (a gated model: model.tokenSecretRef); the pods "
+            "retry on their own"))
+    return condition(TYPE, "Unknown", "Downloading", f"{checked['message']}; {where}; retrying")

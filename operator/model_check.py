@@ -30,18 +30,19 @@ from kubernetes.client.rest import ApiException
 from tandem.operator import apply
 from tandem.operator.claim_check import judge_claim
 from tandem.operator.config import OperatorConfig
-from tandem.operator.download_state import download_condition
+from tandem.operator.download_state import download_condition, pods_download_condition
 from tandem.operator.render.objects import names
-from tandem.operator.render.weights import download_job_name
+from tandem.operator.render.weights import DOWNLOAD_INIT, download_job_name
 from tandem.operator.spec import InferenceServiceSpec
 from tandem.operator.status import condition
+from tandem.weights.cli import EXIT_PERMANENT
 from tandem.weights.hub import HubError, fetch_config, resolve_commit
 
 log = logging.getLogger(__name__)
 TYPE = "ModelReady"
 # Reasons the model check does not find itself: the download Job's state, layered on a Checked finding
 # in every pass (with_download); a pass that does not check starts again from Checked.
-DOWNLOAD_REASONS = ("Downloading", "Downloaded", "DownloadFailed")
+DOWNLOAD_REASONS = ("Downloading", "Downloaded", "DownloadFailed")  # also the pods' own downloads
 # False findings that still apply the spec (the pods wait for what is missing, then start).
 APPLYING = ("ClaimNotFound", "DownloadFailed")
 
@@ -182,6 +183,17 @@ def with_download(finding: ModelFinding, service: str, job: dict[str, Any] | Non
     model = finding.spec.model
     cond = download_condition(finding.condition["message"], download_job_name(service, model),
                               names(service)["weights"], job, pods)
+    return dataclasses.replace(finding, condition=cond)
+
+
+def with_pod_downloads(finding: ModelFinding, worker_pods: list[dict[str, Any]]) -> ModelFinding:
+    """A checked hub model that each pod downloads (a hostPath or emptyDir cache): ModelReady says
+    when their download init containers fail."""
+    model = finding.spec.model
+    if model.hub is None or (model.cache is not None and model.cache.pvc is not None) or \
+            finding.condition["status"] != "True":
+        return finding
+    cond = pods_download_condition(finding.condition, DOWNLOAD_INIT, EXIT_PERMANENT, worker_pods)
     return dataclasses.replace(finding, condition=cond)
 
 

@@ -45,7 +45,7 @@ from tandem.operator.render import (
     stale_workloads,
 )
 from tandem.operator.render.weights import download_job_name
-from tandem.operator.spec import InferenceServiceSpec, SpecError
+from tandem.operator.spec import WORKER_ROLES, InferenceServiceSpec, SpecError
 from tandem.operator.status import KVProbe, Observation, compute_status, same_status
 from tandem.operator.work import Work
 
@@ -162,6 +162,9 @@ def conclude(api: client.ApiClient, body: dict, config: OperatorConfig, memory: 
     if model is not None and model_check.downloads(model):  # how the pinned commit's download Job fares
         job, job_pods = observe_download(api, meta["namespace"], download_job_name(meta["name"], model.spec.model))
         model = model_check.with_download(model, meta["name"], job, job_pods)
+    elif model is not None:  # a hostPath or emptyDir cache: each worker pod downloads for itself
+        roles = [obs.roles[r] for r in WORKER_ROLES if r in obs.roles]
+        model = model_check.with_pod_downloads(model, [p for r in roles for p in r.pods + r.followers])
     ready = _condition(old, "Ready")
     if result.error and ready.get("message") != result.error:
         # Once per distinct failure, not per pass.

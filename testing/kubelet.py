@@ -36,16 +36,42 @@ def run_container(api: Any, namespace: str, container: dict, mounts: dict[str, P
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
 
 
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _terminated(exit_code: int, message: str) -> dict[str, Any]:
+    now = _now()
+    return {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error", "startedAt": now,
+            "finishedAt": now, **({"message": message} if message else {})}
+
+
 def finish_pod(api: Any, namespace: str, pod: str, exit_code: int, message: str = "") -> None:
     """Writes the pod's end as the kubelet does: its one container terminated with `exit_code` and
     `message` (the termination message), the pod Succeeded (0) or Failed."""
     core = client.CoreV1Api(api)
     spec = core.read_namespaced_pod(pod, namespace).spec
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     (container,) = spec.containers
-    terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-                  "startedAt": now, "finishedAt": now, **({"message": message} if message else {})}
     core.patch_namespaced_pod_status(pod, namespace, {"status": {
         "phase": "Succeeded" if exit_code == 0 else "Failed",
         "containerStatuses": [{"name": container.name, "image": container.image, "imageID": "", "ready": False,
-                               "restartCount": 0, "state": {"terminated": terminated}}]}})
+                               "restartCount": 0, "state": {"terminated": _terminated(exit_code, message)}}]}})
+
+
+def end_init_container(api: Any, namespace: str, pod: str, exit_code: int, message: str = "") -> None:
+    """Writes a pending pod's one init container's end as the kubelet does: done (0), or failed and
+    waiting in CrashLoopBackOff to run again (restartPolicy Always), its last end kept in lastState."""
+    core = client.CoreV1Api(api)
+    spec = core.read_namespaced_pod(pod, namespace).spec
+    (init,) = spec.init_containers
+    ended = _terminated(exit_code, message)
+    state = {"state": {"terminated": ended}} if exit_code == 0 else {
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": f"back-off restarting {init.name}"}},
+        "lastState": {"terminated": ended}}
+    waiting = {"waiting": {"reason": "PodInitializing"}}
+    core.patch_namespaced_pod_status(pod, namespace, {"status": {
+        "phase": "Pending",
+        "initContainerStatuses": [{"name": init.name, "image": init.image, "imageID": "", "ready": exit_code == 0,
+                                   "restartCount": 0 if exit_code == 0 else 1, **state}],
+        "containerStatuses": [{"name": c.name, "image": c.image, "imageID": "", "ready": False, "restartCount": 0,
+                               "state": waiting} for c in spec.containers]}})

@@ -27,6 +27,7 @@ from tandem.operator.spec import InferenceServiceSpec
 from tandem.operator.spec.model import DEFAULT_HUB_CACHE_LIMIT, Model
 from tandem.weights.cli import EXIT_PERMANENT
 
+DOWNLOAD_INIT = "download-weights"  # the init container of a pod that downloads for itself
 MODEL_DIR = "/models"  # where a hostPath or PVC model is mounted
 IMAGE_DIR = "/model-image"  # where an image volume is mounted
 WEIGHTS_DIR = "/weights"  # a hub model's cache: <org>/<name>/<commit> below it
@@ -121,7 +122,7 @@ def weights_pod_parts(name: str, spec: InferenceServiceSpec, config: OperatorCon
     else:
         limit = cache.empty_dir.size_limit if cache is not None and cache.empty_dir else DEFAULT_HUB_CACHE_LIMIT
         volume = {"name": "weights", "emptyDir": {"sizeLimit": limit}}
-    fetch = _download_container("download-weights", _download_command(model), spec, config, read_only=False)
+    fetch = _download_container(DOWNLOAD_INIT, _download_command(model), spec, config, read_only=False)
     return [volume], weights_mount, [fetch]
 
 

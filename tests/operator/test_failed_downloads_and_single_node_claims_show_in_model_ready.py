@@ -6,6 +6,8 @@ plane (the Job controller runs; the operator runs with the Helm chart's RBAC):
   commit's Job followed from Downloading to Downloaded. The claim is left unbound, so no node runs
   the Job's pod: the test runs the Job's own command against the fake hub and writes its end into
   the pod's status, as the kubelet would;
+- pods that download for themselves (an emptyDir cache): their init container's failure, the same
+  way (DownloadFailed when trying again cannot help), and ModelReady back once it succeeds;
 - a `model.pvc` claim that does not exist (ClaimNotFound: still applied), mounts on one node only
   (ReadWriteOnce: a warning, still applied) or in one pod only (ReadWriteOncePod: nothing applied).
 """
@@ -21,7 +23,7 @@ from kubernetes import client
 from tandem.testing.cluster import POOL_LABEL, wait_until
 from tandem.testing.fake_hub import FakeHub, Repo
 from tandem.testing.k8s_events import events_of, wait_events
-from tandem.testing.kubelet import finish_pod, run_container
+from tandem.testing.kubelet import end_init_container, finish_pod, run_container
 from tandem.weights.cli import EXIT_PERMANENT
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -29,11 +31,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 GVP = ("tandem.dev", "v1alpha1", "inferenceservices")
 CPU = {"gpus": 0, "cpu": "100m", "memory": "1Gi", "nodeSelector": {POOL_LABEL: "cpu"}}
 UNBOUND = "tandem-test-no-volumes"  # a storage class no PersistentVolume has: claims stay Pending
+NOWHERE = CPU | {"nodeSelector": {POOL_LABEL: "none-such"}}  # no node: KWOK leaves the pods to the test
 
 
 @pytest.fixture(scope="module")
 def hub(toy_model_dir):
-    with FakeHub({"tiny/llama": Repo.from_folder(toy_model_dir, refs=("main", "v1"))}) as server:
+    with FakeHub({"tiny/llama": Repo.from_folder(toy_model_dir, refs=("main", "v1")),
+                  "tiny/solo": Repo.from_folder(toy_model_dir)}) as server:
         yield server
 
 
@@ -141,6 +145,31 @@ def test_a_failed_download_shows_in_status_and_a_new_commit_follows_its_own_job(
     finish_pod(api, namespace, _job_pod(api, namespace, name_b), 0)
     tis = _model_ready(api, namespace, "dl", "Downloaded", f"by Job {name_b}")
     assert _cond(tis, "ModelReady")["status"] == "True"
+
+
+def test_pods_that_download_for_themselves_say_why_they_cannot(api, operator, hub, namespace, tmp_path):
+    _create(api, namespace, "solo", {"model": {"hub": "tiny/solo"}, "prefill": NOWHERE | {"replicas": 0},
+                                     "decode": NOWHERE, "kvTransfer": {"backend": "tcp"}})
+    _model_ready(api, namespace, "solo", "Checked")
+    (pod,) = wait_until(lambda: client.CoreV1Api(api).list_namespaced_pod(
+        namespace, label_selector="tandem.dev/service=solo,tandem.dev/role=decode").items, timeout=60,
+        what="the decode pod")
+    init = api.sanitize_for_serialization(pod.spec.init_containers[0])
+    assert init["name"] == "download-weights"
+    hub.repos.pop("tiny/solo")
+    done = run_container(api, namespace, init, {"/weights": tmp_path / "cache"})
+    assert done.returncode == EXIT_PERMANENT, done.stdout + done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    end_init_container(api, namespace, pod.metadata.name, done.returncode, done.stdout + done.stderr)
+
+    tis = _model_ready(api, namespace, "solo", "DownloadFailed", f"pod {pod.metadata.name}: {line}")
+    assert _cond(tis, "ModelReady")["status"] == "False"
+    assert "1 of 1 worker pods could not download the weights" in _cond(tis, "ModelReady")["message"]
+    assert (_cond(tis, "Ready")["status"], _cond(tis, "Ready")["reason"]) == ("False", "DownloadFailed")
+    wait_events(api, namespace, "solo", lambda e: e.type == "Warning" and e.reason == "DownloadFailed",
+                "a DownloadFailed Warning", kind="InferenceService")
+    end_init_container(api, namespace, pod.metadata.name, 0)  # the cause fixed, the kubelet's next try
+    assert _cond(_model_ready(api, namespace, "solo", "Checked"), "ModelReady")["status"] == "True"
 
 
 def _claim(api, ns: str, name: str, modes: list[str]) -> None:

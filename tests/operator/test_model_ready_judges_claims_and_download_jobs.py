@@ -1,13 +1,14 @@
 """ModelReady from what the operator reads besides the hub (pure): a model.pvc claim against where the
-workers run (operator/claim_check.py), a hub model's download Job (operator/download_state.py), and
-how a pass that does not check carries them (model_check.carried)."""
+workers run (operator/claim_check.py), a hub model's download Job or the worker pods' own download
+init containers (operator/download_state.py), and how a pass that does not check carries them
+(model_check.carried)."""
 
 from __future__ import annotations
 
 import pytest
 from tandem.operator import model_check
 from tandem.operator.claim_check import judge_claim, most_worker_pods
-from tandem.operator.download_state import download_condition, last_failure
+from tandem.operator.download_state import download_condition, last_failure, pods_download_condition
 from tandem.operator.status import Observation, compute_conditions
 
 CHECKED = "tiny/llama@main is commit abc; its config.json can be served"
@@ -126,3 +127,31 @@ def test_a_pass_that_does_not_check_starts_again_from_the_checked_commit(typed, 
         {"type": "ModelReady", "status": "False", "reason": "ClaimNotFound", "message": "no claim"}]}}
     finding = model_check.carried(missing, pvc_spec())
     assert finding.condition["reason"] == "ClaimNotFound" and not finding.blocking, "a missing claim applies"
+
+
+def _worker(name: str, state: dict, last: dict | None = None) -> dict:
+    status = {"name": "download-weights", "state": state, **({"lastState": last} if last else {})}
+    return {"metadata": {"name": name}, "status": {"phase": "Pending", "initContainerStatuses": [status]}}
+
+
+def test_pods_that_download_for_themselves_fail_or_retry_in_model_ready():
+    checked = {"type": "ModelReady", "status": "True", "reason": "Checked", "message": CHECKED}
+
+    def cond(*pods):
+        return pods_download_condition(checked, "download-weights", 3, list(pods))
+
+    def ended(code, message):
+        return {"terminated": {"exitCode": code, "message": message}}
+
+    fine = _worker("a", ended(0, ""), ended(1, "tandem model download: once"))
+    assert cond(fine, _worker("b", {"running": {}})) == checked, "a failure since overcome is no failure"
+    crashing = _worker("c", {"waiting": {"reason": "CrashLoopBackOff"}}, ended(1, "x\ntandem model download: flaky"))
+    retrying = cond(fine, crashing)
+    assert (retrying["status"], retrying["reason"]) == ("Unknown", "Downloading")
+    assert retrying["message"] == (f"{CHECKED}; 1 of 2 worker pods could not download the weights; pod c: "
+                                   "tandem model download: flaky; retrying")
+    gated = _worker("d", ended(3, "tandem model download: tiny/x is gated"))
+    failed = cond(crashing, gated)
+    assert (failed["status"], failed["reason"]) == ("False", "DownloadFailed")
+    assert failed["message"].startswith("2 of 2 worker pods could not download the weights; pod d: "
+                                        "tandem model download: tiny/x is gated. Trying again cannot help")
