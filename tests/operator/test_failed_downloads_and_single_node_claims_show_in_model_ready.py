@@ -2,8 +2,9 @@
 plane (the Job controller runs; the operator runs with the Helm chart's RBAC):
 
 - a hub model's download Job: ModelReady Downloading while it runs, DownloadFailed with the line
-  `tandem model download` printed once it failed (Ready=False with it, one Warning event), and a new
-  commit's Job followed from Downloading to Downloaded. The claim is left unbound, so no node runs
+  `tandem model download` printed once it failed (Ready=False with it, one Warning event), created
+  again once deleted (how a download is retried), and a new commit's Job followed from Downloading
+  to Downloaded. The claim is left unbound, so no node runs
   the Job's pod: the test runs the Job's own command against the fake hub and writes its end into
   the pod's status, as the kubelet would;
 - pods that download for themselves (an emptyDir cache): their init container's failure, the same
@@ -131,6 +132,16 @@ def test_a_failed_download_shows_in_status_and_a_new_commit_follows_its_own_job(
     passes = _passes(operator)
     wait_until(lambda: _passes(operator) >= passes + 4, timeout=60, what="four more passes")
     assert _warnings(api, namespace, "dl", "DownloadFailed") == 1, "one Warning per transition, not per pass"
+
+    # The cause fixed, the failed Job deleted (as the message says): the operator creates it again.
+    hub.repos["tiny/llama"] = repo_a
+    uid_a = job.metadata.uid
+    batch.delete_namespaced_job(name_a, namespace, propagation_policy="Background")
+    wait_until(lambda: [j for j in batch.list_namespaced_job(namespace).items if j.metadata.uid != uid_a],
+               timeout=60, what=f"Job {name_a} created again")
+    tis = _model_ready(api, namespace, "dl", "Downloading", f"(Job {name_a})")
+    assert "failed attempt" not in _cond(tis, "ModelReady")["message"]
+    assert _cond(tis, "Ready")["reason"] != "DownloadFailed"
 
     # A new revision is a new commit and a new Job: the condition follows that one.
     hub.repos["tiny/llama"] = Repo({**repo_a.files, "README.md": b"v2\n"}, refs=("main", "v2"))
