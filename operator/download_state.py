@@ -26,6 +26,7 @@ from tandem.operator.status import condition
 
 TYPE = "ModelReady"
 CONTAINER = "download"  # the Job's one container (render.weights)
+LINE_MAX = 1024  # of a termination message's last line, in a condition (the kubelet keeps up to 4 KiB)
 
 
 def _true(job: dict[str, Any], *types: str) -> dict[str, Any] | None:
@@ -45,7 +46,9 @@ def why(terminated: dict[str, Any]) -> str:
     """The last line of a terminated container's message (with FallbackToLogsOnError it is the log's
     tail: the one line `tandem model download` printed comes last), or its exit code."""
     lines = [line.strip() for line in str(terminated.get("message") or "").splitlines() if line.strip()]
-    return lines[-1] if lines else f"exited {terminated.get('exitCode')} ({terminated.get('reason') or 'no message'})"
+    if lines:
+        return lines[-1][:LINE_MAX]
+    return f"exited {terminated.get('exitCode')} ({terminated.get('reason') or 'no message'})"
 
 
 def last_failure(pods: list[dict[str, Any]]) -> str | None:

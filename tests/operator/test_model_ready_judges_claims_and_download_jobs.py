@@ -103,6 +103,7 @@ def test_the_download_job_sets_model_ready():
 def test_a_failed_attempt_without_a_message_gives_its_exit_code():
     assert last_failure([_failed_pod("t", None, 137)]) == "exited 137 (Error)"
     assert last_failure([{"status": {"phase": "Running"}}]) is None
+    assert len(last_failure([_failed_pod("t", "x" * 4096)])) == 1024, "a condition holds a bounded line"
 
 
 def test_model_ready_downloading_leaves_ready_to_the_roles_and_a_failure_makes_it_false(pvc_spec):
