@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import yaml
 from tandem.testing import control_plane_config as cfg
 from tandem.testing import lws_controller
-from tandem.testing.components import ClusterError, Components
+from tandem.testing.components import ClusterError, Components, healthz_ok
 from tandem.testing.k8s_bins import CLIENT_BINARIES, CONTROL_PLANE_BINARIES, find_bin_dir
-from tandem.testing.kube_nodes import DEFAULT_NODES, POD_CIDR_OCTETS, NodeSpec
+from tandem.testing.kube_nodes import DEFAULT_NODES, POD_CIDR_OCTETS, NodeSpec, ready_nodes
 from tandem.worker.local.processes import free_port
 
 if TYPE_CHECKING:
@@ -224,13 +224,13 @@ class Cluster:
         `default` ServiceAccount (the serviceaccount controller runs)."""
         for name, port in healthz.items():
             wait_until(
-                lambda port=port: self._check_alive() and self._local_healthz(port),
+                lambda port=port: self._check_alive() and healthz_ok(port),
                 timeout=self.startup_timeout,
                 what=f"{name} /healthz",
             )
         names = {n.name for n in self.nodes}
         wait_until(
-            lambda: self._check_alive() and names <= self._ready_nodes(core),
+            lambda: self._check_alive() and names <= ready_nodes(core),
             timeout=self.startup_timeout,
             what=f"nodes {sorted(names)} Ready (KWOK)",
         )
@@ -300,6 +300,16 @@ class Cluster:
             check=check,
         )
 
+    def apply_crd(self, path: Path, name: str, timeout: float = 60) -> str:
+        """Applies a CRD file (server-side, so a later edit of the file updates it) and returns once
+        `name` is Established. Polled: `kubectl wait` fails outright while a new CRD has no
+        status.conditions yet."""
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+        wait_until(lambda: "True" in self.kubectl(
+            "get", f"crd/{name}", "-o", 'jsonpath={.status.conditions[?(@.type=="Established")].status}').stdout,
+            timeout=timeout, what=f"crd/{name} Established")
+        return name
+
     def api_client(self) -> ApiClient:
         """A kubernetes.client.ApiClient authenticated as the cluster admin."""
         from kubernetes import config
@@ -363,30 +373,6 @@ class Cluster:
                 return resp.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
-
-    @staticmethod
-    def _local_healthz(port: int) -> bool:
-        # The component serves /healthz on its own self-signed cert; it is only a liveness probe.
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-        try:
-            with urllib.request.urlopen(
-                f"https://127.0.0.1:{port}/healthz", context=ctx, timeout=5
-            ) as resp:
-                return resp.read().strip() == b"ok"
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
-
-    @staticmethod
-    def _ready_nodes(core: Any) -> set[str]:
-        ready = set()
-        for node in core.list_node().items:
-            for cond in node.status.conditions or []:
-                if cond.type == "Ready" and cond.status == "True":
-                    ready.add(node.metadata.name)
-        return ready
-
 
 
 if __name__ == "__main__":

@@ -7,8 +7,11 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,3 +98,15 @@ def signal_group(pid: int, sig: signal.Signals) -> None:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+def healthz_ok(port: int) -> bool:
+    """A component's /healthz on loopback answers ok (its own self-signed cert: only a liveness probe)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=ctx, timeout=5) as resp:
+            return resp.read().strip() == b"ok"
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False

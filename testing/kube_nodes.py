@@ -73,3 +73,13 @@ DEFAULT_NODES: tuple[NodeSpec, ...] = (
     NodeSpec("cpu-0", "cpu", gpus=False),
 )
 
+
+
+def ready_nodes(core: Any) -> set[str]:
+    """The names of the nodes whose Ready condition is True (core: a CoreV1Api)."""
+    ready = set()
+    for node in core.list_node().items:
+        for cond in node.status.conditions or []:
+            if cond.type == "Ready" and cond.status == "True":
+                ready.add(node.metadata.name)
+    return ready

@@ -196,8 +196,7 @@ def run(args: argparse.Namespace) -> dict:
     cluster = Cluster(work, nodes=nodes, startup_timeout=600).start()
     proc = None
     try:
-        cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.tandem.dev")
+        cluster.apply_crd(CRD, "inferenceservices.tandem.dev")
         proc, base = _operator(cluster, args, args.out_dir / "operator.log")
         wait_until(lambda: psutil.pid_exists(proc.pid) and _scrape(base) is not None, timeout=120,
                    what="the operator's /metrics")

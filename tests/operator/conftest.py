@@ -82,14 +82,7 @@ CRD_NAME = "inferenceservices.tandem.dev"
 @pytest.fixture(scope="session")
 def crd_installed(k8s) -> str:
     """The CRD applied (server-side, so a later edit of the file updates it) and Established."""
-    from tandem.testing.cluster import wait_until
-
-    k8s.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
-    # Polled: `kubectl wait` fails outright while the new CRD has no status.conditions yet.
-    wait_until(lambda: "True" in k8s.kubectl(
-        "get", f"crd/{CRD_NAME}", "-o", 'jsonpath={.status.conditions[?(@.type=="Established")].status}').stdout,
-        timeout=60, what=f"crd/{CRD_NAME} Established")
-    return CRD_NAME
+    return k8s.apply_crd(CRD_PATH, CRD_NAME)
 
 
 class OperatorProcess:

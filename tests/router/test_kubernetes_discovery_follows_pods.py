@@ -29,8 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def crd(k8s) -> None:
-    k8s.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds" / "inferenceservices.tandem.dev.yaml"))
-    k8s.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.tandem.dev")
+    k8s.apply_crd(ROOT / "crds" / "inferenceservices.tandem.dev.yaml", "inferenceservices.tandem.dev")
 
 
 def inference_service(api, namespace: str, name: str) -> dict:
