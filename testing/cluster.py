@@ -280,25 +280,13 @@ class Cluster:
 
     # -- what tests use -----------------------------------------------------
 
-    def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Runs kubectl as the admin; on failure (check=True) raises with its stderr."""
-        return self._run(
-            [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
-            input=input,
-            check=check,
-        )
+        return self._run("kubectl", args, input=input, check=check)
 
-    def helm(
-        self, *args: str, input: str | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
+    def helm(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Runs helm (v3) as the admin against this cluster."""
-        return self._run(
-            [str(self.bin_dir / "helm"), f"--kubeconfig={self.kubeconfig}", *args],
-            input=input,
-            check=check,
-        )
+        return self._run("helm", args, input=input, check=check)
 
     def apply_crd(self, path: Path, name: str, timeout: float = 60) -> str:
         """Applies a CRD file (server-side, so a later edit of the file updates it) and returns once
@@ -330,9 +318,10 @@ class Cluster:
 
     # -- internals ----------------------------------------------------------
 
-    def _run(
-        self, argv: list[str], *, input: str | None, check: bool
-    ) -> subprocess.CompletedProcess[str]:
+    def _run(self, tool: str, args: Sequence[str], *, input: str | None, check: bool
+             ) -> subprocess.CompletedProcess[str]:
+        """kubectl or helm with the admin's kubeconfig; KubectlError (with stderr) on failure when `check`."""
+        argv = [str(self.bin_dir / tool), f"--kubeconfig={self.kubeconfig}", *args]
         proc = subprocess.run(argv, input=input, capture_output=True, text=True, check=False)
         if check and proc.returncode != 0:
             raise KubectlError(proc.returncode, argv, proc.stdout, proc.stderr)
