@@ -121,6 +121,6 @@ def run(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(1)
     lengths = [int(n) for n in args.lengths.split(",")]
-    model_dir = engine_model_dir(max_positions=max(4096, max(lengths)))
+    model_dir = engine_model_dir(max_positions=max(4096, max(lengths) + 64))  # room for the first token
     return {"lengths": lengths, "reps": args.reps,
             "dtypes": {d: run_dtype(torch, d, model_dir, args) for d in args.dtypes.split(",")}}
