@@ -166,8 +166,9 @@ def prefill_section(torch, engine, hf, dtype: str, args) -> dict:
     attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads) * n * n / 2
     flops = 2 * n * layer_params + attn
     rate = matmul_rate(torch, dtype)
-    prompt = [3 + (i * 7919) % 590 for i in range(n)]
-    rows = [prefill_times(torch, engine, hf, prompt, f"p{dtype}{r}") for r in range(args.reps)]
+    # A new prompt each repetition: the engine's prefix cache would hand a repeated one its KV
+    prompts = [[3 + (i * 7919 + r) % 590 for i in range(n)] for r in range(args.reps)]
+    rows = [prefill_times(torch, engine, hf, prompts[r], f"p{dtype}{r}") for r in range(args.reps)]
     td, hs = [r[0] for r in rows], [r[1] for r in rows]
     print(f"{dtype:8s} prefill {n} tokens: Tandem {statistics.median(td):.3f} s, transformers "
           f"{statistics.median(hs):.3f} s; {flops / 1e9:.0f} GFLOP at the matmul rate {rate / 1e9:.0f} GFLOP/s "
