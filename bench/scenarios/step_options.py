@@ -4,7 +4,7 @@ thread's CPU seconds per call (the same contention falls on both, so a shared ma
 them), and whether their logits are equal.
 
     taskset -c 0 python -m bench step_options [--dtype bfloat16] [--batch 1] [--calls 400]
-        [--options '{"cpp_wrapper": false}']    # the other arm: the engine's options updated with these
+        [--options '{"cpp_wrapper": true}']    # the other arm: the engine's options updated with these
 
 Model: issue 13's random ~42M Llama (bench/lib/models.py), one thread. The first call of the other
 arm compiles it (minutes on a busy machine, then from inductor's cache).
@@ -27,7 +27,7 @@ def other_step(torch, weights, options: dict):
     own = DecodeStep.forward.__code__.replace()  # its own code object: its own graphs
     step.forward = types.MethodType(types.FunctionType(own, DecodeStep.forward.__globals__), step)
     return torch.compile(step, dynamic=False, fullgraph=True,
-                         options={**step_compile_options(weights.group.size), **options})
+                         options={**step_compile_options(), **options})
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -74,4 +74,4 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--calls", type=int, default=400)
-    ap.add_argument("--options", default='{"cpp_wrapper": false}', help="JSON: inductor options for the other arm")
+    ap.add_argument("--options", default='{"cpp_wrapper": true}', help="JSON: inductor options for the other arm")

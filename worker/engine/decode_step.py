@@ -107,13 +107,11 @@ def kernels_for(weights: ModelWeights, enabled: bool, block_size: int) -> Compil
     return cache[enabled, block_size]
 
 
-def step_compile_options(group_size: int) -> dict:
-    """Inductor's options for the decode step. The guards on module attributes go (the module
-    never changes: 0.3 ms a call). Alone, the graph's wrapper is C++ (`cpp_wrapper`): one call
-    into compiled code per step instead of a Python function calling each kernel, 12-13% of a
-    batch-1 step's CPU, outputs unchanged (BENCHMARKS.md). Not under tensor parallelism: the
-    collectives inside that graph are not verified with the C++ wrapper."""
-    return {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe, "cpp_wrapper": group_size == 1}
+def step_compile_options() -> dict:
+    """Inductor's options for the decode step: the guards on module attributes go (the module
+    never changes: 0.3 ms a call). `cpp_wrapper` was measured and left off: no gain, paired, at
+    batch 1 (BENCHMARKS.md, `python -m bench step_options`)."""
+    return {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
 
 
 class CompiledKernels:
@@ -136,7 +134,7 @@ class CompiledKernels:
             own = DecodeStep.forward.__code__.replace()
             step.forward = types.MethodType(types.FunctionType(own, DecodeStep.forward.__globals__), step)
             self.decode_step = torch.compile(step, dynamic=False, fullgraph=True,
-                                             options=step_compile_options(weights.group.size))
+                                             options=step_compile_options())
             self.decode_attention = torch.compile(paged_decode_attention, dynamic=False, fullgraph=True)
 
     @torch.inference_mode()

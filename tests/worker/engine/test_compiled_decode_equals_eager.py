@@ -61,11 +61,3 @@ def test_contexts_past_4096_tokens_have_their_own_graph(tmp_path_factory, monkey
     assert tokens_of(outs[0]) == reference_generate(hf, long_ids, 6)
     assert tokens_of(outs[1]) == reference_generate(hf, [1, 5, 9], 6)
 
-
-def test_a_lone_rank_calls_the_step_through_a_cpp_wrapper():
-    """One call into compiled C++ per step (12-13% of a batch-1 step's CPU, BENCHMARKS.md); a
-    tensor-parallel rank keeps the Python wrapper around its collectives."""
-    from tandem.worker.engine.decode_step import step_compile_options
-
-    assert step_compile_options(1)["cpp_wrapper"] is True
-    assert step_compile_options(2)["cpp_wrapper"] is False
