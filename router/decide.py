@@ -4,7 +4,7 @@ Given what just happened to a request, `decide` updates the journey's record (it
 says what the driver does next. It does no I/O: no awaits, no clock (time comes with the
 outcome), no metrics or logs (the action carries them); the routing policy it asks is itself a
 decision over the outcome's snapshot of the workers. So every fault path is a plain function
-call in the tests (tests/router/test_journey_decisions.py).
+call in the tests (tests/router/test_request_state_machine.py, test_state_machine_migrates_streams.py).
 
 The rules, state by state:
 - arrived: a prompt of known size over `maxPromptTokens` fails (400) before any worker computes;
