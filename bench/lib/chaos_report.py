@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench.lib.load_sampler import load_phrase
 from bench.lib.tables import markers, md_table, replace_section
 
 BEGIN, END = markers("chaos", "python -m bench chaos")
@@ -60,9 +61,12 @@ def _left(r: dict[str, Any]) -> list[str]:
 
 def results_markdown(r: dict[str, Any], run_id: str, command: str) -> str:
     s = r["settings"]
+    spared = f", never killed: {', '.join(s['spare'])}" if s.get("spare") else ""
+    load = load_phrase(r.get("loadavg"))
     head = (f"Run `{run_id}` (UTC): `{command}`; {s['duration_s'] / 60:.0f} minutes of chaos, a kill every "
-            f"{s['interval_s'][0]:.0f}-{s['interval_s'][1]:.0f} s, {s['streams']} streams, KV over {s['kv_backend']}, "
-            f"workers {' '.join(s['worker_arg'])}. Verdict: "
+            f"{s['interval_s'][0]:.0f}-{s['interval_s'][1]:.0f} s{spared}, {s['streams']} streams, KV over "
+            f"{s['kv_backend']}, workers {' '.join(s['worker_arg'])}"
+            + (f"; the shared cores' {load} through the run" if load else "") + ". Verdict: "
             + ("**nothing lost, nothing left**." if r["ok"] else "**failures found** (below)."))
     return "\n".join([head, "", *_outcomes(r), *_kills(r), *_left(r)])
 

@@ -37,6 +37,7 @@ from bench.lib.metrics import RequestRecord
 from bench.lib.models import MULTITURN_MODEL, bench_model_dir
 from bench.lib.processes import BenchProcess, router_process, thread_env, worker_process
 from bench.lib.ready import served_model, wait_ready
+from bench.lib.results import scenario_settings
 from bench.lib.scrape import get_json, scrape
 from bench.lib.workload import PlannedRequest, WorkloadSpec, plan
 
@@ -215,7 +216,7 @@ async def soak(args: argparse.Namespace) -> dict:
     left = result["left"]["final"]
     leaked = sum(d.get("blocks_held", 0) + max(0, d.get("leased", 0)) for d in left.values())
     return {"ok": failed == 0 and leaked == 0 and result["left"]["clean"], **counts,
-            "settings": {k: v for k, v in vars(args).items() if k not in ("results_dir", "out_dir", "no_save")},
+            "settings": scenario_settings(args),
             "model": MULTITURN_MODEL, **result}
 
 
@@ -246,6 +247,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.worker_arg is None:
         args.worker_arg = ["--compile=off"]
     res = asyncio.run(soak(args))
+    res["loadavg"] = args.load.summary() if hasattr(args, "load") else None
     o = res["outcomes"]
     print(f"{res['requests']} requests: " + ", ".join(f"{k} {v}" for k, v in o.items())
           + f"; errors by kind {res['errors_by_kind']}; kills {len(res['events'])}; "
