@@ -33,8 +33,8 @@ def test_the_reduced_grid_is_part_of_the_full_one_and_reaches_both_ends():
     full_lens, full_levels, _ = GRIDS["full"]
     lens, levels, _ = GRIDS["reduced"]
     assert set(lens) < set(full_lens) and set(levels) < set(full_levels)
-    assert (min(full_lens), max(full_lens), min(full_levels), max(full_levels)) == (128, 8192, 1, 128)
-    assert (min(lens), max(lens), min(levels), max(levels)) == (128, 8192, 1, 128)
+    assert (min(full_lens), min(full_levels), max(full_levels)) == (128, 1, 128) and 8000 <= max(full_lens) <= 8190
+    assert (min(lens), max(lens), min(levels), max(levels)) == (128, max(full_lens), 1, 128)
 
 
 def test_the_tables_hold_every_arm_at_every_point_with_its_load():
