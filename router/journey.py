@@ -82,8 +82,9 @@ class Move:
 def request_info(req: ParsedRequest, request_id: str) -> RequestInfo:
     """What the policy sees of a request: its size (exact for token ids, else estimated)."""
     if req.prompt_token_ids is not None:
-        return RequestInfo(request_id, len(req.prompt_token_ids), list(req.prompt_token_ids))
-    return RequestInfo(request_id, estimate_tokens(req.prompt_chars()))
+        return RequestInfo(request_id, len(req.prompt_token_ids), list(req.prompt_token_ids),
+                           cache_salt=req.cache_salt)
+    return RequestInfo(request_id, estimate_tokens(req.prompt_chars()), cache_salt=req.cache_salt)
 
 
 @dataclass
@@ -142,7 +143,7 @@ class Journey:
         greq = GenerateRequest(
             request_id=self.request_id, prompt=req.prompt, messages=req.messages,
             prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
-            chat_options=req.chat_options if req.messages is not None else None,
+            chat_options=req.chat_options if req.messages is not None else None, cache_salt=req.cache_salt,
         )
         if decode:
             if self.prompt_ids is not None:

@@ -122,7 +122,7 @@ FIELDS: dict[str, FieldSpec] = {
     "priority": _r("priority scheduling is not supported by this server", 0),
     "request_id": _r("this server assigns request ids itself (X-Request-Id)"),
     "session_id": _r("'session_id' is not supported by this server"),
-    "cache_salt": _r("'cache_salt' " + _NOT_YET),
+    "cache_salt": _h(),
     "kv_transfer_params": _r("this server does the KV handoff itself"),
     "ec_transfer_params": _r("encoder-cache transfer is not supported by this server"),
     "vllm_xargs": _r("vLLM extension arguments are not supported by this server"),

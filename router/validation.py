@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.contracts.json_body import INT_MAX, INT_MIN
-from tandem.contracts.protocol import SamplingParams, top_k_valid
+from tandem.contracts.protocol import MAX_CACHE_SALT_CHARS, SamplingParams, top_k_valid
 from tandem.router.chat_fields import chat_options, echo_text
 from tandem.router.errors import RouterError, bad_request
 from tandem.router.openai_schema import FIELDS, MESSAGE_FIELDS, Endpoint, Support, inert
@@ -61,6 +61,7 @@ class ParsedRequest:
     echo_ids: bool = False  # echo of a token-id prompt: the text is decoded once tokens are known
     tools: ToolRequest | None = None  # tools.py
     max_tokens_given: bool = True  # False: the default applies (the rest of the context, app.py)
+    cache_salt: str | None = None  # the tenant's prefix-cache salt (vLLM's name): shares KV only with the same salt
 
     def prompt_chars(self) -> int:
         """Size of the prompt in characters, for an estimate when its tokens are unknown (policies.base)."""
@@ -292,7 +293,18 @@ def parse_request(body: Any, endpoint: Endpoint, limits: Limits) -> ParsedReques
     if user is not None and not isinstance(user, str):
         raise bad_request("'user' must be a string.", "user")
     req.user = user
+    req.cache_salt = _parse_cache_salt(body.get("cache_salt"))
     return req
+
+
+def _parse_cache_salt(salt: Any) -> str | None:
+    """`cache_salt`: a non-empty string of at most MAX_CACHE_SALT_CHARS, as the workers check it."""
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt or len(salt) > MAX_CACHE_SALT_CHARS:
+        raise bad_request(f"'cache_salt' must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters.",
+                          "cache_salt")
+    return salt
 
 
 def check_model(requested: str, served: str | None) -> None:

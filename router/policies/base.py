@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from tandem.contracts.handoff_parity import ParityState
 from tandem.contracts.names import Role
-from tandem.contracts.prefix import block_hashes
+from tandem.contracts.prefix import block_hashes, request_salt
 from tandem.contracts.routing import (
     DECODE_HEADROOM_SEQUENCES,
     PREFILL_SATURATED_TOKENS,
@@ -102,6 +102,7 @@ class RequestInfo:
     request_id: str
     prompt_tokens: int  # exact when the token ids are known, else estimate_tokens(characters)
     prompt_token_ids: list[int] | None = None  # the router tokenized it, or the client sent ids
+    cache_salt: str | None = None  # the tenant's salt: its blocks are named apart (contracts.prefix)
     _hashes: dict[tuple[int, bytes], list[bytes]] = field(default_factory=dict, compare=False, repr=False)
 
     def block_hashes(self, block_size: int, salt: bytes = b"") -> list[bytes]:
@@ -111,7 +112,7 @@ class RequestInfo:
             return []
         key = (block_size, salt)
         if key not in self._hashes:
-            self._hashes[key] = block_hashes(self.prompt_token_ids, block_size, salt)
+            self._hashes[key] = block_hashes(self.prompt_token_ids, block_size, request_salt(salt, self.cache_salt))
         return self._hashes[key]
 
 

@@ -57,6 +57,7 @@ HONOURED_SAMPLES = {
     "ignore_eos": True, "n": 3, "echo": True, "chat_template_kwargs": {"style": "brief"},
     "add_generation_prompt": False, "continue_final_message": True, "structured_outputs": {"regex": "[a-z]+"}, "guided_json": {"type": "object"},
     "guided_regex": "[0-9]+", "guided_choice": ["yes", "no"], "guided_grammar": 'start: "a" | "b"',
+    "cache_salt": "tenant-a",
 }
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 TOOL_FIELDS = {  # (without the field, with it)

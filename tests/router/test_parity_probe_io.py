@@ -11,7 +11,7 @@ import asyncio
 from tandem.contracts.handoff_parity import ProbeOutcome
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import EventType, FinishReason, KVSource, PrefillResult, StreamEvent
-from tandem.router.parity import Pair, probe_tokens
+from tandem.router.parity import UNKNOWN_DTYPE_TOLERANCE, Pair, probe_tokens
 from tandem.router.parity_probe import run_probe
 from tandem.router.policies.base import WorkerView
 from tandem.testing.fake_workers import Call, FakeWorkers, busy, died, finish, start
@@ -147,12 +147,17 @@ def _checked(workers: EchoWorkers) -> tuple[dict, list[str]]:
     return asyncio.run(main())
 
 
+# The fake workers report no dtype: the probe judges them by UNKNOWN_DTYPE_TOLERANCE.
+FIRST, SECOND = 1.5 * UNKNOWN_DTYPE_TOLERANCE, 1.75 * UNKNOWN_DTYPE_TOLERANCE
+
+
 def test_one_disagreement_is_taken_for_noise_when_a_second_probe_agrees():
-    states, _ = _checked(EchoWorkers(shifts=[0.5, 0.0]))
+    states, _ = _checked(EchoWorkers(shifts=[FIRST, 0.0]))
     assert states == {P: "verified", D: "verified"}
 
 
 def test_a_disagreement_that_repeats_is_a_mismatch():
-    states, messages = _checked(EchoWorkers(shifts=[0.5, 0.75]))
+    states, messages = _checked(EchoWorkers(shifts=[FIRST, SECOND]))
     assert states == {P: "mismatch", D: "mismatch"}
-    assert all("0.75" in m and "confirmed by a second probe (0.5 the first time)" in m for m in messages)
+    assert all(f"{SECOND:.3g}" in m and f"confirmed by a second probe ({FIRST:.3g} the first time)" in m
+               for m in messages)
