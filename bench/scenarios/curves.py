@@ -7,9 +7,11 @@ colocated and vLLM; and the KV handoff's time and bytes against prompt length be
 The model is issue 13's 42M Llama with an 8k context (bench/lib/models.py CURVES_MODEL). Each arm is
 started alone (bench/lib/arm_specs.py; Tandem's workers with --max-num-seqs 128, vLLM's CPU default,
 and KV room for 128 streams), warmed up, then: for each prompt length, one untimed request and then
---ttft-reps timed ones, one at a time, 2 output tokens (TTFT is the prefill and the handoff; on a
+--ttft-reps timed ones, one at a time, 2 output tokens (TTFT is the prefill: a disaggregating router
+streams the prefill worker's first token while the decode worker pulls the KV; on a
 disaggregated arm the decode worker's own pull seconds and bytes are read from its /metrics around
-each request); then for each concurrency a closed loop of that many streams (256-token prompts,
+each request, and the router's route for each, since a request the router sends to decode-side
+prefill pulls nothing); then for each concurrency a closed loop of that many streams (256-token prompts,
 --output-len out, two requests per stream). --grid reduced leaves out some points (GRIDS) to fit a
 busy machine's hour. The handoff's bound comes from kv_handoff's latest result (raw loopback TCP and
 memcpy of the same bytes). The load average is sampled through each arm. Writes the tables between
@@ -24,6 +26,7 @@ import asyncio
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
@@ -35,7 +38,7 @@ from bench.lib.metrics import summarize
 from bench.lib.models import CURVES_MODEL, bench_model_dir
 from bench.lib.ready import served_model
 from bench.lib.results import ROOT, latest_result
-from bench.lib.scrape import scrape
+from bench.lib.scrape import route_counts, scrape
 from bench.lib.workload import WorkloadSpec, plan
 
 FIGURE = "bench/figures/curves.svg"
@@ -49,35 +52,36 @@ TANDEM_WORKER_ARGS = ("--max-num-seqs", "128", "--num-blocks", "4096")
 PULL_SECONDS, PULL_BYTES = "tandem_kv_transfer_seconds_sum", "tandem_kv_transfer_bytes_total"
 
 
-async def pulled(decode_url: str | None) -> tuple[float, float]:
-    """The decode worker's KV pull seconds and bytes so far ((0, 0) without a decode worker)."""
-    if decode_url is None:
-        return 0.0, 0.0
+async def pulled(url: str, decode_url: str | None) -> tuple[float, float, dict[str, float]]:
+    """The decode worker's KV pull seconds and bytes so far ((0, 0) without a decode worker), and
+    the router's routes by reason ({} for a peer: which path each request took)."""
     async with aiohttp.ClientSession() as s:
-        m = await scrape(s, decode_url)
-    return m.get(PULL_SECONDS, 0.0), m.get(PULL_BYTES, 0.0)
+        m = await scrape(s, decode_url) if decode_url else {}
+        routes = await route_counts(s, url)
+    return m.get(PULL_SECONDS, 0.0), m.get(PULL_BYTES, 0.0), routes
 
 
 async def ttft_point(url: str, model: str, count, n: int, reps: int, decode_url: str | None) -> dict:
     """One untimed request of n prompt tokens, then `reps` timed ones, one at a time."""
     reqs = plan(WorkloadSpec(f"ttft-{n}", "closed", reps + 1, (n, n), 2, concurrency=1, seed=n), count)
     warm = await run_closed_loop(url, model, reqs[:1], 1, 600.0)
-    ttfts, pull_s, pull_bytes, errors = [], [], [], sum(not r.ok for r in warm)
+    ttfts, pulls, routes, errors = [], [], Counter(), sum(not r.ok for r in warm)
     for req in reqs[1:]:
-        s0, b0 = await pulled(decode_url)
+        s0, b0, r0 = await pulled(url, decode_url)
         rec = (await run_closed_loop(url, model, [req], 1, 600.0))[0]
-        s1, b1 = await pulled(decode_url)
+        s1, b1, r1 = await pulled(url, decode_url)
+        routes.update({k: int(v - r0.get(k, 0.0)) for k, v in r1.items() if v > r0.get(k, 0.0)})
         if not rec.ok:
             errors += 1
             continue
         ttfts.append(rec.ttft)
-        if decode_url is not None:
-            pull_s.append(s1 - s0)
-            pull_bytes.append(b1 - b0)
+        if decode_url is not None and b1 > b0:  # a request the decode worker prefilled itself pulled nothing
+            pulls.append((s1 - s0, b1 - b0))
     med = statistics.median
     return {"ttft_p50": med(ttfts) if ttfts else None, "ttft": ttfts, "warmup_ttft": warm[0].ttft,
-            "errors": errors, "prompt_tokens": reqs[1].prompt_tokens_target,
-            "pull_s_p50": med(pull_s) if pull_s else None, "pull_bytes": med(pull_bytes) if pull_bytes else None}
+            "errors": errors, "prompt_tokens": reqs[1].prompt_tokens_target, "routes": dict(routes),
+            "pulls": pulls, "pull_s_p50": med(p[0] for p in pulls) if pulls else None,
+            "pull_bytes": med(p[1] for p in pulls) if pulls else None}
 
 
 async def ttft_curve(url: str, model: str, count, lens: tuple[int, ...], reps: int,
