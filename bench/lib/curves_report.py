@@ -40,8 +40,10 @@ def ttft_table(r: dict[str, Any]) -> str:
         row = [str(n)]
         for name in names:
             p = r["arms"][name]["ttft"].get(str(n), {})
-            cell = fmt_s(p.get("ttft_p50"))
-            row.append(cell + (f" ({p['errors']} errors)" if p.get("errors") else ""))
+            routes = p.get("routes") or {}
+            other = {k: v for k, v in routes.items() if k != "disaggregated"} if "disaggregated" in routes else {}
+            cell = fmt_s(p.get("ttft_p50")) + (f" ({p['errors']} errors)" if p.get("errors") else "")
+            row.append(cell + "".join(f" ({v} of {sum(routes.values())} routed {k})" for k, v in other.items()))
         rows.append(row)
     return md_table(["prompt tokens", *[f"{n} TTFT p50" for n in names]], rows)
 

@@ -10,7 +10,9 @@ def _arm(description, ttft, conc, pulls=None):
     return {"description": description, "ready_s": 42.0,
             "loadavg": {"samples": 3, "min": 1.0, "median": 2.0, "max": 5.5},
             "ttft": {str(n): {"ttft_p50": t, "errors": 0, "pull_s_p50": pulls.get(n, (None, None))[0],
-                              "pull_bytes": pulls.get(n, (None, None))[1]} for n, t in ttft.items()},
+                              "pull_bytes": pulls.get(n, (None, None))[1],
+                              "routes": {"disaggregated": 1, "prefill_saturated": 1} if n == 128 and pulls else {}}
+                     for n, t in ttft.items()},
             "concurrency": {str(c): {"itl_p50": a, "itl_p99": b, "output_tokens_per_s": t, "errors": e}
                             for c, (a, b, t, e) in conc.items()}}
 
@@ -40,7 +42,7 @@ def test_the_reduced_grid_is_part_of_the_full_one_and_reaches_both_ends():
 def test_the_tables_hold_every_arm_at_every_point_with_its_load():
     md = results_markdown(_result(), "20260102-000000", "python -m bench curves --grid reduced", "bench/figures/c.svg")
     assert "grid reduced (left out of the full grid: prompts 256, 1024; concurrency 2, 8)" in md
-    assert "| 8192 | 9.50 s | 12.00 s |" in md and "| 128 | 50 ms | 40 ms |" in md
+    assert "| 8192 | 9.50 s | 12.00 s |" in md and "| 128 | 50 ms (1 of 2 routed prefill_saturated) | 40 ms |" in md
     assert "| 128 | 200 ms / 1.50 s (3 errors) | 150 ms / 2.50 s | 400 | 450 |" in md
     assert md.count("load average 1.0-5.5 (median 2.0) while measured") == 2
     assert "**vllm-bf16**: skipped (not installed)" in md
