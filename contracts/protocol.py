@@ -1,7 +1,9 @@
 """The internal HTTP protocol between the router and the workers, and between workers.
 
-One source of truth for what crosses a process boundary on the data plane.
-It never imports torch: the router uses it too.
+One source of truth for what crosses a process boundary on the data plane; the pieces with an idea
+of their own live beside it: sampling.py (SamplingParams, TokenLogprobs, their bounds), kv_source.py
+(KVSource, KVRank), tokenizer_files.py (TokenizerFiles) and kv_events.py (KVEventMessage).
+None of them imports torch: the router uses them too.
 
 Endpoints every worker serves (aiohttp, see worker/server/):
 
@@ -58,11 +60,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.contracts.kv_source import KVSource
 from tandem.contracts.names import Role
+from tandem.contracts.sampling import SamplingParams
 
 REQUEST_ID_HEADER = "X-Request-Id"
 NDJSON = "application/x-ndjson"
@@ -91,129 +94,8 @@ class EventType(enum.StrEnum):
     MIGRATE = "migrate"
 
 
-# A temperature below this is greedy: dividing logits by it only overflows the softmax (vLLM's
-# epsilon). The worker's parsing and the engine both apply it.
-GREEDY_TEMPERATURE_BELOW = 1e-5
-# What a worker accepts in SamplingParams.stop (the router's own limits are lower by default):
-# the stop check's automaton grows with the total, its time per token does not.
-WORKER_MAX_STOP_STRINGS = 32
-WORKER_MAX_STOP_CHARS = 1024  # each
-
-
-def top_k_valid(k: int) -> bool:
-    """The one top_k rule of the router and the workers: -1 or 0 is off (as vLLM takes both),
-    any positive k keeps the k likeliest tokens."""
-    return k >= -1
-
 
 MAX_CACHE_SALT_CHARS = 256  # GenerateRequest.cache_salt
-
-# The most alternatives a request may ask logprobs for (OpenAI's top_logprobs allows 20).
-MAX_TOP_LOGPROBS = 20
-# logit_bias values, as OpenAI bounds them.
-LOGIT_BIAS_RANGE = (-100.0, 100.0)
-
-
-@dataclass
-class SamplingParams:
-    """What one sequence samples with. Fields past `ignore_eos` travel only when set (to_wire), so a
-    router that does not use them still talks to a worker that does not know them."""
-
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1  # -1 or 0: off (top_k_valid)
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    min_p: float = 0.0  # drop tokens below min_p x the likeliest one's probability
-    min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens are out
-    presence_penalty: float = 0.0  # OpenAI's, over the generated tokens
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0  # vLLM's (CTRL's), over prompt and generated tokens
-    logit_bias: dict[str, float] = field(default_factory=dict)  # token id (as a string) -> bias
-    # None: no logprobs; k >= 0: the chosen token's log probability and the k likeliest alternatives
-    logprobs: int | None = None
-    # The output's grammar (worker/engine/grammar.py): {"json_schema": {...}}, {"json_object": true},
-    # {"regex": "..."}, {"choice": [...]} or {"lark": "..."}; None: unconstrained.
-    structured: dict[str, Any] | None = None
-    # Teacher forcing (internal: the router's handoff parity probe, router/parity_probe.py): the
-    # token at output index i is forced_token_ids[i] whatever the draw, and logprobs score it, so two
-    # paths through the model can be compared on the same continuation. Never set from the public API.
-    forced_token_ids: list[int] = field(default_factory=list)
-
-    def to_wire(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        return {k: v for k, v in d.items() if k in _ALWAYS_SENT or v != _SAMPLING_DEFAULTS[k]}
-
-
-_ALWAYS_SENT = frozenset({"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
-                          "ignore_eos"})
-_SAMPLING_DEFAULTS = dataclasses.asdict(SamplingParams())
-
-
-LOGPROB_FLOOR = -9999.0  # what a -inf log probability is reported as (JSON has no infinity; vLLM's value)
-
-
-@dataclass
-class TokenLogprobs:
-    """One generated token's log probability and its `top` alternatives as (id, logprob), likeliest
-    first. On the wire (to_wire) each id comes with its text, as the worker's tokenizer decodes it."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] = field(default_factory=list)
-
-    def to_wire(self, text: Any) -> dict[str, Any]:
-        def one(tok: int, lp: float) -> dict[str, Any]:
-            return {"id": tok, "token": text(tok), "logprob": max(lp, LOGPROB_FLOOR)}
-
-        return one(self.token_id, self.logprob) | {"top": [one(t, lp) for t, lp in self.top]}
-
-
-@dataclass
-class KVRank:
-    """Where one more rank of a tensor-parallel prefill (or migrating decode) worker serves its
-    share of the KV heads: its own KV endpoint, read directly by the decode ranks that need it."""
-
-    url: str  # base URL of the rank's HTTP API (/internal/kv/metadata)
-    engine_id: str  # the rank's KV agent ("<engine_id of rank 0>-r<rank>")
-    extra: dict[str, Any] = field(default_factory=dict)  # backend-specific (e.g. tcp host/port)
-
-
-@dataclass
-class KVSource:
-    """Where a decode worker finds the KV a prefill worker computed (returned by /internal/prefill)."""
-
-    url: str  # base URL of the prefill worker's HTTP API (its rank 0)
-    engine_id: str  # "<pod or host>-<epoch>": a restarted worker gets a new one
-    backend: str  # "nixl" | "tcp" | "memory"
-    block_ids: list[int]  # the prefill worker's blocks, in sequence order
-    num_tokens: int  # tokens whose KV the blocks hold (the prompt)
-    # Unguessable, one per lease: a KV read, a release or an abort of the lease must quote it.
-    # Empty matches nothing. Pass it only to the decode worker chosen for this request.
-    lease_token: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)  # backend-specific (e.g. tcp host/port)
-    # A tensor-parallel source: ranks 1.. (rank 0 is url/engine_id/extra above), each holding the
-    # KV heads tandem.contracts.kv_layout.kv_heads_of_rank gives it; one lease (rank 0's, above)
-    # covers every rank's blocks. Empty: one rank.
-    ranks: list[KVRank] = field(default_factory=list)
-    # The tandem.dev/generation of the worker that leased the KV (a prefill worker, or a draining
-    # decode worker). A worker of another generation refuses it (400 kv_generation_mismatch): the
-    # same tokens through other weights are other KV, and must never reach its cache.
-    generation: str = ""
-
-    def __post_init__(self) -> None:
-        self.ranks = [r if isinstance(r, KVRank) else KVRank(**r) for r in self.ranks]
-
-    @property
-    def tensor_parallel(self) -> int:
-        return 1 + len(self.ranks)
-
-    def rank(self, i: int) -> KVRank:
-        """Rank i's endpoint (rank 0 is the source's own)."""
-        return KVRank(self.url, self.engine_id, self.extra) if i == 0 else self.ranks[i - 1]
 
 
 @dataclass
@@ -353,80 +235,6 @@ class WorkerInfo:
         d["role"] = Role(d["role"])
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
-
-
-# The files a router needs to tokenize as a worker does (tandem.router.tokenizer).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-
-
-def tokenizer_digest(files: dict[str, str]) -> str:
-    """SHA-256 over the files' names and texts: equal digests mean the same tokenizer and template."""
-    h = hashlib.sha256()
-    for name in sorted(files):
-        data = files[name].encode()
-        h.update(f"{name}\0{len(data)}\0".encode())
-        h.update(data)
-    return h.hexdigest()
-
-
-@dataclass
-class TokenizerFiles:
-    """GET /internal/tokenizer: names in TOKENIZER_FILES -> their text, and their tokenizer_digest."""
-
-    sha256: str
-    files: dict[str, str]
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TokenizerFiles:
-        files = d.get("files")
-        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                  for k, v in files.items()):
-            raise ValueError("tokenizer files must be an object of file name -> text")
-        sha = d.get("sha256")
-        if sha != tokenizer_digest(files):
-            raise ValueError("tokenizer files do not match their sha256")
-        return cls(sha, dict(files))
-
-
-class KVEventType(enum.StrEnum):
-    SNAPSHOT = "snapshot"  # first line of every stream: all the block hashes held, as of `seq`
-    UPDATE = "update"  # hashes stored and removed since the previous line; seq is the previous + 1
-    HEARTBEAT = "heartbeat"  # nothing changed; `seq` repeats the last one
-
-
-@dataclass
-class KVEventMessage:
-    """One NDJSON line of GET /internal/kv/events. Hashes (tandem.contracts.prefix.block_hashes over
-    `block_size` tokens with `salt`) travel as hex. `enabled` is false on a worker whose engine keeps
-    no prefix cache: its snapshot is empty and no update follows."""
-
-    type: KVEventType
-    seq: int
-    engine_id: str = ""  # on SNAPSHOT: a restarted worker has a new one
-    block_size: int = 0  # on SNAPSHOT
-    salt: str = ""  # on SNAPSHOT, hex
-    enabled: bool = True  # on SNAPSHOT
-    hashes: list[str] = field(default_factory=list)  # on SNAPSHOT
-    stored: list[str] = field(default_factory=list)  # on UPDATE
-    removed: list[str] = field(default_factory=list)  # on UPDATE
-
-    def to_dict(self) -> dict[str, Any]:
-        keep = {KVEventType.SNAPSHOT: ("engine_id", "block_size", "salt", "enabled", "hashes"),
-                KVEventType.UPDATE: ("stored", "removed"), KVEventType.HEARTBEAT: ()}[self.type]
-        return {"type": self.type.value, "seq": self.seq} | {k: getattr(self, k) for k in keep}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> KVEventMessage:
-        d = dict(d)
-        d["type"] = KVEventType(d["type"])
-        known = {f.name for f in dataclasses.fields(cls)}
-        msg = cls(**{k: v for k, v in d.items() if k in known})
-        if not isinstance(msg.seq, int) or isinstance(msg.seq, bool):
-            raise ValueError(f"kv event seq must be an integer, got {msg.seq!r}")
-        return msg
 
 
 def openai_error(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:

@@ -3,7 +3,8 @@
     the InferenceService created, its spec changed, or seen at start-up -> apply + status
     its resync timer (every --resync-seconds, jittered)                 -> apply + status (drift)
     a child Deployment deleted or changed by someone else               -> apply + status (drift)
-    a child Deployment or pod changed (coalesced for CHILD_DELAY_S)     -> status
+    a download Job deleted (how a failed download is retried)           -> apply + status
+    a child Deployment, pod or Job changed (coalesced for CHILD_DELAY_S) -> status
     its planner timer (every spec.autoscaling.intervalSeconds)          -> plan + status (+ apply)
     an apply failed in a way retrying can fix (after RETRY_S)           -> apply + status
 
@@ -79,11 +80,14 @@ class Controller:
 
     def child_event(self, namespace: str, service: str, body: dict | None = None,
                     event_type: str | None = None) -> None:
-        """A Deployment or pod of the service changed: its status, soon (a burst is one pass). A
-        Deployment deleted, or whose spec someone else changed (a generation the operator's last apply
-        did not leave), is drift: applied again at once, not at the next resync."""
+        """A Deployment, pod or download Job of the service changed: its status, soon (a burst is one
+        pass). A Deployment deleted, or whose spec someone else changed (a generation the operator's
+        last apply did not leave), is drift: applied again at once, not at the next resync; so is a
+        deleted Job (a failed download is retried by deleting its Job)."""
         key = (namespace, service)
-        if body is not None and body.get("kind") == "Deployment" and self._drifted(key, body, event_type):
+        kind = body.get("kind") if body is not None else None
+        if (kind == "Deployment" and self._drifted(key, body, event_type)) or (
+                kind == "Job" and event_type == "DELETED"):
             self.queue.add(key, RESYNC)
             return
         self.queue.schedule(key, STATUS, CHILD_DELAY_S, "child")

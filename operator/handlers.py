@@ -1,7 +1,7 @@
 """The operator's entry points: what kopf calls, and nothing else. Read this file as a table of contents.
 
 - an InferenceService event (created, changed, found at start-up, deleted) -> Controller.service_event
-- a child Deployment or pod changed                                        -> Controller.child_event
+- a child Deployment, pod or download Job changed                         -> Controller.child_event
 
 Each queues a pass of the controller's work queue (tandem.operator.controller), which also holds the
 timers of the periodic resync, the planner (tandem.operator.autoscaling.autoscaler) and retries. A
@@ -75,6 +75,7 @@ async def service_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
 @kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
+@kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)
 async def child_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A child moved: its owner's status soon (coalesced per owner), or its drift corrected now."""
     memo.controller.child_event(body["metadata"]["namespace"], body["metadata"]["labels"][LABEL_SERVICE],

@@ -9,9 +9,12 @@ commit is kept in status.model and served until model.hub or model.revision chan
 moves upstream does not roll the workers); the judgement is redone when a tensor size changes.
 
 The outcome is the ModelReady condition; a hub model that cannot be resolved, or cannot be served,
-applies nothing (Ready=False with ModelReady's reason): no pod is created to download it. Sources
-the operator cannot read (a path in the image, a hostPath, a PVC, an image volume) get ModelReady
-Unknown/NotChecked: their workers refuse the same things, with the same words, when they start.
+applies nothing (Ready=False with ModelReady's reason): no pod is created to download it. Once
+checked, a hub model with cache.pvc says how its download Job fares (tandem.operator.download_state:
+Downloading, Downloaded, DownloadFailed). Sources the operator cannot read (a path in the image, a
+hostPath, a PVC, an image volume) get ModelReady Unknown/NotChecked: their workers refuse the same
+things, with the same words, when they start; a PVC's claim is read, though, and one the worker pods
+cannot all mount says so (tandem.operator.claim_check).
 """
 
 from __future__ import annotations
@@ -25,13 +28,23 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tandem.operator import apply
+from tandem.operator.claim_check import judge_claim
 from tandem.operator.config import OperatorConfig
+from tandem.operator.download_state import download_condition, pods_download_condition
+from tandem.operator.render.objects import names
+from tandem.operator.render.weights import DOWNLOAD_INIT, download_job_name
 from tandem.operator.spec import InferenceServiceSpec
 from tandem.operator.status import condition
+from tandem.weights.cli import EXIT_PERMANENT
 from tandem.weights.hub import HubError, fetch_config, resolve_commit
 
 log = logging.getLogger(__name__)
 TYPE = "ModelReady"
+# Reasons the model check does not find itself: the download Job's state, layered on a Checked finding
+# in every pass (with_download); a pass that does not check starts again from Checked.
+DOWNLOAD_REASONS = ("Downloading", "Downloaded", "DownloadFailed")  # also the pods' own downloads
+# False findings that still apply the spec (the pods wait for what is missing, then start).
+APPLYING = ("ClaimNotFound", "DownloadFailed")
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,8 @@ class TokenError(Exception):
 def check(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config: OperatorConfig) -> ModelFinding:
     """The model's finding for this reconcile (hub calls only when status lacks the answer)."""
     model = spec.model
+    if model.pvc is not None:
+        return _claim_finding(spec, read_claim(api, body["metadata"]["namespace"], model.pvc.claim_name))
     if model.hub is None:
         return ModelFinding(spec, None, condition(TYPE, "Unknown", "NotChecked", not_checked_message(spec)))
     old = (body.get("status") or {}).get("model") or {}
@@ -137,6 +152,51 @@ def _finding(spec: InferenceServiceSpec, status: dict[str, Any]) -> ModelFinding
     return ModelFinding(pinned(spec, status["commit"]), status, condition(TYPE, "True", "Checked", message))
 
 
+def read_claim(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """model.pvc's claim, None when it does not exist."""
+    try:
+        return apply.request(api, "GET", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}")
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def _claim_finding(spec: InferenceServiceSpec, claim: dict[str, Any] | None) -> ModelFinding:
+    problem = judge_claim(claim, spec)
+    if problem is None:
+        return ModelFinding(spec, None, condition(TYPE, "Unknown", "NotChecked", not_checked_message(spec)))
+    return ModelFinding(spec, None, condition(TYPE, problem.status, problem.reason, problem.message),
+                        blocking=problem.blocking)
+
+
+def downloads(finding: ModelFinding) -> bool:
+    """Whether the finding is a checked hub model whose download Job (cache.pvc) tells the rest."""
+    model = finding.spec.model
+    return (model.hub is not None and model.cache is not None and model.cache.pvc is not None
+            and finding.condition["status"] == "True")
+
+
+def with_download(finding: ModelFinding, service: str, job: dict[str, Any] | None,
+                  pods: list[dict[str, Any]]) -> ModelFinding:
+    """The finding with ModelReady as the pinned commit's download Job says (see downloads)."""
+    model = finding.spec.model
+    cond = download_condition(finding.condition["message"], download_job_name(service, model),
+                              names(service)["weights"], job, pods)
+    return dataclasses.replace(finding, condition=cond)
+
+
+def with_pod_downloads(finding: ModelFinding, worker_pods: list[dict[str, Any]]) -> ModelFinding:
+    """A checked hub model that each pod downloads (a hostPath or emptyDir cache): ModelReady says
+    when their download init containers fail."""
+    model = finding.spec.model
+    if model.hub is None or (model.cache is not None and model.cache.pvc is not None) or \
+            finding.condition["status"] != "True":
+        return finding
+    cond = pods_download_condition(finding.condition, DOWNLOAD_INIT, EXIT_PERMANENT, worker_pods)
+    return dataclasses.replace(finding, condition=cond)
+
+
 def not_checked_message(spec: InferenceServiceSpec) -> str:
     model = spec.model
     source = ("model.path" if model.path else "model.hostPath" if model.host_path else
@@ -159,5 +219,8 @@ def carried(body: dict, spec: InferenceServiceSpec | None) -> ModelFinding | Non
     if old is None:
         return ModelFinding(pin, held or None, condition(TYPE, "Unknown", "NotChecked", not_checked_message(spec))
                             if model.hub is None else condition(TYPE, "Unknown", "Pending", "not checked yet"))
+    if old.get("reason") in DOWNLOAD_REASONS and pin is not spec:
+        return _finding(spec, held)  # checked; this pass reads the download Job again
     cond = {k: old[k] for k in ("type", "status", "reason", "message") if k in old}
-    return ModelFinding(pin, held or None, cond, blocking=old.get("status") == "False")
+    return ModelFinding(pin, held or None, cond, blocking=old.get("status") == "False"
+                        and old.get("reason") not in APPLYING)

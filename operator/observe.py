@@ -118,3 +118,22 @@ def _named(uid: str, pods: list[dict], owners: Owners) -> bool:
     """Whether a live pod, or a controller kept in `owners`, names `uid` as its controller."""
     return any((_controller(p) or {}).get("uid") == uid for p in pods) or any(
         (ref or {}).get("uid") == uid for ref in owners.values())
+
+
+def observe_download(api: client.ApiClient, namespace: str, job: str) -> tuple[dict | None, list[dict]]:
+    """A hub model's download Job (None when it does not exist yet) and, once an attempt has failed,
+    the pods it controls (their termination messages say why; a pod that merely copies the Job's
+    labels is not one of them)."""
+    try:
+        found = request(api, "GET", f"/apis/batch/v1/namespaces/{namespace}/jobs/{job}")
+    except ApiException as e:
+        if e.status == 404:
+            return None, []
+        raise
+    status = found.get("status") or {}
+    failing = any(c.get("type") in ("Failed", "FailureTarget") for c in status.get("conditions") or [])
+    if not status.get("failed") and not failing:
+        return found, []
+    uid = found["metadata"]["uid"]
+    pods = _list(api, f"/api/v1/namespaces/{namespace}/pods", f"batch.kubernetes.io/controller-uid={uid}")
+    return found, [p for p in pods if (_controller(p) or {}).get("uid") == uid]

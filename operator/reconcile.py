@@ -34,7 +34,7 @@ from tandem.operator.autoscaling.status import (
 from tandem.operator.config import OperatorConfig
 from tandem.operator.group_pods import removed_by_scale_down
 from tandem.operator.handoff_condition import RouterParity
-from tandem.operator.observe import Owners
+from tandem.operator.observe import Owners, observe_download
 from tandem.operator.ownership import REFUSED, secret_record
 from tandem.operator.render import (
     endpoint,
@@ -44,15 +44,18 @@ from tandem.operator.render import (
     render,
     stale_workloads,
 )
-from tandem.operator.spec import InferenceServiceSpec, SpecError
+from tandem.operator.render.weights import download_job_name
+from tandem.operator.spec import WORKER_ROLES, InferenceServiceSpec, SpecError
 from tandem.operator.status import KVProbe, Observation, compute_status, same_status
 from tandem.operator.work import Work
 
 log = logging.getLogger(__name__)
 
-# Condition reasons that earn a Warning event, once per transition into them.
+# Condition reasons that earn a Warning event, once per transition into them. (A model refusal that
+# applies nothing posts its own, once per message: _model_event.)
 WARNINGS = {"KVTransferReady": ("RDMAFallback", "TransferFailing", "BandwidthBelowFloor"),
-            "HandoffVerified": ("ParityMismatch",)}
+            "HandoffVerified": ("ParityMismatch",),
+            model_check.TYPE: ("DownloadFailed", "ClaimNotFound", "ClaimSingleNode")}
 
 
 def now() -> str:
@@ -156,6 +159,12 @@ def conclude(api: client.ApiClient, body: dict, config: OperatorConfig, memory: 
     if it changed; the events. `kv_probes` are the workers' KV health answers (None: not probed)."""
     meta, old, spec, result = body["metadata"], body.get("status") or {}, acted.spec, acted.result
     model = acted.model
+    if model is not None and model_check.downloads(model):  # how the pinned commit's download Job fares
+        job, job_pods = observe_download(api, meta["namespace"], download_job_name(meta["name"], model.spec.model))
+        model = model_check.with_download(model, meta["name"], job, job_pods)
+    elif model is not None:  # a hostPath or emptyDir cache: each worker pod downloads for itself
+        roles = [obs.roles[r] for r in WORKER_ROLES if r in obs.roles]
+        model = model_check.with_pod_downloads(model, [p for r in roles for p in r.pods + r.followers])
     ready = _condition(old, "Ready")
     if result.error and ready.get("message") != result.error:
         # Once per distinct failure, not per pass.
@@ -206,7 +215,7 @@ def _apply_phase(api: client.ApiClient, body: dict, spec: InferenceServiceSpec |
 def _model_event(api: client.ApiClient, body: dict, model: model_check.ModelFinding) -> None:
     """A Warning when the model cannot be served, once per distinct message (not per pass)."""
     old = _condition(body.get("status"), model_check.TYPE)
-    if old.get("message") != model.condition["message"]:
+    if old.get("message") != model.condition["message"] and model.condition["reason"] not in WARNINGS[model_check.TYPE]:
         apply.post_event(api, body, "Warning", model.condition["reason"], model.condition["message"])
 
 

@@ -53,7 +53,8 @@ class _Driver:
         self.vocab = min(500, loaded.config.vocab_size)
 
     def submit(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
-        from tandem.contracts.protocol import GenerateRequest, SamplingParams
+        from tandem.contracts.protocol import GenerateRequest
+        from tandem.contracts.sampling import SamplingParams
 
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         seq = self.engine.make_sequence(GenerateRequest(request_id=request_id, prompt_token_ids=prompt,

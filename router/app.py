@@ -83,7 +83,7 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
 
 
 class Router:
-    """Everything one router process holds: config, worker pool, orchestrator and metrics."""
+    """Everything one router process holds: config, worker set, orchestrator and metrics."""
 
     def __init__(self, config: RouterConfig, discovery: Any = None) -> None:
         self.config = config
@@ -97,7 +97,7 @@ class Router:
         self.discovery = discovery  # None: static targets from config
         self.created = int(time.time())
         self.session: aiohttp.ClientSession | None = None
-        self.pool: WorkerSet | None = None
+        self.workers: WorkerSet | None = None
         self.orchestrator: Orchestrator | None = None
         self.responder: Responder | None = None
         self.tokens: TokenizerSync | None = None
@@ -127,16 +127,16 @@ class Router:
         self.tokens = TokenizerSync(client, self.config.tokenizer)
         if self.config.tokenizer not in (WORKERS, OFF):
             self.tokens.load_dir()
-        self.pool = WorkerSet(client, poll_interval_s=self.config.poll_interval_s, served_model=self.config.model,
+        self.workers = WorkerSet(client, poll_interval_s=self.config.poll_interval_s, served_model=self.config.model,
                                listeners=[self.tokens.refresh])
         if self.config.parity_probe:
             c = self.config
             self.parity = ParityChecker(client, self.metrics.registry, c.parity_tolerance, c.parity_recheck_s,
                                         c.parity_probe_timeout_s)
-            self.parity.attach(self.pool)
+            self.parity.attach(self.workers)
         self.orchestrator = Orchestrator(
             client,
-            self.pool,
+            self.workers,
             self._policy(client),
             self.metrics,
             limits=self.limits,
@@ -153,11 +153,11 @@ class Router:
         else:
             self.discovery.on_change = self.set_targets
             self.discovery.start(asyncio.get_running_loop())
-        await self.pool.poll_once()
+        await self.workers.poll_once()
         # the first requests are tokenized here too, and handed off across proven pairings
         await asyncio.gather(self.tokens.wait_loaded(TOKENIZER_START_WAIT_S),
                              self.parity.settle(PARITY_START_WAIT_S) if self.parity else asyncio.sleep(0))
-        self._poller = asyncio.create_task(self.pool.run())
+        self._poller = asyncio.create_task(self.workers.run())
 
     def _policy(self, client: HttpWorkerClient) -> RoutingPolicy:
         """The configured policy; one that routes by prefix gets an index the workers' KV events feed."""
@@ -171,10 +171,10 @@ class Router:
             prefix_sequence_cost_tokens=c.prefix_sequence_cost_tokens, prefix_index=self.index))
 
     def set_targets(self, targets: list[Target]) -> None:
-        assert self.pool is not None
-        self.pool.set_targets(targets)
+        assert self.workers is not None
+        self.workers.set_targets(targets)
         if self.feed is not None:
-            self.feed.set_targets(self.pool.urls())
+            self.feed.set_targets(self.workers.urls())
 
     async def drain(self, grace_s: float) -> bool:
         """Stop being ready and refuse new requests, then wait (at most `grace_s`) for the requests in
@@ -224,9 +224,9 @@ class Router:
         return web.json_response({"status": "ok"})
 
     def _counts(self) -> dict[str, dict[str, int]]:
-        assert self.pool is not None
+        assert self.workers is not None
         counts: dict[str, dict[str, int]] = {r.value: {"ready": 0, "total": 0} for r in Role}
-        for v in self.pool.views():
+        for v in self.workers.views():
             counts[v.role.value]["total"] += 1
             counts[v.role.value]["ready"] += int(v.ready)
         return counts
@@ -240,8 +240,8 @@ class Router:
 
     async def models(self, request: web.Request) -> web.Response:
         self._check_auth(request)
-        assert self.pool is not None
-        model = self.pool.model()
+        assert self.workers is not None
+        model = self.workers.model()
         data = [] if model is None else [
             {"id": model, "object": "model", "created": self.created, "owned_by": "tandem"}
         ]
@@ -251,8 +251,8 @@ class Router:
         self.metrics.tokenizer_active.set(int(self.tokens is not None and self.tokens.active))
         self.metrics.prefix_index_blocks.set(self.index.total_blocks() if self.index is not None else 0)
         self.metrics.kv_event_streams.set(self.index.workers() if self.index is not None else 0)
-        assert self.pool is not None
-        self.metrics.vllm.workers(self.pool.model(), self.pool.views())
+        assert self.workers is not None
+        self.metrics.vllm.workers(self.workers.model(), self.workers.views())
         for role, c in self._counts().items():
             self.metrics.workers.labels(role, "true").set(c["ready"])
             self.metrics.workers.labels(role, "false").set(c["total"] - c["ready"])
@@ -296,8 +296,8 @@ class Router:
         the configured default); without the prompt's tokens, the worker stops at the context."""
         if parsed.max_tokens_given or self.limits.default_max_tokens is not None:
             return
-        assert self.pool is not None
-        context = self.pool.max_model_len()
+        assert self.workers is not None
+        context = self.workers.max_model_len()
         if context is not None and parsed.prompt_token_ids is not None:
             rest = max(1, context - len(parsed.prompt_token_ids))
             parsed.sampling.max_tokens = min(rest, self.limits.max_tokens_limit)
@@ -309,7 +309,7 @@ class Router:
         return await self._generate(request, Endpoint.COMPLETION)
 
     async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        assert self.pool is not None and self.orchestrator is not None
+        assert self.workers is not None and self.orchestrator is not None
         request_id = uuid.uuid4().hex
         ctx = RequestContext(request_id)
         t0 = time.monotonic()
@@ -324,7 +324,7 @@ class Router:
                 self._check_auth(request)
                 body = await self._read_body(request)
                 parsed = parse_request(body, endpoint, self.limits)
-                served = self.pool.model()
+                served = self.workers.model()
                 if served is None:  # no worker has answered yet: which model is unknown
                     raise no_worker("no worker is ready yet; retry shortly.")
                 check_model(parsed.model, served)

@@ -14,7 +14,8 @@ import enum
 from dataclasses import dataclass, field
 
 from tandem.contracts import timing
-from tandem.contracts.protocol import FinishReason, GenerateRequest, KVSource
+from tandem.contracts.kv_source import KVSource
+from tandem.contracts.protocol import FinishReason, GenerateRequest
 from tandem.contracts.routing import RouteReason
 from tandem.router.policies.base import (
     Plan,

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tandem.contracts.protocol import KVEventMessage
+from tandem.contracts.kv_events import KVEventMessage
 from tandem.router.metrics import RouterMetrics
 from tandem.router.prefix_index import PrefixIndex
 from tandem.router.worker_client import WorkerFailed

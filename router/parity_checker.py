@@ -84,10 +84,10 @@ class ParityChecker:
         self._count()
         self._wake.set()
 
-    def attach(self, pool: WorkerSet) -> None:
-        """Follow `pool`'s polls, give its views each worker's standing, and start probing."""
-        pool.listeners.append(self.on_poll)
-        pool.parity = self.state
+    def attach(self, workers: WorkerSet) -> None:
+        """Follow `workers`' polls, give its views each worker's standing, and start probing."""
+        workers.listeners.append(self.on_poll)
+        workers.parity = self.state
         self._task = asyncio.get_running_loop().create_task(self._run(), name="parity-checker")
 
     async def stop(self) -> None:

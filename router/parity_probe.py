@@ -21,7 +21,8 @@ import uuid
 from collections.abc import Sequence
 
 from tandem.contracts.handoff_parity import ProbeOutcome, ProbeResult
-from tandem.contracts.protocol import LOGPROB_FLOOR, EventType, GenerateRequest, SamplingParams
+from tandem.contracts.protocol import EventType, GenerateRequest
+from tandem.contracts.sampling import LOGPROB_FLOOR, SamplingParams
 from tandem.router.errors import RouterError
 from tandem.router.parity import Pair, Scored, compare, probe_tokens
 from tandem.router.worker_client import WorkerClient, WorkerFailed, describe

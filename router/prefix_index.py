@@ -1,7 +1,7 @@
 """Which worker holds which prefix-cache blocks: the router's copy of every worker's KV events.
 
 Fed by kv_feed.py (one GET /internal/kv/events stream per worker, lines of
-tandem.contracts.protocol.KVEventMessage) and read by prefix-aware policies through
+tandem.contracts.kv_events.KVEventMessage) and read by prefix-aware policies through
 `cached_tokens(url, request)`: how many leading tokens of the prompt that worker holds. A
 worker's entry is what its current stream said: every stream starts with a snapshot that replaces
 the entry (a restarted worker's old blocks go with it), updates must follow one by one (a gap:
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tandem.contracts.protocol import KVEventMessage, KVEventType
+from tandem.contracts.kv_events import KVEventMessage, KVEventType
 from tandem.router.policies.base import RequestInfo
 
 

@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any
 
-from tandem.contracts.protocol import LOGIT_BIAS_RANGE, MAX_TOP_LOGPROBS, SamplingParams
+from tandem.contracts.sampling import LOGIT_BIAS_RANGE, MAX_TOP_LOGPROBS, SamplingParams
 from tandem.router.errors import bad_request
 from tandem.router.openai_schema import Endpoint
 

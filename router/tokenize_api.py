@@ -52,7 +52,7 @@ async def tokenize(router: Any, body: Any, limits: Limits) -> dict[str, Any]:
             ids = await _off_loop(len(prompt), encode, prompt)
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
-    return {"count": len(ids), "max_model_len": router.pool.max_model_len() or 0, "tokens": ids}
+    return {"count": len(ids), "max_model_len": router.workers.max_model_len() or 0, "tokens": ids}
 
 
 async def detokenize(router: Any, body: Any) -> dict[str, Any]:
@@ -77,7 +77,7 @@ def add_routes(app: web.Application, router: Any) -> None:
         if check is not None:
             from tandem.router.validation import check_model
 
-            check_model(str(check), router.pool.model())
+            check_model(str(check), router.workers.model())
         return web.json_response(await tokenize(router, body, router.limits))
 
     async def detokenize_route(request: web.Request) -> web.Response:

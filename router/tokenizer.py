@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.contracts.chat_options import cut_after_final_message, template_args
-from tandem.contracts.protocol import TOKENIZER_FILES
+from tandem.contracts.tokenizer_files import TOKENIZER_FILES
 
 
 class ChatTemplateError(ValueError):

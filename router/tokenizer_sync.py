@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from tandem.contracts.protocol import TOKENIZER_FILES, TokenizerFiles, tokenizer_digest
+from tandem.contracts.tokenizer_files import TOKENIZER_FILES, TokenizerFiles, tokenizer_digest
 from tandem.router.policies.base import WorkerView
 from tandem.router.tokenizer import RouterTokenizer
 from tandem.router.validation import ParsedRequest

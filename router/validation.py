@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.contracts.json_body import INT_MAX, INT_MIN
-from tandem.contracts.protocol import MAX_CACHE_SALT_CHARS, SamplingParams, top_k_valid
+from tandem.contracts.protocol import MAX_CACHE_SALT_CHARS
+from tandem.contracts.sampling import SamplingParams, top_k_valid
 from tandem.router.chat_fields import chat_options, echo_text
 from tandem.router.errors import RouterError, bad_request
 from tandem.router.openai_schema import FIELDS, MESSAGE_FIELDS, Endpoint, Support, inert

@@ -31,16 +31,16 @@ from typing import Protocol
 import aiohttp
 from tandem.contracts import timing
 from tandem.contracts.internal_auth import auth_headers
+from tandem.contracts.kv_events import KVEventMessage
 from tandem.contracts.protocol import (
     NDJSON,
     REQUEST_ID_HEADER,
     GenerateRequest,
-    KVEventMessage,
     PrefillResult,
     StreamEvent,
-    TokenizerFiles,
     WorkerInfo,
 )
+from tandem.contracts.tokenizer_files import TokenizerFiles
 from tandem.router.errors import RouterError
 
 log = logging.getLogger("tandem.router")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.contracts.protocol import GenerateRequest, SamplingParams
+from tandem.contracts.protocol import GenerateRequest
+from tandem.contracts.sampling import SamplingParams
 
 
 def greedy(max_tokens: int, **kw: Any) -> SamplingParams:

@@ -12,12 +12,12 @@ from collections import defaultdict
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
+from tandem.contracts.kv_source import KVSource
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import (
     EventType,
     FinishReason,
     GenerateRequest,
-    KVSource,
     PrefillResult,
     StreamEvent,
     WorkerInfo,

@@ -32,7 +32,7 @@ import torch
 from aiohttp import web
 from tandem.contracts.internal_auth import SECRET_ENV, auth_headers
 from tandem.contracts.kv_layout import KVLayout
-from tandem.contracts.protocol import KVSource
+from tandem.contracts.kv_source import KVSource
 from tandem.worker.kv.base import KVTransferConfig, KVTransferError, KVTransport
 from tandem.worker.kv.registry import create_transport
 from tandem.worker.local.processes import ManagedProcess

@@ -75,7 +75,7 @@ def namespace(k8s, request: pytest.FixtureRequest):
 def helm_bin() -> Path:
     """helm built by hack/k8s-bins.sh (or from $KUBEBUILDER_ASSETS); a missing binary errors
     with the command that builds it."""
-    from tandem.testing.cluster import find_bin_dir
+    from tandem.testing.k8s_bins import find_bin_dir
 
     return find_bin_dir(("helm",)) / "helm"
 

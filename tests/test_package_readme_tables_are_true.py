@@ -1,5 +1,5 @@
 """Package READMEs' file tables cannot drift: every file or folder a table names (in backquotes)
-exists, and the router's table names every module of the router. A name resolves against the
+exists, and every module of a package is named in its README's table. A name resolves against the
 README's folder, the repository root, or a folder the same row named before it (so
 "`worker/engine/sampling.py`, `detokenizer.py`" and "`render/` ... `worker.py`" read as written)."""
 
@@ -54,12 +54,35 @@ def test_a_readme_table_names_only_files_that_exist(readme: Path):
     assert missing_names(readme) == []
 
 
-def test_the_router_table_names_every_router_module():
-    readme = ROOT / "router" / "README.md"
+def unnamed_modules(readme: Path) -> list[str]:
+    """The modules under `readme`'s folder its tables never name: not by their path, their file
+    name, a longer path ending in it, or a folder holding them (a folder with its own README, as
+    worker/engine/parallel/, is that README's to name)."""
     named = {name for row in table_rows(readme) for name in TOKEN.findall(row)}
-    modules = [p.relative_to(readme.parent).as_posix() for p in sorted(readme.parent.rglob("*.py"))
-               if p.name != "__init__.py"]
-    assert [m for m in modules if m not in named and Path(m).name not in named] == []
+    folders = [n for n in named if n.endswith("/")]
+    out = []
+    for path in sorted(readme.parent.rglob("*.py")):
+        module = path.relative_to(readme.parent).as_posix()
+        if path.name == "__init__.py" or any(module.startswith(f) for f in folders):
+            continue
+        if module in named or path.name in named or any(n.endswith("/" + module) for n in named):
+            continue
+        out.append(module)
+    return out
+
+
+@pytest.mark.parametrize("readme", package_readmes(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_a_readme_table_names_every_module_of_its_package(readme: Path):
+    assert unnamed_modules(readme) == []
+
+
+def test_an_unnamed_module_is_caught(tmp_path):
+    (tmp_path / "named.py").write_text("")
+    (tmp_path / "forgotten.py").write_text("")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "inner.py").write_text("")
+    (tmp_path / "README.md").write_text("| file | what |\n|---|---|\n| `named.py` | one |\n| `sub/` | a folder |\n")
+    assert unnamed_modules(tmp_path / "README.md") == ["forgotten.py"]
 
 
 def test_a_wrong_name_is_caught(tmp_path):

@@ -8,7 +8,9 @@
 
 The token of a gated model comes from $HF_TOKEN (a secretKeyRef), the hub from $HF_ENDPOINT;
 neither is ever printed. A failure prints one line saying why, which becomes the container's
-termination message (terminationMessagePolicy: FallbackToLogsOnError).
+termination message (terminationMessagePolicy: FallbackToLogsOnError), and exits EXIT_PERMANENT when
+trying again cannot help (gated, not found: the download Job's podFailurePolicy fails the Job at once)
+or 1 when it may (the hub unreachable, a broken connection, a full disk).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
+
+EXIT_PERMANENT = 3  # a gated repo, or a repo, revision or file that does not exist
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tandem.weights.hub import HubError, download, endpoint_from_env, wait_complete
+    from tandem.weights.hub import PERMANENT, HubError, download, endpoint_from_env, wait_complete
 
     try:
         if args.action == "download":
@@ -42,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
             wait_complete(args.dir, args.timeout_seconds)
             print(f"tandem model: {args.dir} is complete", flush=True)
     except (HubError, TimeoutError, OSError) as e:
-        print(f"tandem model {args.action}: {e}", file=sys.stderr, flush=True)
-        return 1
+        # One line (a library's message may span several): the last line of the log is the reason.
+        print(f"tandem model {args.action}: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+        return EXIT_PERMANENT if isinstance(e, HubError) and e.reason in PERMANENT else 1
     return 0

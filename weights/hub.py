@@ -35,6 +35,12 @@ class HubProblem(enum.StrEnum):
     DOWNLOAD_FAILED = "DownloadFailed"
 
 
+# Problems that trying again cannot fix (the repo, revision or file is not there, or the token has no
+# access): a download Job fails at once on them instead of retrying for minutes.
+PERMANENT = frozenset({HubProblem.REPO_NOT_FOUND, HubProblem.REVISION_NOT_FOUND, HubProblem.GATED,
+                       HubProblem.FILE_NOT_FOUND})
+
+
 class HubError(Exception):
     """A hub request failed; `reason` is a HubProblem, the message says what to do."""
 

@@ -34,12 +34,14 @@ def cache_root() -> Path:
     return Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem"))
 
 
-def engine_model_dir() -> Path:
-    """Build (once) and return ENGINE_MODEL's folder; the name hashes the shape, so a change rebuilds it."""
+def engine_model_dir(max_positions: int | None = None) -> Path:
+    """Build (once) and return ENGINE_MODEL's folder; the name hashes the shape, so a change rebuilds it.
+    `max_positions`: the same model with a longer context (prefill at 8k tokens)."""
     from tandem.worker.local.toy_model import make_toy_model
 
-    key = hashlib.sha256(json.dumps(ENGINE_MODEL, sort_keys=True).encode()).hexdigest()[:12]
-    return Path(make_toy_model(cache_root() / "models" / f"engine-llama42m-{key}", **ENGINE_MODEL))
+    cfg = {**ENGINE_MODEL, "max_position_embeddings": max_positions or ENGINE_MODEL["max_position_embeddings"]}
+    key = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
+    return Path(make_toy_model(cache_root() / "models" / f"engine-llama42m-{key}", **cfg))
 
 
 def model_params(cfg: dict[str, Any]) -> int:

@@ -14,6 +14,7 @@ read + write rate is reported beside it). transformers and Tandem alternate per 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -50,16 +51,39 @@ def hf_step(torch, model, prompts: list[list[int]], new_tokens: int) -> float:
     return (times[new_tokens] - times[1]) / (new_tokens - 1)
 
 
-def tandem_step(engine, prompts: list[list[int]], new_tokens: int, tag: str) -> float:
-    """The engine: median duration of the steps where every sequence decodes."""
-    from tandem.testing.engine_helpers import greedy, run_to_completion, submit, tokens_of
+def tandem_step(engine, prompts: list[list[int]], new_tokens: int, tag: str) -> dict:
+    """The engine over the steps where every sequence decodes: the median step in wall seconds and
+    in the engine thread's CPU seconds (what the step itself spent; wall adds the time other
+    processes held the core), and the host's share of that CPU (everything outside the compiled
+    decode graph: scheduling, index tensors, the KV write, sampling, detokenizing)."""
+    from tandem.testing.engine_helpers import greedy, submit, tokens_of
 
-    steps: list[tuple[float, int]] = []
-    engine.on_step = lambda s, n: steps.append((s, n))
+    kernels = engine.runner.kernels
+    graph, graph_cpu = kernels.decode_step, [0.0]
+
+    def timed_graph(*a):
+        c = time.thread_time()
+        out = graph(*a)
+        graph_cpu[0] += time.thread_time() - c
+        return out
+
     outs = [submit(engine, f"{tag}-{i}", p, greedy(new_tokens)) for i, p in enumerate(prompts)]
-    run_to_completion(engine)
+    walls, cpus, graphs = [], [], []
+    if graph is not None:
+        kernels.decode_step = timed_graph
+    try:
+        while engine.has_work():
+            w, c, graph_cpu[0] = time.perf_counter(), time.thread_time(), 0.0
+            n = engine.step()
+            if n == len(prompts) and len(outs[0]) > 1:  # decode-only steps after the first token
+                walls.append(time.perf_counter() - w)
+                cpus.append(time.thread_time() - c)
+                graphs.append(graph_cpu[0])
+    finally:
+        kernels.decode_step = graph
     assert all(len(tokens_of(o)) == new_tokens for o in outs) and engine.allocator.num_used == 0
-    return statistics.median(s for s, n in steps[1:] if n == len(prompts))
+    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus),
+            "host_share": 1 - sum(graphs) / sum(cpus) if graph is not None else None}
 
 
 def prefill_times(torch, engine, hf, prompt: list[int], tag: str) -> tuple[float, float]:
@@ -112,18 +136,23 @@ def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict) -> dict
             for arm in (("hf", "tandem") if rep % 2 == 0 else ("tandem", "hf")):
                 pair[arm] = (hf_step(torch, hf, prompts, args.new_tokens) if arm == "hf"
                              else tandem_step(engine, prompts, args.new_tokens, f"{dtype}-{b}-{rep}"))
+            pair["load_avg"] = os.getloadavg()[0]
             rows.append(pair)
         # KV read by a step at the median context (prompt + half the output), every sequence
         kv = b * (args.prompt_len + args.new_tokens // 2) * engine.layout.bytes_per_token
         bound = (weight_bytes + kv) / bandwidth["read_bytes_per_s"]
-        td, hs = [r["tandem"] for r in rows], [r["hf"] for r in rows]
+        td, hs = [r["tandem"]["wall_s"] for r in rows], [r["hf"] for r in rows]
+        cpu = [r["tandem"]["cpu_s"] for r in rows]
+        host = [r["tandem"]["host_share"] for r in rows]
         out["batches"][str(b)] = {
-            "tandem_step_s": td, "hf_step_s": hs, "bound_s": bound,
+            "tandem_step_s": td, "tandem_step_cpu_s": cpu, "tandem_host_share": host,
+            "load_avg": [r["load_avg"] for r in rows], "hf_step_s": hs, "bound_s": bound,
             "tandem_over_bound": [t / bound for t in td], "hf_over_tandem": [h / t for h, t in zip(hs, td, strict=True)]}
         print(f"{dtype:8s} batch {b:3d}: step Tandem {statistics.median(td) * 1e3:6.2f} ms "
               f"[{min(td) * 1e3:.2f}-{max(td) * 1e3:.2f}], transformers {statistics.median(hs) * 1e3:6.2f} ms; "
               f"bound {bound * 1e3:.2f} ms -> Tandem/bound {statistics.median(td) / bound:.2f}x "
-              f"[{min(td) / bound:.2f}-{max(td) / bound:.2f}]", flush=True)
+              f"[{min(td) / bound:.2f}-{max(td) / bound:.2f}]; Tandem CPU/step {statistics.median(cpu) * 1e3:.2f} ms "
+              f"[{min(cpu) * 1e3:.2f}-{max(cpu) * 1e3:.2f}], host {statistics.median([h for h in host if h is not None] or [0]):.1%} of it", flush=True)
     out["prefill"] = prefill_section(torch, engine, hf, dtype, args)
     return out
 
@@ -137,8 +166,9 @@ def prefill_section(torch, engine, hf, dtype: str, args) -> dict:
     attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads) * n * n / 2
     flops = 2 * n * layer_params + attn
     rate = matmul_rate(torch, dtype)
-    prompt = [3 + (i * 7919) % 590 for i in range(n)]
-    rows = [prefill_times(torch, engine, hf, prompt, f"p{dtype}{r}") for r in range(args.reps)]
+    # A new prompt each repetition: the engine's prefix cache would hand a repeated one its KV
+    prompts = [[3 + (i * 7919 + r) % 590 for i in range(n)] for r in range(args.reps)]
+    rows = [prefill_times(torch, engine, hf, prompts[r], f"p{dtype}{r}") for r in range(args.reps)]
     td, hs = [r[0] for r in rows], [r[1] for r in rows]
     print(f"{dtype:8s} prefill {n} tokens: Tandem {statistics.median(td):.3f} s, transformers "
           f"{statistics.median(hs):.3f} s; {flops / 1e9:.0f} GFLOP at the matmul rate {rate / 1e9:.0f} GFLOP/s "

@@ -27,14 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
-from tandem.testing.cluster import (
-    DEFAULT_NODES,
-    POOL_LABEL,
-    Cluster,
-    NodeSpec,
-    free_port,
-    wait_until,
-)
+from tandem.testing.cluster import Cluster, free_port, wait_until
+from tandem.testing.kube_nodes import DEFAULT_NODES, POOL_LABEL, NodeSpec
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "inferenceservices.tandem.dev.yaml"
 GVP = ("tandem.dev", "v1alpha1", "inferenceservices")
@@ -133,9 +127,69 @@ def _scrape(base: str) -> dict[str, float]:
             "scrape_failures": value(m, "tandem_operator_scrape_failures_total")}
 
 
-def run(args: argparse.Namespace) -> dict:
+def _namespace(api, namespace: str) -> None:
     from kubernetes import client
 
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+    wait_until(lambda: client.CoreV1Api(api).read_namespaced_service_account("default", namespace),
+               timeout=60, what="the namespace's default ServiceAccount")
+
+
+def _until_ready(api, namespace: str, base: str, sampler: Sampler, args: argparse.Namespace) -> dict:
+    """Create every InferenceService, then poll once a second until all are Ready: the seconds, the
+    operator's CPU and metrics by then, and the progress seen on the way."""
+    from kubernetes import client
+
+    cpu0, t0 = sampler.cpu(), time.monotonic()
+    create_s = _create_all(api, namespace, args.services)
+    progress = []
+
+    def all_ready() -> bool:
+        ready, _ = _ready_count(api, namespace)
+        pods = client.CoreV1Api(api).list_namespaced_pod(namespace).items
+        running = sum(1 for p in pods if any(c.type == "Ready" and c.status == "True"
+                                             for c in (p.status.conditions or [])))
+        q = _scrape(base)
+        # (s, services Ready, pods, pods Ready, queue depth, passes so far)
+        progress.append((round(time.monotonic() - t0, 1), ready, len(pods), running, q["depth"], q["passes"]))
+        return ready == args.services
+
+    wait_until(all_ready, timeout=args.ready_timeout_s, interval=1.0, what="every InferenceService Ready")
+    ready_s, cpu_ready, at_ready = time.monotonic() - t0, sampler.cpu() - cpu0, _scrape(base)
+    return {
+        "create_s": round(create_s, 2), "ready_s": round(ready_s, 1),
+        "ready_progress": progress[:: max(1, len(progress) // 40)],
+        "cpu_until_ready_s": round(cpu_ready, 2),
+        "passes_until_ready": at_ready["passes"], "api_calls_until_ready": at_ready["api_calls"],
+        "api_mean_latency_ms_until_ready": round(1000 * at_ready["api_seconds"] / max(1, at_ready["api_calls"]), 1),
+    }
+
+
+def _idle(base: str, sampler: Sampler, args: argparse.Namespace) -> dict:
+    """The operator over an idle window, after a settling pause: CPU, API calls, passes, scrape failures."""
+    time.sleep(args.settle_s)
+    before, cpu1, t1 = _scrape(base), sampler.cpu(), time.monotonic()
+    time.sleep(args.idle_s)
+    idle_cpu, idle_wall, after = sampler.cpu() - cpu1, time.monotonic() - t1, _scrape(base)
+
+    def rate(key: str) -> float:
+        return round((after[key] - before[key]) / idle_wall, 2)
+
+    return {"idle_api_calls_per_s": rate("api_calls"), "idle_cpu_core_fraction": round(idle_cpu / idle_wall, 4),
+            "idle_window_s": round(idle_wall, 1), "idle_passes_per_s": rate("passes"),
+            "idle_scrape_failures_per_s": rate("scrape_failures")}
+
+
+def _stop(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def run(args: argparse.Namespace) -> dict:
     nodes = (*DEFAULT_NODES, *(NodeSpec(f"cpu-extra-{i}", "cpu", gpus=False)
                                for i in range(math.ceil(3 * args.services / PODS_PER_NODE))))
     work = Path(tempfile.mkdtemp(prefix="tandem-scale-"))
@@ -149,54 +203,20 @@ def run(args: argparse.Namespace) -> dict:
                    what="the operator's /metrics")
         sampler = Sampler(proc.pid)
         with cluster.api_client() as api:
-            namespace = "scale"
-            client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
-            wait_until(lambda: client.CoreV1Api(api).read_namespaced_service_account("default", namespace),
-                       timeout=60, what="the namespace's default ServiceAccount")
-            cpu0, t0 = sampler.cpu(), time.monotonic()
-            create_s = _create_all(api, namespace, args.services)
-            progress = []
-
-            def all_ready() -> bool:
-                ready, total = _ready_count(api, namespace)
-                pods = client.CoreV1Api(api).list_namespaced_pod(namespace).items
-                running = sum(1 for p in pods if any(c.type == "Ready" and c.status == "True"
-                                                     for c in (p.status.conditions or [])))
-                q = _scrape(base)
-                progress.append((round(time.monotonic() - t0, 1), ready, len(pods), running, q["depth"],
-                                 q["passes"]))
-                return ready == args.services
-
-            wait_until(all_ready, timeout=args.ready_timeout_s, interval=1.0, what="every InferenceService Ready")
-            ready_s, cpu_ready, at_ready = time.monotonic() - t0, sampler.cpu() - cpu0, _scrape(base)
-            time.sleep(args.settle_s)
-            before, cpu1, t1 = _scrape(base), sampler.cpu(), time.monotonic()
-            time.sleep(args.idle_s)
-            idle_cpu, idle_wall, after = sampler.cpu() - cpu1, time.monotonic() - t1, _scrape(base)
+            _namespace(api, "scale")
+            ready = _until_ready(api, "scale", base, sampler, args)
+            idle = _idle(base, sampler, args)
         sampler.stop.set()
-        print(f"{args.services} services: all Ready after {ready_s:.1f} s ({cpu_ready:.1f} s of operator CPU); "
-              f"idle {100 * idle_cpu / idle_wall:.1f}% of a core, RSS {sampler.rss() / 2**20:.0f} MB "
+        print(f"{args.services} services: all Ready after {ready['ready_s']:.1f} s "
+              f"({ready['cpu_until_ready_s']:.1f} s of operator CPU); "
+              f"idle {100 * idle['idle_cpu_core_fraction']:.1f}% of a core, RSS {sampler.rss() / 2**20:.0f} MB "
               f"(peak {sampler.peak_rss / 2**20:.0f} MB)", flush=True)
         return {
             "services": args.services, "nodes": len(nodes), "resync_s": args.resync_s, "workers": args.workers,
-            "kv_probe": not args.no_kv_probe, "create_s": round(create_s, 2), "ready_s": round(ready_s, 1),
-            # (s, services Ready, pods, pods Ready, queue depth, passes so far)
-            "ready_progress": progress[:: max(1, len(progress) // 40)],
-            "cpu_until_ready_s": round(cpu_ready, 2),
-            "passes_until_ready": at_ready["passes"], "api_calls_until_ready": at_ready["api_calls"],
-            "api_mean_latency_ms_until_ready": round(1000 * at_ready["api_seconds"] / max(1, at_ready["api_calls"]), 1),
-            "idle_api_calls_per_s": round((after["api_calls"] - before["api_calls"]) / idle_wall, 2),
-            "idle_cpu_core_fraction": round(idle_cpu / idle_wall, 4), "idle_window_s": round(idle_wall, 1),
-            "idle_passes_per_s": round((after["passes"] - before["passes"]) / idle_wall, 2),
-            "idle_scrape_failures_per_s": round((after["scrape_failures"] - before["scrape_failures"]) / idle_wall, 2),
+            "kv_probe": not args.no_kv_probe, **ready, **idle,
             "rss_mb": round(sampler.rss() / 2**20, 1), "peak_rss_mb": round(sampler.peak_rss / 2**20, 1),
             "machine_cpus": os.cpu_count(), "loadavg": list(os.getloadavg()),
         }
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop(proc)
         cluster.stop()

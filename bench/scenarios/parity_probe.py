@@ -34,14 +34,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load-streams", type=int, default=8, help="decode streams beside the loaded probes")
 
 
+def _random_request(request_id: str, *, prompt_tokens: int, max_tokens: int) -> dict:
+    """A greedy internal request over random token ids that runs exactly `max_tokens` (EOS ignored)."""
+    return {"request_id": request_id, "prompt_token_ids": [random.randrange(3, 256) for _ in range(prompt_tokens)],
+            "sampling": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}}
+
+
 async def _decode_load(session, url: str, stop: asyncio.Event, n: int) -> None:
     """n greedy streams of 256 tokens on the decode worker, restarted until `stop`."""
     async def one(i: int) -> None:
         k = 0
         while not stop.is_set():
             k += 1
-            body = {"request_id": f"load-{i}-{k}", "prompt_token_ids": [random.randrange(3, 256) for _ in range(64)],
-                    "sampling": {"max_tokens": 256, "temperature": 0, "ignore_eos": True}}
+            body = _random_request(f"load-{i}-{k}", prompt_tokens=64, max_tokens=256)
             with contextlib.suppress(Exception):
                 async with session.post(url + "/internal/generate", json=body) as r:
                     async for _ in r.content:
@@ -56,8 +61,7 @@ async def _prefill_load(session, url: str, stop: asyncio.Event) -> None:
     k = 0
     while not stop.is_set():
         k += 1
-        body = {"request_id": f"pload-{k}", "prompt_token_ids": [random.randrange(3, 256) for _ in range(200)],
-                "sampling": {"max_tokens": 4, "temperature": 0, "ignore_eos": True}}
+        body = _random_request(f"pload-{k}", prompt_tokens=200, max_tokens=4)
         with contextlib.suppress(Exception):
             async with session.post(url + "/internal/prefill", json=body) as r:
                 res = await r.json()

@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _steps(engine: Any, prompts: list[list[int]], tokens: int, extra: dict, tag: str) -> float:
     """Median duration of the steps where every stream decodes."""
-    from tandem.contracts.protocol import SamplingParams
+    from tandem.contracts.sampling import SamplingParams
     from tandem.testing.engine_helpers import run_to_completion, submit
 
     steps: list[tuple[float, int]] = []
@@ -55,7 +55,7 @@ def _sampling_alone(engine: Any, streams: int, reps: int) -> dict[str, float]:
     import time
 
     import torch
-    from tandem.contracts.protocol import SamplingParams
+    from tandem.contracts.sampling import SamplingParams
     from tandem.worker.engine.sampling import SampleRow, sample_batch
 
     gen = torch.Generator().manual_seed(1)

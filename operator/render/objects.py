@@ -74,42 +74,41 @@ def metadata(meta: dict, name: str, component: str, extra: dict | None = None) -
     }
 
 
+def component_object(meta: dict, component: str, api_version: str, kind: str, spec: dict[str, Any]) -> Manifest:
+    """An object of one component (its Deployment, Service, PodDisruptionBudget): named for the
+    component, labelled with its role, owned by the CR."""
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": metadata(meta, names(meta["name"])[component], component, {LABEL_ROLE: component}),
+        "spec": spec,
+    }
+
+
 def deployment(meta: dict, component: str, replicas: int | None, pod_labels: dict[str, str],
                config_hash: str, pod_spec: dict[str, Any],
                rollout: dict[str, Any] | None = None) -> Manifest:
     """A component's Deployment; the config hash on the pod template rolls it when its file changes.
     Without `replicas` the field is left out: whoever else sets it (an HPA, KEDA) owns it."""
-    name = meta["name"]
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": metadata(meta, names(name)[component], component, {LABEL_ROLE: component}),
-        "spec": {
-            **({} if replicas is None else {"replicas": replicas}),
-            "selector": {"matchLabels": selector_labels(name, component)},
-            **(rollout or {}),
-            "revisionHistoryLimit": 3,
-            "template": {
-                "metadata": {"labels": pod_labels, "annotations": {ANNOTATION_CONFIG_HASH: config_hash}},
-                "spec": pod_spec,
-            },
+    return component_object(meta, component, "apps/v1", "Deployment", {
+        **({} if replicas is None else {"replicas": replicas}),
+        "selector": {"matchLabels": selector_labels(meta["name"], component)},
+        **(rollout or {}),
+        "revisionHistoryLimit": 3,
+        "template": {
+            "metadata": {"labels": pod_labels, "annotations": {ANNOTATION_CONFIG_HASH: config_hash}},
+            "spec": pod_spec,
         },
-    }
+    })
 
 
 def service(meta: dict, component: str, port: int, **head: Any) -> Manifest:
     """A component's Service on its `http` port; `head` comes first in the spec (type, clusterIP)."""
-    name = meta["name"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata(meta, names(name)[component], component, {LABEL_ROLE: component}),
-        "spec": {
-            **head,
-            "selector": selector_labels(name, component),
-            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
-        },
-    }
+    return component_object(meta, component, "v1", "Service", {
+        **head,
+        "selector": selector_labels(meta["name"], component),
+        "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+    })
 
 
 def config_volume(name: str, key: str) -> dict[str, Any]:
@@ -157,10 +156,5 @@ def pod_settings(settings: Any, service_account: str | None = None) -> dict[str,
 
 def disruption_budget(meta: dict, component: str, budget: Any) -> Manifest:
     """A component's PodDisruptionBudget: how many of its pods a node drain may take at once."""
-    name = meta["name"]
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": metadata(meta, names(name)[component], component, {LABEL_ROLE: component}),
-        "spec": {**budget.budget(), "selector": {"matchLabels": selector_labels(name, component)}},
-    }
+    return component_object(meta, component, "policy/v1", "PodDisruptionBudget", {
+        **budget.budget(), "selector": {"matchLabels": selector_labels(meta["name"], component)}})

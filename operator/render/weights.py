@@ -25,7 +25,9 @@ from tandem.operator.render.identity import image_ref, short_hash
 from tandem.operator.render.objects import Manifest, metadata, names
 from tandem.operator.spec import InferenceServiceSpec
 from tandem.operator.spec.model import DEFAULT_HUB_CACHE_LIMIT, Model
+from tandem.weights.cli import EXIT_PERMANENT
 
+DOWNLOAD_INIT = "download-weights"  # the init container of a pod that downloads for itself
 MODEL_DIR = "/models"  # where a hostPath or PVC model is mounted
 IMAGE_DIR = "/model-image"  # where an image volume is mounted
 WEIGHTS_DIR = "/weights"  # a hub model's cache: <org>/<name>/<commit> below it
@@ -120,7 +122,7 @@ def weights_pod_parts(name: str, spec: InferenceServiceSpec, config: OperatorCon
     else:
         limit = cache.empty_dir.size_limit if cache is not None and cache.empty_dir else DEFAULT_HUB_CACHE_LIMIT
         volume = {"name": "weights", "emptyDir": {"sizeLimit": limit}}
-    fetch = _download_container("download-weights", _download_command(model), spec, config, read_only=False)
+    fetch = _download_container(DOWNLOAD_INIT, _download_command(model), spec, config, read_only=False)
     return [volume], weights_mount, [fetch]
 
 
@@ -140,11 +142,25 @@ def weights_children(meta: dict, spec: InferenceServiceSpec, config: OperatorCon
     return [pvc, download_job(meta, spec, config)]
 
 
+def download_job_name(service: str, model: Model) -> str:
+    """The download Job of a pinned hub model: one per commit. At most 63 characters (a Job's name
+    is also a label value): a service name has at most 50."""
+    return f"{service}-dl-{short_hash([model.hub, model.hub_revision], 8)}"
+
+
+# Trying again cannot fix a gated repo or a missing one (`tandem model download` exits EXIT_PERMANENT):
+# the Job fails at once, not after backoffLimit retries over ten minutes. A pod evicted or preempted
+# (DisruptionTarget) does not count as an attempt.
+POD_FAILURE_POLICY = {"rules": [
+    {"action": "FailJob", "onExitCodes": {"containerName": "download", "operator": "In", "values": [EXIT_PERMANENT]}},
+    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+]}
+
+
 def download_job(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig) -> Manifest:
     """One Job per commit (its name carries the commit): it fills the shared claim once."""
     model = spec.model
-    # <= 63 characters (a Job's name is also a label value): a service name has at most 50.
-    job_name = f"{meta['name']}-dl-{short_hash([model.hub, model.hub_revision], 8)}"
+    job_name = download_job_name(meta["name"], model)
     container = _download_container("download", _download_command(model), spec, config, read_only=False)
     container["resources"] = {"requests": {"cpu": "500m", "memory": "1Gi"}}
     pod = {
@@ -159,6 +175,6 @@ def download_job(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig)
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": metadata(meta, job_name, "weights"),
-        "spec": {"backoffLimit": 6, "template": {"metadata": {"labels": metadata(meta, job_name, "weights")["labels"]},
+        "spec": {"backoffLimit": 6, "podFailurePolicy": POD_FAILURE_POLICY, "template": {"metadata": {"labels": metadata(meta, job_name, "weights")["labels"]},
                                                  "spec": pod}},
     }

@@ -33,7 +33,8 @@ from typing import Any
 import pytest
 import yaml
 from tandem.testing.chart import CHART_DIR, REPO_ROOT, find, render
-from tandem.testing.cluster import POOL_LABEL, free_port, wait_until
+from tandem.testing.cluster import free_port, wait_until
+from tandem.testing.kube_nodes import POOL_LABEL
 from tandem.testing.pod_security import restricted_violations
 from tandem.testing.rbac import rbac_denials
 

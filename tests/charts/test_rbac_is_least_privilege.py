@@ -25,8 +25,10 @@ EXPECTED = {
     ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"},
     ("policy", "poddisruptionbudgets"): {"get", "create", "patch"},
-    ("", "persistentvolumeclaims"): {"get", "create", "patch"},  # a hub model's shared cache
-    ("batch", "jobs"): {"get", "create", "patch"},  # its download, once per commit
+    # a hub model's shared cache; a model.pvc claim read to judge its access modes
+    ("", "persistentvolumeclaims"): {"get", "create", "patch"},
+    # its download, once per commit; watched: ModelReady follows the Job
+    ("batch", "jobs"): {"get", "list", "watch", "create", "patch"},
     ("", "secrets"): {"create"},  # each service's internal secret, created once; never read
     ("", "pods"): {"get", "list", "watch"},
     # the owner chain of the pods the operator trusts (and the router's Role grants the same)

@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 from tandem.contracts.kv_layout import KVLayout, kv_heads_of_rank, pull_plan, ranks_holding
+from tandem.contracts.kv_source import KVRank, KVSource
 from tandem.contracts.parallelism import ParallelismError, check_parallelism
-from tandem.contracts.protocol import KVRank, KVSource
 
 
 def test_heads_are_shared_equally_or_replicated():

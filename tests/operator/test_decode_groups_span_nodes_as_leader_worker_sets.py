@@ -15,7 +15,8 @@ import json
 
 import pytest
 from kubernetes import client
-from tandem.testing.cluster import GPU_TOLERATION, POOL_LABEL, NodeSpec, wait_until
+from tandem.testing.cluster import wait_until
+from tandem.testing.kube_nodes import GPU_TOLERATION, POOL_LABEL, NodeSpec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

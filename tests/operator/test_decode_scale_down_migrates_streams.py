@@ -25,8 +25,9 @@ import signal
 import openai
 import pytest
 from kubernetes import client
-from tandem.testing.cluster import POOL_LABEL, wait_until
+from tandem.testing.cluster import wait_until
 from tandem.testing.completion_streams import CompletionStreams, undisturbed
+from tandem.testing.kube_nodes import POOL_LABEL
 from tandem.testing.pod_workers import ProcessGroup, ready_pods
 from tandem.testing.rbac import rbac_denials
 

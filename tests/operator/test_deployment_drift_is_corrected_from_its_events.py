@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 from kubernetes import client
-from tandem.testing.cluster import POOL_LABEL, wait_until
+from tandem.testing.cluster import wait_until
 from tandem.testing.k8s_events import wait_events
+from tandem.testing.kube_nodes import POOL_LABEL
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

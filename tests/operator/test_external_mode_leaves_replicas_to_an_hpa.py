@@ -9,7 +9,8 @@ import pytest
 from kubernetes import client
 from tandem.operator import apply
 from tandem.operator.config import FIELD_MANAGER
-from tandem.testing.cluster import POOL_LABEL, wait_until
+from tandem.testing.cluster import wait_until
+from tandem.testing.kube_nodes import POOL_LABEL
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

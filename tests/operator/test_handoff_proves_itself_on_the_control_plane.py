@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
-from tandem.testing.cluster import POOL_LABEL, wait_until
+from tandem.testing.cluster import wait_until
 from tandem.testing.k8s_events import wait_events
+from tandem.testing.kube_nodes import POOL_LABEL
 from tandem.testing.pod_workers import ProcessGroup, ready_pods
 from tandem.worker.kv.throttle import ENV as THROTTLE_ENV
 

@@ -12,20 +12,19 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import secrets
-import subprocess
-import sys
 from pathlib import Path
 
 import openai
 import pytest
 from kubernetes import client
 from tandem.contracts.internal_auth import SECRET_ENV
-from tandem.testing.cluster import POOL_LABEL, wait_until
+from tandem.testing.cluster import wait_until
 from tandem.testing.fake_hub import FakeHub, Repo
+from tandem.testing.kube_nodes import POOL_LABEL
+from tandem.testing.kubelet import run_container
 from tandem.testing.router_process import RouterProcess
 from tandem.testing.worker_process import WorkerProcess
 
@@ -131,26 +130,6 @@ def rwx_volume(k8s, tmp_path):
             core.delete_persistent_volume(name)
 
 
-def _run_like_the_kubelet(api, ns: str, container: dict, mounts: dict[str, Path]) -> subprocess.CompletedProcess:
-    """A rendered container's own command, with its env (secretKeyRef read as the kubelet reads it)
-    and its volume mounts mapped to local folders."""
-    def local(text: str) -> str:
-        for mount, folder in mounts.items():
-            text = text.replace(mount, str(folder))
-        return text
-
-    env = dict(os.environ)
-    for var in container.get("env") or []:
-        ref = (var.get("valueFrom") or {}).get("secretKeyRef")
-        if ref:
-            secret = client.CoreV1Api(api).read_namespaced_secret(ref["name"], ns)
-            env[var["name"]] = base64.b64decode(secret.data[ref["key"]]).decode()
-        else:
-            env[var["name"]] = local(var["value"])
-    argv = [str(Path(sys.executable).parent / "tandem"), *map(local, container["command"][1:])]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-
-
 def test_a_gated_model_is_pinned_downloaded_once_and_its_commit_is_its_generation(
         k8s, api, operator, hub, namespace, rwx_volume, tmp_path, toy_model_dir, monkeypatch):
     client.CoreV1Api(api).create_namespaced_secret(namespace, {
@@ -180,14 +159,14 @@ def test_a_gated_model_is_pinned_downloaded_once_and_its_commit_is_its_generatio
     # The Job's download through the fake hub, then a worker's wait for it: one download.
     weights = tmp_path / "claim"
     before = hub.downloads("tiny/gated", "model.safetensors")
-    done = _run_like_the_kubelet(api, namespace, job_container, {"/weights": weights})
+    done = run_container(api, namespace, job_container, {"/weights": weights})
     assert done.returncode == 0, done.stdout + done.stderr
     assert hub.downloads("tiny/gated", "model.safetensors") == before + 1
     folder = weights / "tiny" / "gated" / commit_a
     assert (folder / "model.safetensors").read_bytes() == (toy_model_dir / "model.safetensors").read_bytes()
     deployment = client.AppsV1Api(api).read_namespaced_deployment("gated-decode", namespace)
     (wait,) = api.sanitize_for_serialization(deployment.spec.template.spec.init_containers)
-    assert _run_like_the_kubelet(api, namespace, wait, {"/weights": weights}).returncode == 0
+    assert run_container(api, namespace, wait, {"/weights": weights}).returncode == 0
     assert hub.downloads("tiny/gated", "model.safetensors") == before + 1, "the workers download nothing"
 
     # The token is in its Secret and nowhere else: not in the operator's log, nor in any child.

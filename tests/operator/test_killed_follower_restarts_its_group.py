@@ -14,8 +14,9 @@ from __future__ import annotations
 import openai
 import pytest
 from kubernetes import client
-from tandem.testing.cluster import GPU_TOLERATION, POOL_LABEL, wait_until
+from tandem.testing.cluster import wait_until
 from tandem.testing.completion_streams import CompletionStreams, undisturbed
+from tandem.testing.kube_nodes import GPU_TOLERATION, POOL_LABEL
 from tandem.testing.pod_workers import ProcessGroup, ready_pods
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]

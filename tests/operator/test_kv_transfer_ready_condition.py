@@ -13,8 +13,9 @@ import re
 import openai
 import pytest
 from kubernetes import client
-from tandem.testing.cluster import POOL_LABEL, free_port, wait_until
+from tandem.testing.cluster import free_port, wait_until
 from tandem.testing.k8s_events import wait_events
+from tandem.testing.kube_nodes import POOL_LABEL
 from tandem.testing.pod_workers import ProcessGroup
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]

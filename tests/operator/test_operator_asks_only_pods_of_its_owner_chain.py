@@ -14,7 +14,8 @@ import pytest
 from kubernetes import client
 from tandem.contracts.kv_health import KVHealth
 from tandem.operator.probe import HEALTH_PATH
-from tandem.testing.cluster import POOL_LABEL, wait_until
+from tandem.testing.cluster import wait_until
+from tandem.testing.kube_nodes import POOL_LABEL
 from tandem.testing.pod_http import PodHTTP
 from tandem.testing.pod_workers import ready_pods
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 from kubernetes import client
-from tandem.testing.cluster import POOL_LABEL, wait_until
+from tandem.testing.cluster import wait_until
+from tandem.testing.kube_nodes import POOL_LABEL
 from tandem.testing.scraped import Samples, value
 from tandem.testing.scraped import scrape as scraped
 

@@ -13,8 +13,9 @@ import re
 
 import pytest
 from kubernetes import client
-from tandem.testing.cluster import POOL_LABEL, wait_until
+from tandem.testing.cluster import wait_until
 from tandem.testing.k8s_events import wait_events
+from tandem.testing.kube_nodes import POOL_LABEL
 from tandem.testing.pod_http import PodHTTP, router_metrics, worker_metrics
 from tandem.testing.pod_workers import ready_pods
 from tandem.testing.rbac import rbac_denials

@@ -14,8 +14,9 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from tandem.testing.cluster import GPU_TOLERATION, POOL_LABEL, wait_until
+from tandem.testing.cluster import wait_until
 from tandem.testing.k8s_events import wait_events
+from tandem.testing.kube_nodes import GPU_TOLERATION, POOL_LABEL
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -19,8 +19,9 @@ import pytest
 from kubernetes import client
 from tandem.operator.apply import CHOSEN
 from tandem.operator.autoscaling.planner import Reason
-from tandem.testing.cluster import POOL_LABEL, wait_until
+from tandem.testing.cluster import wait_until
 from tandem.testing.k8s_events import wait_events
+from tandem.testing.kube_nodes import POOL_LABEL
 from tandem.testing.pod_workers import ProcessGroup, ready_pods
 from tandem.testing.rbac import rbac_denials
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from tandem.testing.cluster import POOL_LABEL, wait_until
+from tandem.testing.cluster import wait_until
+from tandem.testing.kube_nodes import POOL_LABEL
 from tandem.testing.pod_workers import ready_pods
 from tandem.testing.rbac import rbac_denials
 

@@ -38,7 +38,7 @@ class _RecordingTokenizer:
 async def test_many_empty_messages_are_tokenized_off_the_event_loop():
     sync = TokenizerSync(client=None, source="off")
     sync.tokenizer, sync.active = _RecordingTokenizer(), True
-    from tandem.contracts.protocol import SamplingParams
+    from tandem.contracts.sampling import SamplingParams
 
     req = ParsedRequest(Endpoint.CHAT, "m", SamplingParams(), messages=[{"role": "user", "content": ""}] * 3000)
     assert await sync.token_ids(req) == [1] * 3000

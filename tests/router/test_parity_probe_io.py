@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 
 from tandem.contracts.handoff_parity import ProbeOutcome
+from tandem.contracts.kv_source import KVSource
 from tandem.contracts.names import Role
-from tandem.contracts.protocol import EventType, FinishReason, KVSource, PrefillResult, StreamEvent
+from tandem.contracts.protocol import EventType, FinishReason, PrefillResult, StreamEvent
 from tandem.router.parity import UNKNOWN_DTYPE_TOLERANCE, Pair, probe_tokens
 from tandem.router.parity_probe import run_probe
 from tandem.router.policies.base import WorkerView

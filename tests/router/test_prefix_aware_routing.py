@@ -8,9 +8,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from tandem.contracts.kv_events import KVEventMessage, KVEventType
 from tandem.contracts.names import Role
 from tandem.contracts.prefix import block_hashes
-from tandem.contracts.protocol import KVEventMessage, KVEventType
 from tandem.contracts.routing import RouteReason
 from tandem.router.policies.base import PolicySettings, RequestInfo, WorkerView
 from tandem.router.policies.prefix_aware import PrefixAware

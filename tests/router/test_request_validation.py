@@ -142,7 +142,7 @@ def test_prompt_over_the_limit_is_context_length_exceeded():
 @pytest.mark.parametrize("k", [-1, 0, 1, 40])
 def test_top_k_off_or_positive_passes_as_the_workers_accept_it(k):
     """One rule (contracts.protocol.top_k_valid) on both sides: the router passes what a worker takes."""
-    from tandem.contracts.protocol import top_k_valid
+    from tandem.contracts.sampling import top_k_valid
 
     assert parse_request(CHAT | {"top_k": k}, Endpoint.CHAT, LIMITS).sampling.top_k == k
     assert top_k_valid(k)

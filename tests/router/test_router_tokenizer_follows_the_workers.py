@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from tandem.contracts.names import Role
-from tandem.contracts.protocol import TokenizerFiles, tokenizer_digest
+from tandem.contracts.tokenizer_files import TokenizerFiles, tokenizer_digest
 from tandem.router.policies.base import WorkerView
 from tandem.router.tokenizer import RouterTokenizer
 from tandem.router.tokenizer_sync import OFF, TokenizerSync, read_dir

@@ -6,9 +6,9 @@ cache hits of a prefix-aware plan counted."""
 from __future__ import annotations
 
 import pytest
+from tandem.contracts.kv_events import KVEventMessage, KVEventType
 from tandem.contracts.names import Role
 from tandem.contracts.prefix import block_hashes
-from tandem.contracts.protocol import KVEventMessage, KVEventType
 from tandem.router.errors import RouterError
 from tandem.router.metrics import RouterMetrics
 from tandem.router.orchestrator import Orchestrator, RequestContext, Started, Tokens

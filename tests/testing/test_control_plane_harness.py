@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from tandem.testing.cluster import GPU_TOLERATION, POOL_LABEL, wait_until
+from tandem.testing.cluster import wait_until
+from tandem.testing.kube_nodes import GPU_TOLERATION, POOL_LABEL
 
 pytestmark = pytest.mark.cluster
 

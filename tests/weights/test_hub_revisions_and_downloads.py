@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from tandem.testing.cluster import free_port
 from tandem.testing.fake_hub import FakeHub, Repo
+from tandem.weights.cli import EXIT_PERMANENT
 from tandem.weights.hub import (
     COMPLETE_MARKER,
     HubError,
@@ -107,12 +109,18 @@ def test_pods_sharing_a_node_cache_download_once(hub, tmp_path):
 
 
 def test_a_refused_download_exits_with_one_line_saying_why(hub, tmp_path):
+    """Gated: trying again cannot help (EXIT_PERMANENT, the Job fails at once); unreachable: it may (1)."""
     env = os.environ | {"HF_ENDPOINT": hub.url}
     env.pop("HF_TOKEN", None)
     proc = subprocess.run([TANDEM, "model", "download", "--hub", "tiny/gated", "--revision", "main",
                            "--dest", str(tmp_path / "g")], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1
+    assert proc.returncode == EXIT_PERMANENT == 3
     assert "tiny/gated@main on" in proc.stderr and "is gated" in proc.stderr, proc.stderr
+    env["HF_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
+    proc = subprocess.run([TANDEM, "model", "download", "--hub", "tiny/gated", "--revision", "main",
+                           "--dest", str(tmp_path / "g")], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "cannot reach" in proc.stderr.strip().splitlines()[-1], proc.stderr
 
 
 def test_waiting_for_a_download_times_out_naming_the_folder(tmp_path):

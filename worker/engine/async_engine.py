@@ -25,7 +25,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tandem.contracts.protocol import GenerateRequest, KVSource
+from tandem.contracts.kv_source import KVSource
+from tandem.contracts.protocol import GenerateRequest
 from tandem.worker.engine import kv_pull
 from tandem.worker.engine.engine import Engine
 from tandem.worker.engine.errors import RequestError

@@ -107,6 +107,13 @@ def kernels_for(weights: ModelWeights, enabled: bool, block_size: int) -> Compil
     return cache[enabled, block_size]
 
 
+def step_compile_options() -> dict:
+    """Inductor's options for the decode step: the guards on module attributes go (the module
+    never changes: 0.3 ms a call). `cpp_wrapper` was measured and left off: no gain, paired, at
+    batch 1 (BENCHMARKS.md, `python -m bench step_options`)."""
+    return {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+
+
 class CompiledKernels:
     """The decode step and the decode attention, compiled or eager, and their warm-up."""
 
@@ -126,8 +133,8 @@ class CompiledKernels:
             # attributes (0.3 ms a call, 5% of a batch-1 step) can go: this module never changes.
             own = DecodeStep.forward.__code__.replace()
             step.forward = types.MethodType(types.FunctionType(own, DecodeStep.forward.__globals__), step)
-            self.decode_step = torch.compile(step, dynamic=False, fullgraph=True, options={
-                "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+            self.decode_step = torch.compile(step, dynamic=False, fullgraph=True,
+                                             options=step_compile_options())
             self.decode_attention = torch.compile(paged_decode_attention, dynamic=False, fullgraph=True)
 
     @torch.inference_mode()

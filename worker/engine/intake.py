@@ -8,7 +8,8 @@ import random
 import time
 from typing import Any
 
-from tandem.contracts.protocol import GenerateRequest, SamplingParams
+from tandem.contracts.protocol import GenerateRequest
+from tandem.contracts.sampling import SamplingParams
 from tandem.worker.engine.detokenizer import IncrementalDetokenizer
 from tandem.worker.engine.errors import RequestError
 from tandem.worker.engine.grammar import GrammarCompiler

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from tandem.contracts import timing
 from tandem.contracts.kv_layout import KVLayout
-from tandem.contracts.protocol import GenerateRequest, KVSource
+from tandem.contracts.kv_source import KVSource
+from tandem.contracts.protocol import GenerateRequest
 from tandem.worker.engine.errors import RequestError
 from tandem.worker.engine.sequence import Sequence
 

@@ -3,14 +3,14 @@
 Computed once per step for those rows together (one logsumexp, one gather, one top-k with the
 largest k, one transfer to Python lists), from the model's raw logits: what `torch.log_softmax`
 of the model's output gives, before temperature, penalties or a grammar change the draw (vLLM's
-default, `raw_logprobs`). The wire shape (tandem.contracts.protocol.TokenLogprobs) carries ids;
+default, `raw_logprobs`). The wire shape (tandem.contracts.sampling.TokenLogprobs) carries ids;
 the worker's HTTP layer adds each token's text (token_texts.py).
 """
 
 from __future__ import annotations
 
 import torch
-from tandem.contracts.protocol import TokenLogprobs
+from tandem.contracts.sampling import TokenLogprobs
 
 
 def compute_logprobs(logits: torch.Tensor, chosen: list[int], ks: list[int | None]

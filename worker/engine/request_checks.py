@@ -10,12 +10,11 @@ import math
 from typing import Any
 
 from tandem.contracts.chat_options import template_args
-from tandem.contracts.protocol import (
+from tandem.contracts.protocol import MAX_CACHE_SALT_CHARS, GenerateRequest
+from tandem.contracts.sampling import (
     GREEDY_TEMPERATURE_BELOW,
-    MAX_CACHE_SALT_CHARS,
     WORKER_MAX_STOP_CHARS,
     WORKER_MAX_STOP_STRINGS,
-    GenerateRequest,
     SamplingParams,
     top_k_valid,
 )

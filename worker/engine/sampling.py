@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from tandem.contracts.protocol import SamplingParams
+from tandem.contracts.sampling import SamplingParams
 from tandem.worker.engine.logits_processors import apply_processors, needs_processing
 from tandem.worker.engine.logprobs import TokenLogprobs, compute_logprobs
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tandem.contracts.protocol import LOGIT_BIAS_RANGE, MAX_TOP_LOGPROBS, SamplingParams
+from tandem.contracts.sampling import LOGIT_BIAS_RANGE, MAX_TOP_LOGPROBS, SamplingParams
 from tandem.worker.engine.errors import RequestError
 
 MAX_LOGIT_BIAS_ENTRIES = 1024

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.contracts.protocol import FinishReason, SamplingParams
+from tandem.contracts.protocol import FinishReason
+from tandem.contracts.sampling import SamplingParams
 from tandem.worker.engine.request_state import RequestState
 
 log = logging.getLogger("tandem.worker.engine")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.contracts.protocol import TokenLogprobs
+from tandem.contracts.sampling import TokenLogprobs
 
 
 class TokenTexts:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tandem.contracts import timing
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.kv_layout import KVLayout
-from tandem.contracts.protocol import KVRank, KVSource
+from tandem.contracts.kv_source import KVRank, KVSource
 
 if TYPE_CHECKING:  # torch is only needed by the workers that hold a pool
     import torch

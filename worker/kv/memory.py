@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from tandem.contracts.kv_layout import KVLayout
-from tandem.contracts.protocol import KVRank, KVSource
+from tandem.contracts.kv_source import KVRank, KVSource
 from tandem.worker.kv.base import KVTransferError
 from tandem.worker.kv.byte_ranges import Range, blocks_touched
 from tandem.worker.kv.pulling import PullTransport

@@ -48,7 +48,8 @@ import aiohttp
 from tandem.contracts.internal_auth import auth_headers
 from tandem.contracts.kv_health import KVHealth, TransportInfo
 from tandem.contracts.kv_layout import HeadSlice, KVLayout, pull_plan
-from tandem.contracts.protocol import REQUEST_ID_HEADER, KVRank, KVSource
+from tandem.contracts.kv_source import KVRank, KVSource
+from tandem.contracts.protocol import REQUEST_ID_HEADER
 from tandem.worker.kv.base import (
     KVTransferConfig,
     KVTransferError,

@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 MARKER = ".tandem-toy-complete"
 
@@ -100,53 +101,63 @@ def make_toy_model(
     Idempotent and safe under concurrent callers: it is built in a temporary sibling folder and
     renamed into place, so nobody sees half a model.
     """
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
     path = Path(path)
     if _is_complete(path):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
-        tokenizer = _build_tokenizer(vocab_size)
-        config = LlamaConfig(
-            vocab_size=vocab_size,
-            hidden_size=hidden_size,
-            intermediate_size=intermediate_size,
-            num_hidden_layers=num_layers,
-            num_attention_heads=num_heads,
-            num_key_value_heads=num_kv_heads,
-            max_position_embeddings=max_position_embeddings,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            tie_word_embeddings=tie_word_embeddings,
-            # Larger than Llama's 0.02 so logits spread out: no near-ties, varied greedy output.
-            initializer_range=0.15,
-        )
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).to(torch.float32).eval()
-        model.save_pretrained(tmp, safe_serialization=True)
-        GenerationConfig(
-            bos_token_id=config.bos_token_id,
-            eos_token_id=config.eos_token_id,
-            pad_token_id=config.pad_token_id,
-            do_sample=False,
-        ).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / MARKER).write_text(json.dumps({"seed": seed, "num_layers": num_layers, "tied": tie_word_embeddings}))
-        try:
-            os.rename(tmp, path)  # atomic; also replaces an empty existing folder
-        except OSError:
-            if not _is_complete(path):
-                raise RuntimeError(
-                    f"{path} exists and is not a complete toy model; remove it or pick another path"
-                ) from None
+        _save_llama(tmp, seed=seed, num_hidden_layers=num_layers, hidden_size=hidden_size,
+                    num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                    intermediate_size=intermediate_size, vocab_size=vocab_size,
+                    max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie_word_embeddings)
+        _move_into_place(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+
+def _save_llama(folder: Path, *, seed: int, vocab_size: int, **shape: Any) -> None:
+    """A random-weight LlamaForCausalLM of `shape` (LlamaConfig's names), its generation config,
+    tokenizer and completion marker, written into `folder`."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = _build_tokenizer(vocab_size)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        # Larger than Llama's 0.02 so logits spread out: no near-ties, varied greedy output.
+        initializer_range=0.15,
+        **shape,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        do_sample=False,
+    ).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / MARKER).write_text(json.dumps({"seed": seed, "num_layers": shape["num_hidden_layers"],
+                                             "tied": shape["tie_word_embeddings"]}))
+
+
+def _move_into_place(tmp: Path, path: Path) -> None:
+    """Rename the finished folder to `path` at once; a racing builder's complete model there is as good."""
+    try:
+        os.rename(tmp, path)  # atomic; also replaces an empty existing folder
+    except OSError:
+        if not _is_complete(path):
+            raise RuntimeError(
+                f"{path} exists and is not a complete toy model; remove it or pick another path"
+            ) from None
 
 
 if __name__ == "__main__":

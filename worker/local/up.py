@@ -143,103 +143,136 @@ def _raise_on_signal(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def run(args: argparse.Namespace) -> int:
+class _Refused(Exception):
+    """What `tandem up` cannot start with, said to the user (exit 2)."""
+
+
+def _check_args(args: argparse.Namespace) -> None:
     if args.mode == "disaggregated" and (args.prefill < 0 or args.decode < 1):
-        print("tandem up: disaggregated mode needs --decode >= 1 and --prefill >= 0", file=sys.stderr)
-        return 2
+        raise _Refused("disaggregated mode needs --decode >= 1 and --prefill >= 0")
     if args.mode == "colocated" and args.decode < 1:
-        print("tandem up: colocated mode needs --decode >= 1", file=sys.stderr)
-        return 2
+        raise _Refused("colocated mode needs --decode >= 1")
     if any(n is not None and n < 1 for n in (args.tp, args.prefill_tp, args.decode_tp)):
-        print("tandem up: --tp, --prefill-tp and --decode-tp must be >= 1", file=sys.stderr)
-        return 2
+        raise _Refused("--tp, --prefill-tp and --decode-tp must be >= 1")
     if args.api_key is None and os.environ.get("TANDEM_API_KEY"):
         args.api_key = os.environ["TANDEM_API_KEY"]
-    signal.signal(signal.SIGTERM, _raise_on_signal)
+
+
+def _model(args: argparse.Namespace) -> Path:
+    """The model folder to serve (built or downloaded once), judged servable from its config.json;
+    sets the served name where the folder's own would mislead."""
+    try:
+        model = model_folder(args.model) if args.model else toy_model_dir()
+    except HubError as e:
+        raise _Refused(str(e)) from e
+    if not args.model and not args.served_name:
+        args.served_name = TOY_SERVED_NAME  # friendlier than the cache folder's name
+    if args.model and is_hub_id(args.model) and not args.served_name:
+        args.served_name = args.model.partition("@")[0]  # not the snapshot folder's commit
+    if not (model / "config.json").is_file():
+        raise _Refused(f"{model} is not a Hugging Face model folder (no config.json)")
+    if (reason := check_model_config(json.loads((model / "config.json").read_text()))) is not None:
+        raise _Refused(f"cannot serve {model}: {reason}")
+    return model
+
+
+def _start(args: argparse.Namespace, model: Path, sup: Supervisor, children: list[ManagedProcess]) -> None:
+    workers = len(children) - 1
+    if args.pin_cpus and workers > len(os.sched_getaffinity(0)):
+        print(f"tandem up: {workers} workers on {len(os.sched_getaffinity(0))} cores: "
+              "some share a core", file=sys.stderr, flush=True)
+    print(f"tandem up: {args.mode}, model {model}", flush=True)
+    for c in children:
+        sup.start(c)
+        pin = f", cpu {c.cpu}" if c.cpu is not None else ""
+        print(f"  started {c.name:<12} {c.url}  pid {c.pid}{pin}", flush=True)
+
+
+def _wait_ready(sup: Supervisor, children: list[ManagedProcess], timeout_s: float, t0: float) -> bool:
+    """Poll every child's /ready until all answer; False (said on stderr) when one dies or time runs out."""
+    pending = list(children)
+    last_note = 0.0
+    while pending:
+        if dead := sup.dead():
+            for c in dead:
+                print(f"tandem up: {c.name} exited with code {c.returncode} while starting",
+                      file=sys.stderr, flush=True)
+            return False
+        for c in list(pending):
+            if c.status("/ready", timeout_s=1.0) == 200:
+                c.ready_after = time.monotonic() - t0
+                pending.remove(c)
+                print(f"  ready   {c.name:<12} after {c.ready_after:.1f}s", flush=True)
+        elapsed = time.monotonic() - t0
+        if elapsed > timeout_s:
+            print(f"tandem up: not ready after {timeout_s:.0f}s: "
+                  f"{', '.join(c.name for c in pending)}", file=sys.stderr, flush=True)
+            return False
+        if pending and elapsed - last_note >= 10:
+            last_note = elapsed
+            print(f"  waiting for {', '.join(c.name for c in pending)} ({elapsed:.0f}s)", flush=True)
+        time.sleep(0.25)
+    return True
+
+
+def _announce(args: argparse.Namespace, model: Path, children: list[ManagedProcess]) -> None:
+    """The state file (if asked) and the ready banner with a curl to try."""
+    router = children[-1]
+    if args.state_file:
+        state = [{"name": c.name, "role": c.role, "url": c.url, "pid": c.pid} for c in children]
+        tmp = Path(args.state_file + ".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(args.state_file)  # atomic: a reader sees the whole file or none
+    auth = f" -H 'Authorization: Bearer {args.api_key}'" if args.api_key else ""
+    model_name = args.served_name or model.name
+    print(
+        f"\nTandem is ready at {router.url}/v1 (OpenAI API), model '{model_name}'.\nTry:\n"
+        f"  curl -s {router.url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
+        f"    -d '{{\"model\": \"{model_name}\", \"messages\": [{{\"role\": \"user\", "
+        f"\"content\": \"Hello!\"}}], \"max_tokens\": 32}}'\n"
+        "Press Ctrl-C to stop.",
+        flush=True,
+    )
+
+
+def _watch(sup: Supervisor, children: list[ManagedProcess]) -> int:
+    """Serve until the router dies or every worker has (exit 1); a worker's death is only reported."""
+    router = children[-1]
+    reported: set[str] = set()
+    while True:
+        for c in sup.dead():
+            if c.name in reported:
+                continue
+            reported.add(c.name)
+            if c is router:
+                print(f"tandem up: the router exited with code {c.returncode}; stopping",
+                      file=sys.stderr, flush=True)
+                return 1
+            print(f"tandem up: {c.name} exited with code {c.returncode}; "
+                  "the router serves through the others", file=sys.stderr, flush=True)
+        if len(reported) == len(children) - 1:
+            print("tandem up: every worker has exited; stopping", file=sys.stderr, flush=True)
+            return 1
+        time.sleep(0.5)
+
+
+def run(args: argparse.Namespace) -> int:
     sup: Supervisor | None = None
     try:
-        try:
-            model = model_folder(args.model) if args.model else toy_model_dir()
-        except HubError as e:
-            print(f"tandem up: {e}", file=sys.stderr)
-            return 2
-        if not args.model and not args.served_name:
-            args.served_name = TOY_SERVED_NAME  # friendlier than the cache folder's name
-        if args.model and is_hub_id(args.model) and not args.served_name:
-            args.served_name = args.model.partition("@")[0]  # not the snapshot folder's commit
-        if not (model / "config.json").is_file():
-            print(f"tandem up: {model} is not a Hugging Face model folder (no config.json)", file=sys.stderr)
-            return 2
-        if (reason := check_model_config(json.loads((model / "config.json").read_text()))) is not None:
-            print(f"tandem up: cannot serve {model}: {reason}", file=sys.stderr)
-            return 2
+        _check_args(args)
+        signal.signal(signal.SIGTERM, _raise_on_signal)
+        model = _model(args)
         children = plan(args, model)
-        workers = len(children) - 1
-        if args.pin_cpus and workers > len(os.sched_getaffinity(0)):
-            print(f"tandem up: {workers} workers on {len(os.sched_getaffinity(0))} cores: "
-                  "some share a core", file=sys.stderr, flush=True)
         sup = Supervisor(children)
         t0 = time.monotonic()
-        print(f"tandem up: {args.mode}, model {model}", flush=True)
-        for c in children:
-            sup.start(c)
-            pin = f", cpu {c.cpu}" if c.cpu is not None else ""
-            print(f"  started {c.name:<12} {c.url}  pid {c.pid}{pin}", flush=True)
-        pending = list(children)
-        last_note = 0.0
-        while pending:
-            dead = sup.dead()
-            if dead:
-                for c in dead:
-                    print(f"tandem up: {c.name} exited with code {c.returncode} while starting",
-                          file=sys.stderr, flush=True)
-                return 1
-            for c in list(pending):
-                if c.status("/ready", timeout_s=1.0) == 200:
-                    c.ready_after = time.monotonic() - t0
-                    pending.remove(c)
-                    print(f"  ready   {c.name:<12} after {c.ready_after:.1f}s", flush=True)
-            elapsed = time.monotonic() - t0
-            if elapsed > args.startup_timeout:
-                print(f"tandem up: not ready after {args.startup_timeout:.0f}s: "
-                      f"{', '.join(c.name for c in pending)}", file=sys.stderr, flush=True)
-                return 1
-            if pending and elapsed - last_note >= 10:
-                last_note = elapsed
-                print(f"  waiting for {', '.join(c.name for c in pending)} ({elapsed:.0f}s)", flush=True)
-            time.sleep(0.25)
-        router = children[-1]
-        if args.state_file:
-            state = [{"name": c.name, "role": c.role, "url": c.url, "pid": c.pid} for c in children]
-            tmp = Path(args.state_file + ".tmp")
-            tmp.write_text(json.dumps(state, indent=2))
-            tmp.replace(args.state_file)  # atomic: a reader sees the whole file or none
-        auth = f" -H 'Authorization: Bearer {args.api_key}'" if args.api_key else ""
-        model_name = args.served_name or model.name
-        print(
-            f"\nTandem is ready at {router.url}/v1 (OpenAI API), model '{model_name}'.\nTry:\n"
-            f"  curl -s {router.url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
-            f"    -d '{{\"model\": \"{model_name}\", \"messages\": [{{\"role\": \"user\", "
-            f"\"content\": \"Hello!\"}}], \"max_tokens\": 32}}'\n"
-            "Press Ctrl-C to stop.",
-            flush=True,
-        )
-        reported: set[str] = set()
-        while True:
-            for c in sup.dead():
-                if c.name in reported:
-                    continue
-                reported.add(c.name)
-                if c is router:
-                    print(f"tandem up: the router exited with code {c.returncode}; stopping",
-                          file=sys.stderr, flush=True)
-                    return 1
-                print(f"tandem up: {c.name} exited with code {c.returncode}; "
-                      "the router serves through the others", file=sys.stderr, flush=True)
-            if len(reported) == len(children) - 1:
-                print("tandem up: every worker has exited; stopping", file=sys.stderr, flush=True)
-                return 1
-            time.sleep(0.5)
+        _start(args, model, sup, children)
+        if not _wait_ready(sup, children, args.startup_timeout, t0):
+            return 1
+        _announce(args, model, children)
+        return _watch(sup, children)
+    except _Refused as e:
+        print(f"tandem up: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("\ntandem up: stopping ...", flush=True)
         return 0

@@ -10,7 +10,7 @@ changes under one lock makes the snapshot exact: no change is lost or counted tw
 without a prefix cache answers False and the stream publishes an empty snapshot with
 `enabled: false` and nothing after it.
 
-The stream (NDJSON of tandem.contracts.protocol.KVEventMessage): a snapshot as of `seq` (split
+The stream (NDJSON of tandem.contracts.kv_events.KVEventMessage): a snapshot as of `seq` (split
 over several lines of at most LINE_HASHES hashes, all with that seq), then one UPDATE per change,
 numbered seq+1, seq+2, ..., and a HEARTBEAT repeating the last seq whenever `heartbeat_s` passes
 without one. A reader that falls QUEUE_LINES behind is cut off; it reconnects and resyncs from a
@@ -29,7 +29,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from aiohttp import web
-from tandem.contracts.protocol import NDJSON, KVEventMessage, KVEventType, openai_error
+from tandem.contracts.kv_events import KVEventMessage, KVEventType
+from tandem.contracts.protocol import NDJSON, openai_error
 
 log = logging.getLogger("tandem.worker.server")
 

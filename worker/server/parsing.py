@@ -18,14 +18,10 @@ from typing import Any
 
 from aiohttp import web
 from tandem.contracts.json_body import BodyError, decode_json
+from tandem.contracts.kv_source import KVSource
 from tandem.contracts.names import Role
-from tandem.contracts.protocol import (
-    REQUEST_ID_HEADER,
-    GenerateRequest,
-    KVSource,
-    SamplingParams,
-    openai_error,
-)
+from tandem.contracts.protocol import REQUEST_ID_HEADER, GenerateRequest, openai_error
+from tandem.contracts.sampling import SamplingParams
 from tandem.worker.server.http_errors import need_engine, wrong_role
 from tandem.worker.server.state import STATE_KEY, WorkerState
 
@@ -93,7 +89,7 @@ _SAMPLING: dict[str, tuple[Callable[[Any], bool], str]] = {
     "forced_token_ids": (_ids, "a list of token ids"),
 }
 def _kv_rank(v: Any) -> bool:
-    """One more rank of a tensor-parallel source (tandem.contracts.protocol.KVRank)."""
+    """One more rank of a tensor-parallel source (tandem.contracts.kv_source.KVRank)."""
     return (isinstance(v, dict) and set(v) <= {"url", "engine_id", "extra"} and isinstance(v.get("url"), str)
             and bool(v["url"]) and isinstance(v.get("engine_id"), str) and isinstance(v.get("extra", {}), dict))
 

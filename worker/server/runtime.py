@@ -50,6 +50,7 @@ async def start_serving(state: WorkerState, engine: Engine, *, stall_s: float, k
     worker's rank 0 side (engine/parallel/leader.py), which waits for its other ranks to serve and
     makes the transport the group's."""
     from tandem.worker.engine.async_engine import AsyncEngine
+    from tandem.worker.engine.heap import freeze_startup_heap
     from tandem.worker.engine.kv_pull import KVEndpoint
 
     s = state.settings
@@ -70,6 +71,8 @@ async def start_serving(state: WorkerState, engine: Engine, *, stall_s: float, k
     if transport is not None:
         s.kv_backend = transport.name
         endpoint = KVEndpoint(transport, s.advertise_url, s.engine_id, s.generation, s.reserve_wait_s)
+    frozen = freeze_startup_heap()
+    log.info("froze the start-up heap (%d objects) out of the garbage collector's walks", frozen)
     aeng.start(endpoint)
     state.engine, state.transport, state.ready = aeng, transport, True
 

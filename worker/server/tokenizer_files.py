@@ -16,12 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from tandem.contracts.protocol import (
-    TOKENIZER_FILES,
-    TokenizerFiles,
-    openai_error,
-    tokenizer_digest,
-)
+from tandem.contracts.protocol import openai_error
+from tandem.contracts.tokenizer_files import TOKENIZER_FILES, TokenizerFiles, tokenizer_digest
 
 log = logging.getLogger("tandem.worker.server")
 

@@ -129,13 +129,14 @@ InferenceService through owner references and the garbage collector.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "create", "patch"]
-# A hub model's shared cache (model.cache.pvc): its claim and the download Job per commit.
+# A hub model's shared cache (model.cache.pvc): its claim and the download Job per commit (watched:
+# ModelReady follows it); a model.pvc claim is read (get) to check it exists and mounts on every node.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get", "create", "patch"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 {{- with .Values.hub.tokenSecrets }}
 # model.tokenSecretRef: the hub token of a gated model, read to resolve its revision and read its
 # config.json; only these names.

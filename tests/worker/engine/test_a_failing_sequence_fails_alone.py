@@ -6,7 +6,8 @@ whenever one sequence is in the batch, a detokenizer that raises."""
 
 from __future__ import annotations
 
-from tandem.contracts.protocol import FinishReason, SamplingParams
+from tandem.contracts.protocol import FinishReason
+from tandem.contracts.sampling import SamplingParams
 from tandem.testing.engine_helpers import greedy, run_to_completion, submit, tokens_of
 
 INNOCENT = "Kubernetes schedules pods onto nodes"

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tandem.contracts.protocol import GenerateRequest, KVSource
+from tandem.contracts.kv_source import KVSource
+from tandem.contracts.protocol import GenerateRequest
 from tandem.testing.engine_helpers import greedy
 from tandem.worker.engine import kv_pull
 from tandem.worker.engine.errors import RequestError

@@ -7,7 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tandem.contracts.protocol import GenerateRequest, SamplingParams
+from tandem.contracts.protocol import GenerateRequest
+from tandem.contracts.sampling import SamplingParams
 from tandem.testing.engine_helpers import greedy, run_to_completion, submit, tokens_of
 from tandem.worker.engine.errors import ModelLoadError, RequestError
 from tandem.worker.engine.loader import load_model

@@ -60,3 +60,4 @@ def test_contexts_past_4096_tokens_have_their_own_graph(tmp_path_factory, monkey
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     assert tokens_of(outs[0]) == reference_generate(hf, long_ids, 6)
     assert tokens_of(outs[1]) == reference_generate(hf, [1, 5, 9], 6)
+

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tandem.contracts.protocol import GenerateRequest, SamplingParams
+from tandem.contracts.protocol import GenerateRequest
+from tandem.contracts.sampling import SamplingParams
 from tandem.testing.engine_helpers import run_to_completion, submit, tokens_of
 from tandem.worker.engine.errors import RequestError
 from tandem.worker.engine.request_checks import check_sampling

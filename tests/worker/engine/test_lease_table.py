@@ -5,7 +5,7 @@ frees nothing itself (its owner gives the blocks back)."""
 from __future__ import annotations
 
 import pytest
-from tandem.contracts.protocol import SamplingParams
+from tandem.contracts.sampling import SamplingParams
 from tandem.worker.engine.leases import LeaseTable
 from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.sequence import Sequence

@@ -4,7 +4,7 @@ should (checked on hand-made logits against a per-row reference) and leaves othe
 from __future__ import annotations
 
 import torch
-from tandem.contracts.protocol import SamplingParams
+from tandem.contracts.sampling import SamplingParams
 from tandem.testing.engine_helpers import greedy, run_to_completion, submit, tokens_of
 from tandem.worker.engine.logits_processors import apply_processors
 from tandem.worker.engine.sampling import SampleRow, filter_logits, sample_batch

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tandem.contracts.protocol import SamplingParams
+from tandem.contracts.sampling import SamplingParams
 from tandem.testing.engine_helpers import run_to_completion, submit, tokens_of
 
 PROMPT = "The router sends the prompt to a prefill worker and streams tokens"

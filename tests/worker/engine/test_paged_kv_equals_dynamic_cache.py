@@ -4,7 +4,8 @@ for the same prompt (float32; tolerance atol=1e-5, rtol=1e-4: same math, differe
 from __future__ import annotations
 
 import torch
-from tandem.contracts.protocol import GenerateRequest, SamplingParams
+from tandem.contracts.protocol import GenerateRequest
+from tandem.contracts.sampling import SamplingParams
 
 PROMPT = ("Once upon a time there was a little model that wanted to speak every language, "
           "and it read the whole prompt at once.")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from tandem.contracts.protocol import SamplingParams
+from tandem.contracts.sampling import SamplingParams
 from tandem.testing.engine_helpers import greedy, run_to_completion, submit, tokens_of
 from tandem.worker.engine.sampling import filter_logits, sample
 

@@ -5,12 +5,8 @@ also does), stop strings within the worker's limits, a prompt the tokenizer refu
 from __future__ import annotations
 
 import pytest
-from tandem.contracts.protocol import (
-    WORKER_MAX_STOP_CHARS,
-    WORKER_MAX_STOP_STRINGS,
-    GenerateRequest,
-    SamplingParams,
-)
+from tandem.contracts.protocol import GenerateRequest
+from tandem.contracts.sampling import WORKER_MAX_STOP_CHARS, WORKER_MAX_STOP_STRINGS, SamplingParams
 from tandem.testing.engine_helpers import run_to_completion, submit, tokens_of
 from tandem.worker.engine.errors import RequestError
 

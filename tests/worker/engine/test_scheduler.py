@@ -3,7 +3,7 @@ sequence limit, first-come-first-served admission and preemption of the newest s
 
 from __future__ import annotations
 
-from tandem.contracts.protocol import SamplingParams
+from tandem.contracts.sampling import SamplingParams
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.scheduler import Scheduler

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from tandem.contracts.protocol import FinishReason, GenerateRequest, SamplingParams
+from tandem.contracts.protocol import FinishReason, GenerateRequest
+from tandem.contracts.sampling import SamplingParams
 from tandem.testing.engine_helpers import run_to_completion, submit, text_of, tokens_of
 from tandem.testing.schemas import PERSON, validate_person
 from tandem.worker.engine.errors import RequestError

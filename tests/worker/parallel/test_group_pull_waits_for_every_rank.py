@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from tandem.contracts.protocol import KVRank, KVSource
+from tandem.contracts.kv_source import KVRank, KVSource
 from tandem.worker.engine.parallel.group_transport import GroupTransport
 from tandem.worker.kv.base import KVTransferConfig, KVTransferError, TransferStats
 

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from tandem.contracts.internal_auth import auth_headers
+from tandem.contracts.kv_events import KVEventMessage, KVEventType
 from tandem.contracts.names import Role
-from tandem.contracts.protocol import KVEventMessage, KVEventType
 from tandem.testing.fake_prefix_cache import FakePrefixCache as FakeCache
 from tandem.worker.server import kv_events
 from tandem.worker.server.app import WorkerSettings, WorkerState, create_app

@@ -8,7 +8,8 @@ import asyncio
 import time
 
 import pytest
-from tandem.contracts.protocol import GenerateRequest, TokenizerFiles, tokenizer_digest
+from tandem.contracts.protocol import GenerateRequest
+from tandem.contracts.tokenizer_files import TokenizerFiles, tokenizer_digest
 from tandem.router.tokenizer import RouterTokenizer
 
 SECRET = "tokenizer-route-secret-0123456789"

@@ -18,6 +18,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from tandem.worker.engine.heap import freeze_startup_heap
+
 log = logging.getLogger("tandem.worker.engine.parallel")
 
 
@@ -99,6 +101,7 @@ def run_follower(cfg: Any) -> int:
         group.publish("endpoint", server.start())
         group.serving()
         server.serving = True
+        freeze_startup_heap()
         log.info("rank %d serving %.1fs after start", p.rank, time.monotonic() - t0)
         follow(group, runner)
         return 0

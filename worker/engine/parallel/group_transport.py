@@ -22,7 +22,8 @@ from typing import Any
 import aiohttp
 from tandem.contracts.internal_auth import auth_headers
 from tandem.contracts.kv_health import KVHealth
-from tandem.contracts.protocol import REQUEST_ID_HEADER, KVRank, KVSource
+from tandem.contracts.kv_source import KVRank, KVSource
+from tandem.contracts.protocol import REQUEST_ID_HEADER
 from tandem.worker.kv.base import (
     KVTransferError,
     KVTransport,

@@ -27,7 +27,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from tandem.contracts.internal_auth import auth_headers
-from tandem.contracts.protocol import REQUEST_ID_HEADER, KVRank, KVSource
+from tandem.contracts.kv_source import KVRank, KVSource
+from tandem.contracts.protocol import REQUEST_ID_HEADER
 
 log = logging.getLogger("tandem.worker.engine.parallel")
 

@@ -1,0 +1,51 @@
+"""Where a handoff's KV lies: the KVSource a prefill result (or a MIGRATE line) carries to the decode
+worker that pulls it, one KVRank per extra tensor-parallel rank of the source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class KVRank:
+    """Where one more rank of a tensor-parallel prefill (or migrating decode) worker serves its
+    share of the KV heads: its own KV endpoint, read directly by the decode ranks that need it."""
+
+    url: str  # base URL of the rank's HTTP API (/internal/kv/metadata)
+    engine_id: str  # the rank's KV agent ("<engine_id of rank 0>-r<rank>")
+    extra: dict[str, Any] = field(default_factory=dict)  # backend-specific (e.g. tcp host/port)
+
+
+@dataclass
+class KVSource:
+    """Where a decode worker finds the KV a prefill worker computed (returned by /internal/prefill)."""
+
+    url: str  # base URL of the prefill worker's HTTP API (its rank 0)
+    engine_id: str  # "<pod or host>-<epoch>": a restarted worker gets a new one
+    backend: str  # "nixl" | "tcp" | "memory"
+    block_ids: list[int]  # the prefill worker's blocks, in sequence order
+    num_tokens: int  # tokens whose KV the blocks hold (the prompt)
+    # Unguessable, one per lease: a KV read, a release or an abort of the lease must quote it.
+    # Empty matches nothing. Pass it only to the decode worker chosen for this request.
+    lease_token: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # backend-specific (e.g. tcp host/port)
+    # A tensor-parallel source: ranks 1.. (rank 0 is url/engine_id/extra above), each holding the
+    # KV heads tandem.contracts.kv_layout.kv_heads_of_rank gives it; one lease (rank 0's, above)
+    # covers every rank's blocks. Empty: one rank.
+    ranks: list[KVRank] = field(default_factory=list)
+    # The tandem.dev/generation of the worker that leased the KV (a prefill worker, or a draining
+    # decode worker). A worker of another generation refuses it (400 kv_generation_mismatch): the
+    # same tokens through other weights are other KV, and must never reach its cache.
+    generation: str = ""
+
+    def __post_init__(self) -> None:
+        self.ranks = [r if isinstance(r, KVRank) else KVRank(**r) for r in self.ranks]
+
+    @property
+    def tensor_parallel(self) -> int:
+        return 1 + len(self.ranks)
+
+    def rank(self, i: int) -> KVRank:
+        """Rank i's endpoint (rank 0 is the source's own)."""
+        return KVRank(self.url, self.engine_id, self.extra) if i == 0 else self.ranks[i - 1]
