@@ -3,7 +3,8 @@
 A scenario is a module bench/scenarios/<name>.py with a docstring (its help),
 `add_arguments(parser)` and `run(args) -> dict`. The CLI adds the options every scenario shares,
 runs it, and writes what `run` returned to bench/results/<scenario>/<run-id>.json (run-id: the UTC
-start time), wrapped with the command, commit and host (bench/lib/results.py). Bulky outputs a
+start time), wrapped with the command, commit and host, and the load average sampled through the run
+(bench/lib/results.py, bench/lib/load_sampler.py). Bulky outputs a
 scenario keeps for itself (logs, per-request records, profiles) go under args.out_dir,
 bench/out/<scenario>/<run-id>/, which is not committed.
 
@@ -23,6 +24,7 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
+from bench.lib.load_sampler import LoadSampler
 from bench.lib.results import BENCH_DIR, RESULTS_DIR, new_run_id, save_result
 
 SCENARIOS_DIR = BENCH_DIR / "scenarios"
@@ -79,13 +81,17 @@ def run_scenario(name: str, argv: list[str]) -> int:
     args.out_dir = BENCH_DIR / "out" / name / args.run_id
     args.out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    result = module.run(args)
+    args.load = LoadSampler().start()  # a scenario may quote args.load.summary() in its tables
+    try:
+        result = module.run(args)
+    finally:
+        sampled = args.load.stop()
     # A scenario that checks something (text identical, nothing lost) says ok: false when it failed.
     code = 1 if result.get("ok") is False else 0
     if args.no_save:
         print(f"{name}: done in {time.monotonic() - t0:.0f} s (not saved)")
         return code
-    path = save_result(args.results_dir, name, args.run_id, result, argv, time.monotonic() - t0)
+    path = save_result(args.results_dir, name, args.run_id, result, argv, time.monotonic() - t0, sampled)
     print(f"{name}: wrote {path}" + (" (ok: false)" if code else ""))
     return code
 

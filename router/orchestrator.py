@@ -66,7 +66,7 @@ class _Stream:
 
     def __init__(self, orch: Orchestrator, url: str, j: Journey, queued: int) -> None:
         self.url, self.queued, self._workers = url, queued, orch.workers
-        orch.workers.assign(url, queued)
+        self._assigned_at = orch.workers.assign(url, queued)
         orch.metrics.worker_requests.labels("decode").inc()
         self._events: AsyncGenerator[StreamEvent, None] = orch.client.generate(url, j.worker_request(decode=True))
         self._open = True
@@ -79,7 +79,7 @@ class _Stream:
 
     def prefilled(self) -> None:
         if self.queued:
-            self._workers.prefilled(self.url, self.queued)
+            self._workers.prefilled(self.url, self.queued, self._assigned_at)
             self.queued = 0
 
     async def close(self) -> None:
@@ -88,7 +88,7 @@ class _Stream:
             try:
                 await self._events.aclose()
             finally:
-                self._workers.release(self.url, self.queued)
+                self._workers.release(self.url, self.queued, self._assigned_at)
 
 
 @dataclass
@@ -227,14 +227,14 @@ class Orchestrator:
 
     async def _prefill(self, j: Journey, action: PrefillOn) -> Outcome:
         url = action.worker.url
-        self.workers.assign(url, action.work)
+        assigned_at = self.workers.assign(url, action.work)
         self.metrics.worker_requests.labels("prefill").inc()
         try:
             res = await self.client.prefill(url, j.worker_request(decode=False))
         except (WorkerFailed, RouterError) as exc:
             res = exc
         finally:
-            self.workers.release(url, action.work)
+            self.workers.release(url, action.work, assigned_at)
         if isinstance(res, WorkerFailed):
             return self._outcome(Failed, url, res)
         if isinstance(res, RouterError):

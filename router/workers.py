@@ -41,6 +41,9 @@ class _Entry:
     router_inflight: int = 0
     router_prompt_tokens: int = 0
     last_error: str = ""
+    polls: int = 0  # polls started: a request assigned before one started may be in its report
+    info_poll: int = 0  # the poll the current info came from
+    finished_in_report: int = 0  # prompt tokens this router saw finish that `info` still counts
 
     def view(self, parity: Callable[[str], ParityState | None] | None = None) -> WorkerView:
         info = self.info
@@ -55,7 +58,7 @@ class _Entry:
             running=info.running if info else 0,
             waiting=info.waiting if info else 0,
             kv_usage=info.kv_usage if info else 0.0,
-            outstanding_prompt_tokens=info.outstanding_prompt_tokens if info else 0,
+            outstanding_prompt_tokens=max(0, info.outstanding_prompt_tokens - self.finished_in_report) if info else 0,
             router_inflight=self.router_inflight,
             router_prompt_tokens=self.router_prompt_tokens,
             tokenizer_sha256=info.tokenizer_sha256 if info else "",
@@ -122,28 +125,43 @@ class WorkerSet:
             e.failed = True
             e.last_error = error
 
-    def assign(self, url: str, prompt_tokens: int = 0) -> None:
-        """This router sent work to `url`: count it until the worker's own numbers catch up."""
+    def assign(self, url: str, prompt_tokens: int = 0) -> int:
+        """This router sent work to `url`: count it until the worker's own numbers catch up.
+        Returns the worker's poll count, for release() and prefilled()."""
         e = self._entries.get(url)
-        if e is not None:
-            e.router_inflight += 1
-            e.router_prompt_tokens += prompt_tokens
+        if e is None:
+            return 0
+        e.router_inflight += 1
+        e.router_prompt_tokens += prompt_tokens
+        return e.polls
 
-    def release(self, url: str, prompt_tokens: int = 0) -> None:
+    def release(self, url: str, prompt_tokens: int = 0, assigned_at: int | None = None) -> None:
+        """The work assign() counted is over (`assigned_at`: what assign() returned)."""
         e = self._entries.get(url)
         if e is not None:
             e.router_inflight = max(0, e.router_inflight - 1)
-            e.router_prompt_tokens = max(0, e.router_prompt_tokens - prompt_tokens)
+            self._done_waiting(e, prompt_tokens, assigned_at)
 
-    def prefilled(self, url: str, prompt_tokens: int) -> None:
+    def prefilled(self, url: str, prompt_tokens: int, assigned_at: int | None = None) -> None:
         """A decode worker prefilling a prompt itself produced its first token: the prompt's tokens
         no longer wait there (the request, still running, stays assigned)."""
         e = self._entries.get(url)
         if e is not None:
-            e.router_prompt_tokens = max(0, e.router_prompt_tokens - prompt_tokens)
+            self._done_waiting(e, prompt_tokens, assigned_at)
+
+    @staticmethod
+    def _done_waiting(e: _Entry, prompt_tokens: int, assigned_at: int | None) -> None:
+        """Prompt tokens no longer queued there. The worker's last report counts them too when it
+        came from a poll started after they were sent: without taking them off it, a pool whose
+        long prompt just finished looks saturated until the next poll."""
+        e.router_prompt_tokens = max(0, e.router_prompt_tokens - prompt_tokens)
+        if assigned_at is not None and e.info_poll > assigned_at:
+            e.finished_in_report += prompt_tokens
 
     async def _poll_one(self, e: _Entry) -> None:
         url = e.target.url
+        e.polls += 1
+        poll = e.polls
         try:
             info = await self.client.info(url)
         except WorkerFailed as exc:
@@ -153,7 +171,7 @@ class WorkerSet:
             return
         if e.info is None:
             log.info("worker %s: role %s, model %s, ready %s", url, info.role, info.model, info.ready)
-        e.info, e.failed = info, False
+        e.info, e.failed, e.info_poll, e.finished_in_report = info, False, poll, 0
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._poll_one(e) for e in list(self._entries.values())))

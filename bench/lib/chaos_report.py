@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench.lib.load_sampler import load_phrase
 from bench.lib.tables import markers, md_table, replace_section
 
 BEGIN, END = markers("chaos", "python -m bench chaos")
@@ -58,13 +59,33 @@ def _left(r: dict[str, Any]) -> list[str]:
             md_table(["process", "restarts", "fds", "RSS MiB"], fd_rows), ""]
 
 
+def _spared(r: dict[str, Any]) -> list[str]:
+    """Growth within the processes the soak never killed: fds, RSS and KV peers over its samples."""
+    series = r.get("spared_series") or []
+    lines = []
+    for name in r["settings"].get("spare") or []:
+        pts = [p[name] for p in series if name in p and p[name]["fds"] >= 0]
+        if not pts:
+            continue
+        fds, rss, peers = [p["fds"] for p in pts], [p["rss_mib"] for p in pts], [p["kv_peers"] for p in pts]
+        lines.append(f"- **{name}**, never killed, sampled {len(pts)} times every {r['settings']['watch_s']:.0f} s: "
+                     f"open fds {fds[0]} at the first sample, {min(fds)}-{max(fds)} throughout, {fds[-1]} at the "
+                     f"last; RSS {rss[0]:.0f} → {rss[-1]:.0f} MiB (max {max(rss):.0f}); KV peers known "
+                     f"{peers[0]} → {peers[-1]} (max {max(peers)}).")
+    return (["Processes spared by the chaos (one incarnation from start to end):", "", *lines, ""]
+            if lines else [])
+
+
 def results_markdown(r: dict[str, Any], run_id: str, command: str) -> str:
     s = r["settings"]
+    spared = f", never killed: {', '.join(s['spare'])}" if s.get("spare") else ""
+    load = load_phrase(r.get("loadavg"))
     head = (f"Run `{run_id}` (UTC): `{command}`; {s['duration_s'] / 60:.0f} minutes of chaos, a kill every "
-            f"{s['interval_s'][0]:.0f}-{s['interval_s'][1]:.0f} s, {s['streams']} streams, KV over {s['kv_backend']}, "
-            f"workers {' '.join(s['worker_arg'])}. Verdict: "
+            f"{s['interval_s'][0]:.0f}-{s['interval_s'][1]:.0f} s{spared}, {s['streams']} streams, KV over "
+            f"{s['kv_backend']}, workers {' '.join(s['worker_arg'])}"
+            + (f"; the shared cores' {load} through the run" if load else "") + ". Verdict: "
             + ("**nothing lost, nothing left**." if r["ok"] else "**failures found** (below)."))
-    return "\n".join([head, "", *_outcomes(r), *_kills(r), *_left(r)])
+    return "\n".join([head, "", *_outcomes(r), *_kills(r), *_left(r), *_spared(r)])
 
 
 def publish(r: dict[str, Any], run_id: str, command: str, markdown: Path) -> Path:

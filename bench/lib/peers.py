@@ -21,7 +21,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from bench.lib.models import cache_root
+from bench.lib.models import cache_root, model_context
 from bench.lib.processes import BenchProcess, free_port, thread_env
 
 VLLM_VERSION = "0.32.0"
@@ -107,14 +107,15 @@ def available(version: str = VLLM_VERSION) -> str | None:
 
 def vllm_process(model_dir: Path, log_path: Path, dtype: str = "bfloat16", engine_cpu: int = 0,
                  version: str = VLLM_VERSION) -> BenchProcess:
-    """`vllm serve` colocated, its engine's threads bound to engine_cpu (the API server floats), not started."""
+    """`vllm serve` colocated, its engine's threads bound to engine_cpu (the API server floats), not started;
+    its context is the model's, as Tandem's workers take it."""
     python = install(version)
     port = free_port()
     env = os.environ | thread_env(1) | {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2",
                                         "VLLM_CPU_OMP_THREADS_BIND": str(engine_cpu),
                                         "VLLM_CACHE_ROOT": str(peer_dir(version) / "cache")}
     cmd = [str(python.with_name("vllm")), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-           "--max-model-len", "4096", "--dtype", dtype, "--served-model-name", model_dir.name]
+           "--max-model-len", str(model_context(model_dir)), "--dtype", dtype, "--served-model-name", model_dir.name]
     return BenchProcess("vllm", "peer", f"http://127.0.0.1:{port}", cmd, None, log_path, env)
 
 

@@ -45,6 +45,14 @@ def host_info() -> dict[str, Any]:
             "loadavg": list(os.getloadavg())}
 
 
+RUN_KEYS = ("results_dir", "out_dir", "no_save", "run_id", "scenario", "load")  # set by the CLI, not options
+
+
+def scenario_settings(args: Any) -> dict[str, Any]:
+    """A scenario's options as given (an argparse Namespace), without what the CLI adds to it."""
+    return {k: v for k, v in vars(args).items() if k not in RUN_KEYS}
+
+
 def git_commit() -> str | None:
     """The checkout's commit (with '+dirty' when it has uncommitted changes); None outside git."""
     try:
@@ -57,16 +65,20 @@ def git_commit() -> str | None:
     return head + ("+dirty" if dirty else "")
 
 
-def envelope(scenario: str, run_id: str, result: dict[str, Any], argv: list[str], wall_s: float) -> dict[str, Any]:
+def envelope(scenario: str, run_id: str, result: dict[str, Any], argv: list[str], wall_s: float,
+             load: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The result with what made it; `load` is the load average sampled through the run
+    (bench/lib/load_sampler.py), kept in host as loadavg_during."""
+    host = host_info() | ({"loadavg_during": load} if load is not None else {})
     return {"scenario": scenario, "run_id": run_id, "command": " ".join(["python -m bench", scenario, *argv]),
-            "commit": git_commit(), "host": host_info(), "wall_s": round(wall_s, 1), "result": json_safe(result)}
+            "commit": git_commit(), "host": host, "wall_s": round(wall_s, 1), "result": json_safe(result)}
 
 
 def save_result(results_dir: Path, scenario: str, run_id: str, result: dict[str, Any], argv: list[str],
-                wall_s: float) -> Path:
+                wall_s: float, load: dict[str, Any] | None = None) -> Path:
     path = Path(results_dir) / scenario / f"{run_id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(envelope(scenario, run_id, result, argv, wall_s), indent=1) + "\n")
+    path.write_text(json.dumps(envelope(scenario, run_id, result, argv, wall_s, load), indent=1) + "\n")
     return path
 
 

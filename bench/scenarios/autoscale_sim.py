@@ -19,6 +19,7 @@ import statistics
 from dataclasses import asdict
 from pathlib import Path
 
+from bench.lib.results import scenario_settings
 from bench.simulator.capacity import cpu_capacity
 from bench.simulator.policies import size_for_peak
 from bench.simulator.replay import POLICIES, Result, plot, simulate, table
@@ -83,5 +84,5 @@ def run(args: argparse.Namespace) -> dict:
     plot([r for r in results if r.size == plot_size], out / f"autoscale_sim_{plot_size}.png", args)
     print(f"wrote {out}/table.md, autoscale_sim_{plot_size}.png; "
           f"median wall per run {statistics.median(r.wall_s for r in results):.0f} s")
-    settings = {k: v for k, v in vars(args).items() if k not in ("results_dir", "out_dir", "no_save", "run_id")}
+    settings = scenario_settings(args)
     return {"args": settings, "capacity": asdict(cap), "results": [asdict(r) for r in results]}

@@ -11,7 +11,9 @@ up and ready, signals it, waits for it to exit and starts it again on the same p
 is classified (bench/lib/chaos_outcomes.py): identical, clean error (retryable), refused (a 4xx a
 client takes as final), truncated, wrong text, hung (target: 0 of the last four). After the load stops and the restarts are back: KV
 blocks held and leases left on every worker (/internal/info, target 0), requests in flight at the
-routers, and each process's open file descriptors and RSS at the start and at the end.
+routers, and each process's open file descriptors and RSS at the start and at the end. --spare
+keeps processes out of the kills (e.g. decode-0 while prefill workers churn): their fds, RSS and
+KV peers are sampled every --watch-s through the soak, growth within one process.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from bench.lib.metrics import RequestRecord
 from bench.lib.models import MULTITURN_MODEL, bench_model_dir
 from bench.lib.processes import BenchProcess, router_process, thread_env, worker_process
 from bench.lib.ready import served_model, wait_ready
+from bench.lib.results import scenario_settings
 from bench.lib.scrape import get_json, scrape
 from bench.lib.workload import PlannedRequest, WorkloadSpec, plan
 
@@ -135,19 +138,38 @@ class Soak:
             self.restarts.add(task)
             task.add_done_callback(self.restarts.discard)
 
+    async def watch(self, series: list[dict]) -> None:
+        """Every --watch-s: the spared processes' fds, RSS and KV peers known (growth within one
+        process under churn around it, issue 21 item 9), until the load stops."""
+        spared = [p for p in self.procs if p.name in self.args.spare]
+        async with aiohttp.ClientSession() as s:
+            while spared:
+                point: dict = {"t_s": round(self.now(), 1)}
+                for p in spared:
+                    health = await get_json(s, p.url, "/internal/kv/health") if p.role != "router" else {}
+                    point[p.name] = {**resources(p), "kv_peers": len(health.get("peers") or {})}
+                series.append(point)
+                try:
+                    await asyncio.wait_for(self.stop_load.wait(), self.args.watch_s)
+                    return
+                except TimeoutError:
+                    pass
+
     async def run(self) -> dict:
         before = {p.name: resources(p) for p in self.procs}
+        series: list[dict] = []
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             turns = itertools.count()
             clients = [asyncio.create_task(self.client(session, turns)) for _ in range(self.args.streams)]
+            watcher = asyncio.create_task(self.watch(series))
             await self.chaos()
             await asyncio.gather(*list(self.restarts))
             self.stop_load.set()
-            await asyncio.gather(*clients)
+            await asyncio.gather(*clients, watcher)
         load_end = self.now()
         left = await settle(self.procs, self.args.settle_s)
         after = {p.name: resources(p) for p in self.procs}
-        return {"load_s": load_end, "events": self.events, "left": left,
+        return {"load_s": load_end, "events": self.events, "left": left, "spared_series": series,
                 "resources": {n: {"start": before[n], "end": after[n],
                                   "restarts": sum(e["process"] == n for e in self.events)} for n in before}}
 
@@ -215,7 +237,7 @@ async def soak(args: argparse.Namespace) -> dict:
     left = result["left"]["final"]
     leaked = sum(d.get("blocks_held", 0) + max(0, d.get("leased", 0)) for d in left.values())
     return {"ok": failed == 0 and leaked == 0 and result["left"]["clean"], **counts,
-            "settings": {k: v for k, v in vars(args).items() if k not in ("results_dir", "out_dir", "no_save")},
+            "settings": scenario_settings(args),
             "model": MULTITURN_MODEL, **result}
 
 
@@ -231,6 +253,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=21)
     p.add_argument("--spare", nargs="*", default=[], metavar="NAME",
                    help="processes never killed (e.g. decode-0: its fds and RSS then show growth under churn)")
+    p.add_argument("--watch-s", type=float, default=30.0,
+                   help="how often the spared processes' fds, RSS and KV peers are sampled")
     p.add_argument("--worker-arg", action="append", default=None,
                    help="extra `tandem worker` flags (default --compile=off: restarts in seconds)")
     p.add_argument("--term-grace-s", type=float, default=45.0, help="after SIGTERM, SIGKILL past this")
@@ -246,6 +270,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.worker_arg is None:
         args.worker_arg = ["--compile=off"]
     res = asyncio.run(soak(args))
+    res["loadavg"] = args.load.summary() if hasattr(args, "load") else None
     o = res["outcomes"]
     print(f"{res['requests']} requests: " + ", ".join(f"{k} {v}" for k, v in o.items())
           + f"; errors by kind {res['errors_by_kind']}; kills {len(res['events'])}; "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -143,7 +144,8 @@ async def bench_backend(backend: str, layout, repeats: int, extra: dict) -> dict
             med = statistics.median(times)
             out[str(n)] = {"bytes": nbytes, "latency_s": med, "min_latency_s": min(times),
                            "bandwidth_GBps": nbytes / med / 1e9}
-        out["health"] = decode.transport.health()["transport"]
+        transport = decode.transport.health().transport
+        out["health"] = dataclasses.asdict(transport) if transport is not None else None
     finally:
         await decode.close()
         prefill.stop()

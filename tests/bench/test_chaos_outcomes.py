@@ -76,3 +76,23 @@ def test_the_report_shows_every_count_kill_and_leftover():
     assert "**failures found**" in md and "| truncated without an error | 1 |" in md and "HTTP 503 1" in md
     assert "decode SIGKILL 1, router SIGTERM 1" in md and "1 restarts failed" in md
     assert "| decode-1 | 4 | 1 |" in md and "20 → 90" in md
+
+
+def test_the_report_shows_growth_within_a_spared_process():
+    from bench.lib.chaos_report import results_markdown
+
+    r = {"ok": True, "requests": 1, "outcomes": {"identical": 1, "clean_error": 0, "refused": 0, "truncated": 0,
+                                                 "wrong_text": 0, "hung": 0},
+         "errors_by_kind": {},
+         "settings": {"duration_s": 600, "interval_s": [20, 40], "streams": 6, "kv_backend": "nixl",
+                      "worker_arg": ["--compile=off"], "read_timeout_s": 60, "spare": ["decode-0"], "watch_s": 30},
+         "events": [{"process": "prefill-1", "signal": "SIGKILL", "back_after_s": 30.0}],
+         "left": {"settled_after_s": 0.0, "final": {}, "at_load_end": {}},
+         "resources": {}, "loadavg": {"samples": 5, "min": 2.0, "median": 8.0, "max": 12.5},
+         "spared_series": [{"t_s": 0.0, "decode-0": {"fds": 30, "rss_mib": 1400.0, "kv_peers": 2}},
+                           {"t_s": 30.0, "decode-0": {"fds": 37, "rss_mib": 1500.0, "kv_peers": 3}},
+                           {"t_s": 60.0, "decode-0": {"fds": 31, "rss_mib": 1450.0, "kv_peers": 2}}]}
+    md = results_markdown(r, "20260101-000000", "python -m bench chaos --spare decode-0")
+    assert "a kill every 20-40 s, never killed: decode-0" in md and "load average 2.0-12.5 (median 8.0)" in md
+    assert ("**decode-0**, never killed, sampled 3 times every 30 s: open fds 30 at the first sample, 30-37 "
+            "throughout, 31 at the last; RSS 1400 → 1450 MiB (max 1500); KV peers known 2 → 2 (max 3)") in md
