@@ -33,6 +33,8 @@ DEFAULT_SCENARIOS: tuple[tuple[str, ...], ...] = (
     ("interference",),  # issue 13's load: disaggregated, colocated and vLLM (~35 min)
     ("engine_http", "--dtypes", "bfloat16"),  # decode throughput at 32 streams, with vLLM (~10 min)
     ("multiturn",),  # the prefix cache (~15 min)
+    ("curves",),  # issue 23's curves: TTFT, ITL, throughput and the handoff against work, with vLLM (~6-13 min)
+    ("prefill",),  # prefill throughput 128 to 8k tokens against transformers' forward (~8 min)
     ("chaos",),  # kills and restarts under load: nothing lost, nothing left (~15 min)
 )
 
