@@ -36,7 +36,11 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 GVP = ("tandem.dev", "v1alpha1", "inferenceservices")
 STREAMS = 20
 PROMPTS = [f"Prompt {i}: the pool shrinks while the answers keep coming." for i in range(4)]
-MAX_TOKENS = 300  # the streams are held open by freezing the workers, not by their length
+# The streams are held open by freezing the workers, but only once the last of the 20 has its first
+# tokens: the first ones started up to a second earlier (one prefill worker, a queue of 20 prompts)
+# and a fresh clone once saw two finish 300 tokens before the last one's first arrived. 800 keeps
+# them all mid-flight (the model's context is 1024).
+MAX_TOKENS = 800
 TOKENS_BEFORE = 8
 
 
