@@ -69,7 +69,11 @@ handler: runc
         def evaluated():
             got = {b.metadata.name: b for b in policy.list_namespaced_pod_disruption_budget(
                 namespace, label_selector=f"tandem.dev/service={name}").items}
-            return got if len(got) == 3 and all(b.status and b.status.expected_pods for b in got.values()) else None
+            # The disruption controller sees the pods' readiness after the kubelet reports it: wait until
+            # it counts every expected pod healthy (a fresh clone once read 0 disruptions allowed before).
+            return got if len(got) == 3 and all(b.status and b.status.expected_pods
+                                                and b.status.current_healthy == b.status.expected_pods
+                                                for b in got.values()) else None
 
         budgets = wait_until(evaluated, timeout=60, what="three PodDisruptionBudgets the controller evaluated")
         assert budgets[f"{name}-decode"].status.expected_pods == 2
