@@ -23,6 +23,10 @@ import pytest
 from kubernetes import client
 from tandem.testing.cluster import wait_until
 from tandem.testing.fake_hub import FakeHub, Repo
+from tandem.testing.inference_services import GVP
+from tandem.testing.inference_services import condition as _cond
+from tandem.testing.inference_services import create as _create
+from tandem.testing.inference_services import read as _tis
 from tandem.testing.k8s_events import events_of, wait_events
 from tandem.testing.kube_nodes import POOL_LABEL
 from tandem.testing.kubelet import end_init_container, finish_pod, run_container
@@ -30,7 +34,6 @@ from tandem.weights.cli import EXIT_PERMANENT
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-GVP = ("tandem.dev", "v1alpha1", "inferenceservices")
 CPU = {"gpus": 0, "cpu": "100m", "memory": "1Gi", "nodeSelector": {POOL_LABEL: "cpu"}}
 UNBOUND = "tandem-test-no-volumes"  # a storage class no PersistentVolume has: claims stay Pending
 NOWHERE = CPU | {"nodeSelector": {POOL_LABEL: "none-such"}}  # no node: KWOK leaves the pods to the test
@@ -52,20 +55,6 @@ def operator(start_operator, chart_rbac, hub):
         return start_operator(kubeconfig=chart_rbac().kubeconfig)
     finally:
         os.environ.pop("HF_ENDPOINT") if old is None else os.environ.__setitem__("HF_ENDPOINT", old)
-
-
-def _create(api, ns: str, name: str, spec: dict) -> None:
-    client.CustomObjectsApi(api).create_namespaced_custom_object(
-        *GVP[:2], ns, GVP[2], {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService",
-                               "metadata": {"name": name}, "spec": spec})
-
-
-def _tis(api, ns: str, name: str) -> dict:
-    return client.CustomObjectsApi(api).get_namespaced_custom_object(*GVP[:2], ns, GVP[2], name)
-
-
-def _cond(tis: dict, type_: str) -> dict:
-    return next((c for c in (tis.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
 
 
 def _model_ready(api, ns: str, name: str, reason: str, containing: str = "", timeout: float = 90) -> dict:

@@ -23,6 +23,10 @@ from kubernetes import client
 from tandem.contracts.internal_auth import SECRET_ENV
 from tandem.testing.cluster import wait_until
 from tandem.testing.fake_hub import FakeHub, Repo
+from tandem.testing.inference_services import GVP
+from tandem.testing.inference_services import condition as _cond
+from tandem.testing.inference_services import create as _create
+from tandem.testing.inference_services import read as _tis
 from tandem.testing.kube_nodes import POOL_LABEL
 from tandem.testing.kubelet import run_container
 from tandem.testing.router_process import RouterProcess
@@ -30,7 +34,6 @@ from tandem.testing.worker_process import WorkerProcess
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-GVP = ("tandem.dev", "v1alpha1", "inferenceservices")
 TOKEN = "hf_" + secrets.token_hex(12)
 CLASS = "tandem-test-rwx"
 CPU = {"gpus": 0, "cpu": "100m", "memory": "1Gi", "nodeSelector": {POOL_LABEL: "cpu"}}
@@ -56,20 +59,6 @@ def operator(start_operator, hub):
         return start_operator()
     finally:
         os.environ.pop("HF_ENDPOINT") if old is None else os.environ.__setitem__("HF_ENDPOINT", old)
-
-
-def _create(api, ns: str, name: str, spec: dict) -> None:
-    client.CustomObjectsApi(api).create_namespaced_custom_object(
-        *GVP[:2], ns, GVP[2], {"apiVersion": "tandem.dev/v1alpha1", "kind": "InferenceService",
-                               "metadata": {"name": name}, "spec": spec})
-
-
-def _tis(api, ns: str, name: str) -> dict:
-    return client.CustomObjectsApi(api).get_namespaced_custom_object(*GVP[:2], ns, GVP[2], name)
-
-
-def _cond(tis: dict, type_: str) -> dict:
-    return next((c for c in (tis.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
 
 
 def _model_condition(api, ns: str, name: str, status: str) -> dict:
