@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from tandem.operator.spec import InferenceServiceSpec
+from tandem.testing.pod_workers import ProcessGroup
 from tandem.testing.rbac import rbac_md_rules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -203,3 +204,14 @@ def api(k8s):
     """An API client on the test control plane, as cluster-admin."""
     with k8s.api_client() as api:
         yield api
+
+
+@pytest.fixture
+def procs(api):
+    """Worker and router processes standing in for a service's pods (they get its internal secret, as
+    its pods would); stopped after the test."""
+    group = ProcessGroup(api)
+    try:
+        yield group
+    finally:
+        group.stop()

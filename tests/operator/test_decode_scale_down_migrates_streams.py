@@ -28,7 +28,7 @@ from kubernetes import client
 from tandem.testing.cluster import wait_until
 from tandem.testing.completion_streams import CompletionStreams, undisturbed
 from tandem.testing.kube_nodes import POOL_LABEL
-from tandem.testing.pod_workers import ProcessGroup, ready_pods
+from tandem.testing.pod_workers import ready_pods
 from tandem.testing.rbac import rbac_denials
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
@@ -54,17 +54,6 @@ def spec(model: str) -> dict:
         "autoscaling": {"intervalSeconds": 5, "windowSeconds": 10,
                         "decode": {"minReplicas": 2, "maxReplicas": 2}},
     }
-
-
-
-@pytest.fixture
-def procs(k8s):
-    with k8s.api_client() as api:
-        group = ProcessGroup(api)
-        try:
-            yield group
-        finally:
-            group.stop()
 
 
 def test_streams_survive_a_decode_scale_down_by_migrating(

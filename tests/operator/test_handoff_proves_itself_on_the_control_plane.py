@@ -19,7 +19,7 @@ from kubernetes import client
 from tandem.testing.cluster import wait_until
 from tandem.testing.k8s_events import wait_events
 from tandem.testing.kube_nodes import POOL_LABEL
-from tandem.testing.pod_workers import ProcessGroup, ready_pods
+from tandem.testing.pod_workers import ready_pods
 from tandem.worker.kv.throttle import ENV as THROTTLE_ENV
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
@@ -44,15 +44,6 @@ def other_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tandem.worker.local.toy_model import make_toy_model
 
     return make_toy_model(tmp_path_factory.mktemp("other") / "toy-llama-seed1", seed=1)
-
-
-@pytest.fixture
-def procs(api):
-    group = ProcessGroup(api)
-    try:
-        yield group
-    finally:
-        group.stop()
 
 
 def create(api, namespace: str, name: str, body_spec: dict) -> dict[str, dict]:

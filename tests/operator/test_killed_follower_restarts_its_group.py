@@ -17,7 +17,7 @@ from kubernetes import client
 from tandem.testing.cluster import wait_until
 from tandem.testing.completion_streams import CompletionStreams, undisturbed
 from tandem.testing.kube_nodes import GPU_TOLERATION, POOL_LABEL
-from tandem.testing.pod_workers import ProcessGroup, ready_pods
+from tandem.testing.pod_workers import ready_pods
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 
@@ -38,16 +38,6 @@ def spec(model: str) -> dict:
         "kvTransfer": {"backend": "tcp"},
         "router": {"cpu": "50m", "memory": "128Mi", "policy": "round-robin"},
     }
-
-
-@pytest.fixture
-def procs(k8s):
-    with k8s.api_client() as api:
-        group = ProcessGroup(api)
-        try:
-            yield group
-        finally:
-            group.stop()
 
 
 def _leaders(api, ns: str, name: str) -> dict[str, dict]:

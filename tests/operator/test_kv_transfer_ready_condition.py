@@ -16,7 +16,6 @@ from kubernetes import client
 from tandem.testing.cluster import free_port, wait_until
 from tandem.testing.k8s_events import wait_events
 from tandem.testing.kube_nodes import POOL_LABEL
-from tandem.testing.pod_workers import ProcessGroup
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 
@@ -53,15 +52,6 @@ def gpu_roce_spec(model: str) -> dict:
 @pytest.fixture(scope="module")
 def operator(start_operator):
     return start_operator("--resync-seconds", "1", "--kv-probe-timeout-seconds", "2")
-
-
-@pytest.fixture
-def procs(api):
-    group = ProcessGroup(api)  # stand-ins get the service's internal secret, as its pods would
-    try:
-        yield group
-    finally:
-        group.stop()
 
 
 def apply_service(api, namespace: str, name: str, spec: dict) -> None:

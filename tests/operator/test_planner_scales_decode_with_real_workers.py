@@ -22,7 +22,7 @@ from tandem.operator.autoscaling.planner import Reason
 from tandem.testing.cluster import wait_until
 from tandem.testing.k8s_events import wait_events
 from tandem.testing.kube_nodes import POOL_LABEL
-from tandem.testing.pod_workers import ProcessGroup, ready_pods
+from tandem.testing.pod_workers import ready_pods
 from tandem.testing.rbac import rbac_denials
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
@@ -46,22 +46,6 @@ def spec(model: str) -> dict:
                         "decode": {"minReplicas": 1, "maxReplicas": 2,
                                    "scaleDown": {"stabilizationWindowSeconds": 10}}},
     }
-
-
-@pytest.fixture(scope="module")
-def api(k8s):
-    with k8s.api_client() as api:
-        yield api
-
-
-@pytest.fixture
-def procs(api):
-    group = ProcessGroup(api)
-    try:
-        yield group
-    finally:
-        group.stop()
-
 
 
 def status(api, ns: str, name: str) -> dict:
