@@ -156,7 +156,8 @@ def test_load_raises_decode_and_idle_lowers_it_removing_the_pod_the_planner_chos
         operator = start_operator("--mark-pods-for-removal", kubeconfig=kubeconfig)
         wait_until(lambda: f"{namespace}/{name}: generation" in operator.log(), timeout=60,
                    what="the restarted operator's first reconcile")
-        assert status(api, namespace, name)["decode"]["replicas"] == 2
+        kept = status(api, namespace, name)
+        assert kept["decode"]["replicas"] == 2, f"{kept['decode']}\n{operator.log()[-3000:]}"
         apps = client.AppsV1Api(api)
         assert apps.read_namespaced_deployment(f"{name}-decode", namespace).spec.replicas == 2
     finally:
