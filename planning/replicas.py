@@ -108,6 +108,11 @@ class DecodeReplica(Replica):
     def load(self) -> int:
         return len(self.running) + len(self.waiting) + len(self.local) + (self.stall_req is not None)
 
+    def local_prompt_tokens(self) -> float:
+        """Prompt tokens this replica still has to prefill itself (what a worker reports queued)."""
+        now = (self.local_left if self.chunk is not None else self.stall_req.prompt) if self.stall_req else 0.0
+        return now + sum(r.prompt for r in self.local)
+
     def advance(self, now: float, cap: Capacity, itl: Hist) -> None:
         """Moves the fluid to `now`, counting tokens, steps and gaps as the worker and router would."""
         dt = now - self.t_last

@@ -6,7 +6,12 @@ all, which is too slow to simulate at hundreds); its first token leaves at the e
 prefill (TTFT); after the KV handoff it joins the least-loaded ready decode replica, which runs
 it to its last token. With no ready prefill replica, a decode replica prefills the prompt itself
 (route `no_prefill_worker`, as the router does): its running sequences stall for the whole prompt,
-or, with `decode_chunk_tokens`, wait one chunk per step (the engine's chunked prefill).
+or, with `decode_chunk_tokens`, wait one chunk per step (the engine's chunked prefill). So does a
+prompt that finds every ready prefill replica with at least `prefill_saturated_tokens` prompt tokens
+outstanding, when a decode replica has headroom (fewer than `decode_headroom_sequences` sequences,
+fewer prompt tokens of its own to prefill than the least busy prefill replica): the router's
+load-aware disaggregation (route `prefill_saturated`, router/policies/base.py), with its defaults
+(its KV-room condition is not simulated: the simulated KV pool does not fill).
 
 Scaling: a new replica is provisioned at once and ready `startup_s` later. A prefill replica being
 removed takes no new prompt and leaves when its queue is empty; a decode replica being removed
@@ -23,6 +28,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterator
 
+from tandem.contracts.routing import DECODE_HEADROOM_SEQUENCES, PREFILL_SATURATED_TOKENS
 from tandem.operator.autoscaling.scrape import RouterReading
 from tandem.operator.autoscaling.snapshot import PodScrape, ScrapeRound
 from tandem.planning.capacity import Capacity
@@ -63,10 +69,13 @@ class Simulation:
     def __init__(self, cap: Capacity, trace: Iterator[Request], decide: Decide, initial: dict[str, int],
                  *, interval_s: float, day_s: float, ttft_slo: float, tpot_slo: float,
                  ttft_bounds: tuple[float, ...], itl_bounds: tuple[float, ...], seed: int = 0,
-                 export_outstanding: bool = False, decode_chunk_tokens: int | None = None):
+                 export_outstanding: bool = False, decode_chunk_tokens: int | None = None,
+                 prefill_saturated_tokens: int = PREFILL_SATURATED_TOKENS,
+                 decode_headroom_sequences: int = DECODE_HEADROOM_SEQUENCES):
         self.cap, self.trace, self.decide = cap, trace, decide
         self.interval_s, self.day_s, self.export_outstanding = interval_s, day_s, export_outstanding
         self.decode_chunk_tokens = decode_chunk_tokens
+        self.saturated_tokens, self.headroom_seqs = prefill_saturated_tokens, decode_headroom_sequences
         self.rng = random.Random(seed)
         self.events: list = []
         self._tie = itertools.count()
@@ -76,7 +85,8 @@ class Simulation:
         self.first_token_at: dict[int, float] = {}
         self._names = itertools.count()
         self.ttft_hist, self.itl_hist = Hist(ttft_bounds), Hist(itl_bounds)
-        self.in_flight, self.finished, self.routes = 0, 0, {"disaggregated": 0.0, "no_prefill_worker": 0.0}
+        self.in_flight, self.finished = 0, 0
+        self.routes = {"disaggregated": 0.0, "no_prefill_worker": 0.0, "prefill_saturated": 0.0}
         self.outcomes = Outcomes(ttft_slo, tpot_slo, day_s / 24.0)
         self.replica_seconds = dict.fromkeys(ROLES, 0.0)
         self._counted_to = dict.fromkeys(ROLES, 0.0)
@@ -132,7 +142,8 @@ class Simulation:
 
     def _route(self, req: Request) -> None:
         prefill = self.pool["prefill"]
-        if prefill:
+        helper = self._saturated_helper(prefill) if prefill else None
+        if prefill and helper is None:
             self.routes["disaggregated"] += 1
             p = self._least(prefill)
             p.queue.append(req)
@@ -140,13 +151,25 @@ class Simulation:
             p.prompt_tokens += req.prompt  # a worker counts a prompt when it is added, as the engine does
             if p.current is None:
                 self._start_prefill(p)
-        else:
-            self.routes["no_prefill_worker"] += 1
-            d = self._decode_target()
-            d.local.append(req)
-            d.prompt_tokens += req.prompt
-            if d.stall_req is None:
-                self._start_local_prefill(d)
+            return
+        self.routes["prefill_saturated" if helper is not None else "no_prefill_worker"] += 1
+        d = helper or self._decode_target()
+        d.local.append(req)
+        d.prompt_tokens += req.prompt
+        if d.stall_req is None:
+            self._start_local_prefill(d)
+
+    def _saturated_helper(self, prefill: list) -> DecodeReplica | None:
+        """The decode replica that prefills a prompt itself because every prefill replica is
+        saturated (the router's rule); None: the prompt goes to prefill."""
+        if self.saturated_tokens <= 0:
+            return None
+        queued = min(p.outstanding for p in prefill)
+        if queued < self.saturated_tokens:
+            return None
+        room = [d for d in self.pool["decode"]
+                if d.load() < self.headroom_seqs and d.local_prompt_tokens() < queued]
+        return self._least(room) if room else None
 
     def _start_prefill(self, p: PrefillReplica) -> None:
         req = p.queue.popleft()

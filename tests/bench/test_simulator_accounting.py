@@ -20,10 +20,10 @@ CAP = Capacity(prefill_overhead_s=0.0, prefill_tokens_per_s=1000.0, decode_batch
                decode_step_s=(0.02, 0.03, 0.05, 0.09), max_seqs=8, handoff_s=0.01, migrate_s=0.02, startup_s=30.0)
 
 
-def sim(trace, decide, initial, day_s: float, cap: Capacity = CAP) -> Simulation:
+def sim(trace, decide, initial, day_s: float, cap: Capacity = CAP, **kw) -> Simulation:
     ttft_b, itl_b = router_bounds()
     return Simulation(cap, iter(trace), decide, initial, interval_s=15.0, day_s=day_s, ttft_slo=3.0,
-                      tpot_slo=0.1, ttft_bounds=ttft_b, itl_bounds=itl_b).run()
+                      tpot_slo=0.1, ttft_bounds=ttft_b, itl_bounds=itl_b, **kw).run()
 
 
 def steady(every_s: float, until_s: float, prompt: int = 500, output: int = 50) -> list[Request]:
@@ -61,7 +61,7 @@ def test_batched_sequences_share_the_step_time():
 def test_without_prefill_replicas_decode_prefills_and_its_streams_stall():
     trace = [Request(0, 0.0, 100, 200, "chat"), Request(1, 1.0, 2000, 2, "chat")]
     s = sim(trace, FixedPolicy(), {"prefill": 0, "decode": 1}, day_s=60.0)
-    assert s.routes == {"disaggregated": 0.0, "no_prefill_worker": 2.0}
+    assert s.routes == {"disaggregated": 0.0, "no_prefill_worker": 2.0, "prefill_saturated": 0.0}
     first_tpot = s.outcomes.tpot[1]  # the 200-token answer finishes last
     assert first_tpot > 0.02 + 2.0 / 199, "the 2 s prefill of the second prompt sits in its stream"
 
@@ -97,7 +97,8 @@ def test_removed_decode_replicas_hand_their_streams_over_and_nothing_is_lost():
 
 def test_removed_prefill_replicas_drain_their_queue_first():
     trace = [Request(i, 14.0 + i * 0.01, 4000, 2, "chat") for i in range(6)]  # 4 s each, queued
-    s = sim(trace, ScaleTo(15.0, {"prefill": 1}), {"prefill": 3, "decode": 1}, day_s=60.0)
+    # (the router's load-aware rule off: with it, the decode replica would take the last prompts)
+    s = sim(trace, ScaleTo(15.0, {"prefill": 1}), {"prefill": 3, "decode": 1}, day_s=60.0, prefill_saturated_tokens=0)
     assert s.finished == 6
     # two replicas leave at 15 s only once their queues (two 4 s prompts each, from 14 s) are done
     assert s.replica_seconds["prefill"] == pytest.approx(60.0 + 2 * 22.0, abs=0.1)
