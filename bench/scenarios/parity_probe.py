@@ -1,7 +1,7 @@
 """The handoff parity probe: what one probe costs, how far a good pairing's logprobs stray, and how
 far a broken one's do, per dtype.
 
-    python -m bench parity_probe [--dtypes float32 bfloat16] [--probes 20] [--load-streams 8]
+    python -m bench parity_probe [--dtypes float32 bfloat16] [--probes 20] [--load-streams 8] [--rss-probes 200]
 
 Per dtype, a prefill and a decode worker (the ~42M-parameter engine Llama, TCP, one core each) and
 the router's own probe (router/parity_probe.py: the decode worker alone, then prefill -> KV pulled
@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--probes", type=int, default=20, help="probes per phase (idle, loaded)")
     parser.add_argument("--load-streams", type=int, default=8, help="decode streams beside the loaded probes")
+    parser.add_argument("--rss-probes", type=int, default=0,
+                        help="then this many more idle probes with both workers' RSS read after each: a leak grows "
+                             "by the same amount every probe, a cache stops growing (0: skip)")
 
 
 def _random_request(request_id: str, *, prompt_tokens: int, max_tokens: int) -> dict:
@@ -67,6 +70,27 @@ async def _prefill_load(session, url: str, stop: asyncio.Event) -> None:
                 res = await r.json()
             token = (res.get("kv") or {}).get("lease_token")
             await session.post(url + "/internal/abort", json={"request_id": body["request_id"], "lease_token": token})
+
+
+def _rss_mib(proc) -> float:
+    ps = proc.ps()
+    return round(ps.memory_info().rss / 2**20, 1) if ps else float("nan")
+
+
+async def _rss_series(client, pair, tolerance: float, n: int, procs: dict) -> dict:
+    """n idle probes, each worker's RSS (MiB) before the first and after each; growth per probe over
+    each quarter of the series (a leak: about equal in every quarter; a cache: falling to 0)."""
+    from tandem.router.parity_probe import run_probe
+
+    series = {name: [_rss_mib(p)] for name, p in procs.items()}
+    for _ in range(n):
+        await run_probe(client, pair, tolerance, timeout_s=60)
+        for name, p in procs.items():
+            series[name].append(_rss_mib(p))
+    q = max(1, n // 4)
+    per_probe = {name: [round((s[min(n, (i + 1) * q)] - s[i * q]) / q, 3) for i in range(4)]
+                 for name, s in series.items()}
+    return {"probes": n, "rss_mib": series, "growth_mib_per_probe_by_quarter": per_probe}
 
 
 async def _probes(client, pair, tolerance: float, n: int) -> dict:
@@ -123,10 +147,12 @@ async def _one_dtype(dtype: str, args: argparse.Namespace) -> dict:
             loaded = await _probes(client, pair, tolerance, args.probes)
             stop.set()
             await load
+            rss = (await _rss_series(client, pair, tolerance, args.rss_probes,
+                                     {"prefill": procs[0], "decode": procs[1]}) if args.rss_probes else None)
     finally:
         for p in procs:
             p.stop()
-    return {"tolerance": tolerance, "idle": idle, "loaded": loaded, "broken": broken}
+    return {"tolerance": tolerance, "idle": idle, "loaded": loaded, "broken": broken, "rss": rss}
 
 
 def run(args: argparse.Namespace) -> dict:
