@@ -77,6 +77,11 @@ def test_streams_survive_a_decode_scale_down_by_migrating(
     procs.wait_ready([router])
     wait_until(lambda: router.metric('tandem_router_workers{ready="true",role="decode"}') == 2, timeout=30,
                what="the router seeing both decode workers")
+    # The router hands KV only to workers its parity probe has proven, one probe at a time: until the
+    # second decode worker's probe is done every stream goes to the first (a fresh clone saw that, and
+    # the ReplicaSet then removed the idle one: nothing to migrate).
+    wait_until(lambda: router.metric('tandem_router_parity_workers{state="verified"}') == 3, timeout=60,
+               what="the router's parity probe proving every worker")
 
     model = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=300).models.list().data[0].id
     expected = undisturbed(router.url, model, PROMPTS, MAX_TOKENS)
@@ -84,6 +89,8 @@ def test_streams_survive_a_decode_scale_down_by_migrating(
     streams = CompletionStreams(router.url, model, [PROMPTS[i % len(PROMPTS)] for i in range(STREAMS)], MAX_TOKENS)
     streams.wait(lambda: min(streams.chunks) >= TOKENS_BEFORE, 120, "every stream's first tokens")
     frozen = {p["metadata"]["name"]: workers[p["metadata"]["name"]] for p in decode}
+    running = {pod: w.metric("tandem_worker_running_sequences") for pod, w in frozen.items()}
+    assert all(running.values()), f"either decode pod may be removed, so both must run streams: {running}"
     for w in frozen.values():
         os.kill(w.proc.pid, signal.SIGSTOP)  # no token moves until the pod is gone
     try:
