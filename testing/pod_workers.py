@@ -109,10 +109,25 @@ class ProcessGroup(Supervisor):
         return self.start(ManagedProcess("router", argv, env, url=f"http://{host}:{port}", role="router"))
 
     def router_for_pod(self, pod: dict[str, Any], kubeconfig: Path, args: tuple[str, ...] = ()) -> ManagedProcess:
-        """The router at its pod's IP and port, where the operator's planner reads its /metrics."""
+        """The router at its pod's IP and port, where the operator's planner reads its /metrics, with
+        the config file the pod mounts (the service's rendered ConfigMap: its policy and limits); its
+        host and port are the pod's, its logs plain text for the tests that read them."""
         meta = pod["metadata"]
-        return self.router(meta["namespace"], meta["labels"]["tandem.dev/service"], pod_port(pod), kubeconfig,
-                           host=pod["status"]["podIP"], args=args)
+        service = meta["labels"]["tandem.dev/service"]
+        config = (*self._router_config(meta["namespace"], service, kubeconfig.parent), "--log-format", "text")
+        return self.router(meta["namespace"], service, pod_port(pod), kubeconfig,
+                           host=pod["status"]["podIP"], args=(*config, *args))
+
+    def _router_config(self, namespace: str, service: str, folder: Path) -> tuple[str, ...]:
+        """("--config", the router.yaml of the service's ConfigMap written under `folder`), or () without an API."""
+        if self.api is None:
+            return ()
+        from kubernetes import client
+
+        data = client.CoreV1Api(self.api).read_namespaced_config_map(f"{service}-config", namespace).data
+        path = folder / f"{namespace}-{service}-router.yaml"
+        path.write_text(data["router.yaml"])  # operator/render/config_files.py
+        return ("--config", str(path))
 
 
 def ready_pods(api: Any, namespace: str, name: str, role: str) -> list[dict]:
