@@ -228,6 +228,9 @@ class Orchestrator:
     async def _prefill(self, j: Journey, action: PrefillOn) -> Outcome:
         url = action.worker.url
         assigned_at = self.workers.assign(url, action.work)
+        planned = j.plan.decode.url if j.plan is not None else None  # decode counts it from now
+        if planned is not None:
+            self.workers.plan_decode(planned, +1)
         self.metrics.worker_requests.labels("prefill").inc()
         try:
             res = await self.client.prefill(url, j.worker_request(decode=False))
@@ -235,6 +238,8 @@ class Orchestrator:
             res = exc
         finally:
             self.workers.release(url, action.work, assigned_at)
+            if planned is not None:
+                self.workers.plan_decode(planned, -1)
         if isinstance(res, WorkerFailed):
             return self._outcome(Failed, url, res)
         if isinstance(res, RouterError):

@@ -40,6 +40,7 @@ class _Entry:
     failed: bool = False  # a request failed here since the last good poll
     router_inflight: int = 0
     router_prompt_tokens: int = 0
+    router_planned: int = 0  # sequences planned here whose prompts are still being prefilled elsewhere
     last_error: str = ""
     polls: int = 0  # polls started: a request assigned before one started may be in its report
     info_poll: int = 0  # the poll the current info came from
@@ -60,6 +61,7 @@ class _Entry:
             kv_usage=info.kv_usage if info else 0.0,
             outstanding_prompt_tokens=max(0, info.outstanding_prompt_tokens - self.finished_in_report) if info else 0,
             router_inflight=self.router_inflight,
+            router_planned=self.router_planned,
             router_prompt_tokens=self.router_prompt_tokens,
             tokenizer_sha256=info.tokenizer_sha256 if info else "",
             dtype=info.dtype if info else "",
@@ -134,6 +136,14 @@ class WorkerSet:
         e.router_inflight += 1
         e.router_prompt_tokens += prompt_tokens
         return e.polls
+
+    def plan_decode(self, url: str, delta: int) -> None:
+        """A sequence will decode at `url` once its prompt is prefilled elsewhere (+1), or no longer
+        waits for that (-1: its decode call opens, counted by assign(), or it failed): without this,
+        a burst planned within one prefill's time all picks the same least-loaded decode worker."""
+        e = self._entries.get(url)
+        if e is not None:
+            e.router_planned = max(0, e.router_planned + delta)
 
     def release(self, url: str, prompt_tokens: int = 0, assigned_at: int | None = None) -> None:
         """The work assign() counted is over (`assigned_at`: what assign() returned)."""

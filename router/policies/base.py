@@ -72,6 +72,7 @@ class WorkerView:
     outstanding_prompt_tokens: int = 0
     # what this router sent it and has not yet seen reflected in a poll
     router_inflight: int = 0
+    router_planned: int = 0  # decode: sequences planned here, their prompts still in prefill
     router_prompt_tokens: int = 0
     tokenizer_sha256: str = ""  # what its /internal/info reports ("" unknown)
     dtype: str = ""  # its KV cache's dtype, from /internal/info
@@ -170,7 +171,7 @@ def queued_prompt_tokens(w: WorkerView) -> int:
 
 
 def decode_seqs(w: WorkerView) -> int:
-    return max(w.running + w.waiting, w.router_inflight)
+    return max(w.running + w.waiting, w.router_inflight) + w.router_planned
 
 
 def prefill_load(w: WorkerView) -> tuple[int, int]:
