@@ -56,6 +56,7 @@ def _untouched(live: dict, manifest: dict, last: Applied | None, digest: str) ->
 
 
 _READS: ThreadPoolExecutor | None = None
+READ_THREADS = 32  # each may hold an API connection at once (the client's pool is sized for them)
 
 
 def _reader() -> ThreadPoolExecutor:
@@ -63,7 +64,7 @@ def _reader() -> ThreadPoolExecutor:
     threads; a task here never waits on another task here)."""
     global _READS
     if _READS is None:
-        _READS = ThreadPoolExecutor(32, thread_name_prefix="read")
+        _READS = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="read")
     return _READS
 
 

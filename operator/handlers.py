@@ -31,6 +31,7 @@ from tandem.contracts.names import (
     PLURAL,
     VERSION,
 )
+from tandem.operator.children import READ_THREADS
 from tandem.operator.controller import Controller
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     threads = memo.workers + 4
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(threads, thread_name_prefix="pass"))
     configuration = client.Configuration.get_default_copy()
-    configuration.connection_pool_maxsize = threads
+    # One connection for every thread that may hold one at once: the passes' and the children's
+    # readers (operator/children.py). Smaller, urllib3 discards connections past its size and the
+    # next call opens another (TLS handshake and all): 7,000 discards in 5 minutes at 1,000 services.
+    configuration.connection_pool_maxsize = threads + READ_THREADS
     memo.api = client.ApiClient(configuration)
     memo.controller = Controller(memo.api, memo.config, memo.workers)
     memo.queue_task = asyncio.create_task(memo.controller.queue.run())
