@@ -85,6 +85,7 @@ class Cluster:
         *,
         nodes: Sequence[NodeSpec] = DEFAULT_NODES,
         startup_timeout: float = 180.0,
+        controller_manager_qps: int | None = None,
     ) -> None:
         self._owns_work_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="tandem-k8s-"))
@@ -92,6 +93,7 @@ class Cluster:
         self.nodes = tuple(nodes)
         self.pod_cidr = f"127.{secrets.choice(POD_CIDR_OCTETS)}.0.1/16"
         self.startup_timeout = startup_timeout
+        self.controller_manager_qps = controller_manager_qps  # None: its default (20/s, burst 30)
         self.external = False
         self.kubeconfig = self.work_dir / "kubeconfig"
         self.server = ""
@@ -213,7 +215,8 @@ class Cluster:
         kcm_port, sched_port = free_port(), free_port()
         wd = self.work_dir
         self._procs.spawn("kube-controller-manager", cfg.controller_manager_argv(
-            bins, wd, self._component_kubeconfig("kcm", tokens), kcm_port, sa_key, self.ca_file))
+            bins, wd, self._component_kubeconfig("kcm", tokens), kcm_port, sa_key, self.ca_file,
+            self.controller_manager_qps))
         self._procs.spawn("kube-scheduler", cfg.scheduler_argv(
             bins, wd, self._component_kubeconfig("scheduler", tokens), sched_port))
         self._procs.spawn("kwok", cfg.kwok_argv(bins, self._component_kubeconfig("kwok", tokens), self.pod_cidr))

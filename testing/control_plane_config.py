@@ -91,7 +91,9 @@ def apiserver_argv(bins: Path, wd: Path, etcd_url: str, port: int, sa_key: Path)
 
 
 def controller_manager_argv(bins: Path, wd: Path, kubeconfig: Path, port: int, sa_key: Path,
-                            ca_file: Path) -> list[str]:
+                            ca_file: Path, qps: int | None = None) -> list[str]:
+    """`qps`: its client's rate limit to the API server (burst twice that); None: the default, 20."""
+    rate = [f"--kube-api-qps={qps}", f"--kube-api-burst={2 * qps}"] if qps else []
     return [
         str(bins / "kube-controller-manager"),
         f"--kubeconfig={kubeconfig}",
@@ -104,6 +106,7 @@ def controller_manager_argv(bins: Path, wd: Path, kubeconfig: Path, port: int, s
         f"--cert-dir={wd / 'pki' / 'kcm'}",
         "--controllers=*",
         "--v=0",
+        *rate,
     ]
 
 

@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=16, help="the operator's --workers")
     p.add_argument("--no-kv-probe", action="store_true", help="run the operator with --no-kv-probe")
     p.add_argument("--ready-timeout-s", type=float, default=1800.0)
+    p.add_argument("--controller-manager-qps", type=int, default=None,
+                   help="the control plane's kube-controller-manager client rate (default: its own, 20/s): "
+                        "how fast it creates pods bounds Ready")
 
 
 def spec() -> dict:
@@ -198,7 +201,7 @@ def run(args: argparse.Namespace) -> dict:
     nodes = (*DEFAULT_NODES, *(NodeSpec(f"cpu-extra-{i}", "cpu", gpus=False)
                                for i in range(math.ceil(3 * args.services / PODS_PER_NODE))))
     work = Path(tempfile.mkdtemp(prefix="tandem-scale-"))
-    cluster = Cluster(work, nodes=nodes, startup_timeout=600).start()
+    cluster = Cluster(work, nodes=nodes, startup_timeout=600, controller_manager_qps=args.controller_manager_qps).start()
     proc = None
     try:
         cluster.apply_crd(CRD, "inferenceservices.tandem.dev")
@@ -217,6 +220,7 @@ def run(args: argparse.Namespace) -> dict:
               f"(peak {sampler.peak_rss / 2**20:.0f} MB)", flush=True)
         return {
             "services": args.services, "nodes": len(nodes), "resync_s": args.resync_s, "workers": args.workers,
+            "controller_manager_qps": args.controller_manager_qps,
             "kv_probe": not args.no_kv_probe, **ready, **idle,
             "rss_mb": round(sampler.rss() / 2**20, 1), "peak_rss_mb": round(sampler.peak_rss / 2**20, 1),
             "machine_cpus": os.cpu_count(), "loadavg": list(os.getloadavg()),

@@ -192,3 +192,15 @@ def test_service_account_token_authenticates_with_its_rbac(k8s, namespace, tmp_p
         with pytest.raises(ApiException) as denied:
             sa_core.list_node()
         assert denied.value.status == 403
+
+
+def test_the_controller_managers_client_rate_is_its_default_unless_asked(tmp_path: Path) -> None:
+    """The harness's kube-controller-manager keeps its default client rate (20/s, what bounds how
+    fast it creates pods: bench operator_scale) unless a benchmark asks for another."""
+    from tandem.testing.control_plane_config import controller_manager_argv
+
+    def argv(qps):
+        return controller_manager_argv(tmp_path, tmp_path, tmp_path / "kc", 1, tmp_path / "k", tmp_path / "ca", qps)
+
+    assert not [a for a in argv(None) if a.startswith("--kube-api-")]
+    assert {"--kube-api-qps=200", "--kube-api-burst=400"} <= set(argv(200))
