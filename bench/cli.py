@@ -28,10 +28,12 @@ from bench.lib.load_sampler import LoadSampler
 from bench.lib.results import BENCH_DIR, RESULTS_DIR, new_run_id, save_result
 
 SCENARIOS_DIR = BENCH_DIR / "scenarios"
-# `make bench` (python -m bench default): these command lines, in this order (about 75 minutes here).
+# `make bench` (python -m bench default): these command lines, in this order (about 85 minutes here).
 DEFAULT_SCENARIOS: tuple[tuple[str, ...], ...] = (
-    ("interference",),  # issue 13's load: disaggregated, colocated and vLLM (~35 min)
+    ("interference",),  # issue 13's load: disaggregated, colocated and vLLM (~25-35 min)
+    ("plan_check",),  # tandem plan, calibrated now, against the interference run just measured (~5 min)
     ("engine_http", "--dtypes", "bfloat16"),  # decode throughput at 32 streams, with vLLM (~10 min)
+    ("engine_decode", "--batches", "1", "--reps", "2"),  # the batch-1 step against the memory bound (~6 min)
     ("multiturn",),  # the prefix cache (~15 min)
     ("curves",),  # issue 23's curves: TTFT, ITL, throughput and the handoff against work, with vLLM (~6-13 min)
     ("prefill",),  # prefill throughput 128 to 8k tokens against transformers' forward (~8 min)
