@@ -38,6 +38,7 @@ DEFAULT_SCENARIOS: tuple[tuple[str, ...], ...] = (
     ("curves",),  # issue 23's curves: TTFT, ITL, throughput and the handoff against work, with vLLM (~6-13 min)
     ("prefill",),  # prefill throughput 128 to 8k tokens against transformers' forward (~8 min)
     ("chaos",),  # kills and restarts under load: nothing lost, nothing left (~15 min)
+    ("summary",),  # issue 23's targets, Tandem beside vLLM, from the runs above (BENCHMARKS.md's head)
 )
 
 

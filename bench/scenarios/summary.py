@@ -1,0 +1,49 @@
+"""Issue 23's targets, Tandem beside vLLM, from the latest result of each scenario `make bench` ran:
+a table of the runs it read, each target with its bound and measured ratio, and the interference
+arms; written into BENCHMARKS.md's summary section.
+
+    python -m bench summary [--run SCENARIO=RUN_ID ...] [--no-markdown]
+
+`make bench` runs it last, so the section names the runs of that sitting; --run picks an older one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+
+SCENARIOS = ("interference", "plan_check", "engine_http", "engine_decode", "curves", "prefill")
+HEADING = "## Tandem beside vLLM: issue 23's targets from one `make bench` run"
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--run", action="append", default=[], metavar="SCENARIO=RUN_ID",
+                    help="read this run of a scenario instead of its latest")
+    ap.add_argument("--no-markdown", action="store_true", help="print the section; leave BENCHMARKS.md as it is")
+
+
+def chosen_results(picks: list[str]) -> dict[str, dict | None]:
+    from bench.lib.results import RESULTS_DIR, latest_result
+
+    chosen = dict(p.split("=", 1) for p in picks)
+    if unknown := sorted(set(chosen) - set(SCENARIOS)):
+        raise SystemExit(f"--run {unknown[0]}=...: the summary reads {', '.join(SCENARIOS)}")
+    return {name: (json.loads((RESULTS_DIR / name / f"{chosen[name]}.json").read_text()) if name in chosen
+                   else latest_result(name)) for name in SCENARIOS}
+
+
+def run(args: argparse.Namespace) -> dict:
+    from bench.lib.results import ROOT
+    from bench.lib.summary_report import section, target_rows
+    from bench.lib.tables import markers, replace_section
+
+    results = chosen_results(args.run)
+    text = section(results)
+    print(text)
+    if not args.no_markdown:
+        begin, end = markers("summary", "python -m bench summary")
+        md = ROOT / "BENCHMARKS.md"
+        md.write_text(replace_section(md.read_text(), text, begin, end, HEADING))
+    return {"runs": {k: (v["run_id"] if v else None) for k, v in results.items()},
+            "targets": [asdict(r) for r in target_rows(results)]}
