@@ -4,7 +4,7 @@ One request: the router sends the prompt to the ready prefill replica with the f
 prompt tokens (exact below 9 replicas, the best of 4 sampled above: the real router scans them
 all, which is too slow to simulate at hundreds); its first token leaves at the end of that
 prefill (TTFT); after the KV handoff it joins the least-loaded ready decode replica, which runs
-it to its last token. With no ready prefill replica, a decode replica prefills the prompt itself
+it to its last token (its first gap there: the handoff, half a step's wait and a step). With no ready prefill replica, a decode replica prefills the prompt itself
 (route `no_prefill_worker`, as the router does): its running sequences stall for the whole prompt,
 or, with `decode_chunk_tokens`, wait one chunk per step (the engine's chunked prefill). So does a
 prompt that finds every ready prefill replica with at least `prefill_saturated_tokens` prompt tokens
@@ -43,7 +43,7 @@ from tandem.planning.replicas import (
 )
 from tandem.planning.workload import Request
 
-ARRIVE, PREFILL_DONE, DECODE, JOIN, UP, TICK = range(6)
+ARRIVE, PREFILL_DONE, DECODE, JOIN, UP, TICK, FIRST_STEP = range(7)
 ROLES = ("prefill", "decode")
 # Decide(sim, now) -> {role: (desired replicas, pods to remove first)}
 Decide = Callable[["Simulation", float], dict[str, tuple[int, tuple[str, ...]]]]
@@ -106,7 +106,7 @@ class Simulation:
             self._push(first.t, ARRIVE, first)
         self._push(0.0, TICK)
         handlers = {ARRIVE: self._arrive, PREFILL_DONE: self._prefill_done, DECODE: self._decode_event,
-                    JOIN: self._join, UP: self._up, TICK: self._tick}
+                    JOIN: self._join, UP: self._up, TICK: self._tick, FIRST_STEP: self._first_step}
         while self.events:
             t, _, kind, obj, version = heapq.heappop(self.events)
             if kind == TICK and t >= self.day_s and (self.in_flight == 0 or t > self.day_s + 7200):
@@ -216,6 +216,29 @@ class Simulation:
         d.advance(self.now, self.cap, self.itl_hist)
         if seq.remaining == seq.req.output - 1:
             d.prompt_tokens += seq.req.prompt  # a pulled prompt is admitted (counted) on decode too
+            # Its first token there closes one gap: the pull, the wait for the step under way (half
+            # a step on average) and its own first step (BENCHMARKS.md, "The first gap after a
+            # handoff"); it joins the batch's fluid after that token.
+            first = 1.5 * self.cap.step_s(len(d.running) + 1)
+            self.itl_hist.add(self.cap.handoff_s + first)
+            seq.remaining -= 1
+            d.gen_tokens += 1
+            d.step_tokens += 1
+            self._push(self.now + first, FIRST_STEP, (d, seq))
+            return
+        self._seat_or_wait(d, seq)
+
+    def _first_step(self, pair: tuple[DecodeReplica, Seq]) -> None:
+        d, seq = pair
+        if not seq.remaining:
+            self._finish(seq.req)
+        elif d.name not in self.replicas["decode"] or d.state == DRAINING:
+            self._join(seq)  # its replica left meanwhile: as a migrated sequence
+        else:
+            d.advance(self.now, self.cap, self.itl_hist)
+            self._seat_or_wait(d, seq)
+
+    def _seat_or_wait(self, d: DecodeReplica, seq: Seq) -> None:
         if d.state == READY and len(d.running) < self.cap.max_seqs:
             d.seat(seq)
         else:

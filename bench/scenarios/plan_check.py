@@ -27,7 +27,10 @@ ARM_FLEETS = {"disagg-bf16": (1, 1, None), "disagg-fp32": (1, 1, None), "colo2-c
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--interference", default=None,
                     help="the interference run to check against (default: the latest result)")
-    ap.add_argument("--dtype", default="bfloat16", help="the calibration's dtype (default: the arms' bf16)")
+    ap.add_argument("--dtype", default="bfloat16", help="the calibration's dtype (default: the arms' bf16); "
+                    "the arms of this dtype are checked")
+    ap.add_argument("--calibration", type=Path, default=None,
+                    help="read this calibration (an earlier run's calibration.json) instead of measuring now")
     ap.add_argument("--core", type=int, default=None, help="pin the calibration to this core (default: the last)")
     ap.add_argument("--repeats", type=int, default=2, help="calibration repeats (the least time per point)")
     ap.add_argument("--ttft", type=float, default=0.5, help="the TTFT target of the recommendation, seconds")
@@ -35,11 +38,15 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--plan-requests", type=int, default=400, help="requests per simulation of the recommendation")
 
 
-def measured(run: dict) -> dict[str, dict]:
-    """Per interference arm Tandem's fleets ran: TTFT p50 and ITL p50 / p99 of every repetition."""
+DTYPE_TAGS = {"bfloat16": "bf16", "float32": "fp32"}
+
+
+def measured(run: dict, dtype: str = "bfloat16") -> dict[str, dict]:
+    """Per interference arm of this dtype that runs one of Tandem's fleets: TTFT p50 and ITL p50 / p99
+    of every repetition."""
     out: dict[str, dict] = {}
     for r in run["result"]["runs"]:
-        if r["arm"] not in ARM_FLEETS or not r.get("summary"):
+        if r["arm"] not in ARM_FLEETS or not r["arm"].endswith(DTYPE_TAGS[dtype]) or not r.get("summary"):
             continue
         s = r["summary"]
         row = out.setdefault(r["arm"], {"ttft_p50": [], "itl_p50": [], "itl_p99": [], "routes": []})
@@ -54,7 +61,6 @@ def calibrate(model_dir: Path, dtype: str, core: int, repeats: int, out_dir: Pat
     os.sched_setaffinity(0, {core})
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
-
     from tandem.planning.calibrate import measure
 
     torch.set_num_threads(1)
@@ -76,7 +82,7 @@ def compare(cap, wl, seed: int, requests: int, meas: dict[str, dict]) -> list[di
         fleet = Fleet(Layout.COLOCATED if p == 0 else Layout.DISAGGREGATED, p, d, chunk)
         pred = predict(cap, wl, fleet, requests=requests, seed=seed)
         med = statistics.median(m["ttft_p50"])
-        rows.append({"arm": arm, "fleet": fleet.describe(), "predicted": {
+        rows.append({"arm": arm, "fleet": f"{fleet.describe()} ({arm})", "predicted": {
             "ttft_p50": pred.ttft_p50, "itl_p50": pred.itl_p50, "itl_p99": pred.itl_q, "requests": pred.requests},
             "measured": m, "ttft_p50_ratio": pred.ttft_p50 / med if med else None,
             "itl_p99_ratio": pred.itl_q / statistics.median(m["itl_p99"])})
@@ -84,11 +90,12 @@ def compare(cap, wl, seed: int, requests: int, meas: dict[str, dict]) -> list[di
 
 
 def run(args: argparse.Namespace) -> dict:
-    from bench.lib.results import RESULTS_DIR, latest_result
     from tandem.planning.capacity import Capacity
     from tandem.planning.manifest import render
     from tandem.planning.recommend import recommend
     from tandem.planning.workload import Workload
+
+    from bench.lib.results import RESULTS_DIR, latest_result
 
     if args.interference:
         run_ = json.loads((RESULTS_DIR / "interference" / f"{args.interference}.json").read_text())
@@ -96,11 +103,16 @@ def run(args: argparse.Namespace) -> dict:
         run_ = latest_result("interference")
     if run_ is None:
         return {"ok": False, "error": "no interference result to check against: run `python -m bench interference`"}
-    meas = measured(run_)
+    if args.dtype not in DTYPE_TAGS:
+        return {"ok": False, "error": f"--dtype {args.dtype}: the interference arms run {', '.join(DTYPE_TAGS)}"}
+    meas = measured(run_, args.dtype)
     w = run_["result"]["workload"]
     model_dir = Path(run_["result"]["model"]["dir"])
     core = args.core if args.core is not None else (os.cpu_count() or 1) - 1
-    cal = calibrate(model_dir, args.dtype, core, args.repeats, args.out_dir)
+    if args.calibration:
+        cal = json.loads(args.calibration.read_text())
+    else:
+        cal = calibrate(model_dir, args.dtype, core, args.repeats, args.out_dir)
     cap = Capacity.from_dict(cal)
     low, high = w["prompt_len"]
     wl = Workload.from_dict({"rate": w["rate"], "prompt": f"{low}-{high}", "output": w["output_len"],

@@ -40,8 +40,9 @@ def test_constant_load_on_a_fixed_fleet_costs_replicas_times_the_day():
 def test_one_request_alone_takes_its_prefill_then_one_step_per_token():
     s = sim([Request(0, 1.0, 500, 11, "chat")], FixedPolicy(), {"prefill": 1, "decode": 1}, day_s=60.0)
     assert math.isclose(s.outcomes.ttft[0], 0.5)  # 500 tokens at 1000 tokens/s
-    # 10 more tokens at 20 ms; the handoff (10 ms) is in the first gap: (0.01 + 10 * 0.02) / 10
-    assert math.isclose(s.outcomes.tpot[0], 0.021)
+    # 10 more tokens: the first gap is the handoff (10 ms), half a step's wait and a step (30 ms),
+    # then 9 steps of 20 ms: (0.01 + 0.03 + 9 * 0.02) / 10
+    assert math.isclose(s.outcomes.tpot[0], 0.022)
     d = next(iter(s.replicas["decode"].values()))
     p = next(iter(s.replicas["prefill"].values()))
     assert math.isclose(d.gen_tokens, 10) and p.gen_tokens == 1
@@ -52,10 +53,11 @@ def test_one_request_alone_takes_its_prefill_then_one_step_per_token():
 def test_batched_sequences_share_the_step_time():
     trace = [Request(i, 1.0, 100, 101, "chat") for i in range(4)]
     s = sim(trace, FixedPolicy(), {"prefill": 4, "decode": 1}, day_s=60.0)
-    # prefilled side by side, the four join together: 100 steps of 50 ms (4 running) after the handoff
-    assert list(s.outcomes.tpot) == pytest.approx([(0.01 + 100 * 0.05) / 100] * 4)
+    # prefilled side by side, the four join together: after the handoff each one's first step (as if
+    # alone: 1.5 x 20 ms), then 99 steps of 50 ms with 4 running
+    assert list(s.outcomes.tpot) == pytest.approx([(0.01 + 0.03 + 99 * 0.05) / 100] * 4)
     d = next(iter(s.replicas["decode"].values()))
-    assert d.steps == pytest.approx(100) and d.step_tokens == pytest.approx(400)
+    assert d.steps == pytest.approx(99) and d.step_tokens == pytest.approx(400)
 
 
 def test_without_prefill_replicas_decode_prefills_and_its_streams_stall():

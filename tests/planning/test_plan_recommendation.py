@@ -61,11 +61,20 @@ def test_a_light_load_with_a_loose_itl_target_runs_colocated_on_one_worker():
 
 
 def test_an_itl_target_no_chunk_step_fits_needs_separate_prefill_workers():
-    # one sequence's step is 10 ms; a step with even 16 prompt tokens takes 26 ms
-    plan = recommend(CAP, workload(0.5, itl=0.02, itl_percentile=99), requests=QUICK)
+    # one sequence's step is 10 ms; a step with even 16 prompt tokens takes 26 ms. Answers of 200
+    # tokens: the first gap after each handoff (10 + 1.5 x 10 ms) is one gap in 199, under the p99
+    plan = recommend(CAP, workload(0.5, output=200, itl=0.02, itl_percentile=99), requests=QUICK)
     assert plan.chosen.fleet.layout is Layout.DISAGGREGATED and plan.chosen.problem is None
     colocated = next(s for s in plan.others if s.layout is Layout.COLOCATED)
     assert colocated.fleet is None and "only separate prefill workers" in colocated.problem
+
+
+def test_short_answers_put_the_first_gap_after_a_handoff_into_the_p99():
+    # answers of 50 tokens: one gap in 49 is a handoff's first (25 ms), over a 20 ms p99 at any size
+    plan = recommend(CAP, workload(0.5, itl=0.02, itl_percentile=99), requests=QUICK)
+    assert plan.chosen.fleet is not None and plan.chosen.fleet.layout is Layout.DISAGGREGATED
+    assert plan.chosen.problem is not None and "misses ITL p99" in plan.chosen.problem
+    assert plan.chosen.prediction.itl_q == pytest.approx(0.025, rel=0.1)
 
 
 def test_decode_chunks_for_the_prompts_it_prefills_stay_within_two_ordinary_steps():

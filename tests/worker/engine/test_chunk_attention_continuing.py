@@ -5,7 +5,6 @@ shorter than their context)."""
 
 import pytest
 import torch
-
 from tandem.worker.engine.attention import chunk_attention
 
 
