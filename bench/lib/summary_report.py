@@ -28,6 +28,11 @@ def _ratio_row(target: str, bound: float, higher_is_better: bool, value: float |
     return Row(target, f"{'≥' if higher_is_better else '≤'} {bound:g}", value, met, detail, source)
 
 
+def _ms(x: float) -> str:
+    """Seconds as the table shows them: a tenth of a millisecond below 10 ms."""
+    return f"{x * 1e3:.1f} ms" if x < 0.01 else fmt_s(x)
+
+
 def _src(env: dict | None) -> str:
     return f"{env['scenario']}/{env['run_id']}" if env else "–"
 
@@ -44,12 +49,17 @@ def interference_rows(env: dict | None) -> list[Row]:
         detail = f"[{s['min']:.2f}–{s['max']:.2f}] over {s['n']} repetitions" if value is not None else "vLLM not run"
         rows.append(_ratio_row(f"interference load: disaggregated {name} / vLLM's", bound, False, value, detail,
                                _src(env)))
-    runs = (env or {}).get("result", {}).get("runs", [])
+    runs = [r for r in (env or {}).get("result", {}).get("runs", []) if r.get("summary")]
+    ours, theirs = median_range(runs, DISAGG, "itl.max"), median_range(runs, PEER, "itl.max")
+    if ours["n"] and theirs["n"]:
+        rows.append(Row("interference load: disaggregated ITL max / vLLM's (no target)", "–",
+                        ours["median"] / theirs["median"], None,
+                        f"{_ms(ours['median'])} / {_ms(theirs['median'])}", _src(env)))
     first = median_range([r for r in runs if r.get("summary")], DISAGG, "first_gap.p50")
     gap = median_range([r for r in runs if r.get("summary")], DISAGG, "itl.p50")
     value = first["median"] / gap["median"] if first["n"] and gap["n"] else None
     rows.append(_ratio_row("first gap after a handoff / median gap (disaggregated)", 2.0, False, value,
-                           f"{fmt_s(first['median'])} / {fmt_s(gap['median'])}" if value else "–", _src(env)))
+                           f"{_ms(first['median'])} / {_ms(gap['median'])}" if value else "–", _src(env)))
     return rows
 
 
@@ -74,7 +84,7 @@ def bound_rows(env: dict | None) -> list[Row]:
             continue
         step, bound = statistics.median(b1["tandem_step_s"]), b1["bound_s"] * before / best
         rows.append(_ratio_row(f"batch-1 decode step / memory bound, {dtype}", 1.2, False, step / bound,
-                               f"{fmt_s(step)} / {fmt_s(bound)} at {best / 1e9:.1f} GB/s", _src(env)))
+                               f"{_ms(step)} / {_ms(bound)} at {best / 1e9:.1f} GB/s", _src(env)))
     return rows
 
 
@@ -102,7 +112,7 @@ def plan_rows(env: dict | None) -> list[Row]:
             meas = statistics.median(m[key])
             rows.append(Row(f"tandem plan, {f['fleet']}: predicted / measured {name}", "near 1",
                             f["predicted"][key] / meas if meas else None, None,
-                            f"{fmt_s(f['predicted'][key])} / {fmt_s(meas)}", _src(env)))
+                            f"{_ms(f['predicted'][key])} / {_ms(meas)}", _src(env)))
     return rows
 
 

@@ -42,6 +42,8 @@ def test_each_target_is_held_to_its_bound():
     assert (ttft.measured, ttft.met) == (1.1, True)  # bound 1.2
     assert rows["interference load: disaggregated ITL p50 / vLLM's"].met is False  # 1.3 > 1
     assert rows["interference load: disaggregated ITL p99 / vLLM's"].met is True  # 0.6 <= 0.7
+    worst = rows["interference load: disaggregated ITL max / vLLM's (no target)"]
+    assert abs(worst.measured - 0.11 / 0.18) < 1e-9 and worst.met is None  # shown, held to nothing
     first = rows["first gap after a handoff / median gap (disaggregated)"]
     assert abs(first.measured - 2.0) < 1e-9 and first.met is True  # median(50, 30) ms / 20 ms
     tput = rows["decode throughput, 32 streams over HTTP: Tandem / vLLM"]
