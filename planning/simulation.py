@@ -4,9 +4,10 @@ One request: the router sends the prompt to the ready prefill replica with the f
 prompt tokens (exact below 9 replicas, the best of 4 sampled above: the real router scans them
 all, which is too slow to simulate at hundreds); its first token leaves at the end of that
 prefill (TTFT); after the KV handoff it joins the least-loaded ready decode replica, which runs
-it to its last token (its first gap there: the handoff, half a step's wait and a step). With no ready prefill replica, a decode replica prefills the prompt itself
-(route `no_prefill_worker`, as the router does): its running sequences stall for the whole prompt,
-or, with `decode_chunk_tokens`, wait one chunk per step (the engine's chunked prefill). So does a
+it to its last token (its first gap there: the handoff, half a step's wait and a step). With no
+ready prefill replica, a decode replica prefills the prompt itself (route `no_prefill_worker`, as
+the router does): its running sequences stall for the whole prompt, or, with
+`decode_chunk_tokens`, wait one chunk per step (the engine's chunked prefill). So does a
 prompt that finds every ready prefill replica with at least `prefill_saturated_tokens` prompt tokens
 outstanding, when a decode replica has headroom (fewer than `decode_headroom_sequences` sequences,
 fewer prompt tokens of its own to prefill than the least busy prefill replica): the router's

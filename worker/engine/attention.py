@@ -71,7 +71,7 @@ def _context_then_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, star
     """A continuing chunk on the CPU as two flash passes merged by their log-sum-exp: every query over
     the context (no mask) and over the chunk (causal). SDPA with a boolean mask computes and masks
     every block instead (2k tokens over 2k of context, bf16, one thread: 285 ms a layer, this 183;
-    bench/results/prefill). The CPU flash kernel takes grouped K/V heads as they are."""
+    BENCHMARKS.md, "Prefill throughput"). The CPU flash kernel takes grouped K/V heads as they are."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     o_ctx, lse_ctx = flash(q, k[:, :, :start], v[:, :, :start], scale=scale)
     o_new, lse_new = flash(q, k[:, :, start:], v[:, :, start:], is_causal=True, scale=scale)
