@@ -1,7 +1,9 @@
 """Workers killed (SIGKILL) under a live stack: the client gets its full answer or a clean error fast.
 
-One stack of a prefill and two decode workers for the module (a stack costs ~30 s of CPU here);
-each test kills what it needs and does not rely on the others having run.
+One stack of a prefill and two decode workers for the first two tests (a stack costs ~30 s of CPU
+here), and one of a prefill and a decode worker for the last, which must leave a worker alive for
+`tandem up` to keep its router; each test kills what it needs and does not rely on the others
+having run.
 """
 
 from __future__ import annotations
@@ -109,11 +111,19 @@ def test_prefill_worker_killed_new_requests_fall_back(stack, client, model_name)
         assert r.status == 200
 
 
-def test_last_decode_worker_killed_mid_stream_ends_with_a_clean_error(stack, client, model_name):
-    alive = _alive(stack, "decode")
-    for w in alive[1:]:  # leave exactly one decode worker
-        stack.kill(w["name"])
-    assert alive, "needs a live decode worker"
+@pytest.fixture(scope="module")
+def lone_decode_stack(toy_model_dir):
+    """A stack of its own: one prefill and one decode worker. On the shared stack the test before
+    may have killed the prefill worker, and `tandem up` stops (router included) once every worker
+    has exited, so the router could be gone before it answers the 503 this test asks for."""
+    with LocalStack(toy_model_dir, "disaggregated", ["--kv-backend", "tcp", "--decode", "1"]) as s:
+        yield s
+
+
+def test_last_decode_worker_killed_mid_stream_ends_with_a_clean_error(lone_decode_stack, model_name):
+    stack = lone_decode_stack
+    client = openai.OpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    assert len(_alive(stack, "decode")) == 1 and _alive(stack, "prefill"), "one decode worker, a live prefill one"
     stream = _stream(client, model_name)
     killed_at = None
     with pytest.raises(openai.APIError) as info:
