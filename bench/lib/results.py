@@ -91,3 +91,10 @@ def latest_result(scenario: str, results_dir: Path = RESULTS_DIR) -> dict[str, A
     """The newest result of a scenario (its envelope), or None when it never ran."""
     files = result_files(scenario, results_dir)
     return json.loads(files[-1].read_text()) if files else None
+
+
+def read_result(scenario: str, run_id: str | None = None, results_dir: Path = RESULTS_DIR) -> dict[str, Any] | None:
+    """One run's result of a scenario (its envelope); without a run id, the newest (latest_result)."""
+    if run_id is None:
+        return latest_result(scenario, results_dir)
+    return json.loads((Path(results_dir) / scenario / f"{run_id}.json").read_text())

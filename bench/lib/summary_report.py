@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from bench.lib.compare import PEER_TARGETS
 from bench.lib.tables import fmt_num, fmt_s, md_table, median_range
 
 DISAGG, COLO, PEER = "disagg-bf16", "colo2-c128-bf16", "vllm-bf16"
@@ -42,8 +43,9 @@ def interference_rows(env: dict | None) -> list[Row]:
     ratios), and the first gap after a handoff over the median gap."""
     rows = []
     peer = ((env or {}).get("result", {}).get("comparison", {}).get(DISAGG, {}).get("peers", {}).get(PEER)) or {}
-    for metric, bound, name in (("ttft.p50", 1.2, "TTFT p50"), ("itl.p50", 1.0, "ITL p50"),
-                                ("itl.p99", 0.7, "ITL p99")):
+    for metric, bound in PEER_TARGETS:  # issue 23's bounds, as the interference run holds them
+        kind, quantile = metric.split(".")
+        name = f"{kind.upper()} {quantile}"
         s = peer.get(metric)
         value = s["median"] if s and s.get("n") else None
         detail = f"[{s['min']:.2f}–{s['max']:.2f}] over {s['n']} repetitions" if value is not None else "vLLM not run"

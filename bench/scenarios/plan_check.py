@@ -95,12 +95,9 @@ def run(args: argparse.Namespace) -> dict:
     from tandem.planning.recommend import recommend
     from tandem.planning.workload import Workload
 
-    from bench.lib.results import RESULTS_DIR, latest_result
+    from bench.lib.results import read_result
 
-    if args.interference:
-        run_ = json.loads((RESULTS_DIR / "interference" / f"{args.interference}.json").read_text())
-    else:
-        run_ = latest_result("interference")
+    run_ = read_result("interference", args.interference)
     if run_ is None:
         return {"ok": False, "error": "no interference result to check against: run `python -m bench interference`"}
     if args.dtype not in DTYPE_TAGS:

@@ -10,7 +10,6 @@ arms; written into BENCHMARKS.md's summary section.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 
 SCENARIOS = ("interference", "plan_check", "engine_http", "engine_decode", "curves", "prefill")
@@ -24,13 +23,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def chosen_results(picks: list[str]) -> dict[str, dict | None]:
-    from bench.lib.results import RESULTS_DIR, latest_result
+    from bench.lib.results import read_result
 
     chosen = dict(p.split("=", 1) for p in picks)
     if unknown := sorted(set(chosen) - set(SCENARIOS)):
         raise SystemExit(f"--run {unknown[0]}=...: the summary reads {', '.join(SCENARIOS)}")
-    return {name: (json.loads((RESULTS_DIR / name / f"{chosen[name]}.json").read_text()) if name in chosen
-                   else latest_result(name)) for name in SCENARIOS}
+    return {name: read_result(name, chosen.get(name)) for name in SCENARIOS}
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from bench.cli import DEFAULT_SCENARIOS, build_parser, load, main, scenario_names, summary_line
-from bench.lib.results import ENVELOPE_KEYS, ROOT, result_files
+from bench.lib.results import ENVELOPE_KEYS, ROOT, read_result, result_files
 
 SCENARIOS = scenario_names()
 
@@ -64,6 +64,11 @@ def test_a_run_writes_its_result_under_scenario_and_run_id(tmp_path):
     summary = doc["result"]["profiles"]["worker.txt"]
     assert summary["samples"] == 40 and summary["engine"] == {"sampling": 1.0}
     assert summary["threads"] == {"engine thread": 0.75, "HTTP event loop: waiting": 0.25}
+    # read back by run id, and as the newest of its scenario once a later run exists
+    assert read_result("profile_summary", "20260101-000000", tmp_path / "results") == doc
+    later = tmp_path / "results" / "profile_summary" / "20260102-000000.json"
+    later.write_text(json.dumps(doc | {"run_id": "20260102-000000"}))
+    assert read_result("profile_summary", None, tmp_path / "results")["run_id"] == "20260102-000000"
 
 
 @pytest.mark.parametrize("scenario", sorted({p.parent.name for p in (ROOT / "bench" / "results").glob("*/*.json")}))
