@@ -1,18 +1,18 @@
 """The discrete-event simulation: a router, prefill and decode replicas, a policy on a timer.
 
 One request: the router sends the prompt to the ready prefill replica with the fewest outstanding
-prompt tokens (exact below 9 replicas, the best of 4 sampled above: the real router scans them
-all, which is too slow to simulate at hundreds); its first token leaves at the end of that
-prefill (TTFT); after the KV handoff it joins the least-loaded ready decode replica, which runs
-it to its last token (its first gap there: the handoff, half a step's wait and a step). With no
-ready prefill replica, a decode replica prefills the prompt itself (route `no_prefill_worker`, as
-the router does): its running sequences stall for the whole prompt, or, with
-`decode_chunk_tokens`, wait one chunk per step (the engine's chunked prefill). So does a
-prompt that finds every ready prefill replica with at least `prefill_saturated_tokens` prompt tokens
-outstanding, when a decode replica has headroom (fewer than `decode_headroom_sequences` sequences,
-fewer prompt tokens of its own to prefill than the least busy prefill replica): the router's
-load-aware disaggregation (route `prefill_saturated`, router/policies/base.py), with its defaults
-(its KV-room condition is not simulated: the simulated KV pool does not fill).
+prompt tokens (exact below 9 replicas, the best of 4 sampled above: the real router scans them all,
+which is too slow to simulate at hundreds); its first token leaves at the end of that prefill
+(TTFT); after the KV handoff it joins the least-loaded ready decode replica, which runs it to its
+last token (its first gap: the handoff and 1.5 steps). With no ready prefill replica, a decode
+replica prefills the prompt itself (route `no_prefill_worker`, as the router does): its running
+sequences stall for the whole prompt, or, with `decode_chunk_tokens`, wait one chunk per step (the
+engine's chunked prefill). So does a prompt that finds every ready prefill replica with at least
+`prefill_saturated_tokens` prompt tokens outstanding, when a decode replica has headroom (fewer than
+`decode_headroom_sequences` sequences, fewer prompt tokens of its own to prefill than the least busy
+prefill replica): the router's load-aware disaggregation (route `prefill_saturated`,
+router/policies/base.py), with its defaults (its KV-room condition is not simulated: the simulated
+KV pool does not fill).
 
 Scaling: a new replica is provisioned at once and ready `startup_s` later. A prefill replica being
 removed takes no new prompt and leaves when its queue is empty; a decode replica being removed
@@ -217,9 +217,8 @@ class Simulation:
         d.advance(self.now, self.cap, self.itl_hist)
         if seq.remaining == seq.req.output - 1:
             d.prompt_tokens += seq.req.prompt  # a pulled prompt is admitted (counted) on decode too
-            # Its first token there closes one gap: the pull, the wait for the step under way (half
-            # a step on average) and its own first step (BENCHMARKS.md, "The first gap after a
-            # handoff"); it joins the batch's fluid after that token.
+            # its first token there closes one gap: the pull, half a step's wait for the step under way
+            # and its own step (BENCHMARKS.md, "The first gap after a handoff"); then it joins the fluid
             first = 1.5 * self.cap.step_s(len(d.running) + 1)
             self.itl_hist.add(self.cap.handoff_s + first)
             seq.remaining -= 1
@@ -240,10 +239,8 @@ class Simulation:
             self._seat_or_wait(d, seq)
 
     def _seat_or_wait(self, d: DecodeReplica, seq: Seq) -> None:
-        if d.state == READY and len(d.running) < self.cap.max_seqs:
-            d.seat(seq)
-        else:
-            d.waiting.append(seq)
+        d.waiting.append(seq)  # seated at once when d is ready with room (no one waits then)
+        self._admit_waiting(d)
         self._reschedule(d)
 
     def _start_local_prefill(self, d: DecodeReplica) -> None:
