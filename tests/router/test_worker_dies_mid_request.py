@@ -27,9 +27,13 @@ def stack(toy_model_dir):
         yield s
 
 
+def _client(stack: LocalStack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
 @pytest.fixture
 def client(stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    return _client(stack)
 
 
 def _alive(stack: LocalStack, role: str) -> list[dict]:
@@ -122,7 +126,7 @@ def lone_decode_stack(toy_model_dir):
 
 def test_last_decode_worker_killed_mid_stream_ends_with_a_clean_error(lone_decode_stack, model_name):
     stack = lone_decode_stack
-    client = openai.OpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    client = _client(stack)
     assert len(_alive(stack, "decode")) == 1 and _alive(stack, "prefill"), "one decode worker, a live prefill one"
     stream = _stream(client, model_name)
     killed_at = None
