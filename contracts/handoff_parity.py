@@ -16,6 +16,11 @@ from typing import Any
 
 PARITY_PATH = "/internal/parity"
 
+# How long after its verdict a router probes a worker again, by default (router --parity-recheck-s,
+# the operator's rendered router config): a verdict is not forever (a volume repaired, a pod whose
+# partner was the broken one), and one probe per worker every few minutes costs little.
+RECHECK_S = 300.0
+
 
 class ParityState(enum.StrEnum):
     """One worker's standing for KV handoffs, as its router's probes found it."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.contracts import timing
+from tandem.contracts.handoff_parity import RECHECK_S
 from tandem.contracts.routing import (
     DECODE_HEADROOM_SEQUENCES,
     PREFILL_SATURATED_TOKENS,
@@ -67,7 +68,7 @@ class RouterConfig:
     # The handoff parity probe (router/parity.py): a pairing takes KV handoffs only once proven.
     parity_probe: bool = True
     parity_tolerance: float | None = None  # nats; None: by the workers' dtype (parity.TOLERANCE)
-    parity_recheck_s: float = 0.0  # probe a worker again this long after its verdict (0: only when it appears)
+    parity_recheck_s: float = RECHECK_S  # probe a worker again this long after its verdict (0: never)
     parity_probe_timeout_s: float = 30.0
     log_format: str = "text"
     log_level: str = "info"

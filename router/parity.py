@@ -12,8 +12,11 @@ continuation must agree within the tolerance for the workers' dtype.
 Per worker (tandem.contracts.handoff_parity.ParityState): a new worker is UNCHECKED until a probe
 with a worker of the other role in its generation agrees (VERIFIED). A probe that disagrees marks
 MISMATCH every worker in it that was not already proven by another probe: a verified partner
-isolates the odd one out; two new workers are both suspect. Only VERIFIED workers take part in a
-handoff (policies/base.py); the others still serve requests they prefill themselves.
+isolates the odd one out; two new workers are both suspect, and a suspect is probed again as soon as
+a worker of the other role is VERIFIED (one broken pod at start-up must not shut its partner out for
+good). A MISMATCH is re-probed only against a VERIFIED partner; every verdict is probed again
+`recheck_s` after it was reached. Only VERIFIED workers take part in a handoff (policies/base.py);
+the others still serve requests they prefill themselves.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tandem.contracts.handoff_parity import (
+    RECHECK_S,
     ParityReport,
     ParityState,
     ProbeOutcome,
@@ -119,6 +123,7 @@ class _Worker:
     last: ProbeResult | None = None
     due: float = 0.0  # monotonic time of its next probe (retry or recheck); 0: now
     failures: int = 0  # probes in a row that could not finish (the backoff grows with them)
+    suspect: bool = False  # MISMATCH with an unproven partner: the fault may be the partner's
 
 
 _PARTNER_RANK = {ParityState.VERIFIED: 0, ParityState.UNCHECKED: 1, ParityState.FAILED: 2, ParityState.MISMATCH: 3}
@@ -129,7 +134,7 @@ _DUE_RANK = {ParityState.UNCHECKED: 0, ParityState.FAILED: 1, ParityState.MISMAT
 class ParityTable:
     """Every worker's standing, and the choice of the next probe."""
 
-    recheck_s: float = 0.0  # a worker is probed again this long after its last verdict (0: never)
+    recheck_s: float = RECHECK_S  # a worker is probed again this long after its last verdict (0: never)
     retry_s: float = 2.0  # after a probe that could not finish; doubles per failure, up to max_retry_s
     max_retry_s: float = 60.0
     workers: dict[str, _Worker] = field(default_factory=dict)
@@ -152,8 +157,10 @@ class ParityTable:
         return w.state if w is not None else ParityState.UNCHECKED
 
     def _waiting(self, w: _Worker) -> bool:
-        """Whether a probe of this worker is scheduled: a retry after a failed probe, or a recheck."""
-        return w.state is ParityState.FAILED or (self.recheck_s > 0 and w.state is not ParityState.UNCHECKED)
+        """Whether a probe of this worker is scheduled: a retry after a failed probe, a suspect's
+        second chance, or a recheck."""
+        return (w.state is ParityState.FAILED or w.suspect
+                or (self.recheck_s > 0 and w.state is not ParityState.UNCHECKED))
 
     def _due(self, v: WorkerView, now: float) -> bool:
         w = self.workers.get(v.url)
@@ -161,15 +168,22 @@ class ParityTable:
             return False
         return w.state is ParityState.UNCHECKED or (self._waiting(w) and w.due <= now)
 
+    def _partners(self, v: WorkerView, views: Sequence[WorkerView]) -> list[WorkerView]:
+        """Who `v` may be probed with: ready, of its generation, of the other role, not being probed;
+        only VERIFIED ones for a worker in MISMATCH (another suspect could not clear it)."""
+        verified_only = self.workers[v.url].state is ParityState.MISMATCH
+        return [p for p in views if p.ready and p.generation == v.generation and p.url in self.workers
+                and not self.workers[p.url].checking
+                and (p.serves_decode if prefill_side(v) else prefill_side(p))
+                and (not verified_only or self.workers[p.url].state is ParityState.VERIFIED)]
+
     def next_pair(self, views: Sequence[WorkerView], now: float) -> Pair | None:
         """The next probe: the most urgent due worker (new ones first) that has a ready partner of the
         other role in its generation; None when there is nothing to probe now."""
         due = sorted((v for v in views if v.url in self.workers and self._due(v, now)),
                      key=lambda v: (_DUE_RANK[self.workers[v.url].state], v.first_seen, v.url))
         for v in due:
-            partners = [p for p in views if p.ready and p.generation == v.generation and p.url in self.workers
-                        and not self.workers[p.url].checking
-                        and (p.serves_decode if prefill_side(v) else prefill_side(p))]
+            partners = self._partners(v, views)
             if not partners:
                 continue
             partner = min(partners, key=lambda p: (_PARTNER_RANK[self.workers[p.url].state], p.first_seen, p.url))
@@ -179,9 +193,10 @@ class ParityTable:
             return Pair(prefill, decode, frozenset(subjects))
         return None
 
-    def next_due(self) -> float | None:
-        """The soonest monotonic time a retry or recheck falls due (None: none is scheduled)."""
-        times = [w.due for w in self.workers.values() if not w.checking and self._waiting(w)]
+    def next_due(self, now: float) -> float | None:
+        """The soonest time after `now` (monotonic) a retry or recheck falls due (None: none is
+        scheduled). One already due but without a partner waits for the next poll, not a busy loop."""
+        times = [w.due for w in self.workers.values() if not w.checking and self._waiting(w) and w.due > now]
         return min(times) if times else None
 
     def begin(self, pair: Pair) -> None:
@@ -199,10 +214,14 @@ class ParityTable:
             w.checking = False
             if result.outcome is ProbeOutcome.MATCH:
                 w.state, w.last, w.failures, w.due = ParityState.VERIFIED, result, 0, self._recheck(now)
+                w.suspect = False
             elif url not in pair.subjects:
                 continue  # proven with another worker: this result does not speak for it
             elif result.outcome is ProbeOutcome.MISMATCH:
-                w.state, w.last, w.failures, w.due = ParityState.MISMATCH, result, 0, self._recheck(now)
+                w.state, w.last, w.failures = ParityState.MISMATCH, result, 0
+                # two unproven workers: either may be at fault, so this one waits for a VERIFIED partner
+                w.suspect = len(pair.subjects) > 1
+                w.due = now if w.suspect else self._recheck(now)
             else:
                 w.failures += 1
                 w.due = now + min(self.max_retry_s, self.retry_s * 2 ** (w.failures - 1))
@@ -213,11 +232,12 @@ class ParityTable:
         return now + self.recheck_s if self.recheck_s > 0 else 0.0
 
     def settled(self, views: Sequence[WorkerView], now: float) -> bool:
-        """Nothing is being probed and no new worker waits for a probe it could have now."""
+        """Nothing is being probed and no new or suspect worker waits for a probe it could have now."""
         if any(w.checking for w in self.workers.values()):
             return False
         pair = self.next_pair(views, now)
-        return pair is None or all(self.workers[u].state is not ParityState.UNCHECKED for u in pair.subjects)
+        return pair is None or all(self.workers[u].state is not ParityState.UNCHECKED and not self.workers[u].suspect
+                                   for u in pair.subjects)
 
     def counts(self) -> dict[ParityState, int]:
         out = dict.fromkeys(ParityState, 0)

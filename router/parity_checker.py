@@ -4,7 +4,8 @@ HandoffVerified condition; Prometheus).
 
 Every poll of the workers (workers.py) hands the checker the router's view of them; one probe runs at
 a time (router/parity_probe.py), the next chosen by router/parity.py: new workers first, then retries
-after a probe that could not finish (backing off), then rechecks every `recheck_s`. At start-up the
+after a probe that could not finish (backing off), a worker found MISMATCH beside an unproven partner
+once a VERIFIED one is there, then rechecks every `recheck_s`. At start-up the
 router waits (briefly) until the ready pairings are proven, so its first requests are handed off.
 """
 
@@ -20,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from tandem.contracts.handoff_parity import (
     PARITY_PATH,
+    RECHECK_S,
     ParityReport,
     ParityState,
     ProbeOutcome,
@@ -58,7 +60,7 @@ class ParityChecker:
     """Runs the probes and holds the verdicts (see the module docstring)."""
 
     def __init__(self, client: WorkerClient, registry: CollectorRegistry, tolerance: float | None = None,
-                 recheck_s: float = 0.0, timeout_s: float = 30.0) -> None:
+                 recheck_s: float = RECHECK_S, timeout_s: float = 30.0) -> None:
         self.client = client
         self.table = ParityTable(recheck_s=recheck_s)
         self.metrics = ParityMetrics(registry)
@@ -128,8 +130,9 @@ class ParityChecker:
 
     async def _sleep(self) -> None:
         """Until the next poll, or until a retry or recheck falls due."""
-        due = self.table.next_due()
-        wait = None if due is None else max(0.0, due - time.monotonic())
+        now = time.monotonic()
+        due = self.table.next_due(now)
+        wait = None if due is None else max(0.0, due - now)
         try:
             await asyncio.wait_for(self._wake.wait(), wait)
         except TimeoutError:

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 from tandem.contracts import timing
+from tandem.contracts.handoff_parity import RECHECK_S
 from tandem.contracts.names import KV_PORT, ROUTER_PORT, WORKER_PORT
 from tandem.operator.render.objects import Manifest, metadata, names
 from tandem.operator.render.weights import model_arg
@@ -94,6 +95,7 @@ def router_config(name: str, namespace: str, spec: InferenceServiceSpec | Mappin
         "max_tokens_limit": no_limit if limits.max_output_tokens is None else limits.max_output_tokens,
         "max_body_bytes": limits.max_body_bytes,
         "shutdown_grace_s": ROUTER_SHUTDOWN_GRACE_S,
+        "parity_recheck_s": RECHECK_S,
         "log_format": "json",
     }
 

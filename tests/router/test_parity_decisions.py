@@ -7,7 +7,13 @@ from __future__ import annotations
 import math
 
 import pytest
-from tandem.contracts.handoff_parity import ParityReport, ParityState, ProbeOutcome, ProbeResult
+from tandem.contracts.handoff_parity import (
+    RECHECK_S,
+    ParityReport,
+    ParityState,
+    ProbeOutcome,
+    ProbeResult,
+)
 from tandem.contracts.names import Role
 from tandem.contracts.routing import RouteReason
 from tandem.router.parity import ParityTable, Scored, compare, probe_tokens, tolerance_for
@@ -138,8 +144,74 @@ def test_a_probe_that_cannot_finish_is_retried_with_backoff():
         table.finish(pair, result(pair, ProbeOutcome.ERROR), now)
         assert table.state(d.url) is ParityState.FAILED
         assert table.next_pair([p, d], now + wait - 0.1) is None
-        assert table.next_due() == pytest.approx(now + wait)
+        assert table.next_due(now) == pytest.approx(now + wait)
     assert table.next_pair([p, d], 200.0 + 5.0) is not None
+
+
+def probed(table: ParityTable, views: list, outcome: ProbeOutcome, now: float):
+    """The next pair probed with `outcome` at `now`."""
+    pair = table.next_pair(views, now)
+    assert pair is not None
+    table.begin(pair)
+    table.finish(pair, result(pair, outcome, 3.0 if outcome is ProbeOutcome.MISMATCH else 0.0), now)
+    return pair
+
+
+def test_a_good_worker_shut_out_by_a_broken_partner_is_probed_again_against_a_verified_one():
+    """Issue 28 item 7: at start-up a broken decode pod drags its prefill partner into MISMATCH; once
+    another pairing is VERIFIED, the prefill worker is probed again with it, without any recheck."""
+    bad, p1 = view("http://bad", Role.DECODE, seen=0), view("http://p1", Role.PREFILL, seen=1)
+    good, p2 = view("http://good", Role.DECODE, seen=2), view("http://p2", Role.PREFILL, seen=3)
+    views = [bad, p1, good, p2]
+    table = ParityTable(recheck_s=0.0)
+    table.update(views)
+    first = probed(table, views, ProbeOutcome.MISMATCH, 0.0)
+    assert (first.prefill.url, first.decode.url) == (p1.url, bad.url)
+    assert table.state(p1.url) is table.state(bad.url) is ParityState.MISMATCH
+    assert not table.settled(views, 0.0), "a suspect is not settled while a verified partner may clear it"
+    second = probed(table, views, ProbeOutcome.MATCH, 1.0)
+    assert (second.prefill.url, second.decode.url) == (p2.url, good.url)
+    for now in (2.0, 3.0):  # each suspect once, against a VERIFIED partner, the broken pod failing again
+        again = table.next_pair(views, now)
+        (subject,) = again.subjects
+        partner = again.decode if subject == again.prefill.url else again.prefill
+        assert subject in (p1.url, bad.url) and table.state(partner.url) is ParityState.VERIFIED
+        probed(table, views, ProbeOutcome.MISMATCH if subject == bad.url else ProbeOutcome.MATCH, now)
+    assert table.state(p1.url) is ParityState.VERIFIED, "the good prefill worker takes handoffs again"
+    assert table.state(bad.url) is ParityState.MISMATCH, "the broken one, isolated by a verified partner"
+    assert table.next_pair(views, 1e9) is None and table.next_due(3.0) is None and table.settled(views, 3.0)
+
+
+def test_a_suspect_without_a_verified_partner_waits_without_a_busy_loop():
+    p, bad = view("http://p", Role.PREFILL), view("http://d", Role.DECODE)
+    table = ParityTable(recheck_s=0.0)
+    table.update([p, bad])
+    probed(table, [p, bad], ProbeOutcome.MISMATCH, 0.0)
+    assert table.next_pair([p, bad], 50.0) is None, "two suspects cannot clear each other"
+    assert table.next_due(50.0) is None and table.settled([p, bad], 50.0)
+
+
+def test_a_mismatch_is_rechecked_only_against_a_verified_partner_and_by_default():
+    assert ParityTable().recheck_s == RECHECK_S and 60 <= RECHECK_S <= 900
+    p, good, bad = view("http://p", Role.PREFILL), view("http://d1", Role.DECODE), view("http://d2", Role.DECODE, seen=1)
+    table = ParityTable(recheck_s=100.0)
+    table.update([p, good])
+    probed(table, [p, good], ProbeOutcome.MATCH, 0.0)
+    table.update([p, good, bad])
+    probed(table, [p, good, bad], ProbeOutcome.MISMATCH, 10.0)
+    assert table.next_pair([p, good, bad], 99.0) is None and table.next_due(10.0) == pytest.approx(100.0)
+    recheck = table.next_pair([p, good, bad], 110.0)
+    assert recheck.subjects == {bad.url} and recheck.prefill.url == p.url
+    table.workers[p.url].state = ParityState.MISMATCH  # the only prefill worker found bad as well
+    assert table.next_pair([p, bad], 200.0) is None, "two MISMATCH workers are never paired to clear each other"
+
+
+def test_the_router_and_the_operators_rendered_config_recheck_by_default():
+    from tandem.operator import render
+    from tandem.router.config import RouterConfig
+
+    assert RouterConfig().parity_recheck_s == RECHECK_S
+    assert render.router_config("svc", "ns", {"model": {"maxModelLen": 4096}})["parity_recheck_s"] == RECHECK_S
 
 
 def test_a_gone_worker_is_forgotten_and_a_new_worker_on_its_address_starts_over():

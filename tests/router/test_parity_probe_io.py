@@ -162,3 +162,48 @@ def test_a_disagreement_that_repeats_is_a_mismatch():
     assert states == {P: "mismatch", D: "mismatch"}
     assert all(f"{SECOND:.3g}" in m and f"confirmed by a second probe ({FIRST:.3g} the first time)" in m
                for m in messages)
+
+
+class FleetWorkers(EchoWorkers):
+    """Prefill and decode workers that follow the probe's teacher forcing; a decode worker in `broken`
+    (other weights, say) scores every handed-off token off by 3 nats."""
+
+    def __init__(self, prefill: list[str], decode: list[str], broken: set[str]) -> None:
+        FakeWorkers.__init__(self)
+        self.shifts, self.broken = [], broken
+        for url in prefill:
+            self.add(url, Role.PREFILL)
+        for url in decode:
+            self.add(url, Role.DECODE)
+
+    async def generate(self, url, request):
+        if request.kv_source is not None:
+            self.shifts.append(-3.0 * UNKNOWN_DTYPE_TOLERANCE if url in self.broken else 0.0)
+        async for ev in super().generate(url, request):
+            yield ev
+
+
+def test_a_prefill_worker_a_broken_decode_pod_dragged_into_mismatch_is_cleared_by_a_verified_one():
+    """Issue 28 item 7, through the checker: four workers at start-up, the broken decode pod probed
+    first; its prefill partner must end up VERIFIED with no recheck configured."""
+    from prometheus_client import CollectorRegistry
+    from tandem.router.parity_checker import ParityChecker
+    from tandem.router.workers import Target, WorkerSet
+
+    bad, p1, good, p2 = "http://a-bad", "http://b-p1", "http://c-good", "http://d-p2"
+    workers = FleetWorkers([p1, p2], [bad, good], broken={bad})
+
+    async def main():
+        pool = WorkerSet(workers)
+        pool.set_targets([Target(bad), Target(p1), Target(good), Target(p2)])  # first seen in this order
+        checker = ParityChecker(workers, CollectorRegistry(), recheck_s=0.0)
+        checker.attach(pool)
+        await pool.poll_once()
+        assert await checker.settle(10)
+        await checker.stop()
+        return {w.url: w.state.value for w in checker.report().workers}
+
+    states = asyncio.run(main())
+    assert states == {bad: "mismatch", p1: "verified", good: "verified", p2: "verified"}
+    pairs = [(c.url, c.request.kv_source.url if c.request.kv_source else None) for c in workers.made("generate")]
+    assert pairs[:2] == [(bad, None), (bad, P)], "the broken decode pod was probed first (with b-p1)"
