@@ -13,6 +13,7 @@ import os
 
 from tandem.operator.config import DEFAULT_RESYNC_SECONDS, OperatorConfig, split_image
 from tandem.operator.lease import ElectionConfig
+from tandem.operator.policy import POLICY_ENV, Policy, PolicyError
 
 
 def _env_flag(name: str) -> bool:
@@ -71,6 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="before a scale-down, give the pods the planner chose the lowest pod-deletion-cost so the"
         " ReplicaSet removes those; needs `pods: patch` in their namespaces ($TANDEM_MARK_PODS_FOR_REMOVAL=1)",
     )
+    parser.add_argument(
+        "--policy", default=None, metavar="JSON",
+        help="what an InferenceService may ask of a node, per namespace: allowed hostPath prefixes, images,"
+        " ServiceAccounts, hostNetwork, ipcLock, alwaysPullImages (docs/install.md; $TANDEM_POLICY; default:"
+        " none of it, only the operator's own images)",
+    )
     election = parser.add_argument_group("leader election (two or more replicas: one leads, the others stand by)")
     election.add_argument(
         "--leader-election", action="store_true", default=_env_flag("TANDEM_LEADER_ELECTION"),
@@ -96,7 +103,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def operator_config(args: argparse.Namespace) -> OperatorConfig:
     """Flags over environment over built-in defaults (what no flag sets, e.g. the operator pod's own
     namespace and labels, comes from the environment)."""
-    base = OperatorConfig.from_env()
+    try:
+        base = OperatorConfig.from_env()
+        policy = base.policy if args.policy is None else Policy.from_json(args.policy)
+    except PolicyError as e:
+        raise SystemExit(f"tandem operator: --policy / ${POLICY_ENV}: {e}") from None
     repo, tag = split_image(args.worker_image)
     router_repo, router_tag = split_image(args.router_image)
     return dataclasses.replace(
@@ -111,6 +122,7 @@ def operator_config(args: argparse.Namespace) -> OperatorConfig:
         kv_probe_timeout_s=args.kv_probe_timeout_seconds or base.kv_probe_timeout_s,
         metrics_timeout_s=args.metrics_timeout_seconds or base.metrics_timeout_s,
         mark_pods=base.mark_pods if args.mark_pods is None else args.mark_pods,
+        policy=policy,
     )
 
 

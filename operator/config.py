@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from tandem.operator.policy import ALWAYS, POLICY_ENV, Policy
 
 # One field manager for every server-side apply the operator makes.
 FIELD_MANAGER = "tandem-operator"
@@ -52,6 +54,8 @@ class OperatorConfig:
     pod_labels: tuple[tuple[str, str], ...] = ()
     # The Hugging Face hub (or a mirror) the operator resolves revisions on and downloads come from.
     hub_endpoint: str = DEFAULT_HUB_ENDPOINT
+    # What an InferenceService may ask of a node, per namespace (tandem.operator.policy): secure by default.
+    policy: Policy = Policy()
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
@@ -59,7 +63,8 @@ class OperatorConfig:
         TANDEM_KV_PROBE (0 turns probing off), TANDEM_KV_PROBE_TIMEOUT_SECONDS,
         TANDEM_METRICS_TIMEOUT_SECONDS, TANDEM_MARK_PODS_FOR_REMOVAL (1 turns marking on), POD_NAMESPACE and
         TANDEM_OPERATOR_POD_LABELS (a JSON object: the operator pods' labels, set by the chart),
-        HF_ENDPOINT (the hub or a mirror, as huggingface_hub reads it).
+        HF_ENDPOINT (the hub or a mirror, as huggingface_hub reads it), TANDEM_POLICY (JSON: what an
+        InferenceService may ask of a node; raises PolicyError when unreadable).
         TANDEM_API_TIMEOUT_SECONDS bounds every API call (read in tandem.operator.apply)."""
         env = dict(os.environ if env is None else env)
         repo, tag = split_image(env.get("TANDEM_WORKER_IMAGE", ""))
@@ -82,7 +87,20 @@ class OperatorConfig:
             namespace=env.get("POD_NAMESPACE") or None,
             pod_labels=tuple(sorted(json.loads(env.get("TANDEM_OPERATOR_POD_LABELS") or "{}").items())),
             hub_endpoint=(env.get("HF_ENDPOINT") or DEFAULT_HUB_ENDPOINT).rstrip("/"),
+            policy=Policy.from_json(env.get(POLICY_ENV) or ""),
         )
+
+    @property
+    def own_images(self) -> tuple[str, str]:
+        """The worker and router repositories the operator defaults to: every policy allows them."""
+        return self.image_repository, self.router_repository
+
+    def for_namespace(self, namespace: str) -> OperatorConfig:
+        """The config an InferenceService of `namespace` renders with: every image pulled Always where
+        the policy forces it (docs/install.md)."""
+        if self.policy.rules(namespace).always_pull_images and self.pull_policy != ALWAYS:
+            return replace(self, pull_policy=ALWAYS)
+        return self
 
 
 def split_image(image: str) -> tuple[str, str]:

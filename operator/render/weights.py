@@ -104,8 +104,11 @@ def weights_pod_parts(name: str, spec: InferenceServiceSpec, config: OperatorCon
         return [volume], [{"name": "model", **mount}], []
     if model.image is not None:
         source = {"reference": model.image.reference}
-        if model.image.pull_policy:
-            source["pullPolicy"] = model.image.pull_policy
+        # Unset, the kubelet's default (IfNotPresent but for :latest) applies, unless the operator pulls
+        # Always (its policy forces it in this namespace): an image on the node is then never used unchecked.
+        pull = model.image.pull_policy or ("Always" if config.pull_policy == "Always" else None)
+        if pull:
+            source["pullPolicy"] = pull
         return ([{"name": "model", "image": source}],
                 [{"name": "model", "mountPath": IMAGE_DIR, "readOnly": True}], [])
     if model.hub is None:

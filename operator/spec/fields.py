@@ -217,6 +217,7 @@ def _parse_value(tp: Any, raw: Any, path: str, decl: Decl, context: dict[str, st
         return {k: _parse_value(args[1], v, f"{path}.{k}", value, context) for k, v in raw.items()}
     value = _scalar(tp, raw, path)
     _check(decl.constraints, value, path)
+    _check_rules(decl.rules, value, path, context)
     return value
 
 

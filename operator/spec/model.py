@@ -22,6 +22,21 @@ DEFAULT_HUB_CACHE_LIMIT = "200Gi"
 api_type = dataclass(frozen=True, kw_only=True)
 
 
+def _normalised(path: str) -> bool:
+    return path == "/" or not (path.endswith(("/", "/.", "/..")) or any(
+        part in path for part in ("//", "/./", "/../")))
+
+
+def node_path_rule(field: str) -> Rule:
+    """A node directory must be absolute and normalised: the operator's policy allows node paths by
+    prefix, and '..' would climb out of any prefix (the parser enforces it too)."""
+    return Rule(
+        "self == '/' || !(self.endsWith('/') || self.endsWith('/.') || self.endsWith('/..') || "
+        "self.contains('//') || self.contains('/./') || self.contains('/../'))",
+        f"{field} must be an absolute, normalised path: no '.' or '..' segments, no '//' and no trailing '/' "
+        "(e.g. /mnt/models/llama)", check=_normalised)
+
+
 @api_type
 class PVCSource:
     """A PersistentVolumeClaim holding the weights, mounted read-only."""
@@ -67,8 +82,9 @@ class WeightsClaim:
 class HostPathCache:
     """model.cache.hostPath: a directory on each node; the first pod on a node downloads, the rest wait."""
 
-    path: str = api_field("path", max_length=1024, pattern="^/",
-                          description="The node directory (created if absent; writable by uid 10001).")
+    path: str = api_field("path", max_length=1024, pattern="^/", rules=(node_path_rule("model.cache.hostPath.path"),),
+                          description="The node directory (created if absent; writable by uid 10001). The "
+                          "operator's policy must allow it (writableHostPaths).")
 
 
 @api_type
@@ -86,8 +102,8 @@ class HubCache:
         "pvc", description="One shared claim: a download Job fills it once per commit, every worker mounts it "
         "read-only (N replicas, one download).")
     host_path: HostPathCache | None = api_field(
-        "hostPath", description="A node-local cache: one download per node (needs the privileged Pod "
-        "Security level, as any hostPath).")
+        "hostPath", description="A node-local cache: one download per node (the operator's policy must allow "
+        "the path, and it needs the privileged Pod Security level, as any hostPath).")
     empty_dir: EmptyDirCache | None = api_field(
         "emptyDir", description="Per pod: every pod downloads for itself, into a bounded emptyDir.")
 
@@ -114,7 +130,8 @@ class Model:
     path: str | None = api_field(
         "path", max_length=1024, pattern="^/", description="A directory inside the worker image.")
     host_path: str | None = api_field(
-        "hostPath", max_length=1024, pattern="^/", description="A directory on the node, mounted read-only.")
+        "hostPath", max_length=1024, pattern="^/", rules=(node_path_rule("model.hostPath"),),
+        description="A directory on the node, mounted read-only (the operator's policy must allow it: hostPaths).")
     pvc: PVCSource | None = api_field(
         "pvc", description="A PersistentVolumeClaim in the same namespace, mounted read-only.")
     hub: str | None = api_field(
