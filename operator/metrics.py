@@ -63,7 +63,7 @@ class OperatorMetrics:
         self.scrape_failures = Counter(
             "tandem_operator_scrape_failures_total",
             "Pod answers the operator could not use: what it asked (metrics, kv_health) and why (timeout, "
-            "refused, http_status, too_large, compressed, unreadable).", ["kind", "reason"], registry=registry)
+            "refused, http_status, redirect, too_large, compressed, unreadable).", ["kind", "reason"], registry=registry)
 
         self._per_service: dict[tuple[str, str], set[tuple[Counter | Gauge, tuple[str, ...]]]] = {}
 
@@ -95,7 +95,7 @@ class OperatorMetrics:
 def failure_reason(error: str) -> str:
     """A bounded label for why a pod answer was unusable (tandem.operator.probe's wording)."""
     for needle, reason in (("in time", "timeout"), ("more than", "too_large"), ("Content-Encoding", "compressed"),
-                           ("HTTP ", "http_status"), ("no KV health document", "unreadable"),
+                           ("a redirect", "redirect"), ("HTTP ", "http_status"), ("no KV health document", "unreadable"),
                            ("lack", "unreadable"), ("not Prometheus", "unreadable")):
         if needle in error:
             return reason

@@ -10,9 +10,10 @@ module only does the I/O.
 The operator is shared by every tenant and a pod runs whatever image its InferenceService names, so
 an answer is hostile until read: at most HEALTH_MAX_BYTES or METRICS_MAX_BYTES are read (a larger
 answer is an error, and the rest is never received), a compressed answer is refused rather than
-inflated (a gzip bomb), and metrics pages are parsed in a thread, so the event loop keeps serving
-every other service meanwhile. Which pods are asked is decided by their owner chain
-(tandem.operator.observe), not by labels a pod can copy.
+inflated (a gzip bomb), a redirect is a failure, never followed (it would point the operator at any
+address, and that address's answer would land in the service's status), and metrics pages are
+parsed in a thread, so the event loop keeps serving every other service meanwhile. Which pods are
+asked is decided by their owner chain (tandem.operator.observe), not by labels a pod can copy.
 """
 
 from __future__ import annotations
@@ -75,9 +76,13 @@ async def _read(resp: aiohttp.ClientResponse, url: str, max_bytes: int) -> tuple
 
 async def _get(session: aiohttp.ClientSession, url: str, max_bytes: int,
                limit: aiohttp.ClientTimeout) -> tuple[str | None, str | None]:
-    """(body, None) for a 200, else (None, why): never raises for what a pod answers or does not."""
+    """(body, None) for a 200, else (None, why): never raises for what a pod answers or does not.
+    A redirect is not followed: it would let a pod point the operator at any address it can reach."""
     try:
-        async with session.get(url, headers={"Accept-Encoding": "identity"}, timeout=limit) as resp:
+        async with session.get(url, headers={"Accept-Encoding": "identity"}, timeout=limit,
+                               allow_redirects=False) as resp:
+            if 300 <= resp.status < 400:
+                return None, f"HTTP {resp.status} from {url}: a redirect, which the operator does not follow"
             if resp.status != 200:
                 return None, f"HTTP {resp.status} from {url}"
             return await _read(resp, url, max_bytes)
