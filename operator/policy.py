@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import posixpath
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from tandem.operator.spec import WORKER_ROLES, InferenceServiceSpec
 POLICY_ENV = "TANDEM_POLICY"
 DENIED = "PolicyDenied"  # Ready's reason for a spec the policy refuses
 ANY = "*"
+NAMESPACE = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 ALWAYS = "Always"
 
 
@@ -87,6 +89,9 @@ class Policy:
         default = _rules(doc.get("default") or {}, Rules(), "default")
         namespaces = doc.get("namespaces") or {}
         _object(namespaces, "namespaces", None)
+        for ns in namespaces:
+            if not re.fullmatch(NAMESPACE, ns):
+                raise PolicyError(f"policy namespaces: {ns!r} is not a namespace name")
         return cls(default, tuple(sorted((ns, _rules(entry, default, f"namespaces.{ns}"))
                                          for ns, entry in namespaces.items())))
 
