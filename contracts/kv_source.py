@@ -3,8 +3,14 @@ worker that pulls it, one KVRank per extra tensor-parallel rank of the source.""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+# Per-block digests a KVSource may carry (tandem.worker.kv.verify computes them), by the bits of
+# their values: crc32 (zlib's, over a block's bytes) for a pool in host memory, wsum64 (a
+# position-weighted sum of the block's 32-bit words, mod 2**64) for one on an accelerator.
+DIGEST_ALGORITHMS = {"crc32": 32, "wsum64": 64}
 
 
 @dataclass
@@ -38,13 +44,45 @@ class KVSource:
     # decode worker). A worker of another generation refuses it (400 kv_generation_mismatch): the
     # same tokens through other weights are other KV, and must never reach its cache.
     generation: str = ""
+    # One digest per block of block_ids (same order) of the block's bytes as the source holds them,
+    # taken once it computed them; the puller recomputes them over the blocks it wrote and never
+    # serves KV that differs. Empty (with digest_algorithm ""): not checked.
+    digest_algorithm: str = ""  # a key of DIGEST_ALGORITHMS
+    block_digests: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.ranks = [r if isinstance(r, KVRank) else KVRank(**r) for r in self.ranks]
+        self._check_digests()
+
+    def _check_digests(self) -> None:
+        if not self.digest_algorithm and not self.block_digests:
+            return
+        bits = DIGEST_ALGORITHMS.get(self.digest_algorithm)
+        if bits is None:
+            raise ValueError(f"kv_source.digest_algorithm {self.digest_algorithm!r} is not a known digest "
+                             f"algorithm ({', '.join(DIGEST_ALGORITHMS)})")
+        if len(self.block_digests) != len(self.block_ids):
+            raise ValueError(f"kv_source needs one digest per block: {len(self.block_digests)} digests "
+                             f"for {len(self.block_ids)} blocks")
+        if any(type(v) is not int or not 0 <= v < 1 << bits for v in self.block_digests):
+            raise ValueError(f"kv_source.block_digests must be unsigned {bits}-bit integers "
+                             f"({self.digest_algorithm})")
+
+    @property
+    def has_digests(self) -> bool:
+        return bool(self.block_digests)
 
     @property
     def tensor_parallel(self) -> int:
         return 1 + len(self.ranks)
+
+    def without_leading_blocks(self, k: int, block_size: int) -> KVSource:
+        """The source of all but its first k blocks (a puller whose prefix cache holds them), with
+        their digests."""
+        if k == 0:
+            return self
+        return dataclasses.replace(self, block_ids=self.block_ids[k:], num_tokens=self.num_tokens - k * block_size,
+                                   block_digests=self.block_digests[k:])
 
     def rank(self, i: int) -> KVRank:
         """Rank i's endpoint (rank 0 is the source's own)."""
