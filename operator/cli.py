@@ -72,12 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="before a scale-down, give the pods the planner chose the lowest pod-deletion-cost so the"
         " ReplicaSet removes those; needs `pods: patch` in their namespaces ($TANDEM_MARK_PODS_FOR_REMOVAL=1)",
     )
-    parser.add_argument(
-        "--policy", default=None, metavar="JSON",
-        help="what an InferenceService may ask of a node, per namespace: allowed hostPath prefixes, images,"
-        " ServiceAccounts, hostNetwork, ipcLock, alwaysPullImages (docs/install.md; $TANDEM_POLICY; default:"
-        " none of it, only the operator's own images)",
-    )
+    _add_policy(parser)
     election = parser.add_argument_group("leader election (two or more replicas: one leads, the others stand by)")
     election.add_argument(
         "--leader-election", action="store_true", default=_env_flag("TANDEM_LEADER_ELECTION"),
@@ -97,6 +92,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=int, default=int(os.environ.get("TANDEM_OPERATOR_WORKERS") or 16), metavar="N",
         help="passes over different InferenceServices that may run at once ($TANDEM_OPERATOR_WORKERS, default 16)",
+    )
+
+
+def _add_policy(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--policy", default=None, metavar="JSON",
+        help="what an InferenceService may ask of a node, per namespace: allowed hostPath prefixes, images,"
+        " ServiceAccounts, hostNetwork, ipcLock, alwaysPullImages (docs/install.md; $TANDEM_POLICY; default:"
+        " none of it, only the operator's own images)",
     )
 
 
