@@ -154,10 +154,9 @@ def _allowed(value: str, allowed: tuple[str, ...]) -> bool:
     return any(a == ANY or a == value or (a.endswith("/") and value.startswith(a)) for a in allowed)
 
 
-def _how(namespace: str, key: str, value: str) -> str:
-    return (f"an admin allows it with {value} in `{key}` of the operator's policy for this namespace "
-            f"(Helm values policy.namespaces.{namespace}.{key}, or policy.default.{key} for every namespace; "
-            f"docs/install.md, 'What an InferenceService may ask of a node')")
+def _how(namespace: str, key: str, change: str) -> str:
+    return (f"an admin allows it by {change} in the operator's policy (Helm values policy.namespaces.{namespace}.{key}, "
+            f"or policy.default.{key} for every namespace)")
 
 
 def judge(spec: InferenceServiceSpec, namespace: str, policy: Policy,
@@ -176,13 +175,13 @@ def _paths(spec: InferenceServiceSpec, ns: str, rules: Rules) -> list[Violation]
     if model.host_path is not None and not _under(model.host_path, readable):
         found.append(Violation("model.hostPath", (
             f"model.hostPath {model.host_path!r} mounts a node directory the operator's policy does not allow "
-            f"in namespace {ns} (allowed: {', '.join(readable) or 'none'}); " + _how(ns, "hostPaths", "a prefix"))))
+            f"in namespace {ns} (allowed: {', '.join(readable) or 'none'}); " + _how(ns, "hostPaths", "adding a prefix to hostPaths"))))
     cache = model.cache.host_path if model.cache is not None else None
     if cache is not None and not _under(cache.path, rules.writable_host_paths):
         found.append(Violation("model.cache.hostPath.path", (
             f"model.cache.hostPath.path {cache.path!r} is a node directory the download writes (and creates), "
             f"which the operator's policy does not allow in namespace {ns} (allowed: "
-            f"{', '.join(rules.writable_host_paths) or 'none'}); " + _how(ns, "writableHostPaths", "a prefix"))))
+            f"{', '.join(rules.writable_host_paths) or 'none'}); " + _how(ns, "writableHostPaths", "adding a prefix to writableHostPaths"))))
     return found
 
 
@@ -191,12 +190,12 @@ def _privileges(spec: InferenceServiceSpec, ns: str, rules: Rules) -> list[Viola
     if kv.host_network and not rules.host_network:
         found.append(Violation("kvTransfer.hostNetwork", (
             f"kvTransfer.hostNetwork runs the workers in the node's network namespace, which the operator's "
-            f"policy does not allow in namespace {ns}; " + _how(ns, "hostNetwork", "true"))))
+            f"policy does not allow in namespace {ns}; " + _how(ns, "hostNetwork", "setting hostNetwork: true"))))
     if kv.ipc_lock and not rules.ipc_lock:
         found.append(Violation("kvTransfer.ipcLock", (
             f"kvTransfer.ipcLock runs the workers as root with the IPC_LOCK capability, which the operator's "
             f"policy does not allow in namespace {ns} (most RDMA clusters need it only where the container "
-            "runtime limits locked memory: docs/install.md); " + _how(ns, "ipcLock", "true"))))
+            "runtime limits locked memory: docs/install.md); " + _how(ns, "ipcLock", "setting ipcLock: true"))))
     return found
 
 
@@ -214,7 +213,7 @@ def _images(spec: InferenceServiceSpec, ns: str, rules: Rules, own: tuple[str, .
             found.append(Violation(field, (
                 f"{field} names the repository {repo!r}, which the operator's policy does not allow in namespace "
                 f"{ns} (allowed: {', '.join(own + rules.images) or 'none'}); "
-                + _how(ns, "images", "the repository (or a prefix ending in '/')"))))
+                + _how(ns, "images", "adding the repository (or a prefix ending in '/') to images"))))
         if pull and pull != ALWAYS and rules.always_pull_images:
             found.append(Violation(f"{where}.pullPolicy", (
                 f"{where}.pullPolicy {pull} could start a pod from an image already on the node that this "
@@ -233,10 +232,11 @@ def _accounts(spec: InferenceServiceSpec, ns: str, rules: Rules) -> list[Violati
                 f"{component}.serviceAccountName runs the {component} pods as ServiceAccount {account!r} "
                 f"(with its permissions and cloud identity), which the operator's policy does not allow in "
                 f"namespace {ns} (allowed: {', '.join(rules.service_accounts) or 'none named'}); "
-                + _how(ns, "serviceAccounts", "the name"))))
+                + _how(ns, "serviceAccounts", "adding the name to serviceAccounts"))))
     return found
 
 
 def refusal(violations: list[Violation]) -> str:
     """Ready's message for a refused spec."""
-    return "refused by the operator's policy, nothing applied: " + "; ".join(v.message for v in violations)
+    return ("refused by the operator's policy, nothing applied: " + "; ".join(v.message for v in violations)
+            + " (docs/install.md: What an InferenceService may ask of a node)")
