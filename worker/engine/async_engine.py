@@ -151,7 +151,9 @@ class AsyncEngine:
             out = await self._first_output(stream, rid, queue_s)
             kv = None
             if out.kv_blocks is not None and out.error is None:
-                kv = self.lease_source(rid, out.kv_blocks, seq.num_computed)
+                # The blocks' digests off the loop (worker/kv/verify.py): the lease keeps them as they are.
+                digests = await asyncio.to_thread(self.kv.digests, out.kv_blocks)
+                kv = self.lease_source(rid, out.kv_blocks, seq.num_computed, digests)
                 if kv is None:
                     raise RequestError("the KV lease ended before the prefill result was sent (lease_s too "
                                        "short?): retry", status=503, type_="service_unavailable",
@@ -185,13 +187,15 @@ class AsyncEngine:
             return self.engine.make_sequence(req, prefill_only=prefill_only)
         return await asyncio.to_thread(self.engine.make_sequence, req, prefill_only=prefill_only)
 
-    def lease_source(self, request_id: str, block_ids: list[int], num_tokens: int) -> KVSource | None:
+    def lease_source(self, request_id: str, block_ids: list[int], num_tokens: int,
+                     digests: tuple[str, list[int]] | None = None) -> KVSource | None:
         """Where a peer finds the KV of `num_tokens` tokens leased here in `block_ids`, with the
-        lease's token; None when the lease has ended already (or this worker has no transport)."""
+        lease's token and the blocks' digests (computed here unless given); None when the lease has
+        ended already (or this worker has no transport)."""
         token = self.engine.lease_token(request_id)
         if token is None or self.kv is None:
             return None
-        return self.kv.source(request_id, block_ids, num_tokens, token)
+        return self.kv.source(request_id, block_ids, num_tokens, token, digests)
 
     # ---- ending things, and the transport's LeaseKeeper ----------------------------------------
 

@@ -146,11 +146,13 @@ class Engine:
             out = self._aborted(seq)
         seq.emit(out)
 
-    def fail_pull(self, seq: Sequence, *, keep_blocks: bool = False) -> list[int]:
+    def fail_pull(self, seq: Sequence, *, keep_blocks: bool = False, requeue: bool = False) -> list[int]:
         """PULLING -> FINISHED: the pull failed or was cancelled; its blocks go back to the pool, or,
         with keep_blocks (a READ may still land in them), to the caller, who frees them once it has
-        stopped (free_landed). Its claim stays with the caller (unclaim)."""
+        stopped (free_landed). Its claim stays with the caller (unclaim). With requeue (its KV failed
+        verification) it goes to WAITING instead, to be prefilled here, unless aborted meanwhile."""
         with self.lock:
+            aborted = seq.request_id in self._abort_after_pull
             self._abort_after_pull.discard(seq.request_id)
             self.seqs.pop(seq.request_id, None)
             seq.status = RequestState.FINISHED
@@ -158,6 +160,8 @@ class Engine:
             if keep_blocks:
                 seq.block_table = []
             self.prefix_cache.release(seq)
+            if requeue and not aborted:
+                self.add(seq)  # its claim ends here
             return kept
 
     def free_landed(self, block_ids: list[int]) -> None:

@@ -20,12 +20,16 @@ step with no transfer in its way. The price is blocks held while it waits, which
 limits and which the scheduler takes back (the sequence is then recomputed locally) before it
 would preempt a running stream. Leading blocks this engine's prefix cache already holds are taken
 from it and only the rest is read from the lease (a subset of its blocks).
+
+Every pull is verified (worker/kv/verify.py) once it landed and before the sequence waits for a
+seat: the blocks it wrote must match the digests the source took as it handed them out. KV that
+does not is never served: its blocks are freed unnamed and the prompt is prefilled here instead,
+as a request without KV would be (the stream just starts later).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -38,6 +42,7 @@ from tandem.contracts.kv_source import KVSource
 from tandem.contracts.protocol import GenerateRequest
 from tandem.worker.engine.errors import RequestError
 from tandem.worker.engine.sequence import Sequence
+from tandem.worker.kv.verify import Verdict, algorithm_for, block_digests, verify
 
 if TYPE_CHECKING:
     from tandem.worker.engine.engine import Engine
@@ -56,6 +61,9 @@ class PullReport:
     saved_bytes: int  # leading blocks found in this engine's prefix cache instead of pulled
     pulled_tokens: int
     migrated_from: str | None  # the draining decode worker's URL, or None for a prefill handoff
+    verify: Verdict = Verdict.OFF  # FAILED: the KV was not used, the prompt is prefilled here instead
+    verify_detail: str = ""  # why, unless VERIFIED
+    verify_seconds: float = 0.0
 
 
 @dataclass
@@ -67,13 +75,31 @@ class KVEndpoint:
     engine_id: str
     generation: str = ""
     reserve_wait_s: float = timing.KV_RESERVE_WAIT_S  # a handoff waits this long for blocks to receive its KV
+    verify: bool = True  # digest the blocks handed out, check the blocks pulled (worker/kv/verify.py)
+    on_verdict: Callable[[Verdict, float], None] = lambda verdict, seconds: None  # each pull's, for metrics
 
-    def source(self, request_id: str, block_ids: list[int], num_tokens: int, lease_token: str) -> KVSource:
-        """Where a peer finds the KV of `num_tokens` tokens this worker leased in `block_ids`."""
+    def digests(self, block_ids: list[int]) -> tuple[str, list[int]]:
+        """The digest algorithm and values a KVSource of these blocks carries: none with verification
+        off, or for a tensor-parallel worker (its other ranks hold the rest of each block)."""
+        if not self.verify:
+            return "", []
+        if self.transport.source_ranks():
+            _once("KV this tensor-parallel worker hands out carries no block digests, so pullers cannot "
+                  "verify it: each rank's pool holds only its KV heads (worker/kv/verify.py)")
+            return "", []
+        algorithm = algorithm_for(self.transport.pool)
+        return algorithm, block_digests(self.transport.pool, block_ids, algorithm)
+
+    def source(self, request_id: str, block_ids: list[int], num_tokens: int, lease_token: str,
+               digests: tuple[str, list[int]] | None = None) -> KVSource:
+        """Where a peer finds the KV of `num_tokens` tokens this worker leased in `block_ids`, with
+        their `digests` (computed here when not given)."""
         t = self.transport
+        algorithm, values = self.digests(block_ids) if digests is None else digests
         return KVSource(url=self.url, engine_id=self.engine_id, backend=t.name, block_ids=block_ids,
                         num_tokens=num_tokens, lease_token=lease_token, extra=t.source_extra(),
-                        ranks=t.source_ranks(), generation=self.generation)
+                        ranks=t.source_ranks(), generation=self.generation, digest_algorithm=algorithm,
+                        block_digests=values)
 
 
 def _mismatch(message: str, code: str | None = "kv_mismatch", param: str = "kv_source") -> RequestError:
@@ -122,8 +148,7 @@ async def pull(eng: Engine, endpoint: KVEndpoint, req: GenerateRequest, seq: Seq
         raise RequestError("the KV cache is full: no blocks free to receive the prompt's KV", status=503,
                            type_="service_unavailable", code="kv_cache_full", retry_after_s=RETRY_AFTER_S)
     held = len(res.cached)
-    missing = dataclasses.replace(src, block_ids=src.block_ids[held:],
-                                  num_tokens=src.num_tokens - held * eng.layout.block_size)
+    missing = src.without_leading_blocks(held, eng.layout.block_size)
     t0 = time.monotonic()
     try:
         stats = await endpoint.transport.pull(rid, missing, res.fresh)
@@ -134,14 +159,52 @@ async def pull(eng: Engine, endpoint: KVEndpoint, req: GenerateRequest, seq: Seq
         log.warning("KV pull failed: %s", e, extra={"request_id": rid, "state": str(e.state)})
         raise RequestError(f"KV transfer from {src.url} failed ({e.state}): {e}", status=503,
                            type_="service_unavailable", code="kv_transfer_failed") from e
-    eng.finish_pull(seq)
+    verdict, detail, verify_s = await _verify(eng, endpoint, rid, missing, res.fresh)
+    if verdict is Verdict.FAILED:
+        eng.fail_pull(seq, requeue=True)  # its blocks freed unnamed: nothing may ever read that KV
+        if seq.finished:  # aborted while it was pulled
+            raise RequestError(f"the KV pulled from {src.url} failed verification ({detail}) and the request "
+                               "was aborted meanwhile", status=503, type_="service_unavailable",
+                               code="kv_transfer_failed")
+    else:
+        eng.finish_pull(seq)
     log.debug("KV pulled: %d bytes in %d transfers, %.1f ms", stats.bytes, stats.num_transfers,
               stats.seconds * 1e3, extra={"request_id": rid, "blocks": stats.num_blocks, "cached_blocks": held})
     if req.migrated_from is not None:
         log.info("migrated in: %d KV tokens pulled, %d cached here", missing.num_tokens,
                  src.num_tokens - missing.num_tokens, extra={"request_id": rid, "from": req.migrated_from})
     return PullReport(seconds=time.monotonic() - t0, saved_bytes=held * eng.layout.block_bytes,
-                      pulled_tokens=missing.num_tokens, migrated_from=req.migrated_from)
+                      pulled_tokens=missing.num_tokens, migrated_from=req.migrated_from, verify=verdict,
+                      verify_detail=detail, verify_seconds=verify_s)
+
+
+async def _verify(eng: Engine, endpoint: KVEndpoint, rid: str, src: KVSource,
+                  blocks: list[int]) -> tuple[Verdict, str, float]:
+    """The verdict on the blocks a pull of `src` wrote (worker/kv/verify.py), why unless VERIFIED,
+    and the seconds it took (off the event loop: zlib and torch let go of the GIL)."""
+    if not endpoint.verify:
+        return Verdict.OFF, "", 0.0
+    t0 = time.perf_counter()
+    verdict, detail = await asyncio.to_thread(verify, eng.pool, eng.layout, src, blocks)
+    seconds = time.perf_counter() - t0
+    endpoint.on_verdict(verdict, seconds)
+    if verdict is Verdict.FAILED:
+        log.error("KV pulled from %s failed verification, so it is not used: the prompt is prefilled here "
+                  "instead (%s)", src.url, detail, extra={"request_id": rid})
+    elif verdict is Verdict.SKIPPED:
+        _once(f"KV pulls not verified: {detail}")
+        log.debug("KV pull not verified: %s", detail, extra={"request_id": rid})
+    return verdict, detail, seconds
+
+
+_said: set[str] = set()
+
+
+def _once(message: str) -> None:
+    """A warning the first time it applies in this process (then tandem_kv_transfer_verify_skipped_total counts)."""
+    if message not in _said:
+        _said.add(message)
+        log.warning("%s", message)
 
 
 def _give_back(eng: Engine, seq: Sequence, landing: asyncio.Future | None, blocks_freed: Callable[[], None]) -> None:

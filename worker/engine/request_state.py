@@ -10,6 +10,7 @@ tokenized (off the event loop) and its parameters checked, and it enters WAITING
     (claimed)          PULLING     a handoff: blocks reserved for its KV            Engine.begin_pull
     PULLING            WAITING     its KV is here: it waits for a seat with it      Engine.finish_pull
     PULLING            FINISHED    the pull failed (or it was aborted meanwhile)    Engine.fail_pull
+    PULLING            WAITING     its KV failed verification: prefilled here       Engine.fail_pull(requeue)
     WAITING            RUNNING     seated (a pulled one decodes in that step)       Scheduler.schedule
     RUNNING            WAITING     preempted: blocks freed, recomputed later        Scheduler.schedule
     RUNNING            LEASED      prefill role: first token out, blocks kept       Engine.step

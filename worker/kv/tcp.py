@@ -45,6 +45,7 @@ from tandem.contracts.kv_layout import KVLayout
 from tandem.worker.kv import throttle
 from tandem.worker.kv.base import KVTransferConfig, KVTransferError
 from tandem.worker.kv.byte_ranges import Range, blocks_touched, overlapping
+from tandem.worker.kv.corruption import Corruption
 from tandem.worker.kv.pulling import PullTransport, pool_bytes
 from tandem.worker.kv.tcp_wire import (
     HandshakeError,
@@ -115,6 +116,7 @@ class TcpTransport(PullTransport):
         self.port: int | None = None
         self.serving: set[str] = set()  # request ids whose bytes are being sent now
         self._throttle = throttle.rate_from_env()  # tests only: a transport below the bandwidth floor
+        self._corrupt = Corruption()  # tests only: reads that arrive wrong (the pullers' digests catch them)
 
     async def start(self) -> None:
         if not self.config.serve:
@@ -286,8 +288,9 @@ class TcpTransport(PullTransport):
         async with asyncio.timeout(self.limits.send_s):
             await send_frame(loop, sock, {"ok": True, "bytes": total})
             sent = 0
-            for s, n in ranges:
-                await loop.sock_sendall(sock, self._mem[s:s + n])
+            for i, (s, n) in enumerate(ranges):
+                data = self._mem[s:s + n]
+                await loop.sock_sendall(sock, self._corrupt.garble(data) if i == 0 else data)
                 sent += n
                 await throttle.pace(sent, t0, self._throttle)
         self.serving.discard(rid)

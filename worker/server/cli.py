@@ -79,6 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help=f"prefill: free unpulled KV blocks after this (default {timing.KV_LEASE_S:g})")
     a("--kv-port", type=int, default=None, help="tcp KV backend: the port prefill serves KV on "
       "(default 5601; 0 picks a free one)")
+    a("--kv-verify", action=argparse.BooleanOptionalAction, default=None, help="digest every KV block "
+      "handed out and check every pull against the digests; KV that differs is recomputed, never served "
+      "(default on; off saves the digests' cost, worker/kv/README.md)")
     a("--internal-secret-file", default=None, help="file holding the service's internal secret (a mounted "
       "Secret; default: $TANDEM_INTERNAL_SECRET). Required by /internal/* and the KV port when set")
     a("--internal-secret", action=_RefuseSecretOnArgv, help=argparse.SUPPRESS)

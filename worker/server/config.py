@@ -76,6 +76,7 @@ class WorkerConfig:
     kv_lease_s: float = timing.KV_LEASE_S
     kv_extra: dict[str, Any] = field(default_factory=dict)  # backend options (UCX settings, limits)
     kv_port: int = KV_PORT  # tcp backend: where prefill serves KV (0: any free port)
+    kv_verify: bool = True  # digest each KV block handed out, check each pull against them (worker/kv/verify.py)
     generation: str | None = None  # default $TANDEM_GENERATION
     drain_s: float = 30.0
     # On SIGTERM, hand running sequences to other decode workers (their KV leased here for the

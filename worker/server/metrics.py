@@ -123,6 +123,18 @@ class WorkerMetrics:
             "worker for the sequences migrated here (not recomputed)", registry=self.registry,
         )
 
+        self.kv_verify = {v: Counter(name, doc, registry=self.registry) for v, name, doc in (
+            ("verified", "tandem_kv_transfer_verified", "KV pulls whose every block matched the source's digests"),
+            ("failed", "tandem_kv_transfer_verify_failures", "KV pulls whose block count or a block's digest "
+             "differed from the source's: never served, the prompt prefilled here instead"),
+            ("skipped", "tandem_kv_transfer_verify_skipped", "KV pulls that could not be verified (tensor "
+             "parallelism, or a source without digests: the log says why, once)"))}
+        self.kv_verify_seconds = Histogram(
+            "tandem_kv_transfer_verify_seconds", "Time to digest the blocks one pull wrote and compare them",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+            registry=self.registry,
+        )
+
     def observe_step(self, seconds: float, num_tokens: int) -> None:
         self.step_seconds.observe(seconds)
         self.step_tokens.observe(num_tokens)
@@ -134,3 +146,8 @@ class WorkerMetrics:
         if report.migrated_from is not None:
             self.migrations_in.inc()
             self.migration_pulled_tokens.inc(report.pulled_tokens)
+
+    def observe_verify(self, verdict: Any, seconds: float) -> None:
+        """One pull's verdict (worker/kv/verify.py Verdict, never OFF here) and the time it took."""
+        self.kv_verify[str(verdict)].inc()
+        self.kv_verify_seconds.observe(seconds)

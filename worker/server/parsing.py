@@ -105,6 +105,8 @@ _KV_SOURCE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "generation": (lambda v: isinstance(v, str), "a string"),
     "ranks": (lambda v: isinstance(v, list) and all(map(_kv_rank, v)),
               "a list of objects with a url, an engine_id and an optional extra object"),
+    "digest_algorithm": (lambda v: isinstance(v, str), "a string"),
+    "block_digests": (_ids, "a list of unsigned integers, one per block"),
 }
 _TOP: dict[str, tuple[Callable[[Any], bool], str]] = {
     "prompt": (_opt(lambda v: isinstance(v, str)), "a string"),
@@ -170,7 +172,10 @@ def parse_generate(body: dict[str, Any], request: web.Request) -> GenerateReques
     known = {f.name for f in dataclasses.fields(GenerateRequest)}
     fields = {k: v for k, v in body.items() if k in known} | {"request_id": rid}
     fields["sampling"] = SamplingParams(**sampling)
-    fields["kv_source"] = KVSource(**kv) if kv is not None else None
+    try:  # the KVSource checks what no single field shows (one digest per block)
+        fields["kv_source"] = KVSource(**kv) if kv is not None else None
+    except ValueError as e:
+        raise RequestRefused(400, str(e), "kv_source", "invalid_value", rid) from None
     if fields.get("generated_token_ids") is None:
         fields["generated_token_ids"] = []
     return GenerateRequest(**fields)

@@ -70,7 +70,8 @@ async def start_serving(state: WorkerState, engine: Engine, *, stall_s: float, k
         transport = await group.serving(transport)
     if transport is not None:
         s.kv_backend = transport.name
-        endpoint = KVEndpoint(transport, s.advertise_url, s.engine_id, s.generation, s.reserve_wait_s)
+        endpoint = KVEndpoint(transport, s.advertise_url, s.engine_id, s.generation, s.reserve_wait_s,
+                              verify=s.kv_verify, on_verdict=state.metrics.observe_verify)
     frozen = freeze_startup_heap()
     log.info("froze the start-up heap (%d objects) out of the garbage collector's walks", frozen)
     aeng.start(endpoint)
@@ -102,7 +103,7 @@ class WorkerRuntime:
             role=cfg.role, advertise_url="", engine_id=engine_id, generation=cfg.generation or "",
             kv_backend=str(cfg.kv_backend), served_name=cfg.served_name, reserve_wait_s=cfg.kv_reserve_wait_s,
             prefill_queue_s=cfg.prefill_queue_s, internal_secret=cfg.internal_secret,
-            heartbeat_s=cfg.heartbeat_s))
+            heartbeat_s=cfg.heartbeat_s, kv_verify=cfg.kv_verify))
         self._load_engine = load_engine or _load_engine
         self._advertise_url = advertise_url
         self._runner: web.AppRunner | None = None

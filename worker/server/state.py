@@ -32,6 +32,7 @@ class WorkerSettings:
     # Retry-After: a prefill answers in one piece, and a long silence would look like a hang.
     prefill_queue_s: float = timing.PREFILL_QUEUE_S
     heartbeat_s: float = timing.HEARTBEAT_S  # a generate stream silent this long gets a heartbeat line
+    kv_verify: bool = True  # digest KV handed out, check KV pulled (worker/kv/verify.py)
     # The service's internal secret (tandem.contracts.internal_auth); None: /internal/* is open.
     internal_secret: str | None = field(default=None, repr=False)
 
