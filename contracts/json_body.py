@@ -14,6 +14,12 @@ import math
 from typing import Any
 
 MAX_DEPTH = 32  # the deepest legitimate body (chat content parts) is 5 levels
+# A JSON document inside a request (a schema, a tool call's arguments, in a string or not): deeper
+# than any real one, and shallow enough to fit a worker's body (MAX_DEPTH) wherever it travels on;
+# the deepest place is a tool call's arguments, DOCUMENT_PREFIX_DEPTH levels down
+# (messages[i].tool_calls[j].function.arguments).
+MAX_DOCUMENT_DEPTH = 24
+DOCUMENT_PREFIX_DEPTH = 6
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1  # what a 64-bit seed or id can hold, signed or not
 JSON_TYPE = "application/json"
 
@@ -25,6 +31,10 @@ class BodyError(ValueError):
                  param: str | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.param = status, code, param
+
+
+class NotJSONError(BodyError):
+    """A string that should hold a JSON document holds something else (its caller may keep it as text)."""
 
 
 def check_content_type(header: str | None) -> None:
@@ -95,24 +105,29 @@ def _uniform_numbers(items: list[Any], path: tuple[Any, ...]) -> bool:
     return False
 
 
-def check_value(doc: Any) -> None:
+def check_value(doc: Any, max_depth: int = MAX_DEPTH, what: str = "the body", param: str | None = None) -> None:
     """Depth, integer range, finiteness and valid Unicode everywhere in a parsed body (iteratively:
-    a deep body must not recurse here either)."""
+    a deep body must not recurse here either). `param` names every error (a document's field)."""
     stack: list[tuple[Any, tuple[Any, ...]]] = [(doc, ())]
     while stack:
         value, path = stack.pop()
-        if isinstance(value, dict | list) and len(path) >= MAX_DEPTH:
-            raise BodyError(f"the body is nested more than {MAX_DEPTH} levels deep.", param=_param(path))
-        if isinstance(value, dict):
-            for k, v in value.items():
-                _check_str(k, path)  # a key: located by the object that holds it
-                stack.append((v, (*path, k)))
-        elif isinstance(value, list):
-            if value and _uniform_numbers(value, path):
-                continue
-            stack.extend((v, (*path, i)) for i, v in enumerate(value))
-        else:
-            _check_scalar(value, path)
+        if isinstance(value, dict | list) and len(path) >= max_depth:
+            raise BodyError(f"{what} is nested more than {max_depth} levels deep.", param=param or _param(path))
+        try:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    _check_str(k, path)  # a key: located by the object that holds it
+                    stack.append((v, (*path, k)))
+            elif isinstance(value, list):
+                if value and _uniform_numbers(value, path):
+                    continue
+                stack.extend((v, (*path, i)) for i, v in enumerate(value))
+            else:
+                _check_scalar(value, path)
+        except BodyError as e:
+            if param is None:
+                raise
+            raise BodyError(f"{what}: {e}", code=e.code, param=param) from None
 
 
 def decode_json(raw: bytes, content_type: str | None = None) -> Any:
@@ -135,4 +150,31 @@ def decode_json(raw: bytes, content_type: str | None = None) -> Any:
         raise BodyError("the body holds an integer literal thousands of digits long: integers are 64 bits "
                         "at most.", code="invalid_value") from None
     check_value(doc)
+    return doc
+
+
+def check_document(doc: Any, param: str, what: str | None = None) -> None:
+    """A JSON document the request holds (a JSON schema, a tool's parameters) checked like a body, nested
+    at most MAX_DOCUMENT_DEPTH levels; BodyError naming `param` (and saying `what` it is) otherwise."""
+    check_value(doc, MAX_DOCUMENT_DEPTH, what or f"the JSON in '{param}'", param)
+
+
+def decode_document(text: str, param: str, what: str | None = None) -> Any:
+    """The JSON document in a string of the request (`guided_json`, `structured_outputs.json`, a tool call's
+    `arguments`), read as strictly as a body and nested at most MAX_DOCUMENT_DEPTH levels: every process
+    decodes such strings here, so none of them recurses into a hostile one (a 400 naming `param`, never a
+    RecursionError). NotJSONError (a BodyError) when the text is not JSON at all."""
+    what = what or f"the JSON in '{param}'"
+    try:
+        doc = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise BodyError(f"{what} is nested more than {MAX_DOCUMENT_DEPTH} levels deep.", param=param) from None
+    except json.JSONDecodeError as exc:
+        raise NotJSONError(f"{what} is not valid JSON: {exc}", param=param) from None
+    except BodyError as exc:
+        raise BodyError(f"{what}: {exc}", code=exc.code, param=param) from None
+    except ValueError:  # an integer literal longer than Python converts
+        raise BodyError(f"{what} holds an integer literal thousands of digits long: integers are 64 bits at most.",
+                        code="invalid_value", param=param) from None
+    check_document(doc, param, what)
     return doc

@@ -15,6 +15,8 @@ import json
 import re
 from typing import Any
 
+from tandem.contracts.json_body import BodyError, check_document
+
 KINDS = ("json_schema", "json_object", "regex", "choice", "lark")
 # No whitespace between JSON tokens; separators "," and ":" (what json.dumps(separators=...) writes).
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
@@ -32,6 +34,10 @@ def _json_schema(schema: Any) -> str:
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise StructuredOutputError("the JSON schema must be an object")
+    try:  # the same depth limit as a schema sent as a string (json_body.decode_document)
+        check_document(schema, "json_schema", "the JSON schema")
+    except BodyError as e:
+        raise StructuredOutputError(str(e)) from None
     try:
         return LLMatcher.grammar_from_json_schema(schema, defaults=dict(JSON_OPTIONS))
     except (ValueError, TypeError) as e:

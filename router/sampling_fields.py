@@ -5,10 +5,10 @@ naming its field. Ranges follow OpenAI (penalties in [-2, 2], logit_bias in [-10
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
+from tandem.contracts.json_body import BodyError, decode_document
 from tandem.contracts.sampling import LOGIT_BIAS_RANGE, MAX_TOP_LOGPROBS, SamplingParams
 from tandem.router.errors import bad_request
 from tandem.router.openai_schema import Endpoint
@@ -139,9 +139,9 @@ def _vllm_spec(so: Any, param: str) -> dict[str, Any]:
     value = so[kinds[0]]
     if kinds[0] == "json" and isinstance(value, str):
         try:
-            value = json.loads(value)
-        except ValueError:
-            raise bad_request(f"'{param}.json' must be a JSON schema.", param) from None
+            value = decode_document(value, param, f"the JSON schema in '{param}'")
+        except BodyError as e:
+            raise bad_request(str(e), param, e.code) from None
     return {_VLLM_KINDS[kinds[0]]: value if kinds[0] != "json_object" else True}
 
 

@@ -6,11 +6,11 @@ OpenAI `tool_calls`, streamed as deltas once each call is complete (ToolStream).
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from tandem.contracts.json_body import BodyError, NotJSONError, check_document, decode_document
 from tandem.router.errors import bad_request
 from tandem.router.tool_parsers import PARSERS, ToolCall
 
@@ -47,6 +47,10 @@ def _tool(t: Any, i: int) -> dict[str, Any]:
     params = fn.get("parameters")
     if params is not None and not isinstance(params, dict):
         raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object.", "tools")
+    try:  # the limit every JSON document in a request has (it travels on inside a grammar)
+        check_document(params, "tools", f"tools[{i}].function.parameters")
+    except BodyError as e:
+        raise bad_request(str(e), "tools", e.code) from None
     if fn.get("description") is not None and not isinstance(fn["description"], str):
         raise bad_request(f"tools[{i}].function.description must be a string.", "tools")
     return {"type": "function", "function": {k: v for k, v in fn.items() if k in ("name", "description",
@@ -146,12 +150,16 @@ class ToolStream:
 
 def arguments_as_objects(messages: list[dict[str, Any]]) -> None:
     """Assistant tool_calls' `arguments` (JSON text in OpenAI's API) as objects, which is what chat
-    templates iterate over (vLLM does the same); text that is not JSON stays text."""
-    for m in messages:
-        for c in m.get("tool_calls") or ():
+    templates iterate over (vLLM does the same); text that is not JSON stays text, JSON nested too
+    deep (or holding what no JSON body may) is a 400 naming `messages`."""
+    for i, m in enumerate(messages):
+        for j, c in enumerate(m.get("tool_calls") or ()):
             fn = c.get("function")
             if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
                 try:
-                    fn["arguments"] = json.loads(fn["arguments"])
-                except ValueError:
+                    fn["arguments"] = decode_document(fn["arguments"], "messages",
+                                                      f"messages[{i}].tool_calls[{j}].function.arguments")
+                except NotJSONError:
                     pass
+                except BodyError as e:
+                    raise bad_request(str(e), "messages", e.code) from None
