@@ -3,8 +3,8 @@
 Choice 0 starts alone; the others start once its prompt has been computed (its first event), so
 they find the prompt's KV in the prefix cache of the worker that computed it (the prefix-aware
 policy sends them there) instead of computing it n times. Each choice is a request of its own to
-the workers (id `<request id>-<i>`, its own seed: the client's seed + i, so a seeded request is
-reproducible and its choices differ); their events come back merged, tagged with the choice index.
+the workers (id `<request id>-<i>`, its own seed: the client's seed + i modulo 2**64, so a seeded
+request is reproducible, its choices differ and every seed stays one a worker takes); their events come back merged, tagged with the choice index.
 A consumer that stops early closes every choice, which aborts them on every worker they touched.
 """
 
@@ -15,15 +15,22 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 
+from tandem.contracts.json_body import INT_MAX
 from tandem.router.orchestrator import Event, Orchestrator, RequestContext
 from tandem.router.validation import ParsedRequest
+
+
+def choice_seed(seed: int, i: int) -> int:
+    """Choice i's seed: seed + i, wrapped past the largest 64-bit seed (2**64 - 1 + 1 is 0), as the
+    workers' generators take a seed modulo 2**64 anyway."""
+    return seed + i if seed + i <= INT_MAX else seed + i - 2**64
 
 
 def _choice(parsed: ParsedRequest, i: int) -> ParsedRequest:
     if i == 0:
         return parsed
-    sampling = dataclasses.replace(parsed.sampling, seed=None if parsed.sampling.seed is None
-                                   else parsed.sampling.seed + i)
+    seed = parsed.sampling.seed
+    sampling = dataclasses.replace(parsed.sampling, seed=None if seed is None else choice_seed(seed, i))
     return dataclasses.replace(parsed, sampling=sampling)
 
 
