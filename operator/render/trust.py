@@ -14,8 +14,9 @@ import secrets
 from typing import Any
 
 from tandem.contracts.internal_auth import SECRET_ENV
-from tandem.contracts.names import LABEL_ROLE, LABEL_SERVICE, WORKER_PORT_NAME
+from tandem.contracts.names import LABEL_ROLE, LABEL_SERVICE, RENDEZVOUS_PORT, WORKER_PORT_NAME
 from tandem.operator.config import OperatorConfig
+from tandem.operator.render.group import LWS_NAME_LABEL
 from tandem.operator.render.objects import Manifest, metadata, names
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
 
@@ -51,15 +52,35 @@ def with_secret_uid(uid: str | None, manifests: list[Manifest]) -> list[Manifest
     return manifests
 
 
+# Every port but the rendezvous of a tensor-parallel group spanning nodes (TCP ranges, any UDP/SCTP).
+_ALL_BUT_RENDEZVOUS = [{"protocol": "TCP", "port": 1, "endPort": RENDEZVOUS_PORT - 1},
+                       {"protocol": "TCP", "port": RENDEZVOUS_PORT + 1, "endPort": 65535},
+                       {"protocol": "UDP"}, {"protocol": "SCTP"}]
+
+
+def _worker_rules(name: str, spec: InferenceServiceSpec, workers: dict[str, Any]) -> list[dict[str, Any]]:
+    """The service's own workers on every port (KV moves between them, over the tcp backend's port
+    or UCX's ephemeral ones); with groups spanning nodes, the rendezvous port only from the pods of
+    the role's own LeaderWorkerSet (its groups: the store's values are sealed with the secret too)."""
+    own = {"podSelector": {"matchLabels": {LABEL_SERVICE: name}, "matchExpressions": [workers]}}
+    grouped = [r for r in WORKER_ROLES if spec.role(r).parallelism.spans_nodes]
+    if not grouped:
+        return [{"from": [own]}]
+    rendezvous = [{"protocol": "TCP", "port": RENDEZVOUS_PORT}]
+    return [{"from": [own], "ports": _ALL_BUT_RENDEZVOUS}] + [
+        {"from": [{"podSelector": {"matchLabels": {LABEL_SERVICE: name, LWS_NAME_LABEL: names(name)[r]}}}],
+         "ports": rendezvous} for r in grouped]
+
+
 def network_policy(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig) -> Manifest:
-    """Ingress to the worker pods: the service's own workers on every port (KV moves between them,
-    over the tcp backend's port or UCX's ephemeral ones), its router and the operator on http."""
+    """Ingress to the worker pods: the service's own workers (_worker_rules), its router and the
+    operator on http."""
     name = meta["name"]
     own = {LABEL_SERVICE: name}
     workers = {"key": LABEL_ROLE, "operator": "In", "values": list(WORKER_ROLES)}
     http = [{"protocol": "TCP", "port": WORKER_PORT_NAME}]
     ingress: list[dict[str, Any]] = [
-        {"from": [{"podSelector": {"matchLabels": own, "matchExpressions": [workers]}}]},
+        *_worker_rules(name, spec, workers),
         {"from": [{"podSelector": {"matchLabels": own | {LABEL_ROLE: ROUTER}}}], "ports": http},
     ]
     if config.namespace and config.pod_labels:

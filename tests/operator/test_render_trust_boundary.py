@@ -94,3 +94,20 @@ def test_without_knowing_where_the_operator_runs_no_operator_rule(typed, meta):
     policy = _by(render(meta, typed({"model": {"path": "/m"}}), OperatorConfig()), "NetworkPolicy",
                  "llama-workers")["spec"]
     assert len(policy["ingress"]) == 2
+
+
+def test_the_rendezvous_port_of_a_group_spanning_nodes_admits_only_its_own_leader_worker_set(typed, meta):
+    """Issue 28.1: rank 0's store takes no pickle and checks a seal, and only the pods of the role's own
+    LeaderWorkerSet reach its port; the service's other workers keep every other port."""
+    spec = typed({"model": {"path": "/m"},
+                  "decode": {"gpus": 4, "parallelism": {"tensor": 8, "nodes": 2}}})
+    rules = _by(render(meta, spec, OPERATOR), "NetworkPolicy", "llama-workers")["spec"]["ingress"]
+    workers = rules[0]
+    assert {"protocol": "TCP", "port": 29500} not in workers["ports"]
+    tcp = [(p["port"], p["endPort"]) for p in workers["ports"] if p["protocol"] == "TCP"]
+    assert tcp == [(1, 29499), (29501, 65535)]
+    assert {p["protocol"] for p in workers["ports"]} == {"TCP", "UDP", "SCTP"}
+    assert rules[1] == {"from": [{"podSelector": {"matchLabels": {
+        "tandem.dev/service": "llama", "leaderworkerset.sigs.k8s.io/name": "llama-decode"}}}],
+        "ports": [{"protocol": "TCP", "port": 29500}]}
+    assert rules[2]["from"][0]["podSelector"]["matchLabels"]["tandem.dev/role"] == "router"

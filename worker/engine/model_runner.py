@@ -30,19 +30,23 @@ def build_runner(loaded: Any, pool: torch.Tensor, layout: KVLayout, compile_sett
     log): on rank 0 of a tensor-parallel group, the one that drives the group."""
     if loaded.backend is ModelBackend.TRANSFORMERS:
         runner, why = rank_runner(loaded, pool, layout)
-        group = getattr(loaded, "group", None)
-        if group is None or group.size == 1:
-            return runner, why
-        from tandem.worker.engine.parallel.executor import LeaderRunner
+    else:
+        from tandem.worker.engine.decode_step import prepare_kernels
+        from tandem.worker.engine.paged_forward import PagedForward
+        from tandem.worker.engine.weights import model_weights
 
-        return LeaderRunner(runner, group), why
-    from tandem.worker.engine.decode_step import prepare_kernels
-    from tandem.worker.engine.paged_forward import model_runner
-    from tandem.worker.engine.weights import model_weights
+        weights = model_weights(loaded)
+        kernels, why = prepare_kernels(weights, compile_setting, pool, max_context)
+        runner = PagedForward(weights, pool, layout, kernels)
+    group = getattr(loaded, "group", None)
+    if group is None or group.size == 1:
+        return runner, why
+    from tandem.worker.engine.parallel.executor import LeaderRunner, StepLimits
 
-    weights = model_weights(loaded)
-    kernels, why = prepare_kernels(weights, compile_setting, pool, max_context)
-    return model_runner(weights, pool, layout, kernels), why
+    text = loaded.config.get_text_config() if hasattr(loaded.config, "get_text_config") else loaded.config
+    limits = StepLimits(vocab=text.vocab_size, positions=max_context, blocks=layout.num_blocks,
+                        block_size=layout.block_size)
+    return LeaderRunner(runner, group, limits), why
 
 
 def rank_runner(loaded: Any, pool: torch.Tensor, layout: KVLayout) -> tuple[ModelRunner, str]:

@@ -49,17 +49,6 @@ def kv_layout_for(config, num_blocks: int, block_size: int, dtype: torch.dtype, 
     )
 
 
-def model_runner(weights: ModelWeights, pool: torch.Tensor, layout: KVLayout, kernels: CompiledKernels) -> Any:
-    """The engine's one model runner: this forward pass, or under tensor parallelism rank 0's, which
-    runs the step on every rank of the group (parallel/executor.py)."""
-    runner = PagedForward(weights, pool, layout, kernels)
-    if weights.group.size == 1:
-        return runner
-    from tandem.worker.engine.parallel.executor import LeaderRunner
-
-    return LeaderRunner(runner, weights.group)
-
-
 @dataclass
 class Chunk:
     offset: int  # first row in the flat batch

@@ -11,9 +11,13 @@ Every wait is bounded: a follower waits at most the group's timeout for the next
 close) or hangs past the timeout makes the next collective raise on the others. Then the group is
 broken for good: rank 0's runner reports it (`problem()`, which fails /health) and refuses every
 later step at once, so in-flight sequences end with an error rather than waiting; followers exit.
-A forward pass that raises on rank 0 for another reason (a sequence's own input) is told apart by
-a heartbeat right after it: the group still answers, so the error stays that sequence's
-(engine/batch.py retries the rest of the batch).
+
+A sequence's own bad input must fail that sequence alone, and it can only do so before the step's
+first collective: rank 0 checks every input that depends on a sequence (token ids, positions,
+block ids: `StepLimits.problem`) before it sends the step, and raises StepInputError without
+touching the group (engine/batch.py then finds the sequence). An error once the step has started
+leaves the ranks at different collectives: rank 0 then fails the group at once and closes it, so
+the others fail now rather than at the timeout, and a follower whose own step raises leaves too.
 """
 
 from __future__ import annotations
@@ -30,6 +34,34 @@ from tandem.worker.engine.parallel.group import GroupFailed, ParallelGroup
 log = logging.getLogger("tandem.worker.engine.parallel")
 
 
+class StepInputError(ValueError):
+    """A step's input that no rank could run (out of the vocabulary, the context or the pool)."""
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """What every sequence-dependent input of a step must stay within, on every rank."""
+
+    vocab: int
+    positions: int  # the engine's context length
+    blocks: int  # the pool's blocks (block ids are the group's)
+    block_size: int
+
+    def problem(self, items: list[Any]) -> str | None:
+        """Why one of `items` (paged_forward.BatchItem) cannot run, or None."""
+        for n, it in enumerate(items):
+            ids, table = it.token_ids, it.block_table
+            if not ids or min(ids) < 0 or max(ids) >= self.vocab:
+                return f"item {n}: token ids must be 1 or more, each in [0, {self.vocab})"
+            last = it.start + len(ids) - 1
+            if it.start < 0 or last >= self.positions:
+                return f"item {n}: positions {it.start}..{last} are outside the context of {self.positions}"
+            if last // self.block_size >= len(table) or (table and (min(table) < 0 or max(table) >= self.blocks)):
+                return f"item {n}: its block table does not cover position {last} with blocks of the pool's " \
+                       f"{self.blocks}"
+        return None
+
+
 class Kind(enum.StrEnum):
     STEP = "step"  # run forward(items)
     BEAT = "beat"  # nothing to run: rank 0 is alive, keep waiting
@@ -39,15 +71,32 @@ class Kind(enum.StrEnum):
 @dataclass
 class Message:
     kind: Kind
-    items: list[Any] = field(default_factory=list)
+    items: list[Any] = field(default_factory=list)  # paged_forward.BatchItem
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value,
+                "items": [[i.token_ids, i.start, i.block_table, i.sample] for i in self.items]}
+
+    @classmethod
+    def from_json(cls, value: Any) -> Message:
+        """The message rank 0 sent (its seal already checked); GroupFailed for any other shape."""
+        from tandem.worker.engine.paged_forward import BatchItem
+
+        try:
+            items = [BatchItem(list(ids), int(start), list(table), bool(sample))
+                     for ids, start, table, sample in value["items"]]
+            return cls(Kind(value["kind"]), items)
+        except (KeyError, TypeError, ValueError) as e:
+            raise GroupFailed(f"a step from rank 0 is not a step message: {e}") from e
 
 
 class LeaderRunner:
     """Rank 0's model runner: the step to every rank, then its own shard's forward pass."""
 
-    def __init__(self, local: Any, group: ParallelGroup, beat_s: float = 1.0):
+    def __init__(self, local: Any, group: ParallelGroup, limits: StepLimits, beat_s: float = 1.0):
         self.local = local  # the PagedForward over rank 0's shard
         self.group = group
+        self.limits = limits
         self.ranks: tuple = ()  # the other ranks' endpoints (KVRank), once they serve
         self.beat_s = beat_s
         self._lock = threading.Lock()  # one message at a time, in the same order on every rank
@@ -62,20 +111,23 @@ class LeaderRunner:
         return self._failed
 
     def forward(self, items: list[Any]) -> Any:
+        if (why := self.limits.problem(items)) is not None:
+            raise StepInputError(why)  # before the group hears of the step: it stays this step's
         with self._lock:
             self._send(Message(Kind.STEP, items))
             try:
                 return self.local.forward(items)
-            except Exception as e:
-                self._send(Message(Kind.BEAT))  # the group still answers: the error is this step's own
-                raise e
+            except Exception as e:  # the ranks may now wait at different collectives: fail now
+                self._fail(f"rank 0's step raised after the group started it: {e!r}")
+                self.group.close()  # the others' collectives fail at once instead of at the timeout
+                raise GroupFailed(self._failed) from e
 
     def _send(self, msg: Message) -> None:
         """Under the lock."""
         if self._failed is not None:
             raise GroupFailed(self._failed)
         try:
-            self.group.broadcast_object(msg)
+            self.group.broadcast(msg.to_json())
         except GroupFailed as e:
             self._fail(str(e))
             raise
@@ -105,7 +157,7 @@ class LeaderRunner:
         with self._lock:
             if self._failed is None:
                 try:
-                    self.group.broadcast_object(Message(Kind.STOP))
+                    self.group.broadcast(Message(Kind.STOP).to_json())
                 except GroupFailed:
                     pass
                 self._failed = "the tensor-parallel group was stopped"
@@ -117,7 +169,7 @@ def follow(group: ParallelGroup, runner: Any) -> None:
     Raises GroupFailed when rank 0 (or another rank) is gone or silent past the timeout."""
     steps = 0
     while True:
-        msg = group.broadcast_object()
+        msg = Message.from_json(group.broadcast())
         if msg.kind is Kind.STOP:
             log.info("rank 0 stopped the group after %d steps", steps)
             return
@@ -126,6 +178,7 @@ def follow(group: ParallelGroup, runner: Any) -> None:
                 runner.forward(msg.items)
             except GroupFailed:
                 raise
-            except Exception:  # noqa: BLE001 - rank 0 raised on the same input (it checks the group)
-                log.exception("a step failed on this rank")
+            except Exception as e:  # the ranks may now wait at different collectives: leave now
+                log.exception("a step failed on this rank after %d steps", steps)
+                raise GroupFailed(f"this rank's step raised: {e!r}") from e
             steps += 1

@@ -12,10 +12,8 @@ gone or silent past --tp-timeout-s) ends this process with exit code 1.
 from __future__ import annotations
 
 import logging
-import pickle
 import signal
 import time
-from datetime import timedelta
 from typing import Any
 
 from tandem.worker.engine.heap import freeze_startup_heap
@@ -36,8 +34,9 @@ def rank_device(device: str, local_index: int) -> Any:
 
 def read_agreement(group: Any) -> Any:
     """What rank 0 published (it does before building its own engine)."""
-    group.store.wait(["tandem/agreement/0"], timedelta(seconds=group.spec.startup_s))
-    return pickle.loads(group.store.get("tandem/agreement/0"))
+    from tandem.worker.engine.parallel.agreement import Agreement
+
+    return group.gather_published("agreement", Agreement, ranks=range(1))[0]
 
 
 def load_rank(agreement: Any, group: Any) -> Any:
@@ -87,7 +86,8 @@ def run_follower(cfg: Any) -> int:
     # streams need this rank's KV heads. Rank 0 stops the group, or its loss ends this rank.
     signal.signal(signal.SIGTERM, lambda *_: log.info("rank %d: SIGTERM, leaving when rank 0 stops the group",
                                                       p.rank))
-    spec = GroupSpec(p.size, p.rank, p.leader_host, p.leader_port, timeout_s=cfg.tp_timeout_s)
+    spec = GroupSpec(p.size, p.rank, p.leader_host, p.leader_port, timeout_s=cfg.tp_timeout_s,
+                     secret=cfg.internal_secret)
     device = rank_device(cfg.device, p.rank % p.local_ranks)
     server = None
     group = None

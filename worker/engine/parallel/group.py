@@ -2,8 +2,9 @@
 
 torch.distributed underneath: NCCL for the tensors on CUDA and gloo on a CPU (so every test runs
 here, one thread per rank), plus a gloo group for the small CPU-side messages (the step rank 0
-broadcasts). Rank 0 hosts the rendezvous store (a TCPStore) at the leader address; the ranks also
-publish their endpoints there. Joining waits `startup_s` (ranks load and compile at their own
+broadcasts). Rank 0 hosts the rendezvous store (a TCPStore) listening on the leader address alone;
+the ranks also publish their endpoints there. Everything this module carries between ranks is sealed
+JSON (wire.py), never pickle. Joining waits `startup_s` (ranks load and compile at their own
 pace); every collective afterwards waits `timeout_s` at most, so a rank that hangs fails the
 others instead of holding them forever (a rank that dies fails them at once: its sockets close).
 
@@ -14,14 +15,15 @@ the decode graph as it traces any other op; with one rank they are no-ops.
 from __future__ import annotations
 
 import logging
-import pickle
+import socket
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from tandem.worker.engine.parallel.wire import SealBroken, from_fields, seal, unseal
 
 log = logging.getLogger("tandem.worker.engine.parallel")
 
@@ -43,6 +45,7 @@ class GroupSpec:
     leader_port: int
     timeout_s: float = 60.0  # one collective at most, once serving
     startup_s: float = 900.0  # joining, and every rank's load and compile
+    secret: str | None = field(default=None, repr=False)  # the service's internal secret: seals values
 
     def __post_init__(self) -> None:
         if self.size < 1 or not 0 <= self.rank < self.size:
@@ -114,12 +117,12 @@ class ParallelGroup:
 
     # --- messages (CPU) -------------------------------------------------------------------------
 
-    def broadcast_object(self, obj: Any = None) -> Any:
-        """Rank 0's `obj` on every rank (pickled; the same code runs on every rank). GroupFailed
-        when a rank has died or the wait passes the timeout."""
+    def broadcast(self, value: Any = None) -> Any:
+        """Rank 0's JSON-able `value` on every rank (sealed: wire.py). GroupFailed when a rank has
+        died, the wait passes the timeout, or what arrived is not sealed with the group's secret."""
         try:
             if self.rank == 0:
-                data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+                data = seal(value, self.spec.secret)
                 head = bytearray(_HEADER)
                 head[:_LEN.size] = _LEN.pack(len(data))
                 inline = len(data) <= _HEADER - _LEN.size
@@ -128,33 +131,41 @@ class ParallelGroup:
                 dist.broadcast(torch.frombuffer(head, dtype=torch.uint8), 0, group=self.cpu_group)
                 if not inline:
                     dist.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), 0, group=self.cpu_group)
-                return obj
+                return value
             head_t = torch.empty(_HEADER, dtype=torch.uint8)
             dist.broadcast(head_t, 0, group=self.cpu_group)
             head = head_t.numpy().tobytes()
             (n,) = _LEN.unpack(head[:_LEN.size])
             if n <= _HEADER - _LEN.size:
-                return pickle.loads(head[_LEN.size:_LEN.size + n])
+                return unseal(head[_LEN.size:_LEN.size + n], self.spec.secret, "a step from rank 0")
             body = torch.empty(n, dtype=torch.uint8)
             dist.broadcast(body, 0, group=self.cpu_group)
-            return pickle.loads(body.numpy().tobytes())
-        except RuntimeError as e:  # gloo: a peer reset the connection, or the wait timed out
+            return unseal(body.numpy().tobytes(), self.spec.secret, "a step from rank 0")
+        except (RuntimeError, SealBroken) as e:  # gloo: a peer reset the connection, or the wait timed out
             raise GroupFailed(f"tensor-parallel group: {e}") from e
 
     # --- endpoints and readiness through the store (bounded by startup_s) -----------------------
 
     def publish(self, key: str, value: Any) -> None:
-        self.store.set(f"tandem/{key}/{self.rank}", pickle.dumps(value))
+        """This rank's `value` (a dataclass or JSON-able) under `key`, sealed."""
+        self.store.set(f"tandem/{key}/{self.rank}", seal(value, self.spec.secret))
 
-    def gather_published(self, key: str, ranks: range | None = None, timeout_s: float | None = None) -> list[Any]:
-        """The ranks' (default: every rank's) values for `key`, in rank order, waiting for the slowest."""
-        keys = [f"tandem/{key}/{r}" for r in (range(self.size) if ranks is None else ranks)]
+    def gather_published(self, key: str, cls: type, ranks: range | None = None,
+                         timeout_s: float | None = None) -> list[Any]:
+        """The ranks' (default: every rank's) values for `key` as `cls` dataclasses, in rank order,
+        waiting for the slowest. GroupFailed for a value not sealed with the group's secret."""
+        ranks = range(self.size) if ranks is None else ranks
+        keys = [f"tandem/{key}/{r}" for r in ranks]
         try:
             self.store.wait(keys, timedelta(seconds=timeout_s or self.spec.startup_s))
         except RuntimeError as e:
             raise GroupFailed(f"ranks did not publish {key!r} within {timeout_s or self.spec.startup_s} s: "
                               f"{e}") from e
-        return [pickle.loads(self.store.get(k)) for k in keys]
+        try:
+            return [from_fields(cls, unseal(self.store.get(k), self.spec.secret, f"{key!r} of rank {r}"),
+                                f"{key!r} of rank {r}") for k, r in zip(keys, ranks, strict=True)]
+        except SealBroken as e:
+            raise GroupFailed(f"tensor-parallel rendezvous: {e}") from e
 
     def close(self) -> None:
         if self.size > 1 and dist.is_initialized():
@@ -165,7 +176,32 @@ class ParallelGroup:
 
 
 def make_store(spec: GroupSpec) -> Any:
-    """The rendezvous store: rank 0 listens at the leader address (port 0: a free one, which the
-    store reports as `.port`), the others connect to it, within startup_s."""
-    return dist.TCPStore(spec.leader_host, spec.leader_port, spec.size, is_master=spec.rank == 0,
-                         timeout=timedelta(seconds=spec.startup_s), wait_for_workers=False)
+    """The rendezvous store: rank 0 listens at the leader address and nowhere else (port 0: a free
+    one, which the store reports as `.port`), the others connect to it, within startup_s.
+
+    torch's TCPStore binds every interface by itself, so rank 0 binds the socket here, on the
+    leader host only, and hands the store its descriptor."""
+    timeout = timedelta(seconds=spec.startup_s)
+    if spec.rank != 0:
+        return dist.TCPStore(spec.leader_host, spec.leader_port, spec.size, is_master=False, timeout=timeout,
+                             wait_for_workers=False)
+    listener = bound_listener(spec.leader_host, spec.leader_port)
+    try:
+        return dist.TCPStore(spec.leader_host, listener.getsockname()[1], spec.size, is_master=True,
+                             timeout=timeout, wait_for_workers=False, master_listen_fd=listener.fileno())
+    finally:
+        listener.detach()  # the store owns the descriptor now
+
+
+def bound_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on `host`'s address only (an IPv4 or IPv6 literal, or a name)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock

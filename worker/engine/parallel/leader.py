@@ -55,7 +55,8 @@ class GroupLeader:
             problem = config_problem(json.loads(config_json.read_text()), p.size)
             if problem is not None:
                 raise ParallelismError(f"{self.cfg.model}: {problem}")
-        spec = GroupSpec(p.size, p.rank, p.leader_host, p.leader_port, timeout_s=self.cfg.tp_timeout_s)
+        spec = GroupSpec(p.size, p.rank, p.leader_host, p.leader_port, timeout_s=self.cfg.tp_timeout_s,
+                         secret=self.cfg.internal_secret)
         self._store = make_store(spec)
         self._spec = dataclasses.replace(spec, leader_port=self._store.port)
         self._device = rank_device(self.cfg.device, 0)
@@ -101,7 +102,9 @@ class GroupLeader:
 
     def wait_for_ranks(self) -> list[Any]:
         """Every other rank's endpoint (a KVRank), once it serves; start-up is then over."""
-        endpoints = self.group.gather_published("endpoint", ranks=range(1, self.placement.size))
+        from tandem.contracts.kv_source import KVRank
+
+        endpoints = self.group.gather_published("endpoint", KVRank, ranks=range(1, self.placement.size))
         self.engine.runner.ranks = tuple(endpoints)
         self.group.serving()
         self._starting = False
