@@ -89,8 +89,9 @@ class Router:
         self.config = config
         self.metrics = RouterMetrics()
         self.limits = Limits(
-            max_tokens_limit=config.max_tokens_limit,
-            default_max_tokens=config.default_max_tokens,
+            max_tokens_limit=config.max_tokens_limit, default_max_tokens=config.default_max_tokens,
+            max_request_output_tokens=config.max_request_output_tokens,
+            max_request_logprobs=config.max_request_logprobs,
             max_prompt_tokens=config.max_prompt_tokens,
             max_stop_chars=config.max_stop_chars, tool_call_parser=config.tool_call_parser,
         )
@@ -232,16 +233,17 @@ class Router:
         return counts
 
     async def ready(self, request: web.Request) -> web.Response:
-        """Ready when some path can serve: a decode or colocated worker (prefill is optional)."""
-        counts = self._counts()
-        ok = counts["decode"]["ready"] + counts["colocated"]["ready"] > 0 and not self.draining
+        """Ready when some path can serve: a decode or colocated worker (prefill is optional); /v1/models
+        lists the model by the same rule."""
+        assert self.workers is not None
+        ok = self.workers.can_serve() and not self.draining
         status = "draining" if self.draining else "ready" if ok else "not ready"
-        return web.json_response({"status": status, "workers": counts}, status=200 if ok else 503)
+        return web.json_response({"status": status, "workers": self._counts()}, status=200 if ok else 503)
 
     async def models(self, request: web.Request) -> web.Response:
         self._check_auth(request)
         assert self.workers is not None
-        model = self.workers.model()
+        model = self.workers.listed_model()
         data = [] if model is None else [
             {"id": model, "object": "model", "created": self.created, "owned_by": "tandem"}
         ]
@@ -292,15 +294,15 @@ class Router:
             parsed.prompt_token_ids, parsed.prompt, parsed.messages = ids, None, None
 
     def _default_max_tokens(self, parsed: ParsedRequest) -> None:
-        """A request naming no max_tokens may generate the rest of the context (within the limit and
-        the configured default); without the prompt's tokens, the worker stops at the context."""
+        """A request naming no max_tokens may generate the rest of the context (within the limits: its
+        choices' share, request_budget.py); without the prompt's tokens, the worker stops at the context."""
         if parsed.max_tokens_given or self.limits.default_max_tokens is not None:
             return
         assert self.workers is not None
         context = self.workers.max_model_len()
         if context is not None and parsed.prompt_token_ids is not None:
             rest = max(1, context - len(parsed.prompt_token_ids))
-            parsed.sampling.max_tokens = min(rest, self.limits.max_tokens_limit)
+            parsed.sampling.max_tokens = min(rest, parsed.sampling.max_tokens)  # the limits' default
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, Endpoint.CHAT)

@@ -15,7 +15,7 @@ from tandem.router.policies.registry import POLICIES
 # flag dest -> config field, for flags whose value overrides the config file when given
 _FLAGS = (
     "host", "port", "namespace", "service", "worker_port", "model", "api_key", "max_body_bytes",
-    "max_tokens_limit", "default_max_tokens", "max_prompt_tokens", "short_prompt_threshold", "policy",
+    "max_tokens_limit", "max_request_output_tokens", "max_request_logprobs", "default_max_tokens", "max_prompt_tokens", "short_prompt_threshold", "policy",
     "poll_interval_s", "connect_timeout_s", "chunk_timeout_s", "prefill_timeout_s", "log_format",
     "log_level", "max_stop_chars", "tool_call_parser", "busy_wait_s", "write_timeout_s", "stream_send_buffer_bytes",
     "shutdown_grace_s", "prefill_saturated_tokens", "decode_headroom_sequences", "prefix_sequence_cost_tokens",
@@ -46,7 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body-bytes", type=int, default=None,
                         help=f"largest request body accepted (default {d.max_body_bytes})")
     parser.add_argument("--max-tokens-limit", type=int, default=None,
-                        help=f"most output tokens one request may ask for (default {d.max_tokens_limit})")
+                        help=f"most output tokens one choice may ask for (default {d.max_tokens_limit})")
+    parser.add_argument("--max-request-output-tokens", type=int, default=None,
+                        help="most output tokens of one request, every choice together: n x max_tokens "
+                        f"(default {d.max_request_output_tokens})")
+    parser.add_argument("--max-request-logprobs", type=int, default=None,
+                        help="most log probabilities one answer holds: n x max_tokens x (1 + top_logprobs) "
+                        f"(default {d.max_request_logprobs})")
     parser.add_argument("--default-max-tokens", type=int, default=None,
                         help="output tokens when a request names none (default: the rest of the context, "
                         "within --max-tokens-limit)")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tandem.contracts import timing
+from tandem.contracts import request_limits, timing
 from tandem.contracts.handoff_parity import RECHECK_S
 from tandem.contracts.routing import (
     DECODE_HEADROOM_SEQUENCES,
@@ -39,7 +39,10 @@ class RouterConfig:
     # from $TANDEM_INTERNAL_SECRET only, never from the YAML file or argv.
     internal_secret: str | None = field(default=None, repr=False)
     max_body_bytes: int = 4 * 1024 * 1024
-    max_tokens_limit: int = 4096
+    max_tokens_limit: int = request_limits.MAX_OUTPUT_TOKENS  # max_tokens of one choice
+    # one request's n x max_tokens, and its log probabilities: n x max_tokens x (1 + top_logprobs)
+    max_request_output_tokens: int = request_limits.MAX_REQUEST_OUTPUT_TOKENS
+    max_request_logprobs: int = request_limits.MAX_REQUEST_LOGPROBS
     default_max_tokens: int | None = None  # None: the rest of the context (within max_tokens_limit), as vLLM
     max_prompt_tokens: int | None = None
     max_stop_chars: int = 256  # longest stop string accepted
@@ -117,7 +120,8 @@ def apply(config: RouterConfig, values: dict[str, Any], source: str) -> RouterCo
 
 def _check_routing(c: RouterConfig) -> None:
     for name, least in (("short_prompt_threshold", 0), ("prefill_saturated_tokens", 0),
-                        ("decode_headroom_sequences", 1), ("prefix_sequence_cost_tokens", 0)):
+                        ("decode_headroom_sequences", 1), ("prefix_sequence_cost_tokens", 0),
+                        ("max_request_output_tokens", 1), ("max_request_logprobs", 1)):
         value = getattr(c, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")

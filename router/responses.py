@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 from tandem.contracts.protocol import REQUEST_ID_HEADER
-from tandem.router import tools
+from tandem.router import answer_body, tools
 from tandem.router.errors import RouterError, upstream_failed
 from tandem.router.fan_out import choices
 from tandem.router.metrics import RouterMetrics
@@ -69,7 +69,8 @@ class Responder:
 
     async def complete(self, parsed: ParsedRequest, shape: ResponseShape, ctx: RequestContext,
                        t0: float) -> web.Response:
-        """The non-streaming answer: every choice's tokens collected, then one body."""
+        """The non-streaming answer: every choice's tokens collected, then one body built off the event
+        loop (answer_body.py)."""
         texts: dict[int, list[str]] = {i: [parsed.echo or ""] for i in range(parsed.n)}
         logprobs: dict[int, list[dict]] = {i: [] for i in range(parsed.n)}
         done: dict[int, Finished] = {}
@@ -86,17 +87,9 @@ class Responder:
         if len(done) < parsed.n:
             raise upstream_failed("the workers ended the request without finishing it")
         usage = self._finished(parsed, done, t0, ttft)
-        want_lp = parsed.sampling.logprobs is not None
-        out: list[tuple[str | dict, str, dict | None]] = []
-        for i in range(parsed.n):
-            text: str | dict = "".join(texts[i])
-            reason = done[i].finish_reason
-            if parsed.tools is not None:
-                text, called = tools.message(str(text), parsed.tools)
-                reason = "tool_calls" if called else reason
-            out.append((text, reason, logprobs_body(shape.endpoint, logprobs[i]) if want_lp else None))
-        body = shape.full(out, usage.prompt, usage.completion)
-        return web.json_response(body, headers={REQUEST_ID_HEADER: ctx.request_id})
+        reasons = {i: f.finish_reason for i, f in done.items()}
+        body = await asyncio.to_thread(answer_body.build, parsed, shape, texts, logprobs, reasons, usage)
+        return web.Response(body=body, content_type="application/json", headers={REQUEST_ID_HEADER: ctx.request_id})
 
     def _bound_buffers(self, request: web.Request) -> None:
         """A small kernel send buffer and transport buffer: a stalled reader blocks a write soon."""

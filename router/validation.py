@@ -12,9 +12,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.contracts import request_limits as defaults
 from tandem.contracts.json_body import INT_MAX, INT_MIN
 from tandem.contracts.protocol import MAX_CACHE_SALT_CHARS
 from tandem.contracts.sampling import SamplingParams, top_k_valid
+from tandem.router import request_budget
 from tandem.router.chat_fields import chat_options, echo_text
 from tandem.router.errors import RouterError, bad_request
 from tandem.router.openai_schema import FIELDS, MESSAGE_FIELDS, Endpoint, Support, inert
@@ -34,7 +36,9 @@ MAX_N = 16  # choices one request may ask for (each is a sequence on the workers
 class Limits:
     """What one request may ask for; the operator sets these from the router spec."""
 
-    max_tokens_limit: int = 4096  # the most output tokens one request may ask for
+    max_tokens_limit: int = defaults.MAX_OUTPUT_TOKENS  # the most output tokens one choice may ask for
+    max_request_output_tokens: int = defaults.MAX_REQUEST_OUTPUT_TOKENS  # n x max_tokens (request_budget.py)
+    max_request_logprobs: int = defaults.MAX_REQUEST_LOGPROBS  # n x max_tokens x (1 + top_logprobs)
     # when the client sends none: None is the rest of the context (as vLLM does), within max_tokens_limit
     default_max_tokens: int | None = None
     max_prompt_tokens: int | None = None  # checked once the prompt's tokens are known (router or worker)
@@ -260,8 +264,9 @@ def parse_request(body: Any, endpoint: Endpoint, limits: Limits) -> ParsedReques
     _check_fields(body, endpoint)
     req = ParsedRequest(endpoint=endpoint, model=model, sampling=_parse_sampling(body, endpoint, limits))
     req.n = _parse_n(body.get("n"))
-    req.max_tokens_given = body.get("max_tokens") is not None or (
-        endpoint is Endpoint.CHAT and body.get("max_completion_tokens") is not None)
+    completion_key = endpoint is Endpoint.CHAT and body.get("max_completion_tokens") is not None
+    req.max_tokens_given = body.get("max_tokens") is not None or completion_key
+    request_budget.apply(req, "max_completion_tokens" if completion_key else "max_tokens", limits)
     if endpoint is Endpoint.CHAT:
         if "prompt" in body:
             raise bad_request("chat completions take 'messages', not 'prompt'.", "prompt")

@@ -115,6 +115,15 @@ class WorkerSet:
                 return e.info.model
         return None
 
+    def can_serve(self) -> bool:
+        """A request can be served now: a decode or colocated worker is ready (prefill alone cannot)."""
+        return any(v.ready and v.role is not Role.PREFILL for v in self.views())
+
+    def listed_model(self) -> str | None:
+        """The model /v1/models lists: only once a request for it can be served, so a client that waits
+        for the list is not then answered 503 while the decode workers still load or compile."""
+        return self.model() if self.can_serve() else None
+
     def max_model_len(self) -> int | None:
         """The smallest context length a ready worker reports (what any of them can serve)."""
         lens = [e.info.max_model_len for e in self._entries.values()
