@@ -13,6 +13,7 @@ import yaml
 from tandem.contracts import timing
 from tandem.contracts.handoff_parity import RECHECK_S
 from tandem.contracts.names import KV_PORT, ROUTER_PORT, WORKER_PORT
+from tandem.contracts.request_limits import MAX_OUTPUT_TOKENS
 from tandem.operator.render.objects import Manifest, metadata, names
 from tandem.operator.render.weights import model_arg
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
@@ -92,7 +93,10 @@ def router_config(name: str, namespace: str, spec: InferenceServiceSpec | Mappin
         "decode_headroom_sequences": router.decode_headroom_sequences,
         "prefix_sequence_cost_tokens": router.prefix_sequence_cost_tokens,
         "max_prompt_tokens": no_limit if limits.max_prompt_tokens is None else limits.max_prompt_tokens,
-        "max_tokens_limit": no_limit if limits.max_output_tokens is None else limits.max_output_tokens,
+        "max_tokens_limit": min(no_limit, MAX_OUTPUT_TOKENS) if limits.max_output_tokens is None
+        else limits.max_output_tokens,
+        "max_request_output_tokens": limits.max_request_output_tokens,
+        "max_request_logprobs": limits.max_request_logprobs,
         "max_body_bytes": limits.max_body_bytes,
         "shutdown_grace_s": ROUTER_SHUTDOWN_GRACE_S,
         "parity_recheck_s": RECHECK_S,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tandem.contracts import request_limits
 from tandem.contracts.routing import (
     DECODE_HEADROOM_SEQUENCES,
     PREFILL_SATURATED_TOKENS,
@@ -42,7 +43,15 @@ class RouterLimits:
     max_prompt_tokens: int | None = api_field(
         "maxPromptTokens", minimum=1, description="Longest prompt accepted (default: model.maxModelLen - 1).")
     max_output_tokens: int | None = api_field(
-        "maxOutputTokens", minimum=1, description="Largest max_tokens accepted.")
+        "maxOutputTokens", minimum=1, description=f"Largest max_tokens one choice may ask for (default: "
+        f"{request_limits.MAX_OUTPUT_TOKENS}, or model.maxModelLen - 1 when that is smaller).")
+    max_request_output_tokens: int = api_field(
+        "maxRequestOutputTokens", minimum=1, maximum=16777216, default=request_limits.MAX_REQUEST_OUTPUT_TOKENS,
+        description="Most output tokens one request may ask for, every choice together (n x max_tokens).")
+    max_request_logprobs: int = api_field(
+        "maxRequestLogprobs", minimum=1, maximum=16777216, default=request_limits.MAX_REQUEST_LOGPROBS,
+        description="Most log probabilities one answer may hold (n x max_tokens x (1 + top_logprobs)): a "
+        "non-streamed answer is held whole in the router, about 15 KB per token at top_logprobs 20 while it is built.")
     max_body_bytes: int = api_field(
         "maxBodyBytes", minimum=1024, maximum=1073741824, default=1048576,
         description="Largest request body in bytes.")

@@ -47,6 +47,7 @@ FULL = {
     "router": {"replicas": 1, "service": {"type": "NodePort", "port": 80}, "policy": "least-loaded",
                "shortPromptTokens": 0, "prefillSaturatedTokens": 4096, "decodeHeadroomSequences": 8,
                "prefixSequenceCostTokens": 128, "limits": {"maxPromptTokens": 10, "maxOutputTokens": 10,
+                                                  "maxRequestOutputTokens": 40, "maxRequestLogprobs": 400,
                                                   "maxBodyBytes": 2048},
                "apiKeySecretRef": {"name": "s", "key": "k"}, "cpu": 1, "memory": "1Gi",
                "priorityClassName": "serving", "runtimeClassName": "runc", "imagePullSecrets": [{"name": "r"}],
