@@ -118,7 +118,7 @@ async def _released(prefill, within_s: float = 10.0) -> None:
     raise RuntimeError("the prefill side never released the pulled blocks")
 
 
-async def bench_backend(backend: str, layout, repeats: int, extra: dict) -> dict:
+async def bench_backend(backend: str, layout, repeats: int, extra: dict, prompts: list[int] = PROMPTS) -> dict:
     """Median latency and bandwidth of pulls from a prefill process, per prompt length."""
     from tandem.testing.kv_peer import KVPeer, KVPeerProcess
     from tandem.worker.kv.base import KVTransferConfig
@@ -131,7 +131,7 @@ async def bench_backend(backend: str, layout, repeats: int, extra: dict) -> dict
     await decode.start()
     out: dict = {"idle_cpu_cores_prefill_process": idle_cpu(prefill.proc.pid)}
     try:
-        for n in PROMPTS:
+        for n in prompts:
             times = []
             for r in range(repeats + 1):
                 src = await prefill.prefill(f"{n}-{r}", n, seed=0)
