@@ -33,14 +33,17 @@ def ids(n: int, seed: int) -> list[int]:
 
 
 def counters(w: WorkerProcess) -> dict[str, float]:
-    """KV bytes this worker pulled, and those its prefix cache saved it from pulling."""
-    out = {"pulled": 0.0, "saved": 0.0}
+    """KV bytes this worker pulled, those its prefix cache saved it from pulling, and its pulls'
+    verdicts against the source's block digests (narrowed with the blocks)."""
+    out = {"pulled": 0.0, "saved": 0.0, "verified": 0.0, "verify_failures": 0.0}
     for fam in text_string_to_metric_families(w.get_text("/metrics")):
         for s in fam.samples:
             if s.name == "tandem_kv_transfer_bytes_total" and s.labels.get("direction") == "pull":
                 out["pulled"] += s.value
             elif s.name == "tandem_worker_kv_pull_saved_bytes_total":
                 out["saved"] += s.value
+            elif s.name in ("tandem_kv_transfer_verified_total", "tandem_kv_transfer_verify_failures_total"):
+                out[s.name.removeprefix("tandem_kv_transfer_").removesuffix("_total")] += s.value
     return out
 
 
@@ -107,6 +110,7 @@ async def test_decode_pulls_only_the_blocks_it_lacks(backend: str, toy_model_dir
         assert again == reference_generate(hf, turn2, N)
         c4 = await asyncio.to_thread(counters, dw)
         assert c4["saved"] - c3["saved"] == 10 * bb and c4["pulled"] - c3["pulled"] == 1 * bb
+        assert (c4["verified"], c4["verify_failures"]) == (4, 0), "a narrowed pull must keep its blocks' digests"
     for w in procs:
         await all_blocks_free(w)
 
