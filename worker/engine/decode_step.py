@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 import torch._inductor.config as inductor_config
 import torch.fx.experimental._config as fx_config
-from tandem.worker.engine import layers
+from tandem.worker.engine import compile_cache, layers
 from tandem.worker.engine.attention import paged_decode_attention, sdpa_decode_attention
 from tandem.worker.engine.weights import ModelWeights
 from torch import nn
@@ -84,6 +84,8 @@ def prepare_kernels(weights: ModelWeights, setting: str, pool: torch.Tensor, max
     enabled, why = should_compile(setting, pool.device)
     kernels = kernels_for(weights, enabled, pool.shape[4])
     try:
+        if enabled:
+            compile_cache.sweep()  # what a killed compile left would otherwise be taken as built
         kernels.warm_up(pool, max_context)
     except Exception as e:  # noqa: BLE001 - any compiler failure means the same: run eagerly
         if setting == "on":
@@ -92,7 +94,10 @@ def prepare_kernels(weights: ModelWeights, setting: str, pool: torch.Tensor, max
             raise RuntimeError(f"torch.compile failed on rank {weights.group.rank} ({type(e).__name__}: {e}); "
                                "a tensor-parallel group cannot leave one rank eager: start it with "
                                "--compile off, or fix the compiler") from e
-        log.warning("torch.compile failed (%s: %s); the decode step runs eagerly", type(e).__name__, e)
+        compile_cache.RECORD.failures += 1
+        compile_cache.RECORD.last_failure = f"{type(e).__name__}: {e}"
+        log.warning("torch.compile failed (%s: %s); the decode step runs eagerly, slower (counted in "
+                    "tandem_worker_compile_failures_total; compile: on makes it an error)", type(e).__name__, e)
         kernels = kernels_for(weights, False, pool.shape[4])
         why = "eager (torch.compile failed)"
     return kernels, why

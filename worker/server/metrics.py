@@ -54,6 +54,7 @@ class EngineCollector(Collector):
             out.add_metric([how], s.migrated_out.get(how, 0))
         yield out
         yield from _prefix_cache(eng)
+        yield from _compiles()
         fin = CounterMetricFamily("tandem_worker_requests_finished", "Finished sequences by reason",
                                   labels=["finish_reason"])
         for reason, n in sorted(s.requests_finished.items()):
@@ -151,3 +152,14 @@ class WorkerMetrics:
         """One pull's verdict (worker/kv/verify.py Verdict, never OFF here) and the time it took."""
         self.kv_verify[str(verdict)].inc()
         self.kv_verify_seconds.observe(seconds)
+
+
+def _compiles() -> Iterator[Any]:
+    """The process's compiles (compile_cache.RECORD): an eager fallback is never silent."""
+    from tandem.worker.engine.compile_cache import RECORD
+
+    yield CounterMetricFamily("tandem_worker_compile_failures", "Compiles of the decode step that failed and "
+                              "left it eager (slower); the worker log says why", value=RECORD.failures)
+    yield CounterMetricFamily("tandem_worker_compile_cache_repairs", "Broken object files (left by a compile "
+                              "that did not finish) removed from the inductor cache and built again",
+                              value=RECORD.objects_removed)
