@@ -7,6 +7,12 @@ does: one Lease names the holder, who renews it every few seconds; a candidate t
 free, released, or has not been renewed for leaseDurationSeconds as measured on the candidate's own
 clock (from when it last saw the record change, so clock skew between nodes does not matter); every
 write carries the resourceVersion it read, so of two candidates at once only one wins.
+
+The leader stops leading `renew_deadline_s` after the start of its last successful renewal
+(`leading_until`), whatever its calls to the API server do meanwhile: a standby may take the Lease
+`duration_s` after it saw that renewal, which cannot come before the renewal was sent, so the two
+never lead at once. Every call of a renewal is bounded by the time left (`call_timeout`), and a call
+that fails, however it fails, is a failed renewal (`renewal`), not an exit.
 """
 
 from __future__ import annotations
@@ -99,3 +105,44 @@ def release(record: Record, when: datetime.datetime) -> dict:
     """The spec a leader writes as it stops: no holder, so a candidate takes it at once."""
     return {"holderIdentity": None, "leaseDurationSeconds": 1, "renewTime": micro_time(when),
             "acquireTime": record.acquire_time, "leaseTransitions": record.transitions}
+
+
+class Renewal(enum.StrEnum):
+    """What one renewal attempt of the leader came to."""
+
+    RENEWED = "renewed"  # the Lease is written with a new renewTime: leading until leading_until()
+    FAILED = "failed"  # an error, a timeout, a conflict: try again, until the deadline
+    TAKEN = "taken"  # another candidate holds the Lease now: stop leading at once
+
+
+def renewal(held: bool | None, holder: str | None, me: str) -> Renewal:
+    """`held`: whether the attempt wrote the Lease (None: a call raised, whatever it raised);
+    `holder`: the holder it last read."""
+    if held:
+        return Renewal.RENEWED
+    if held is False and holder not in (None, me):
+        return Renewal.TAKEN
+    return Renewal.FAILED
+
+
+def leading_until(renewed_at: float, config: ElectionConfig) -> float:
+    """When a leader whose last successful renewal was sent at `renewed_at` (its own monotonic
+    clock) stops leading: the renew deadline after it, which leaves duration - deadline for the stop
+    before a standby, timing from when it saw that renewal, may take the Lease."""
+    return renewed_at + config.renew_deadline_s
+
+
+def attempt_until(started: float, renewed_at: float, config: ElectionConfig) -> float:
+    """When a renewal attempt started at `started` must be over: one retry period, never past the
+    deadline."""
+    return min(started + config.retry_s, leading_until(renewed_at, config))
+
+
+MIN_CALL_S = 0.05  # a call with less time than this left is not made: it would only time out
+
+
+def call_timeout(now: float, until: float) -> float | None:
+    """The timeout of one API call made at `now` that must be over by `until`; its connect and its
+    read are each bounded by it, hence half the time left. None: too little time left to call."""
+    left = until - now
+    return left / 2 if left >= 2 * MIN_CALL_S else None

@@ -1,11 +1,24 @@
-"""Leader election's decisions on a Lease (tandem.operator.lease). Pure: the clock is passed in."""
+"""Leader election's decisions on a Lease (tandem.operator.lease). Pure: the clock is passed in.
+What they do against a real API server made slow or unreachable: test_leader_stops_by_its_renew_deadline.py."""
 
 from __future__ import annotations
 
 import datetime
 
 import pytest
-from tandem.operator.lease import ElectionConfig, Record, Verdict, claim, judge, release
+from tandem.operator.lease import (
+    ElectionConfig,
+    Record,
+    Renewal,
+    Verdict,
+    attempt_until,
+    call_timeout,
+    claim,
+    judge,
+    leading_until,
+    release,
+    renewal,
+)
 
 WHEN = datetime.datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=datetime.UTC)
 
@@ -48,3 +61,33 @@ def test_the_timing_must_leave_a_lost_leader_time_to_stop():
     ElectionConfig("ns", duration_s=15, renew_deadline_s=10, retry_s=2)
     with pytest.raises(ValueError, match="retry < renew deadline < lease duration"):
         ElectionConfig("ns", duration_s=10, renew_deadline_s=10, retry_s=2)
+
+
+def test_a_failed_call_of_any_kind_is_a_failed_renewal_and_only_another_holder_ends_it():
+    assert renewal(True, "a", "a") is Renewal.RENEWED
+    assert renewal(None, "a", "a") is Renewal.FAILED, "a call raised (MaxRetryError, a 5xx, a timeout): not an exit"
+    assert renewal(None, "b", "a") is Renewal.FAILED, "what raised says nothing about who holds the Lease"
+    assert renewal(False, "a", "a") is Renewal.FAILED, "a conflict: another write came in between"
+    assert renewal(False, None, "a") is Renewal.FAILED
+    assert renewal(False, "b", "a") is Renewal.TAKEN
+
+
+def test_the_leader_stops_leading_before_a_standby_may_take_the_lease():
+    """The deadline counts from when the last successful renewal was sent; a standby times the Lease's
+    duration from when it saw that write, which is later: with the defaults and a slow API server
+    alike, the two never lead at once."""
+    config = ElectionConfig("ns")
+    for sent, seen in ((100.0, 100.0), (100.0, 100.5), (100.0, 109.9)):
+        stop = leading_until(sent, config)
+        assert stop == sent + 10.0
+        assert judge(Record("a", config.duration_s), "b", changed_at=seen, now=stop) is Verdict.WAIT
+        assert stop < seen + config.duration_s
+
+
+def test_every_call_of_a_renewal_is_bounded_by_the_time_its_attempt_has_left():
+    config = ElectionConfig("ns", duration_s=15, renew_deadline_s=10, retry_s=2)
+    assert attempt_until(started=102.0, renewed_at=100.0, config=config) == 104.0, "one retry period"
+    assert attempt_until(started=109.0, renewed_at=100.0, config=config) == 110.0, "never past the deadline"
+    assert call_timeout(now=102.0, until=104.0) == 1.0, "its connect and its read each get half"
+    assert call_timeout(now=109.95, until=110.0) is None, "no call is made that could only time out"
+    assert call_timeout(now=111.0, until=110.0) is None
