@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from kubernetes import client
-from tandem.operator import apply, children, model_check
+from tandem.operator import apply, children, model_check, policy
 from tandem.operator.autoscaling.planner import Decision
 from tandem.operator.autoscaling.status import (
     ScaleChange,
@@ -110,7 +110,8 @@ def _status(body: dict, spec: InferenceServiceSpec | None, config: OperatorConfi
         spec = model.spec  # a hub model pinned to its commit: the generation the pods carry
     if spec is None:  # what runs came from an earlier spec: keep what status said of it
         url, label = old.get("endpoint"), old.get("generation")
-    elif model is not None and model.blocking:  # nothing of this spec was applied: the pods are older
+    elif (model is not None and model.blocking) or findings.get("apply_reason") == policy.DENIED:
+        # nothing of this spec was applied: the pods are older
         url, label = endpoint(meta["name"], meta["namespace"], spec), old.get("generation")
     else:
         url, label = endpoint(meta["name"], meta["namespace"], spec), generation_hash(spec, config)
@@ -175,7 +176,7 @@ def conclude(api: client.ApiClient, body: dict, config: OperatorConfig, memory: 
         generation = meta.get("generation") if applied else None
         apply_error, apply_reason = (None if spec is None else result.error), result.reason
     else:  # nothing applied: what the last apply found still holds
-        failed = ready.get("reason") in ("ApplyFailed", REFUSED)
+        failed = ready.get("reason") in ("ApplyFailed", REFUSED, policy.DENIED)
         generation, apply_error, apply_reason = None, ready["message"] if failed else None, ready.get("reason")
     status = _status(body, spec, config, generation, obs, decision, model=model, apply_error=apply_error,
                      apply_reason=apply_reason or "ApplyFailed", spec_error=acted.spec_error, kv_probes=kv_probes,
@@ -195,20 +196,26 @@ def _apply_phase(api: client.ApiClient, body: dict, spec: InferenceServiceSpec |
                  config: OperatorConfig, work: Work, changes: list[ScaleChange], applies: bool, memory: Memory,
                  known: dict[str, dict]) -> tuple[apply.ApplyResult, dict | None, model_check.ModelFinding | None]:
     """(what applying did, status.internalSecret, the model's finding). A pass that does not apply
-    carries the model's finding from status (no hub call); a model that cannot be served applies
-    nothing: no pod downloads a model it cannot serve."""
+    carries the model's finding from status (no hub call); a spec the operator's policy refuses
+    (tandem.operator.policy) and a model that cannot be served apply nothing: no pod downloads a
+    model it cannot serve."""
     old = body.get("status") or {}
     if spec is None:
         return apply.ApplyResult(error=spec_error), old.get("internalSecret"), None
     if not applies:
         return apply.ApplyResult(), old.get("internalSecret"), model_check.carried(body, spec)
+    namespace = body["metadata"]["namespace"]
+    violations = policy.judge(spec, namespace, config.policy, config.own_images)
+    if violations:
+        return apply.ApplyResult(error=policy.refusal(violations), reason=policy.DENIED), old.get("internalSecret"), None
     model = model_check.check(api, body, spec, config)
     if model.blocking:
         _model_event(api, body, model)
         return apply.ApplyResult(), old.get("internalSecret"), model
     replicas = render_replicas(spec, planned_status(old, changes))
     scaled = {names(body["metadata"]["name"])[c.role] for c in changes}
-    result, secret = _apply(api, body, model.spec, config, work, replicas, scaled, memory, known)
+    result, secret = _apply(api, body, model.spec, config.for_namespace(namespace), work, replicas, scaled, memory,
+                            known)
     return result, secret, model
 
 
