@@ -35,6 +35,7 @@ from tandem.router.policies.base import PolicySettings, RoutingPolicy
 from tandem.router.policies.registry import policy_class
 from tandem.router.prefix_index import PrefixIndex
 from tandem.router.responses import Responder
+from tandem.router.runtimes.registry import create_client
 from tandem.router.sse import ResponseShape
 from tandem.router.tokenizer import ChatTemplateError
 from tandem.router.tokenizer_sync import OFF, WORKERS, TokenizerSync
@@ -45,7 +46,7 @@ from tandem.router.validation import (
     check_model,
     parse_request,
 )
-from tandem.router.worker_client import HttpWorkerClient, Timeouts
+from tandem.router.worker_client import WorkerClient
 from tandem.router.workers import Target, WorkerSet
 
 log = logging.getLogger("tandem.router")
@@ -117,11 +118,7 @@ class Router:
         from tandem.router.discovery.static import static_targets
 
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-        client = HttpWorkerClient(self.session, Timeouts(
-            connect_s=self.config.connect_timeout_s,
-            prefill_s=self.config.prefill_timeout_s,
-            chunk_s=self.config.chunk_timeout_s,
-        ), secret=self.config.internal_secret)
+        client = create_client(self.session, self.config)  # the configured runtime's (runtimes/)
         if self.config.internal_secret is None:
             log.warning("no internal secret ($TANDEM_INTERNAL_SECRET): workers that require one will "
                         "refuse this router")
@@ -160,7 +157,7 @@ class Router:
                              self.parity.settle(PARITY_START_WAIT_S) if self.parity else asyncio.sleep(0))
         self._poller = asyncio.create_task(self.workers.run())
 
-    def _policy(self, client: HttpWorkerClient) -> RoutingPolicy:
+    def _policy(self, client: WorkerClient) -> RoutingPolicy:
         """The configured policy; one that routes by prefix gets an index the workers' KV events feed."""
         cls, c = policy_class(self.config.policy), self.config
         if cls.uses_prefix_index:

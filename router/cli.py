@@ -11,11 +11,12 @@ import os
 from tandem.contracts.internal_auth import load_secret
 from tandem.router.config import RouterConfig, apply, load_yaml
 from tandem.router.policies.registry import POLICIES
+from tandem.router.runtimes.registry import RUNTIMES
 
 # flag dest -> config field, for flags whose value overrides the config file when given
 _FLAGS = (
     "host", "port", "namespace", "service", "worker_port", "model", "api_key", "max_body_bytes",
-    "max_tokens_limit", "max_request_output_tokens", "max_request_logprobs", "default_max_tokens", "max_prompt_tokens", "short_prompt_threshold", "policy",
+    "max_tokens_limit", "max_request_output_tokens", "max_request_logprobs", "default_max_tokens", "max_prompt_tokens", "short_prompt_threshold", "policy", "runtime",
     "poll_interval_s", "connect_timeout_s", "chunk_timeout_s", "prefill_timeout_s", "log_format",
     "log_level", "max_stop_chars", "tool_call_parser", "busy_wait_s", "write_timeout_s", "stream_send_buffer_bytes",
     "shutdown_grace_s", "prefill_saturated_tokens", "decode_headroom_sequences", "prefix_sequence_cost_tokens",
@@ -76,6 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", default=None,
                         help="'workers' (fetch the served model's tokenizer from a worker), 'off', or a "
                         f"folder with tokenizer.json (default {d.tokenizer})")
+    parser.add_argument("--runtime", choices=sorted(RUNTIMES), default=None,
+                        help=f"the workers' runtime, how the router talks to them (default {d.runtime})")
     parser.add_argument("--policy", choices=sorted(POLICIES), default=None,
                         help=f"how to pick workers (default {d.policy})")
     parser.add_argument("--poll-interval-s", type=float, default=None, help=argparse.SUPPRESS)

@@ -20,7 +20,9 @@ from tandem.contracts.routing import (
     PREFILL_SATURATED_TOKENS,
     PREFIX_SEQUENCE_COST_TOKENS,
 )
+from tandem.contracts.runtimes import DEFAULT_RUNTIME
 from tandem.router.policies.registry import check_policy
+from tandem.router.runtimes.registry import check_runtime
 
 
 @dataclass
@@ -34,6 +36,7 @@ class RouterConfig:
     service: str | None = None
     worker_port: int = 8000  # workers' HTTP port when the pod spec names none ("http")
     model: str | None = None  # served model name; None: as the workers report it
+    runtime: str = DEFAULT_RUNTIME.value  # whose workers: a name in runtimes/registry.py (how the router reaches them)
     api_key: str | None = None
     # The service's internal secret for the workers' /internal/* (tandem.contracts.internal_auth):
     # from $TANDEM_INTERNAL_SECRET only, never from the YAML file or argv.
@@ -111,6 +114,7 @@ def apply(config: RouterConfig, values: dict[str, Any], source: str) -> RouterCo
         raise ValueError(f"{source}: unknown router settings {unknown}; known: {sorted(known)}")
     out = dataclasses.replace(config, **values)
     try:
+        check_runtime(out.runtime)
         check_policy(out.policy)
         _check_routing(out)
     except ValueError as e:

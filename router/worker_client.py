@@ -1,8 +1,9 @@
 """The router's calls to workers, and what their failures mean for the request.
 
-The request driver (orchestrator.py) and the worker set (workers.py) talk to workers only through
-`WorkerClient`; `HttpWorkerClient` is the real one (aiohttp, the internal protocol of
-tandem.contracts.protocol), tests use an in-process fake. A call that fails raises one of two:
+The request driver (orchestrator.py), the worker set (workers.py), the tokenizer sync, the KV event
+feed and the parity probe talk to workers only through `WorkerClient`, one per runtime
+(runtimes/registry.py); `HttpWorkerClient` is the `tandem` runtime's (aiohttp, the internal protocol
+of tandem.contracts.protocol), tests use an in-process fake. A call that fails raises one of two:
 - `RouterError`: the client's fault (a 4xx about its own request): passed to it unchanged;
 - `WorkerFailed`: the worker's (unreachable, a 5xx, a broken stream, or a 4xx about what the
   router itself sent: a KV handoff refused, a worker of the wrong role): the request goes to
@@ -15,8 +16,8 @@ Failure messages are the client's own (`describe`): never an aiohttp exception's
 carries the request's headers and so the service secret, and never chained to one; whatever a
 worker sends back (a body, a line) has the secret scrubbed before it reaches a message, the log
 or the client. Redirects are never followed (they would carry the secret elsewhere).
-`HttpWorkerClient` also fetches a worker's tokenizer (tokenizer_sync.py) and follows its KV events
-(kv_feed.py); those have their own narrow protocols there.
+The tokenizer sync and the KV event feed declare the narrow part of `WorkerClient` they use
+(`TokenizerClient`, `KVEventClient`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import aiohttp
 from tandem.contracts import timing
 from tandem.contracts.internal_auth import auth_headers
 from tandem.contracts.kv_events import KVEventMessage
+from tandem.contracts.names import Role
 from tandem.contracts.protocol import (
     NDJSON,
     REQUEST_ID_HEADER,
@@ -118,23 +120,66 @@ def classify(status: int, body: object, what: str, retry_after_header: str | Non
 
 
 class WorkerClient(Protocol):
-    """Everything the router asks of a worker."""
+    """Everything the router asks of a worker, whatever its runtime: the seam a runtime plugs into
+    (runtimes/registry.py picks one per `RouterConfig.runtime`; docs/request-lifecycle.md shows where
+    each call happens). Every method takes the worker's base URL (discovery's `Target.url`) and
+    speaks in tandem.contracts types; a runtime whose servers speak another protocol translates in
+    its client. What each method must give, and what a vLLM client (issue 29) would map onto it, is
+    said per method. Failures: `RouterError` (the client's fault, passed through), `WorkerBusy`
+    (alive and full: tried elsewhere or later), `WorkerFailed` (anything else; `dead` when the
+    worker is unreachable or cut off)."""
 
-    async def info(self, url: str) -> WorkerInfo:
-        """GET /internal/info; raises WorkerFailed."""
+    async def info(self, url: str, role: Role | None = None) -> WorkerInfo:
+        """The worker's identity and load, polled every `poll_interval_s` (workers.py): role, served
+        model, max_model_len, engine_id (new on a restart), generation, ready, running, waiting,
+        kv_usage (0..1), outstanding_prompt_tokens, tokenizer_sha256, dtype. `role` is the one
+        discovery knows (a pod label, a --prefill/--decode flag), for a runtime whose server cannot
+        say its own. Raises WorkerFailed. Tandem: GET /internal/info. vLLM: `vllm:num_requests_running`,
+        `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (and `vllm:cache_config_info`'s
+        dtype) from GET /metrics, model and max_model_len from GET /v1/models, ready from GET
+        /health, engine_id from `process_start_time_seconds`, the role as given."""
         ...
 
     async def prefill(self, url: str, request: GenerateRequest) -> PrefillResult:
-        """POST /internal/prefill; raises RouterError or WorkerFailed."""
+        """Compute the prompt's KV and its first token, and keep the KV for a decode worker to pull:
+        `PrefillResult.kv` says where (a KVSource), or None when the first token ends the request.
+        Raises RouterError or WorkerFailed. Tandem: POST /internal/prefill. vLLM: POST
+        /v1/completions with max_tokens 1 and `kv_transfer_params: {"do_remote_decode": true}`; the
+        answer's `kv_transfer_params` ride in `KVSource.extra["kv_transfer_params"]` (`remote_block_ids`
+        as block_ids, `remote_engine_id` as engine_id, backend "nixl", lease_token "": vLLM frees
+        the blocks once read or after its own timeout)."""
         ...
 
     def generate(self, url: str, request: GenerateRequest) -> AsyncGenerator[StreamEvent, None]:
-        """POST /internal/generate: its NDJSON events as they come; raises RouterError or WorkerFailed."""
+        """Decode (or prefill and decode): StreamEvents as they come, START first, then TOKEN (token
+        ids, text delta, logprobs), HEARTBEAT while queued, and FINISH (usage), ERROR or MIGRATE last.
+        `request.kv_source` set: pull that KV first; `generated_token_ids` / `emitted_chars`: tokens
+        and text the client already has, never streamed again. Raises RouterError or WorkerFailed.
+        Tandem: POST /internal/generate (NDJSON). vLLM: POST /v1/completions, streamed, with the
+        prefill's `kv_transfer_params` (from `kv_source.extra`) and the real max_tokens, its SSE
+        chunks turned into StreamEvents (no MIGRATE or HEARTBEAT: vLLM sends neither)."""
         ...
 
     async def abort(self, url: str, request_id: str, lease_token: str | None = None) -> None:
-        """POST /internal/abort (with the lease token of a prefill result there, which a leased
-        request needs); best effort, never raises."""
+        """Stop the request there and free what it holds (with the lease token of a prefill result
+        there, which a leased request needs); best effort, never raises. Tandem: POST
+        /internal/abort. vLLM: nothing to send (closing the stream aborts it; leased prefill blocks
+        expire), so a no-op."""
+        ...
+
+    async def tokenizer(self, url: str) -> TokenizerFiles:
+        """The served model's tokenizer files and chat template (tokenizer_sync.py), their digest as
+        `info` reports it; raises WorkerFailed (never dead). Tandem: GET /internal/tokenizer. vLLM:
+        no such endpoint: raise WorkerFailed (the router sends text and vLLM tokenizes) or use
+        `--tokenizer DIR`."""
+        ...
+
+    def kv_events(self, url: str) -> AsyncGenerator[KVEventMessage, None]:
+        """The worker's prefix-cache blocks (kv_feed.py, for the prefix-aware policy only): a
+        SNAPSHOT first, then numbered UPDATEs; raises WorkerFailed. Tandem: GET /internal/kv/events.
+        vLLM: its ZMQ publisher (`--kv-events-config`), an empty SNAPSHOT then `BlockStored` /
+        `BlockRemoved` / `AllBlocksCleared` as UPDATEs, hashed from their token ids with
+        tandem.contracts.prefix so they match the router's."""
         ...
 
 
@@ -190,7 +235,7 @@ class HttpWorkerClient:
             raise ValueError(f"expected a JSON object, got {type(body).__name__}")
         return body
 
-    async def info(self, url: str) -> WorkerInfo:
+    async def info(self, url: str, role: Role | None = None) -> WorkerInfo:
         what = f"/internal/info on {url}"
         try:
             timeout = aiohttp.ClientTimeout(total=self.timeouts.info_s)

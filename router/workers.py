@@ -182,7 +182,7 @@ class WorkerSet:
         e.polls += 1
         poll = e.polls
         try:
-            info = await self.client.info(url)
+            info = await self.client.info(url, e.target.role)
         except WorkerFailed as exc:
             if e.info is not None or not e.failed:
                 log.warning("worker %s unreachable: %s", url, exc)

@@ -115,7 +115,7 @@ class FakeWorkers:
     def made(self, kind: str) -> list[Call]:
         return [c for c in self.calls if c.kind == kind]
 
-    async def info(self, url: str) -> WorkerInfo:
+    async def info(self, url: str, role: Role | None = None) -> WorkerInfo:
         if url not in self.infos:
             raise died(f"{url} is not a scripted worker")
         return self.infos[url]

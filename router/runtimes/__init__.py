@@ -1,0 +1,1 @@
+"""How the router reaches a runtime's workers: one worker client per runtime (`registry.py`)."""

@@ -1,0 +1,45 @@
+"""Chooses the worker client of the configured runtime by name and imports it only then (the shape
+of vLLM's kv_connector factory and of policies/registry.py): a name maps to "module:factory", and a
+factory takes the router's HTTP session and configuration and returns a `WorkerClient`
+(worker_client.py, where each method says what a runtime must provide). `RouterConfig.runtime` is
+checked against these names when the config loads. A new runtime is one module with a factory and
+one line here; nothing else in the router changes (docs/request-lifecycle.md)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Protocol
+
+from tandem.contracts.runtimes import Runtime
+
+if TYPE_CHECKING:
+    import aiohttp
+    from tandem.router.config import RouterConfig
+    from tandem.router.worker_client import WorkerClient
+
+
+class ClientFactory(Protocol):
+    def __call__(self, session: aiohttp.ClientSession, config: RouterConfig) -> WorkerClient: ...
+
+
+# Every name in tandem.contracts.runtimes.Runtime.
+RUNTIMES: dict[str, str] = {
+    Runtime.TANDEM: "tandem.router.runtimes.tandem:create_client",
+}
+
+
+def check_runtime(name: str) -> None:
+    """Raise ValueError naming the known runtimes when `name` is not one of them."""
+    if name not in RUNTIMES:
+        raise ValueError(f"unknown runtime {name!r}; known: {sorted(map(str, RUNTIMES))}")
+
+
+def client_factory(name: str) -> ClientFactory:
+    check_runtime(name)
+    module_name, factory = RUNTIMES[name].split(":")
+    return getattr(importlib.import_module(module_name), factory)
+
+
+def create_client(session: aiohttp.ClientSession, config: RouterConfig) -> WorkerClient:
+    """The worker client of `config.runtime`, sharing `session`."""
+    return client_factory(config.runtime)(session, config)
