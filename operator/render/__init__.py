@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tandem.contracts.runtimes import DEFAULT_RUNTIME
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render.config_files import (
     config_files,
@@ -57,15 +58,18 @@ __all__ = [
 
 
 def render(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig,
-           replicas: Mapping[str, int | None] | None = None, secret_uid: str | None = None) -> list[Manifest]:
+           replicas: Mapping[str, int | None] | None = None, secret_uid: str | None = None,
+           runtime: str = DEFAULT_RUNTIME) -> list[Manifest]:
     """Every child of one InferenceService, in apply order (config and RBAC before pods).
 
     `replicas` overrides a worker role's spec.<role>.replicas: the planner's count for an autoscaled
     role, or None to leave the field out (External mode: an HPA or KEDA owns it). `secret_uid` is the
     internal Secret's uid, annotated on every pod template: a Secret created again rolls the pods.
+    `runtime` names the worker roles' renderer (runtimes/registry.py; issue 29 takes it from
+    spec.runtime): their config files and containers.
     """
     counts = {role: spec.role(role).replicas for role in WORKER_ROLES} | dict(replicas or {})
-    files = config_files(meta["name"], meta["namespace"], spec)
+    files = config_files(meta["name"], meta["namespace"], spec, runtime)
     # Each pod template carries the hash of its own file: a change rolls that component only.
     hashes = {key: short_hash(text, 16) for key, text in files.items()}
     policy = [network_policy(meta, spec, config)] if spec.network_policy.enabled else []
@@ -77,7 +81,7 @@ def render(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig,
         router_service(meta, spec),
         *policy,
         *(disruption_budget(meta, c, budget) for c, budget in _budgets(spec) if budget.enabled),
-        *(worker_workload(meta, spec, role, config, hashes[f"{role}.yaml"], counts[role])
+        *(worker_workload(meta, spec, role, config, hashes[f"{role}.yaml"], counts[role], runtime)
           for role in WORKER_ROLES),
         router_deployment(meta, spec, config, hashes[f"{ROUTER}.yaml"]),
     ])
@@ -89,12 +93,12 @@ def _budgets(spec: InferenceServiceSpec) -> list[tuple[str, Any]]:
 
 
 def worker_workload(meta: dict, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
-                    config_hash: str, replicas: int | None) -> Manifest:
+                    config_hash: str, replicas: int | None, runtime: str = DEFAULT_RUNTIME) -> Manifest:
     """A role's Deployment, or its LeaderWorkerSet when one worker's group spans nodes."""
     if not spec.role(role).parallelism.spans_nodes:
-        return worker_deployment(meta, spec, role, config, config_hash, replicas)
-    pod = worker_pod_spec(meta["name"], spec, role, config, generation_hash(spec, config))
-    return worker_group(meta, spec, role, config, config_hash, replicas, pod)
+        return worker_deployment(meta, spec, role, config, config_hash, replicas, runtime)
+    pod = worker_pod_spec(meta["name"], spec, role, config, generation_hash(spec, config), runtime)
+    return worker_group(meta, spec, role, config, config_hash, replicas, pod, runtime)
 
 
 def stale_workloads(meta: dict, spec: InferenceServiceSpec) -> list[Manifest]:

@@ -14,7 +14,9 @@ from tandem.contracts import timing
 from tandem.contracts.handoff_parity import RECHECK_S
 from tandem.contracts.names import KV_PORT, ROUTER_PORT, WORKER_PORT
 from tandem.contracts.request_limits import MAX_OUTPUT_TOKENS
+from tandem.contracts.runtimes import DEFAULT_RUNTIME
 from tandem.operator.render.objects import Manifest, metadata, names
+from tandem.operator.render.runtimes.registry import role_renderer
 from tandem.operator.render.weights import model_arg
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
 from tandem.operator.spec.inference_service import EXIT_MARGIN_S
@@ -31,7 +33,8 @@ def drain_times(spec: InferenceServiceSpec, role: str) -> dict[str, int]:
 
 
 def worker_config(name: str, role: str, spec: InferenceServiceSpec) -> dict[str, Any]:
-    """The worker's --config file: YAML keys mirror `tandem worker` flags (underscores)."""
+    """The `tandem` runtime's worker --config file: YAML keys mirror `tandem worker` flags
+    (underscores)."""
     model, engine, kv = spec.model, spec.role(role).engine, spec.kv_transfer
     cfg: dict[str, Any] = {
         "role": role,
@@ -108,9 +111,11 @@ def _dump(cfg: dict) -> str:
     return yaml.safe_dump(cfg, sort_keys=True)
 
 
-def config_files(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, str]:
-    """ConfigMap data: `<component>.yaml` per component."""
-    files = {f"{role}.yaml": _dump(worker_config(name, role, spec)) for role in WORKER_ROLES}
+def config_files(name: str, namespace: str, spec: InferenceServiceSpec,
+                 runtime: str = DEFAULT_RUNTIME) -> dict[str, str]:
+    """ConfigMap data: `<component>.yaml` per component, a worker role's from its runtime's renderer."""
+    renderer = role_renderer(runtime)
+    files = {f"{role}.yaml": _dump(renderer.config_file(name, role, spec)) for role in WORKER_ROLES}
     return files | {f"{ROUTER}.yaml": _dump(router_config(name, namespace, spec))}
 
 

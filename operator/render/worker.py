@@ -19,6 +19,7 @@ from tandem.contracts.names import (
     KVBackend,
     Role,
 )
+from tandem.contracts.runtimes import DEFAULT_RUNTIME
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render.identity import generation_hash, image_ref
 from tandem.operator.render.objects import (
@@ -34,6 +35,7 @@ from tandem.operator.render.objects import (
     selector_labels,
     service,
 )
+from tandem.operator.render.runtimes.registry import role_renderer
 from tandem.operator.render.trust import internal_secret_env
 from tandem.operator.render.weights import weights_pod_parts
 from tandem.operator.spec import (
@@ -48,7 +50,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 
 def worker_deployment(meta: dict, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
-                      config_hash: str, replicas: int | None) -> Manifest:
+                      config_hash: str, replicas: int | None, runtime: str = DEFAULT_RUNTIME) -> Manifest:
     """The prefill or decode Deployment: never below the desired capacity during a rollout.
     `replicas` None leaves the field out (an external autoscaler owns it)."""
     generation = generation_hash(spec, config)
@@ -58,7 +60,7 @@ def worker_deployment(meta: dict, spec: InferenceServiceSpec, role: str, config:
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
         "progressDeadlineSeconds": 3600,
     }
-    pod = worker_pod_spec(meta["name"], spec, role, config, generation)
+    pod = worker_pod_spec(meta["name"], spec, role, config, generation, runtime)
     return deployment(meta, role, replicas, pod_labels, config_hash, pod, rollout)
 
 
@@ -75,14 +77,15 @@ def worker_service(meta: dict, spec: InferenceServiceSpec, role: str) -> Manifes
 
 
 def worker_pod_spec(name: str, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
-                    generation: str) -> dict[str, Any]:
+                    generation: str, runtime: str = DEFAULT_RUNTIME) -> dict[str, Any]:
+    """A worker pod: its container is the runtime's (runtimes/), the rest every runtime's."""
     role_spec = spec.role(role)
     model_volumes, model_mounts, init_containers = weights_pod_parts(name, spec, config)
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,  # workers never talk to the API server
         "terminationGracePeriodSeconds": role_spec.termination_grace_period_seconds,
         **({"initContainers": init_containers} if init_containers else {}),
-        "containers": [worker_container(name, spec, role, config, generation, model_mounts)],
+        "containers": [role_renderer(runtime).container(name, spec, role, config, generation, model_mounts)],
         "volumes": [
             config_volume(name, f"{role}.yaml"),
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": role_spec.shm_size}},
