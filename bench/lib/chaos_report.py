@@ -12,6 +12,9 @@ from bench.lib.tables import markers, md_table, replace_section
 
 BEGIN, END = markers("chaos", "python -m bench chaos")
 HEADING = "## Chaos soak (issue 21)"
+# `--tp 2`: every worker a tensor-parallel group; its own section, so the plain soak's table stays.
+TP_BEGIN, TP_END = markers("chaos-tp", "python -m bench chaos --tp 2")
+TP_HEADING = "### Chaos soak with tensor-parallel groups (issue 28)"
 
 
 def _outcomes(r: dict[str, Any]) -> list[str]:
@@ -28,7 +31,8 @@ def _outcomes(r: dict[str, Any]) -> list[str]:
 
 
 def _kills(r: dict[str, Any]) -> list[str]:
-    by = Counter((e["process"].rsplit("-", 1)[0], e["signal"]) for e in r["events"])
+    by = Counter((e["process"].rsplit("-", 1)[0] + (f" {e['rank']}" if e.get("rank") else ""), e["signal"])
+                 for e in r["events"])
     back = [e["back_after_s"] for e in r["events"] if "back_after_s" in e]
     failed = [e for e in r["events"] if "restart_error" in e]
     line = (f"{len(r['events'])} kills: " + ", ".join(f"{role} {sig} {n}" for (role, sig), n in sorted(by.items()))
@@ -90,5 +94,6 @@ def results_markdown(r: dict[str, Any], run_id: str, command: str) -> str:
 
 def publish(r: dict[str, Any], run_id: str, command: str, markdown: Path) -> Path:
     doc = markdown.read_text() if markdown.exists() else "# Benchmarks\n"
-    markdown.write_text(replace_section(doc, results_markdown(r, run_id, command), BEGIN, END, HEADING))
+    where = (TP_BEGIN, TP_END, TP_HEADING) if r["settings"].get("tp", 1) > 1 else (BEGIN, END, HEADING)
+    markdown.write_text(replace_section(doc, results_markdown(r, run_id, command), *where))
     return markdown

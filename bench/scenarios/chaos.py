@@ -14,6 +14,10 @@ blocks held and leases left on every worker (/internal/info, target 0), requests
 routers, and each process's open file descriptors and RSS at the start and at the end. --spare
 keeps processes out of the kills (e.g. decode-0 while prefill workers churn): their fds, RSS and
 KV peers are sampled every --watch-s through the soak, growth within one process.
+
+--tp 2 makes every worker a tensor-parallel group of two ranks (rank 0 starts rank 1), and a kill
+may then land on a follower rank: the group fails, rank 0's /health says so, and the soak then does
+what a kubelet's liveness probe does (SIGTERM rank 0, SIGKILL past the grace, start it again).
 """
 
 from __future__ import annotations
@@ -99,8 +103,37 @@ class Soak:
             if rec.error and not rec.timed_out:
                 await asyncio.sleep(0.2)  # a client backs off a little before it retries
 
+    async def kill_follower(self, p: BenchProcess, sig: str, event: dict) -> None:
+        """Signal p's rank 1, wait for it to exit and for rank 0's /health to fail (the group is
+        broken); then rank 0 is restarted as a kubelet would after its liveness probe failed."""
+        rank = follower_of(p)
+        if rank is None:
+            event["restart_error"] = "no follower rank found"
+            return
+        rank.send_signal(SIGNALS[sig])
+        if not await exited(rank, self.args.term_grace_s):  # a follower waits for rank 0 on SIGTERM
+            rank.kill()
+            await exited(rank, 10.0)
+        event["rank_down_s"] = self.now() - event["t_s"]
+        async with aiohttp.ClientSession() as s:
+            deadline = time.monotonic() + self.args.read_timeout_s
+            while time.monotonic() < deadline:
+                try:
+                    async with s.get(f"{p.url}/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                        if r.status != 200:
+                            event["leader_unhealthy_after_s"] = self.now() - event["t_s"]
+                            break
+                except (aiohttp.ClientError, TimeoutError):
+                    event["leader_unhealthy_after_s"] = self.now() - event["t_s"]
+                    break
+                await asyncio.sleep(0.5)
+
     async def restart(self, p: BenchProcess, sig: str, event: dict) -> None:
-        """Signal p, wait for it to exit (SIGKILL its group past the grace), start it again, wait ready."""
+        """Signal p, wait for it to exit (SIGKILL its group past the grace), start it again, wait ready.
+        With event["rank"], the signal goes to p's follower rank, and p is then stopped by SIGTERM."""
+        if event.get("rank"):
+            await self.kill_follower(p, sig, event)
+            sig = "SIGTERM"
         p.signal(SIGNALS[sig])
         try:
             event["exit_code"] = await asyncio.to_thread(p.proc.wait, self.args.term_grace_s)
@@ -127,12 +160,13 @@ class Soak:
             await asyncio.sleep(wait)
             busy = {e["process"] for e in self.events if "back_after_s" not in e and "restart_error" not in e}
             up = [p for p in self.procs if p.name not in busy and p.name not in self.args.spare and p.alive()]
-            if not up:
+            targets = [(p, "") for p in up] + [(p, "rank-1") for p in up if p.role != "router" and self.args.tp > 1]
+            if not targets:
                 continue
-            victim, sig = self.rng.choice(up), self.rng.choice(list(SIGNALS))
-            event = {"t_s": self.now(), "process": victim.name, "signal": sig, "pid": victim.pid}
+            (victim, rank), sig = self.rng.choice(targets), self.rng.choice(list(SIGNALS))
+            event = {"t_s": self.now(), "process": victim.name, "rank": rank, "signal": sig, "pid": victim.pid}
             self.events.append(event)
-            print(f"[{event['t_s']:6.1f}s] {sig} {victim.name} (pid {victim.pid}); "
+            print(f"[{event['t_s']:6.1f}s] {sig} {victim.name}{'/' + rank if rank else ''} (pid {victim.pid}); "
                   f"{len(self.records)} requests so far", flush=True)
             task = asyncio.create_task(self.restart(victim, sig, event))
             self.restarts.add(task)
@@ -172,6 +206,27 @@ class Soak:
         return {"load_s": load_end, "events": self.events, "left": left, "spared_series": series,
                 "resources": {n: {"start": before[n], "end": after[n],
                                   "restarts": sum(e["process"] == n for e in self.events)} for n in before}}
+
+
+async def exited(proc: psutil.Process, within_s: float) -> bool:
+    """Whether `proc` exits within `within_s` (a zombie its parent has not reaped yet counts)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+def follower_of(p: BenchProcess) -> psutil.Process | None:
+    """The rank process a tensor-parallel worker started (`tandem worker ... --rank 1`), if any."""
+    try:
+        return next((c for c in psutil.Process(p.pid).children(recursive=True) if "--rank" in c.cmdline()), None)
+    except psutil.NoSuchProcess:
+        return None
 
 
 async def leftovers(procs: list[BenchProcess]) -> dict[str, dict]:
@@ -255,6 +310,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="processes never killed (e.g. decode-0: its fds and RSS then show growth under churn)")
     p.add_argument("--watch-s", type=float, default=30.0,
                    help="how often the spared processes' fds, RSS and KV peers are sampled")
+    p.add_argument("--tp", type=int, default=1, help="ranks per worker (tensor parallelism); with 2 or more a kill "
+                   "may land on a follower rank")
     p.add_argument("--worker-arg", action="append", default=None,
                    help="extra `tandem worker` flags (default --compile=off: restarts in seconds)")
     p.add_argument("--term-grace-s", type=float, default=45.0, help="after SIGTERM, SIGKILL past this")
@@ -269,6 +326,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     if args.worker_arg is None:
         args.worker_arg = ["--compile=off"]
+    if args.tp > 1:
+        args.worker_arg += ["--tensor-parallel", str(args.tp)]
     res = asyncio.run(soak(args))
     res["loadavg"] = args.load.summary() if hasattr(args, "load") else None
     o = res["outcomes"]

@@ -96,3 +96,24 @@ def test_the_report_shows_growth_within_a_spared_process():
     assert "a kill every 20-40 s, never killed: decode-0" in md and "load average 2.0-12.5 (median 8.0)" in md
     assert ("**decode-0**, never killed, sampled 3 times every 30 s: open fds 30 at the first sample, 30-37 "
             "throughout, 31 at the last; RSS 1400 → 1450 MiB (max 1500); KV peers known 2 → 2 (max 3)") in md
+
+
+def test_a_tensor_parallel_soak_names_follower_kills_and_has_its_own_section(tmp_path):
+    from bench.lib.chaos_report import publish, results_markdown
+
+    r = {"ok": True, "requests": 2, "outcomes": {"identical": 2, "clean_error": 0, "refused": 0, "truncated": 0,
+                                                 "wrong_text": 0, "hung": 0},
+         "errors_by_kind": {},
+         "settings": {"duration_s": 600, "interval_s": [20, 40], "streams": 6, "kv_backend": "nixl", "tp": 2,
+                      "worker_arg": ["--compile=off", "--tensor-parallel", "2"], "read_timeout_s": 60},
+         "events": [{"process": "decode-1", "rank": "rank-1", "signal": "SIGKILL", "back_after_s": 30.0},
+                    {"process": "decode-0", "rank": "", "signal": "SIGKILL", "back_after_s": 20.0}],
+         "left": {"settled_after_s": 0.0, "final": {}, "at_load_end": {}}, "resources": {}}
+    assert "decode SIGKILL 1, decode rank-1 SIGKILL 1" in results_markdown(r, "20260101-000000", "c")
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text("# Benchmarks\n\n## Chaos soak (issue 21)\n\n<!-- bench:chaos:begin (written by `python -m "
+                   "bench chaos`; edit outside these markers) -->\nplain soak\n<!-- bench:chaos:end -->\n")
+    publish(r, "20260101-000000", "c", doc)
+    text = doc.read_text()
+    assert "plain soak" in text and "### Chaos soak with tensor-parallel groups (issue 28)" in text
+    assert text.index("bench:chaos-tp:begin") > text.index("bench:chaos:end")
