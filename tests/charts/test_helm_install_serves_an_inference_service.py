@@ -170,6 +170,8 @@ def test_helm_install_then_apply_an_example_serves_it_and_uninstall_cleans_up(
         llm = namespaces.enter_context(scratch_namespace(k8s, f"{ops}-llm", "privileged"))
         # -- 1. helm install: the CRD and the RBAC objects are registered ------------------
         values = ["--set-json", f'watchNamespaces=["{llm}"]'] if watch == "one-namespace" else []
+        # The operator's policy allows what the example asks of the node there (docs/install.md).
+        values += ["--set-json", f'policy.namespaces={{"{llm}": {{"ipcLock": true}}}}']
         install = k8s.helm("install", RELEASE, str(CHART_DIR), "--namespace", ops, *values,
                            "--wait", "--timeout", "180s")
         installed = True

@@ -56,7 +56,8 @@ def operator(start_operator, hub):
     old = os.environ.get("HF_ENDPOINT")
     os.environ["HF_ENDPOINT"] = hub.url
     try:
-        return start_operator()
+        # A test below mounts a model image of the test registry: the operator's policy allows it.
+        return start_operator("--policy", json.dumps({"default": {"images": ["registry.test/models/"]}}))
     finally:
         os.environ.pop("HF_ENDPOINT") if old is None else os.environ.__setitem__("HF_ENDPOINT", old)
 

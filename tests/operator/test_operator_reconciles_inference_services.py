@@ -22,6 +22,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 GVP = ("tandem.dev", "v1alpha1", "inferenceservices")
 WORKER_CPU = "100m"
+# A spec below moves to another image of the test registry: the operator's policy must allow it.
+POLICY = ("--policy", json.dumps({"default": {"images": ["registry.test/"]}}))
 
 
 def gpu_spec(prefill: int = 1, decode: int = 1, **kv) -> dict:
@@ -48,7 +50,7 @@ def body(name: str, spec: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def operator(start_operator):
-    return start_operator()
+    return start_operator(*POLICY)
 
 
 def get_tis(api, ns: str, name: str) -> dict:
@@ -279,7 +281,7 @@ def test_operator_restart_creates_no_duplicates_and_deletion_cascades(k8s, api, 
     before = snapshot()
     operator.stop()
     assert operator.proc.returncode is not None
-    again = start_operator()
+    again = start_operator(*POLICY)
     time.sleep(5)  # resume handler plus two resync passes of the new operator
     assert again.proc.poll() is None
     assert snapshot() == before, "a restart neither duplicates, re-creates nor rolls anything"

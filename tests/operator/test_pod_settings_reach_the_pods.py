@@ -5,6 +5,8 @@ existing ServiceAccount its Role is bound to."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -19,7 +21,9 @@ GVP = ("tandem.dev", "v1alpha1", "inferenceservices")
 
 
 def test_settings_reach_every_pod_and_budgets_guard_each_component(k8s, api, start_operator, chart_rbac, namespace):
-    operator = start_operator(kubeconfig=chart_rbac().kubeconfig)
+    # The operator's policy names the ServiceAccounts these pods may run as (by default: none).
+    accounts = json.dumps({"default": {"serviceAccounts": ["weights-reader", "edge-proxy"]}})
+    operator = start_operator("--policy", accounts, kubeconfig=chart_rbac().kubeconfig)
     priority = f"serving-{namespace}"[-63:]
     k8s.kubectl("apply", "-f", "-", input=f"""
 apiVersion: scheduling.k8s.io/v1
