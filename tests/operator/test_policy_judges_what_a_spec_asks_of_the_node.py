@@ -157,3 +157,19 @@ def test_forced_pulls_make_the_namespace_config_pull_always():
     config = OperatorConfig(policy=_policy(strict={"alwaysPullImages": True}))
     assert config.for_namespace("strict").pull_policy == "Always"
     assert config.for_namespace("other") is config
+
+
+def test_the_examples_pass_the_policy_the_install_guide_shows_and_need_it(typed, examples):
+    """docs/install.md's entry for the namespace `serving` lets every example run there; without it
+    the examples that reach the node are refused, each for what its header says it needs."""
+    documented = _policy(serving={"ipcLock": True, "hostNetwork": True, "hostPaths": ["/mnt/models"],
+                                  "images": ["registry.example.com/models/"]})
+    needs = {}
+    for name, example in examples.items():
+        spec = typed(example["spec"])
+        assert judge(spec, "serving", documented, OWN) == [], name
+        needs[name] = sorted(_fields(judge(spec, "serving", Policy(), OWN)))
+    assert needs["cpu"] == [] and needs["hub-shared-cache"] == []
+    assert needs["gpu-roce"] == ["kvTransfer.ipcLock"]
+    assert needs["gpu-ib-hostnetwork"] == ["kvTransfer.hostNetwork", "kvTransfer.ipcLock", "model.hostPath"]
+    assert needs["modelcar-image"] == ["model.image.reference"]
