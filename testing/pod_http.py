@@ -9,16 +9,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class PodHTTP:
-    """An HTTP server at `ip`:`port` answering 200 with `routes[path]`, 404 otherwise; `hits` lists
-    every path asked, in order. Stop it with close()."""
+    """An HTTP server at `ip`:`port` answering 200 with `routes[path]`, 404 otherwise (or, given
+    `redirect_to`, a 302 to the same path there, as a hostile pod would); `hits` lists every path
+    asked, in order. Stop it with close()."""
 
-    def __init__(self, ip: str, port: int, routes: dict[str, bytes]) -> None:
+    def __init__(self, ip: str, port: int, routes: dict[str, bytes], redirect_to: str | None = None) -> None:
         self.hits: list[str] = []
         hits = self.hits
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 hits.append(self.path)
+                if redirect_to is not None:
+                    self.send_response(302)
+                    self.send_header("Location", redirect_to + self.path)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 body = routes.get(self.path)
                 self.send_response(200 if body is not None else 404)
                 self.send_header("Content-Length", str(len(body or b"")))
