@@ -7,9 +7,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-# Per-block digests a KVSource may carry (tandem.worker.kv.verify computes them), by the bits of
-# their values: crc32 (zlib's, over a block's bytes) for a pool in host memory, wsum64 (a
-# position-weighted sum of the block's 32-bit words, mod 2**64) for one on an accelerator.
+# Digests a KVSource may carry, one per block and KV head (tandem.worker.kv.verify computes them), by
+# the bits of their values: crc32 (zlib's, over the head's bytes of a block) for a pool in host
+# memory, wsum64 (a position-weighted sum of those 32-bit words, mod 2**64) for one on an accelerator.
 DIGEST_ALGORITHMS = {"crc32": 32, "wsum64": 64}
 
 
@@ -44,10 +44,13 @@ class KVSource:
     # decode worker). A worker of another generation refuses it (400 kv_generation_mismatch): the
     # same tokens through other weights are other KV, and must never reach its cache.
     generation: str = ""
-    # One digest per block of block_ids (same order) of the block's bytes as the source holds them,
-    # taken once it computed them; the puller recomputes them over the blocks it wrote and never
-    # serves KV that differs. Empty (with digest_algorithm ""): not checked.
+    # One digest per block of block_ids and KV head of the model (digest_heads of them), block-major:
+    # block i's head h at [i * digest_heads + h], of the bytes that head's part of the block holds
+    # at the source (whichever rank holds it), taken once computed. Per head, so that a puller whose
+    # ranks hold other shares of the heads checks each rank's own. The puller recomputes them over
+    # the blocks it wrote and never serves KV that differs. Empty (digest_algorithm ""): not checked.
     digest_algorithm: str = ""  # a key of DIGEST_ALGORITHMS
+    digest_heads: int = 0
     block_digests: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -61,9 +64,11 @@ class KVSource:
         if bits is None:
             raise ValueError(f"kv_source.digest_algorithm {self.digest_algorithm!r} is not a known digest "
                              f"algorithm ({', '.join(DIGEST_ALGORITHMS)})")
-        if len(self.block_digests) != len(self.block_ids):
-            raise ValueError(f"kv_source needs one digest per block: {len(self.block_digests)} digests "
-                             f"for {len(self.block_ids)} blocks")
+        if type(self.digest_heads) is not int or self.digest_heads < 1:
+            raise ValueError("kv_source.digest_heads must be the model's KV heads (>= 1) when it carries digests")
+        if len(self.block_digests) != len(self.block_ids) * self.digest_heads:
+            raise ValueError(f"kv_source needs one digest per block and KV head: {len(self.block_digests)} "
+                             f"digests for {len(self.block_ids)} blocks of {self.digest_heads} heads")
         if any(type(v) is not int or not 0 <= v < 1 << bits for v in self.block_digests):
             raise ValueError(f"kv_source.block_digests must be unsigned {bits}-bit integers "
                              f"({self.digest_algorithm})")
@@ -82,7 +87,7 @@ class KVSource:
         if k == 0:
             return self
         return dataclasses.replace(self, block_ids=self.block_ids[k:], num_tokens=self.num_tokens - k * block_size,
-                                   block_digests=self.block_digests[k:])
+                                   block_digests=self.block_digests[k * self.digest_heads:])
 
     def rank(self, i: int) -> KVRank:
         """Rank i's endpoint (rank 0 is the source's own)."""

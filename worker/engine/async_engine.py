@@ -30,7 +30,7 @@ from tandem.contracts.protocol import GenerateRequest
 from tandem.worker.engine import kv_pull
 from tandem.worker.engine.engine import Engine
 from tandem.worker.engine.errors import RequestError
-from tandem.worker.engine.kv_pull import KVEndpoint, PullReport
+from tandem.worker.engine.kv_pull import Digests, KVEndpoint, PullReport
 from tandem.worker.engine.output_stream import FinishedStream, OutputStream
 from tandem.worker.engine.sequence import SeqOutput, Sequence
 
@@ -152,7 +152,7 @@ class AsyncEngine:
             kv = None
             if out.kv_blocks is not None and out.error is None:
                 # The blocks' digests off the loop (worker/kv/verify.py): the lease keeps them as they are.
-                digests = await asyncio.to_thread(self.kv.digests, out.kv_blocks)
+                digests = await self.kv.digests(out.kv_blocks)
                 kv = self.lease_source(rid, out.kv_blocks, seq.num_computed, digests)
                 if kv is None:
                     raise RequestError("the KV lease ended before the prefill result was sent (lease_s too "
@@ -188,10 +188,10 @@ class AsyncEngine:
         return await asyncio.to_thread(self.engine.make_sequence, req, prefill_only=prefill_only)
 
     def lease_source(self, request_id: str, block_ids: list[int], num_tokens: int,
-                     digests: tuple[str, list[int]] | None = None) -> KVSource | None:
+                     digests: Digests) -> KVSource | None:
         """Where a peer finds the KV of `num_tokens` tokens leased here in `block_ids`, with the
-        lease's token and the blocks' digests (computed here unless given); None when the lease has
-        ended already (or this worker has no transport)."""
+        lease's token and the blocks' `digests` (KVEndpoint.digests); None when the lease has ended
+        already (or this worker has no transport)."""
         token = self.engine.lease_token(request_id)
         if token is None or self.kv is None:
             return None

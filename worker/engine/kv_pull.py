@@ -42,7 +42,7 @@ from tandem.contracts.kv_source import KVSource
 from tandem.contracts.protocol import GenerateRequest
 from tandem.worker.engine.errors import RequestError
 from tandem.worker.engine.sequence import Sequence
-from tandem.worker.kv.verify import Verdict, algorithm_for, block_digests, verify
+from tandem.worker.kv.verify import Verdict, algorithm_for, block_digests, merge, verify
 
 if TYPE_CHECKING:
     from tandem.worker.engine.engine import Engine
@@ -51,6 +51,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("tandem.worker.engine")
 
 RETRY_AFTER_S = 1.0  # what a worker too full to receive KV asks callers to wait: they try elsewhere
+
+
+Digests = tuple[str, int, list[int]]  # KVSource's digest_algorithm, digest_heads, block_digests
+NO_DIGESTS: Digests = ("", 0, [])
 
 
 @dataclass
@@ -78,28 +82,35 @@ class KVEndpoint:
     verify: bool = True  # digest the blocks handed out, check the blocks pulled (worker/kv/verify.py)
     on_verdict: Callable[[Verdict, float], None] = lambda verdict, seconds: None  # each pull's, for metrics
 
-    def digests(self, block_ids: list[int]) -> tuple[str, list[int]]:
-        """The digest algorithm and values a KVSource of these blocks carries: none with verification
-        off, or for a tensor-parallel worker (its other ranks hold the rest of each block)."""
+    async def digests(self, block_ids: list[int]) -> Digests:
+        """The digests a KVSource of these blocks carries (worker/kv/verify.py): this rank's heads
+        on a worker thread, a tensor-parallel worker's other ranks' from their rank servers; none
+        with verification off."""
+        from tandem.worker.kv.base import KVTransferError
+
         if not self.verify:
-            return "", []
-        if self.transport.source_ranks():
-            _once("KV this tensor-parallel worker hands out carries no block digests, so pullers cannot "
-                  "verify it: each rank's pool holds only its KV heads (worker/kv/verify.py)")
-            return "", []
-        algorithm = algorithm_for(self.transport.pool)
-        return algorithm, block_digests(self.transport.pool, block_ids, algorithm)
+            return NO_DIGESTS
+        t = self.transport
+        algorithm = algorithm_for(t.pool)
+        own = await asyncio.to_thread(block_digests, t.pool, block_ids, algorithm)
+        try:
+            others = await t.rank_digests(block_ids, algorithm)
+        except KVTransferError as e:  # a rank that cannot answer fails the group soon; meanwhile say so
+            log.error("KV handed out without digests (pullers cannot verify it): %s", e)
+            return NO_DIGESTS
+        parts = [(t.layout.kv_heads, own), *others]
+        return algorithm, t.layout.num_kv_heads, merge(parts, t.layout.num_kv_heads, len(block_ids))
 
     def source(self, request_id: str, block_ids: list[int], num_tokens: int, lease_token: str,
-               digests: tuple[str, list[int]] | None = None) -> KVSource:
+               digests: Digests) -> KVSource:
         """Where a peer finds the KV of `num_tokens` tokens this worker leased in `block_ids`, with
-        their `digests` (computed here when not given)."""
+        their `digests` (digests())."""
         t = self.transport
-        algorithm, values = self.digests(block_ids) if digests is None else digests
+        algorithm, heads, values = digests
         return KVSource(url=self.url, engine_id=self.engine_id, backend=t.name, block_ids=block_ids,
                         num_tokens=num_tokens, lease_token=lease_token, extra=t.source_extra(),
                         ranks=t.source_ranks(), generation=self.generation, digest_algorithm=algorithm,
-                        block_digests=values)
+                        digest_heads=heads, block_digests=values)
 
 
 def _mismatch(message: str, code: str | None = "kv_mismatch", param: str = "kv_source") -> RequestError:
@@ -186,6 +197,9 @@ async def _verify(eng: Engine, endpoint: KVEndpoint, rid: str, src: KVSource,
         return Verdict.OFF, "", 0.0
     t0 = time.perf_counter()
     verdict, detail = await asyncio.to_thread(verify, eng.pool, eng.layout, src, blocks)
+    for rank, (v, why) in enumerate(endpoint.transport.rank_verdicts(rid), start=1):  # theirs, as they pulled
+        if v is Verdict.FAILED or (v is Verdict.SKIPPED and verdict is Verdict.VERIFIED):
+            verdict, detail = v, f"rank {rank}: {why}"
     seconds = time.perf_counter() - t0
     endpoint.on_verdict(verdict, seconds)
     if verdict is Verdict.FAILED:

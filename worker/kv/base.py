@@ -125,6 +125,16 @@ class KVTransport(abc.ABC):
         """A tensor-parallel worker's other ranks, which a KVSource it hands out carries."""
         return []
 
+    async def rank_digests(self, block_ids: list[int], algorithm: str) -> list[tuple[range, list[int]]]:
+        """A tensor-parallel worker's other ranks' digests of these blocks (worker/kv/verify.py):
+        (the KV heads a rank holds, its digests). None here."""
+        return []
+
+    def rank_verdicts(self, request_id: str) -> list[tuple[Any, str]]:
+        """After a pull of request_id: the other ranks' verdicts on the heads they pulled (verify.py
+        Verdict and why), taken once. None here."""
+        return []
+
     def still_writing(self, request_id: str) -> asyncio.Future | None:
         """After a failed pull of request_id: a transfer that may still write into its destination
         blocks (its abort has not returned within timeout_s), done once it has stopped; the caller

@@ -63,17 +63,26 @@ async def generate(request: web.Request) -> web.StreamResponse:
     return await _stream(request, state, outputs, pulled=req.kv_source is not None)
 
 
-def _migrate_line(state: WorkerState, seq: Any, out: Any) -> bytes:
+async def _migrate_digests(state: WorkerState, outs: list[Any]) -> Any:
+    """The digests of the KV a MIGRATE line among `outs` hands out (kv_pull.KVEndpoint.digests: off
+    the loop, every rank's heads), or None."""
+    out = next((o for o in outs if o.migrated and o.kv_blocks is not None), None)
+    if out is None or state.engine.kv is None:
+        return None
+    return await state.engine.kv.digests(out.kv_blocks)
+
+
+def _migrate_line(state: WorkerState, seq: Any, out: Any, digests: Any) -> bytes:
     """MIGRATE: where the sequence's leased KV is (none: it is recomputed), and its tokens so far."""
     kv = None
     if out.kv_blocks is not None:
-        kv = state.engine.lease_source(seq.request_id, out.kv_blocks, seq.num_computed)
+        kv = state.engine.lease_source(seq.request_id, out.kv_blocks, seq.num_computed, digests)
     log.info("generate migrating", extra={"request_id": seq.request_id, "completion_tokens": len(seq.output_ids),
                                           "kv_tokens": kv.num_tokens if kv else 0})
     return _line(StreamEvent(EventType.MIGRATE, kv=kv, generated_token_ids=list(seq.output_ids)))
 
 
-def _lines(state: WorkerState, seq: Any, outs: list[Any]) -> tuple[list[bytes], bool]:
+def _lines(state: WorkerState, seq: Any, outs: list[Any], digests: Any = None) -> tuple[list[bytes], bool]:
     """The NDJSON lines for a batch of outputs, and whether the stream ends with them."""
     lines = []
     for out in outs:
@@ -84,7 +93,7 @@ def _lines(state: WorkerState, seq: Any, outs: list[Any]) -> tuple[list[bytes], 
             lps = TokenTexts.of(state.engine.engine.tokenizer).wire(out.logprobs) if out.logprobs else None
             lines.append(_token_line(out.token_ids, out.text, lps))
         if out.migrated:
-            lines.append(_migrate_line(state, seq, out))
+            lines.append(_migrate_line(state, seq, out, digests))
             return lines, True
         if out.finished:
             usage = {"prompt_tokens": len(seq.prompt_ids), "completion_tokens": len(seq.output_ids),
@@ -113,7 +122,7 @@ async def _stream(request: web.Request, state: WorkerState, outputs: Any, pulled
         while not ended:
             outs = await outputs.get(state.settings.heartbeat_s)
             if outs:
-                lines, ended = _lines(state, seq, outs)
+                lines, ended = _lines(state, seq, outs, await _migrate_digests(state, outs))
                 await resp.write(b"".join(lines))
             elif (problem := state.engine_problem()) is not None:
                 log.error("ending a stream: %s", problem, extra={"request_id": rid})

@@ -106,7 +106,8 @@ _KV_SOURCE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ranks": (lambda v: isinstance(v, list) and all(map(_kv_rank, v)),
               "a list of objects with a url, an engine_id and an optional extra object"),
     "digest_algorithm": (lambda v: isinstance(v, str), "a string"),
-    "block_digests": (_ids, "a list of unsigned integers, one per block"),
+    "digest_heads": (_count, "a non-negative integer"),
+    "block_digests": (_ids, "a list of unsigned integers, one per block and KV head"),
 }
 _TOP: dict[str, tuple[Callable[[Any], bool], str]] = {
     "prompt": (_opt(lambda v: isinstance(v, str)), "a string"),

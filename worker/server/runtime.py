@@ -68,6 +68,8 @@ async def start_serving(state: WorkerState, engine: Engine, *, stall_s: float, k
             raise StartupError(f"KV backend {kv_backend!r} failed to start: {e}") from e
     if group is not None:
         transport = await group.serving(transport)
+        if transport is not None:
+            transport.verify = s.kv_verify  # the ranks check their heads of each pull too
     if transport is not None:
         s.kv_backend = transport.name
         endpoint = KVEndpoint(transport, s.advertise_url, s.engine_id, s.generation, s.reserve_wait_s,

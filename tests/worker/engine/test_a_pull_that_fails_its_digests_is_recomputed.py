@@ -37,6 +37,9 @@ class Delivers:
     def still_writing(self, request_id):
         return None
 
+    def rank_verdicts(self, request_id):  # one rank: no other ranks' verdicts
+        return []
+
 
 async def _at_once(attempt, timeout_s):
     return attempt()
@@ -54,6 +57,7 @@ async def _pull(eng, first: int, payload: torch.Tensor, digests_of: torch.Tensor
     `digests_of`'s blocks, and whose transfer delivers `payload`."""
     src = KVSource(url="http://prefill", engine_id="prefill-1", backend="memory", block_ids=[4, 5, 6],
                    num_tokens=len(PROMPT), lease_token="t", generation="g1", digest_algorithm="crc32",
+                   digest_heads=eng.layout.num_kv_heads,
                    block_digests=block_digests(digests_of, [0, 1, 2], "crc32"))
     endpoint = KVEndpoint(Delivers(eng.pool, payload), "http://decode", "decode-1", "g1", verify=verify)
     req = GenerateRequest(request_id="h", prompt_token_ids=PROMPT, sampling=greedy(N), kv_source=src,

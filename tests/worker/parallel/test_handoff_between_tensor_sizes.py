@@ -80,6 +80,24 @@ async def test_greedy_output_equals_transformers_across_tensor_sizes(group, hf, 
     await all_blocks_back([group.c1, group.c2, group.p2])
 
 
+VERIFY = ("tandem_kv_transfer_verified_total", "tandem_kv_transfer_verify_skipped_total",
+          "tandem_kv_transfer_verify_failures_total")
+
+
+@pytest.mark.parametrize("pair", ["2-1", "1-2", "2-2"])
+async def test_every_handoff_between_tensor_sizes_is_verified(group, hf, pair):
+    """Issue 28.11: a tensor-parallel source's digests cover every head (rank 0 gathers its ranks'),
+    and each decode rank checks the heads it pulled: verified, never skipped."""
+    p, d = (getattr(group, name) for name in PAIRS[pair])
+    ids = prompts()[2]
+    before = [d.metric(name) for name in VERIFY]
+    async with aiohttp.ClientSession() as s:
+        assert await disaggregated(s, p.url, d.url, f"verify-{pair}", ids, GREEDY) == reference_generate(hf, ids, N)
+    after = [d.metric(name) for name in VERIFY]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 0, 0], dict(zip(VERIFY, after, strict=True))
+    await all_blocks_back([group.c1, group.c2, group.p2])
+
+
 async def test_a_tensor_parallel_source_names_every_rank_under_one_lease(group):
     async with aiohttp.ClientSession() as s, s.post(f"{group.p2.url}/internal/prefill", json={
             "request_id": "shape", "prompt_token_ids": prompts()[2], "sampling": GREEDY}) as r:
@@ -87,6 +105,7 @@ async def test_a_tensor_parallel_source_names_every_rank_under_one_lease(group):
     info = group.p2.get_json("/internal/info")
     assert [r["url"] for r in kv["ranks"]] == [r["url"] for r in info["ranks"]] and len(kv["ranks"]) == 1
     assert kv["ranks"][0]["engine_id"] == kv["engine_id"] + "-r1" and info["leased"] == 1
+    assert kv["digest_algorithm"] == "crc32" and len(kv["block_digests"]) == len(kv["block_ids"]) * kv["digest_heads"]
     async with aiohttp.ClientSession() as s, s.post(f"{group.p2.url}/internal/kv/release", json={
             "request_id": "shape", "lease_token": kv["lease_token"]}) as r:
         assert (await r.json())["released"]

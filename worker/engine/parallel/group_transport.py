@@ -31,6 +31,7 @@ from tandem.worker.kv.base import (
     TransferState,
     TransferStats,
 )
+from tandem.worker.kv.verify import Verdict
 
 log = logging.getLogger("tandem.worker.engine.parallel")
 
@@ -45,6 +46,8 @@ class GroupTransport(KVTransport):
         self.ranks = ranks  # ranks 1.. of this worker, in order
         self._session: aiohttp.ClientSession | None = None
         self._landing: dict[str, list[asyncio.Future]] = {}  # request id -> rank pulls not answered yet
+        self._verdicts: dict[str, list[tuple[Verdict, str]]] = {}  # request id -> the ranks' verdicts
+        self.verify = True  # the ranks check what they pulled against the source's digests
 
     @property
     def leases(self) -> LeaseKeeper:  # type: ignore[override]
@@ -74,6 +77,29 @@ class GroupTransport(KVTransport):
 
     def health(self) -> KVHealth:
         return self.local.health()
+
+    def _post(self, rank: KVRank, path: str, body: dict, request_id: str) -> Any:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(headers=auth_headers(self.config.secret))
+        return self._session.post(rank.url.rstrip("/") + path, json=body, headers={REQUEST_ID_HEADER: request_id})
+
+    async def rank_digests(self, block_ids: list[int], algorithm: str) -> list[tuple[range, list[int]]]:
+        """Every other rank's digests of its heads of these blocks, asked of all at once."""
+        async def one(rank: KVRank) -> tuple[range, list[int]]:
+            async with self._post(rank, "/internal/rank/digests", {"block_ids": block_ids, "algorithm": algorithm},
+                                  "digests") as resp:
+                doc = await resp.json()
+            if resp.status != 200:
+                raise KVTransferError(f"{rank.url} did not digest its KV heads: {doc}")
+            return range(*doc["heads"]), doc["digests"]
+
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*(one(r) for r in self.ranks)), self.config.timeout_s))
+        except (aiohttp.ClientError, OSError, ValueError, TimeoutError) as e:
+            raise KVTransferError(f"a rank of this worker did not digest its KV heads: {e}") from e
+
+    def rank_verdicts(self, request_id: str) -> list[tuple[Verdict, str]]:
+        return self._verdicts.pop(request_id, [])
 
     def still_writing(self, request_id: str) -> asyncio.Future | None:
         """Rank 0's own transfers that may still land, and the ranks that have not answered yet (a
@@ -113,6 +139,8 @@ class GroupTransport(KVTransport):
             except (KVTransferError, TimeoutError, aiohttp.ClientError, OSError, ValueError) as e:
                 await self.local._failed(request_id, source, set(), str(e))
                 raise KVTransferError(f"releasing the lease of {request_id}: {e}") from e
+        if self.verify:  # kv_pull takes them once it checked rank 0's own heads
+            self._verdicts[request_id] = [r.verdict for r in results[1:]]
         stats = [r for r in results if isinstance(r, TransferStats)]
         nbytes, seconds = sum(s.bytes for s in stats), time.monotonic() - t0
         if release:
@@ -135,16 +163,22 @@ class GroupTransport(KVTransport):
 
     async def _rank_pull(self, rank: KVRank, request_id: str, source: KVSource,
                          local_block_ids: list[int]) -> TransferStats:
-        """One rank's pull; its answer comes once nothing writes into its blocks any more."""
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(headers=auth_headers(self.config.secret))
-        body = {"request_id": request_id, "source": dataclasses.asdict(source), "block_ids": local_block_ids}
+        """One rank's pull (and its verdict on the heads it pulled); its answer comes once nothing
+        writes into its blocks any more."""
+        body = {"request_id": request_id, "source": dataclasses.asdict(source), "block_ids": local_block_ids,
+                "verify": self.verify}
         try:
-            async with self._session.post(rank.url.rstrip("/") + "/internal/rank/pull", json=body,
-                                          headers={REQUEST_ID_HEADER: request_id}) as resp:
+            async with self._post(rank, "/internal/rank/pull", body, request_id) as resp:
                 doc = await resp.json()
         except (aiohttp.ClientError, OSError, ValueError) as e:  # the rank is gone: it writes nothing more
             raise KVTransferError(f"{rank.url} did not answer ({type(e).__name__}: {e})") from e
         if not doc.get("ok"):
             raise KVTransferError(str(doc.get("error") or doc), TransferState(doc.get("state") or "failed"))
-        return TransferStats(request_id, doc["bytes"], doc["seconds"], len(local_block_ids), doc["transfers"])
+        stats = RankPull(request_id, doc["bytes"], doc["seconds"], len(local_block_ids), doc["transfers"])
+        stats.verdict = (Verdict(doc.get("verify", "off")), doc.get("verify_detail", ""))
+        return stats
+
+
+@dataclasses.dataclass
+class RankPull(TransferStats):
+    verdict: tuple[Verdict, str] = (Verdict.OFF, "")

@@ -7,8 +7,12 @@ on a thread of its own (the process's main thread runs the steps).
     GET  /internal/kv/health   its transport's health
     POST /internal/rank/pull   {"request_id", "source" (a KVSource), "block_ids"}: rank 0 of a
                                decode worker has reserved block_ids and asks this rank to read its
-                               heads of them (release=False: rank 0 releases once every rank read);
-                               answers {"ok", "bytes", "seconds", "transfers"} or {"ok": false, "error"}
+                               heads of them (release=False: rank 0 releases once every rank read)
+                               and, with "verify", check them against the source's digests; answers
+                               {"ok", "bytes", "seconds", "transfers", "verify", "verify_detail"} or
+                               {"ok": false, "error"}
+    POST /internal/rank/digests {"block_ids", "algorithm"}: this rank's digests of its heads of the
+                               blocks rank 0 hands out (worker/kv/verify.py): {"heads", "digests"}
 
 /internal/* wants the service's internal secret, as every worker's does. A read of this rank's
 blocks over tcp is checked against rank 0's lease table (RankLeases asks rank 0); NIXL READs
@@ -29,6 +33,7 @@ from aiohttp import web
 from tandem.contracts.internal_auth import auth_headers
 from tandem.contracts.kv_source import KVRank, KVSource
 from tandem.contracts.protocol import REQUEST_ID_HEADER
+from tandem.worker.kv.verify import Verdict, block_digests, verify
 
 log = logging.getLogger("tandem.worker.engine.parallel")
 
@@ -101,6 +106,7 @@ class RankServer:
         app.router.add_get("/internal/kv/metadata", _kv_metadata)
         app.router.add_get("/internal/kv/health", _kv_health)
         app.router.add_post("/internal/rank/pull", _pull)
+        app.router.add_post("/internal/rank/digests", _digests)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, cfg.host, cfg.port).start()
@@ -162,11 +168,25 @@ async def _pull(request: web.Request) -> web.Response:
     doc = await request.json()
     rid = doc["request_id"]
     try:
-        stats = await t.pull(rid, KVSource(**doc["source"]), list(doc["block_ids"]), release=False)
+        source, block_ids = KVSource(**doc["source"]), list(doc["block_ids"])
+        stats = await t.pull(rid, source, block_ids, release=False)
     except KVTransferError as e:
         landing = t.still_writing(rid)
         if landing is not None:  # answer only once nothing writes into the blocks: rank 0 frees them then
             await landing
         return web.json_response({"ok": False, "error": str(e), "state": str(e.state)})
+    verdict, detail = Verdict.OFF, ""
+    if doc.get("verify"):  # this rank's heads of what it pulled, against the source's digests
+        verdict, detail = await asyncio.to_thread(verify, t.pool, t.layout, source, block_ids)
     return web.json_response({"ok": True, "bytes": stats.bytes, "seconds": stats.seconds,
-                              "transfers": stats.num_transfers})
+                              "transfers": stats.num_transfers, "verify": verdict.value,
+                              "verify_detail": detail})
+
+
+async def _digests(request: web.Request) -> web.Response:
+    """This rank's digests of its KV heads of the blocks rank 0 is about to hand out."""
+    state = request.app[STATE]
+    doc = await request.json()
+    values = await asyncio.to_thread(block_digests, state.pool, list(doc["block_ids"]), doc["algorithm"])
+    heads = state.layout.kv_heads
+    return web.json_response({"heads": [heads.start, heads.stop], "digests": values})
