@@ -4,9 +4,9 @@ the InferenceService's `router.policy`, is checked against these names when the 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from tandem.contracts.lazy_registry import check_name, resolve
 from tandem.contracts.routing import RoutingPolicy
 
 if TYPE_CHECKING:
@@ -22,14 +22,11 @@ POLICIES: dict[str, str] = {
 
 def check_policy(name: str) -> None:
     """Raise ValueError naming the known policies when `name` is not one of them."""
-    if name not in POLICIES:
-        raise ValueError(f"unknown routing policy {name!r}; known: {sorted(POLICIES)}")
+    check_name(POLICIES, name, "routing policy")
 
 
 def policy_class(name: str) -> type[RoutingPolicy]:
-    check_policy(name)
-    module_name, cls_name = POLICIES[name].split(":")
-    return getattr(importlib.import_module(module_name), cls_name)
+    return resolve(POLICIES, name, "routing policy")
 
 
 def create_policy(name: str, settings: PolicySettings | None = None) -> RoutingPolicy:

@@ -7,9 +7,9 @@ one line here; nothing else in the router changes (docs/request-lifecycle.md).""
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Protocol
 
+from tandem.contracts.lazy_registry import check_name, resolve
 from tandem.contracts.runtimes import Runtime
 
 if TYPE_CHECKING:
@@ -30,14 +30,11 @@ RUNTIMES: dict[str, str] = {
 
 def check_runtime(name: str) -> None:
     """Raise ValueError naming the known runtimes when `name` is not one of them."""
-    if name not in RUNTIMES:
-        raise ValueError(f"unknown runtime {name!r}; known: {sorted(map(str, RUNTIMES))}")
+    check_name(RUNTIMES, name, "runtime")
 
 
 def client_factory(name: str) -> ClientFactory:
-    check_runtime(name)
-    module_name, factory = RUNTIMES[name].split(":")
-    return getattr(importlib.import_module(module_name), factory)
+    return resolve(RUNTIMES, name, "runtime")
 
 
 def create_client(session: aiohttp.ClientSession, config: RouterConfig) -> WorkerClient:

@@ -5,10 +5,10 @@ Same shape as vLLM's kv_connector factory: a name maps to "module:Class".
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from tandem.contracts.kv_layout import KVLayout
+from tandem.contracts.lazy_registry import resolve
 from tandem.worker.kv.base import KVTransferConfig, KVTransport, LeaseKeeper
 
 if TYPE_CHECKING:
@@ -24,15 +24,10 @@ BACKENDS: dict[str, str] = {
 def transport_class(name: str) -> type[KVTransport]:
     """The class registered under `name`; a helpful error for an unknown name or a missing package."""
     try:
-        module_name, cls_name = BACKENDS[name].split(":")
-    except KeyError:
-        raise ValueError(f"unknown KV transfer backend {name!r}; choose one of {sorted(BACKENDS)}") from None
-    try:
-        module = importlib.import_module(module_name)
+        return resolve(BACKENDS, name, "KV transfer backend")
     except ImportError as e:
         raise ImportError(f"KV backend {name!r} needs a package that is not installed ({e}); "
                           "install nixl-cu12 (see the Makefile) or choose backend 'tcp'") from e
-    return getattr(module, cls_name)
 
 
 def create_transport(name: str, pool: torch.Tensor, layout: KVLayout, engine_id: str,

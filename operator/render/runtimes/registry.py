@@ -4,9 +4,9 @@ kv_connector factory and of the router's runtimes/registry.py): a name maps to "
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from tandem.contracts.lazy_registry import check_name, resolve
 from tandem.contracts.runtimes import Runtime
 
 if TYPE_CHECKING:
@@ -20,11 +20,8 @@ RENDERERS: dict[str, str] = {
 
 def check_runtime(name: str) -> None:
     """Raise ValueError naming the known runtimes when `name` is not one of them."""
-    if name not in RENDERERS:
-        raise ValueError(f"unknown runtime {name!r}; known: {sorted(map(str, RENDERERS))}")
+    check_name(RENDERERS, name, "runtime")
 
 
 def role_renderer(name: str) -> RoleRenderer:
-    check_runtime(name)
-    module_name, cls_name = RENDERERS[name].split(":")
-    return getattr(importlib.import_module(module_name), cls_name)()
+    return resolve(RENDERERS, name, "runtime")()
