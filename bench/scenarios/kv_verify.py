@@ -43,7 +43,8 @@ def digest_costs(layout, repeats: int) -> dict:
     for n in PROMPTS:
         ids = list(range(1, 1 + layout.blocks_for(n)))  # not from block 0: as a real pull lands
         src = KVSource(url="http://p", engine_id="p", backend="tcp", block_ids=ids, num_tokens=n,
-                       digest_algorithm="crc32", block_digests=block_digests(pool, ids, "crc32"))
+                       digest_algorithm="crc32", digest_heads=layout.num_kv_heads,
+                       block_digests=block_digests(pool, ids, "crc32"))
         assert verify(pool, layout, src, ids)[0] is Verdict.VERIFIED
         out[str(n)] = {
             "bytes": len(ids) * layout.block_bytes,
