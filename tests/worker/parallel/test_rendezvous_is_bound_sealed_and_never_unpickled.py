@@ -62,7 +62,7 @@ _READ_AGREEMENT = textwrap.dedent("""
 
 def _rank_1_reads_agreement(port: int, secret: str | None) -> str:
     out = subprocess.run([sys.executable, "-c", _READ_AGREEMENT, str(port), secret or ""], capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -121,7 +121,7 @@ _BROADCAST = textwrap.dedent("""
     from tandem.worker.engine.parallel.group import GroupFailed, GroupSpec, ParallelGroup
     from tandem.worker.engine.paged_forward import BatchItem
     rank, port, secret = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    spec = GroupSpec(2, rank, "127.0.0.1", port, timeout_s=20, startup_s=60, secret=secret)
+    spec = GroupSpec(2, rank, "127.0.0.1", port, timeout_s=20, startup_s=240, secret=secret)
     group = ParallelGroup.join(spec, torch.device("cpu"))
     try:
         if rank == 0:
@@ -142,7 +142,7 @@ def test_a_step_broadcast_is_opened_only_with_the_groups_secret(follower_secret)
     procs = [subprocess.Popen([sys.executable, "-c", _BROADCAST, str(rank), str(port), secret],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank, secret in ((0, SECRET), (1, follower_secret))]
-    outs = [p.communicate(timeout=180) for p in procs]
+    outs = [p.communicate(timeout=400) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     assert outs[0][0].strip() == "SENT"
     if follower_secret == SECRET:
