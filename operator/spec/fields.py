@@ -93,7 +93,7 @@ class Decl:
     description: str | None = None
     default: Any = MISSING  # a JSON value, as the CRD declares it
     constraints: dict[str, Any] = dataclasses.field(default_factory=dict)  # OpenAPI spelling
-    values: dict[str, Any] = dataclasses.field(default_factory=dict)  # a map's value constraints
+    values: dict[str, Any] = dataclasses.field(default_factory=dict)  # a map's values' or a list's items' constraints
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # x-kubernetes-* markers
     rules: tuple[Rule, ...] = ()
     context: dict[str, str] = dataclasses.field(default_factory=dict)  # filled into nested text
@@ -207,7 +207,7 @@ def _parse_value(tp: Any, raw: Any, path: str, decl: Decl, context: dict[str, st
         if not isinstance(raw, list):
             raise SpecError(path, f"expected a list, got {_show(raw)}")
         _check(decl.constraints, raw, path)
-        item = Decl(decl.name, context=decl.context)
+        item = Decl(decl.name, constraints=decl.values, context=decl.context)
         return tuple(_parse_value(args[0], v, f"{path}[{i}]", item, context) for i, v in enumerate(raw))
     if origin is dict:
         if not isinstance(raw, dict):

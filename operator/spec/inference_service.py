@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from tandem.contracts.internal_auth import SECRET_ENV
 from tandem.contracts.names import Role
+from tandem.contracts.vllm_serve import BLOCK_SIZE
 from tandem.operator.spec.autoscaling import AutoscalingSpec
 from tandem.operator.spec.fields import FreeForm, Quantity, Rule, api_field, parse, to_json
 from tandem.operator.spec.model import Model, api_type
@@ -27,6 +28,7 @@ from tandem.operator.spec.pod import (
     service_account_name,
 )
 from tandem.operator.spec.router import Router
+from tandem.operator.spec.runtime import RuntimeSpec
 
 # Variables the operator sets in every worker itself; the CRD refuses them in a role's env.
 RESERVED_ENV = ("POD_IP", "POD_NAME", "TANDEM_GENERATION", SECRET_ENV)
@@ -239,6 +241,42 @@ class NetworkPolicySpec:
         "(/metrics). The internal API on that port still needs the service's secret.")
 
 
+def _vllm_rule(rule: str, message: str) -> Rule:
+    """What runtime vllm cannot honour: refused at apply rather than silently ignored. (A CRD that
+    lacks these rules lacks spec.runtime too, so the parser needs no twin.)"""
+    return Rule(f"!has(self.runtime) || self.runtime.name != 'vllm' || ({rule})", message)
+
+
+def _no_engine_field(field: str) -> str:
+    return f"!has(self.prefill.engine.{field}) && !has(self.decode.engine.{field})"
+
+
+VLLM_RULES = (
+    _vllm_rule("!has(self.image)", "spec.image is Tandem's own worker image: with runtime vllm set runtime.image"),
+    _vllm_rule("self.kvTransfer.backend == 'nixl'",
+               "runtime vllm hands KV over with vLLM's NixlConnector: kvTransfer.backend must be nixl"),
+    _vllm_rule(f"self.kvTransfer.blockSize == {BLOCK_SIZE}",
+               f"runtime vllm runs {BLOCK_SIZE}-token KV blocks (so the router's prefix hashes match vLLM's): "
+               f"leave kvTransfer.blockSize at {BLOCK_SIZE}"),
+    _vllm_rule("!has(self.kvTransfer.minBandwidthGBps)",
+               "kvTransfer.minBandwidthGBps is judged from Tandem workers' KV health reports, which vLLM "
+               "servers do not give: remove it with runtime vllm"),
+    _vllm_rule(_no_engine_field("kvMemoryFraction"),
+               "engine.kvMemoryFraction is Tandem's share of free memory for the KV cache; vLLM sizes its cache "
+               "from --gpu-memory-utilization (the whole instance's share of the GPU): set that in "
+               "runtime.args instead"),
+    _vllm_rule(_no_engine_field("prefillChunkTokens"),
+               "engine.prefillChunkTokens is Tandem's; vLLM chunks prompts by --max-num-batched-tokens "
+               "(engine.maxBatchedTokens) and --long-prefill-token-threshold (runtime.args)"),
+    _vllm_rule("!has(self.autoscaling) || ((!has(self.autoscaling.prefill) || "
+               "self.autoscaling.prefill.mode == 'External') && (!has(self.autoscaling.decode) || "
+               "self.autoscaling.decode.mode == 'External'))",
+               "the operator's planner sizes pools from Tandem's engine-step metrics, which vLLM does not "
+               "export: with runtime vllm set autoscaling.<role>.mode External and scale on vLLM's metrics "
+               "(vllm:num_requests_waiting, vllm:kv_cache_usage_perc) with an HPA or KEDA"),
+)
+
+
 @api_type
 class InferenceServiceSpec:
     """One served model, prefill and decode disaggregated: the whole `spec` of an InferenceService."""
@@ -266,6 +304,9 @@ class InferenceServiceSpec:
         "image", description="The Tandem worker image (prefill and decode); unset fields come from the "
         "operator's configuration. A tag set here also pins the router's image tag unless router.image sets "
         "one.")
+    runtime: RuntimeSpec = api_field(
+        "runtime", default={}, description="The engine the workers run: Tandem's own (default) or vLLM "
+        "(docs/runtimes.md).")
     network_policy: NetworkPolicySpec = api_field(
         "networkPolicy", default={}, description="Who may reach the worker pods.")
     autoscaling: AutoscalingSpec | None = api_field(
@@ -282,6 +323,7 @@ class InferenceServiceSpec:
              "router.limits.maxOutputTokens must be below model.maxModelLen"),
         Rule("!has(self.kvTransfer.rdma) || (self.prefill.gpus > 0 && self.decode.gpus > 0)",
              "kvTransfer.rdma needs GPU workers: prefill.gpus and decode.gpus must be at least 1"),
+        *VLLM_RULES,
     )
 
     @classmethod

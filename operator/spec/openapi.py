@@ -88,7 +88,7 @@ def _type_schema(tp: Any, decl: Decl, context: dict[str, str]) -> dict[str, Any]
         return object_schema(tp, context, decl.overrides)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is tuple:
-        return {"type": "array", "items": _type_schema(args[0], Decl(decl.name), context)}
+        return {"type": "array", "items": _type_schema(args[0], Decl(decl.name), context) | decl.values}
     if origin is dict:
         return {"type": "object", "additionalProperties": _type_schema(args[1], Decl(decl.name), context)
                 | decl.values}

@@ -55,6 +55,8 @@ FULL = {
                "serviceAccountName": "router-sa", "podDisruptionBudget": {"enabled": False, "maxUnavailable": 2,
                                                                           "minAvailable": "50%"}},
     "image": {"repository": "reg.io/x", "tag": "1.0", "pullPolicy": "Always"},
+    "runtime": {"name": "vllm", "image": {"repository": "reg.io/vllm", "tag": "1.0", "pullPolicy": "Always"},
+                "args": ["--enforce-eager"]},
     "networkPolicy": {"enabled": False, "metricsFrom": [{"podSelector": {}}]},
     "autoscaling": {
         "intervalSeconds": 10, "windowSeconds": 30, "tolerance": 0.2,
