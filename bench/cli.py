@@ -11,6 +11,10 @@ bench/out/<scenario>/<run-id>/, which is not committed.
     python -m bench                     # the scenarios, one line each
     python -m bench <scenario> --help
     python -m bench default             # what `make bench` runs: DEFAULT_SCENARIOS in turn
+
+A concluded experiment is archived (ARCHIVED): its results stay in bench/results/ and its
+conclusion in BENCHMARKS.md; its code is in git at the commit named, and `python -m bench <name>`
+says how to get it back.
 """
 
 from __future__ import annotations
@@ -40,6 +44,17 @@ DEFAULT_SCENARIOS: tuple[tuple[str, ...], ...] = (
     ("chaos",),  # kills and restarts under load: nothing lost, nothing left (~15 min)
     ("summary",),  # issue 23's targets, Tandem beside vLLM, from the runs above (BENCHMARKS.md's head)
 )
+# Concluded experiments: name -> (the last commit holding bench/scenarios/<name>.py, where
+# BENCHMARKS.md writes its conclusion).
+ARCHIVED: dict[str, tuple[str, str]] = {
+    "step_options": ("371d5ce", "The decode step and the first gap, investigated"),
+    "sampling_overhead": ("371d5ce", "The OpenAI API's sampling extras"),
+    "model_paths": ("371d5ce", "Two model paths: native against transformers"),
+    "profile_summary": ("371d5ce", "The engine: one worker on one core (--profile summarizes in the run now)"),
+    "migration": ("371d5ce", "Scale-down of decode: running streams migrate (measured)"),
+    "engine_interference": ("371d5ce", "Chunked prefill per role"),
+    "parity_probe": ("371d5ce", "The handoff parity probe: its cost, and the noise it must tolerate"),
+}
 
 
 def scenario_names() -> list[str]:
@@ -122,6 +137,7 @@ def usage() -> str:
     lines = [__doc__.strip(), "", "scenarios:"]
     lines += [f"  {n:{width}s}  {summary_line(n)}" for n in scenario_names()]
     lines += ["", "default (make bench): " + "; ".join(" ".join(d) for d in DEFAULT_SCENARIOS)]
+    lines += ["archived (results and conclusions kept): " + ", ".join(ARCHIVED)]
     return "\n".join(lines)
 
 
@@ -133,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     if name == "default":
         return run_defaults()
+    if name in ARCHIVED:
+        commit, section = ARCHIVED[name]
+        print(f"{name} is archived: its results are in bench/results/{name}/, its conclusion in BENCHMARKS.md "
+              f"({section!r}); its code: git show {commit}:bench/scenarios/{name}.py", file=sys.stderr)
+        return 2
     if name not in scenario_names():
         print(f"unknown scenario {name!r}; choose from: {', '.join(scenario_names())}", file=sys.stderr)
         return 2

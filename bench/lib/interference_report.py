@@ -130,7 +130,7 @@ def _profiles(result: dict[str, Any]) -> list[str]:
         out += [f"`{arm}`, one more run of the load under `py-spy record --threads --nonblocking` (not in the "
                 f"tables above; TTFT p50 {fmt_s(lat['ttft_p50'])}, ITL p50 {fmt_s(lat['itl_p50'])}, p99 "
                 f"{fmt_s(lat['itl_p99'])}): share of samples per thread, and of the engine thread's samples by "
-                "what it was doing (`bench/lib/profile_summary.py`).", ""]
+                "what it was doing (`bench/lib/pyspy.py`).", ""]
         rows = []
         for role, s in prof["workers"].items():
             rows += [[role, k, fmt_pct(v)] for k, v in s["threads"].items() if v >= 0.005]

@@ -178,8 +178,9 @@ async def main_async(args: argparse.Namespace) -> dict:
         if args.profile:
             out = Path(args.out_dir) / "profiles"
             for arm, procs in arms.items():
-                async with profiling({p.pid: out / f"{arm}-{p.role}-stream50.txt" for p in procs[1:]}):
+                async with profiling({p.pid: out / f"{arm}-{p.role}-stream50.txt" for p in procs[1:]}) as got:
                     await run_closed_loop(procs[-1].url, model, reqs["stream50"], 50)
+                res.setdefault("profiles", {})[arm] = {path.stem: s for path, s in got.items()}
     finally:
         for procs in arms.values():
             for p in reversed(procs):

@@ -8,7 +8,7 @@ with the head restricted to tokens with text so every token is a chunk) unless -
 cannot be installed (one line says why).
 
     python -m bench engine_http [--dtypes float32,bfloat16] [--reps 3]
-        [--profile]           # also py-spy the worker under the N-stream load (profile_summary reads it)
+        [--profile]           # also py-spy the worker under the N-stream load: where its time goes
         [--baseline DIR]      # also a worker from another tree (before/after in one run)
         [--worker-arg=--prefill-chunk-tokens=256 ...]
 
@@ -69,11 +69,13 @@ async def measure(args: argparse.Namespace) -> dict:
                 for arm in names[rep % len(names):] + names[: rep % len(names)]:  # the first arm rotates
                     res["runs"].append(await one_arm(arm, d, rep, model_dir, workers, args))
         if args.profile:
+            res["profiles"] = {}
             for (a, d), w in workers.items():
                 if a == "vllm":
                     continue
-                async with profiling({w.pid: Path(args.out_dir) / "profiles" / f"{a}-{d}-{args.streams}streams.txt"}):
+                async with profiling({w.pid: Path(args.out_dir) / "profiles" / f"{a}-{d}-{args.streams}streams.txt"}) as got:
                     await concurrent_streams(w.url, args.streams, args.prompt_len, args.new_tokens, 999)
+                res["profiles"][f"{a}-{d}"] = next(iter(got.values()), None)
     finally:
         for w in workers.values():
             w.stop()

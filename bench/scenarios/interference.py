@@ -36,7 +36,6 @@ from bench.lib.cpu import busy_cpu_seconds
 from bench.lib.loadgen import run_workload, token_counter
 from bench.lib.metrics import RequestRecord, summarize, text_mismatches
 from bench.lib.models import ENGINE_MODEL, bench_model_dir, kv_bytes_per_token, model_params
-from bench.lib.profile_summary import summarize as summarize_profile
 from bench.lib.pyspy import profiling
 from bench.lib.ready import served_model
 from bench.lib.results import ROOT, host_info
@@ -164,7 +163,7 @@ class Bench:
         arm, model, _ = await self.start(spec, "profile")
         files = {p.role: Path(self.args.out_dir) / "profiles" / f"{name}-{p.role}.txt" for p in arm.workers}
         try:
-            async with profiling({p.pid: files[p.role] for p in arm.workers}):
+            async with profiling({p.pid: files[p.role] for p in arm.workers}) as summaries:
                 records = await run_workload(arm.url, model, self.workload, reqs,
                                              timeout_s=self.args.request_timeout_s)
         except RuntimeError as e:  # py-spy missing: everything else is still measured
@@ -176,7 +175,7 @@ class Bench:
         sm = summarize(records, [])
         self.profiles[name] = {
             "latency": {"ttft_p50": sm["ttft"]["p50"], "itl_p50": sm["itl"]["p50"], "itl_p99": sm["itl"]["p99"]},
-            "workers": {role: summarize_profile(f) for role, f in files.items() if f.is_file()},
+            "workers": {role: summaries[f] for role, f in files.items() if f in summaries},
             "raw": {role: str(f) for role, f in files.items()}}
         print(f"profile {name}: {json.dumps(self.profiles[name]['workers'])[:600]}", flush=True)
 

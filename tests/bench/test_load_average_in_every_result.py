@@ -44,13 +44,11 @@ def test_the_sampler_reads_until_stopped_and_once_more_at_the_end():
 
 
 def test_a_saved_result_carries_the_load_sampled_through_its_run(tmp_path):
-    profile = tmp_path / "worker.txt"
-    profile.write_text("thread (0x1): tandem-engine;step (engine.py:10);sample (sampling.py:5) 30\n")
-    cmd = [sys.executable, "-m", "bench", "profile_summary", str(profile), "--run-id", "20260101-000000",
+    cmd = [sys.executable, "-m", "bench", "summary", "--no-markdown", "--run-id", "20260101-000000",
            "--results-dir", str(tmp_path / "results")]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    doc = json.loads((tmp_path / "results" / "profile_summary" / "20260101-000000.json").read_text())
+    doc = json.loads((tmp_path / "results" / "summary" / "20260101-000000.json").read_text())
     during = doc["host"]["loadavg_during"]
     assert during["samples"] >= 2 and during["min"] <= during["median"] <= during["max"]
     assert len(during["series"]) == during["samples"]
