@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -78,8 +79,11 @@ class RequestRecord:
         return cls(**d)
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default method); NaN for no values."""
+def percentile(values: Iterable[float], q: float) -> float:
+    """The bench's one percentile: linear interpolation between the two nearest ranks, numpy's
+    default method, which `vllm bench serve` uses (np.percentile), so a Tandem and a vLLM figure
+    mean the same; NaN for no values."""
+    values = list(values)
     if not values:
         return math.nan
     if not 0 <= q <= 100:

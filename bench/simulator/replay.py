@@ -14,6 +14,7 @@ from tandem.planning.planner_loop import PlannerPolicy
 from tandem.planning.planner_loop import router_bounds as planner_router_bounds
 from tandem.planning.simulation import Simulation
 
+from bench.lib.metrics import percentile
 from bench.simulator.policies import FixedPolicy, Fleet, RatioPolicy
 from bench.simulator.trace import day, load_shape
 
@@ -63,13 +64,6 @@ def planner_spec(fleet: Fleet, ttft: float, itl: float, prefill_min: int, percen
     })
 
 
-def _pct(values, q: float) -> float:
-    if not values:
-        return math.nan
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 def simulate(policy: str, cap: Capacity, fleet: Fleet, peak_rps: float, size: int, args) -> Result:
     spec = planner_spec(fleet, args.ttft * args.target_margin, args.itl * args.target_margin, args.prefill_min,
                         args.percentile)
@@ -95,8 +89,8 @@ def simulate(policy: str, cap: Capacity, fleet: Fleet, peak_rps: float, size: in
         policy=policy, size=size, peak_rps=peak_rps, fleet=asdict(fleet), requests=len(o.ttft),
         attainment=met / max(1, len(o.ttft)),
         ttft_missed=sum(x > args.ttft for x in o.ttft) / max(1, len(o.ttft)),
-        tpot_missed=sum(x > args.itl for x in o.tpot) / max(1, len(o.tpot)), ttft_p50=_pct(o.ttft, 0.5), ttft_p90=_pct(o.ttft, 0.9),
-        tpot_p90=_pct(o.tpot, 0.9), replica_s=dict(sim.replica_seconds), wall_s=time.perf_counter() - t0,
+        tpot_missed=sum(x > args.itl for x in o.tpot) / max(1, len(o.tpot)), ttft_p50=percentile(o.ttft, 50), ttft_p90=percentile(o.ttft, 90),
+        tpot_p90=percentile(o.tpot, 90), replica_s=dict(sim.replica_seconds), wall_s=time.perf_counter() - t0,
         by_hour=[m / a if a else math.nan for m, a in zip(o.met_by_hour, o.all_by_hour, strict=True)],
         timeline=sim.timeline, reasons=reasons)
 
