@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from tandem.worker.local.cache import cache_root as product_cache_root
 
 ENGINE_MODEL = dict(num_layers=8, hidden_size=512, num_heads=8, num_kv_heads=4, intermediate_size=1536,
                     vocab_size=32000, max_position_embeddings=4096, seed=0, tie_word_embeddings=True)
@@ -31,7 +32,7 @@ def model_context(model_dir: Path) -> int:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem"))
+    return product_cache_root()
 
 
 def engine_model_dir(max_positions: int | None = None) -> Path:
