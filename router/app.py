@@ -24,12 +24,10 @@ from tandem.router import parity_checker, tokenize_api
 from tandem.router.chat_fields import decode_echo
 from tandem.router.config import RouterConfig
 from tandem.router.errors import RouterError, bad_request, no_worker
+from tandem.router.journey import ClientRequest
 from tandem.router.kv_feed import KVEventFeed
 from tandem.router.metrics import RouterMetrics
-from tandem.router.orchestrator import (
-    Orchestrator,
-    RequestContext,
-)
+from tandem.router.orchestrator import Orchestrator
 from tandem.router.parity_checker import ParityChecker
 from tandem.router.policies.base import PolicySettings, RoutingPolicy
 from tandem.router.policies.registry import policy_class
@@ -125,8 +123,9 @@ class Router:
         self.tokens = TokenizerSync(client, self.config.tokenizer)
         if self.config.tokenizer not in (WORKERS, OFF):
             self.tokens.load_dir()
+        policy = self._policy(client)
         self.workers = WorkerSet(client, poll_interval_s=self.config.poll_interval_s, served_model=self.config.model,
-                               listeners=[self.tokens.refresh])
+                                 listeners=[self.tokens.refresh], prefix_index=self.index)
         if self.config.parity_probe:
             c = self.config
             self.parity = ParityChecker(client, self.metrics.registry, c.parity_tolerance, c.parity_recheck_s,
@@ -135,7 +134,7 @@ class Router:
         self.orchestrator = Orchestrator(
             client,
             self.workers,
-            self._policy(client),
+            policy,
             self.metrics,
             limits=self.limits,
             max_prefill_attempts=self.config.max_prefill_attempts,
@@ -158,7 +157,8 @@ class Router:
         self._poller = asyncio.create_task(self.workers.run())
 
     def _policy(self, client: WorkerClient) -> RoutingPolicy:
-        """The configured policy; one that routes by prefix gets an index the workers' KV events feed."""
+        """The configured policy; for one that routes by prefix, the index the workers' KV events feed
+        (the worker set reads it into each snapshot: the policy never sees it)."""
         cls, c = policy_class(self.config.policy), self.config
         if cls.uses_prefix_index:
             self.index = PrefixIndex()
@@ -166,7 +166,7 @@ class Router:
         return cls(PolicySettings(
             short_prompt_threshold=c.short_prompt_threshold, prefill_saturated_tokens=c.prefill_saturated_tokens,
             decode_headroom_sequences=c.decode_headroom_sequences,
-            prefix_sequence_cost_tokens=c.prefix_sequence_cost_tokens, prefix_index=self.index))
+            prefix_sequence_cost_tokens=c.prefix_sequence_cost_tokens))
 
     def set_targets(self, targets: list[Target]) -> None:
         assert self.workers is not None
@@ -310,7 +310,7 @@ class Router:
     async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         assert self.workers is not None and self.orchestrator is not None
         request_id = uuid.uuid4().hex
-        ctx = RequestContext(request_id)
+        record = ClientRequest(request_id)
         t0 = time.monotonic()
         status = "500"
         self.metrics.in_flight.inc()
@@ -336,9 +336,9 @@ class Router:
                 )
                 assert self.responder is not None
                 if parsed.stream:
-                    resp, status = await self.responder.stream(request, parsed, shape, ctx, t0)
+                    resp, status = await self.responder.stream(request, parsed, shape, record, t0)
                 else:
-                    resp = await self.responder.complete(parsed, shape, ctx, t0)
+                    resp = await self.responder.complete(parsed, shape, record, t0)
                     status = "200"
                     self.metrics.e2e.observe(time.monotonic() - t0)
                 return resp
@@ -357,8 +357,7 @@ class Router:
             log.info(
                 "request done",
                 extra={
-                    "request_id": request_id, "status": status, "route": ctx.route, "phase": ctx.phase,
-                    "prefill": ctx.prefill_url, "decode": ctx.decode_url,
+                    "request_id": request_id, "status": status, **record.summary(),
                     "seconds": round(time.monotonic() - t0, 4),
                 },
             )

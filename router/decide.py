@@ -1,10 +1,13 @@
-"""The request state machine as one pure step: `decide(journey, outcome) -> action`.
+"""The request state machine as one pure step: `decide(journey, outcome, snapshot) -> action`.
 
-Given what just happened to a request, `decide` updates the journey's record (its only effect) and
-says what the driver does next. It does no I/O: no awaits, no clock (time comes with the
-outcome), no metrics or logs (the action carries them); the routing policy it asks is itself a
-decision over the outcome's snapshot of the workers. So every fault path is a plain function
-call in the tests (tests/router/test_request_state_machine.py, test_state_machine_migrates_streams.py).
+Given what just happened to a request, `decide` updates the journey's record (its only effect:
+its state and what it now counts on each worker, `Journey.charges`) and says what the driver does
+next. It does no I/O: no awaits, no clock (time comes with the outcome), no metrics or logs (the
+action carries them), nothing live: the routing policy it asks is a decision over the snapshot
+(the workers, their cached prefixes, the round-robin cursor), so the same journey, outcome and
+snapshot give the same action (tests/router/test_decide_gives_the_same_action_twice.py). Every
+fault path is a plain function call in the tests (test_request_state_machine.py,
+test_state_machine_migrates_streams.py).
 
 The rules, state by state:
 - arrived: a prompt of known size over `maxPromptTokens` fails (400) before any worker computes;
@@ -30,8 +33,8 @@ many characters the client has (Journey.worker_request), so nothing here trims t
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 
+from tandem.contracts.names import Role
 from tandem.contracts.protocol import EventType, FinishReason, StreamEvent
 from tandem.contracts.routing import RouteReason
 from tandem.router.errors import RouterError, no_worker, overloaded, upstream_failed
@@ -42,10 +45,8 @@ from tandem.router.journey import (
     Phase,
     Rules,
     Started,
-    Tokens,
-    request_info,
 )
-from tandem.router.policies.base import RequestInfo, WorkerView
+from tandem.router.policies.base import RequestInfo, Snapshot, WorkerView
 from tandem.router.steps import (
     Abort,
     Aborted,
@@ -66,6 +67,7 @@ from tandem.router.steps import (
     Wait,
     Waited,
     Why,
+    charges,
 )
 from tandem.router.validation import check_prompt_tokens
 from tandem.router.worker_client import WorkerBusy, WorkerFailed
@@ -73,25 +75,32 @@ from tandem.router.worker_client import WorkerBusy, WorkerFailed
 INFO, WARNING = logging.INFO, logging.WARNING
 
 
-def decide(j: Journey, outcome: Outcome) -> Action:
-    """The next action for journey `j` after `outcome` (see the module docstring)."""
+def decide(j: Journey, outcome: Outcome, snap: Snapshot) -> Action:
+    """The next action for journey `j` after `outcome`, choosing among `snap` (see the module
+    docstring); `j.charges` then say what the request counts on each worker."""
+    action = _step(j, outcome, snap)
+    j.charges = charges(action, j.charges, j.plan.decode.url if j.plan is not None else None)
+    return action
+
+
+def _step(j: Journey, outcome: Outcome, snap: Snapshot) -> Action:
     match outcome:
         case Arrived():
-            return _arrived(j, outcome)
+            return _arrived(j, outcome, snap)
         case Rejected():
             return _fail(j, outcome.error)
         case Prefilled():
             return _prefilled(j, outcome)
         case Failed() if j.phase is Phase.PREFILL:
-            return _prefill_failed(j, outcome)
+            return _prefill_failed(j, outcome, snap)
         case Failed():
-            return _decode_failed(j, outcome)
+            return _decode_failed(j, outcome, snap)
         case Aborted():
-            return _after_abort(j, outcome)
+            return _after_abort(j, outcome, snap)
         case Line():
-            return _line(j, outcome)
+            return _line(j, outcome, snap)
         case Waited():
-            return _waited(j, outcome)
+            return _waited(j, outcome, snap)
     raise TypeError(f"not an outcome: {outcome!r}")
 
 
@@ -123,27 +132,27 @@ def _over_limit(j: Journey, prompt_tokens: int) -> RouterError | None:
     return None
 
 
-def _resume_choice(j: Journey, workers: Sequence[WorkerView], exclude: set[str]) -> WorkerView | None:
-    return _rules(j).policy.resume_decode(_info(j), workers, frozenset(exclude))
+def _resume_choice(j: Journey, snap: Snapshot, exclude: set[str]) -> WorkerView | None:
+    return _rules(j).policy.resume_decode(_info(j), snap, frozenset(exclude))
 
 
-def _kv_choice(j: Journey, workers: Sequence[WorkerView], exclude: set[str]) -> WorkerView | None:
+def _kv_choice(j: Journey, snap: Snapshot, exclude: set[str]) -> WorkerView | None:
     """A decode worker that may pull the journey's KV: only one of the generation that computed it
     (another model's weights would read it as garbage, and cache it), never one a parity probe found
     disagreeing."""
-    pool = [w for w in workers if w.generation == j.kv_generation and not w.parity_mismatch]
-    return _resume_choice(j, pool, exclude)
+    pool = [w for w in snap.workers if w.generation == j.kv_generation and not w.parity_mismatch]
+    return _resume_choice(j, snap.among(pool), exclude)
 
 
-def _next_decode(j: Journey, workers: Sequence[WorkerView], exclude: set[str]) -> tuple[WorkerView | None, tuple]:
+def _next_decode(j: Journey, snap: Snapshot, exclude: set[str]) -> tuple[WorkerView | None, tuple]:
     """The next decode worker and the aborts it takes: with the KV to one of its generation; else
     any by recompute, the lease nobody will pull then freed; None: none free (the KV kept)."""
     if j.kv is None:
-        return _resume_choice(j, workers, exclude), ()
-    nxt = _kv_choice(j, workers, exclude)
+        return _resume_choice(j, snap, exclude), ()
+    nxt = _kv_choice(j, snap, exclude)
     if nxt is not None:
         return nxt, ()
-    nxt = _resume_choice(j, workers, exclude)
+    nxt = _resume_choice(j, snap, exclude)
     if nxt is None:
         return None, ()
     holder = j.lease_holder
@@ -162,23 +171,22 @@ def _moved(j: Journey, now: float) -> Moved | None:
 # --- arrival and prefill -----------------------------------------------------------------------
 
 
-def _arrived(j: Journey, o: Arrived) -> Action:
-    j.request, j.rules = o.request, o.rules
-    j.info = info = request_info(o.request, j.request_id)
+def _arrived(j: Journey, o: Arrived, snap: Snapshot) -> Action:
+    j.request, j.rules, j.info = o.request, o.rules, o.info
     j.prompt_ids = o.request.prompt_token_ids
-    if info.prompt_token_ids is not None:  # exact already: refused before any worker computes
-        err = _over_limit(j, info.prompt_tokens)
+    if o.info.prompt_token_ids is not None:  # exact already: refused before any worker computes
+        err = _over_limit(j, o.info.prompt_tokens)
         if err is not None:
             return _fail(j, err)
-    plan = o.rules.policy.plan(info, o.workers)
+    plan = o.rules.policy.plan(o.info, snap)
     if plan is None:
         return _fail(j, no_worker("no worker is ready to serve this request; retry shortly."))
     j.plan, j.route = plan, plan.reason
     if plan.prefill is not None:
         j.phase = Phase.PREFILL
-        return _prefill_on(j, plan.prefill, Why.PLANNED, plan=plan)
+        return _prefill_on(j, plan.prefill, Why.PLANNED, plan=plan, turns=(Role.PREFILL, Role.DECODE))
     j.phase = Phase.DECODE
-    return _decode_on(j, plan.decode, Why.PLANNED, plan=plan, route=j.route)
+    return _decode_on(j, plan.decode, Why.PLANNED, plan=plan, route=j.route, turns=(Role.DECODE,))
 
 
 def _prefill_on(j: Journey, worker: WorkerView, why: Why, **effects) -> PrefillOn:
@@ -192,17 +200,17 @@ def _prefill_on(j: Journey, worker: WorkerView, why: Why, **effects) -> PrefillO
     return PrefillOn(worker=worker, work=work, why=why, **effects)
 
 
-def _prefill_failed(j: Journey, o: Failed) -> Action:
+def _prefill_failed(j: Journey, o: Failed, snap: Snapshot) -> Action:
     plan = j.plan
     assert plan is not None
     busy = isinstance(o.error, WorkerBusy)
     j.route = RouteReason.PREFILL_SATURATED if busy else RouteReason.PREFILL_FAILED
     effects = {"fault": Fault(o.url, "prefill", o.error), "abort": () if busy else (o.url,)}
     j.prefill_tried.add(o.url)
-    nxt = _rules(j).policy.retry_prefill(_info(j), plan, o.workers, frozenset(j.prefill_tried))
+    nxt = _rules(j).policy.retry_prefill(_info(j), plan, snap, frozenset(j.prefill_tried))
     if nxt is not None and j.prefill_attempts < _rules(j).max_prefill_attempts:
         note = (INFO, f"request {j.request_id}: retrying prefill on {nxt.url} (attempt {j.prefill_attempts + 1})")
-        return _prefill_on(j, nxt, Why.RETRY, notes=(note,), **effects)
+        return _prefill_on(j, nxt, Why.RETRY, notes=(note,), turns=(Role.PREFILL,), **effects)
     j.prefill_url = None
     j.phase = Phase.DECODE
     return _decode_on(j, plan.decode, Why.FALLBACK, route=j.route, **effects)
@@ -218,10 +226,8 @@ def _prefilled(j: Journey, o: Prefilled) -> Action:
     err = _over_limit(j, j.prompt_tokens)
     if err is not None:
         return _fail(j, err, route=j.route)
-    j.generated.append(res.first_token_id)
-    j.chars += len(res.first_token_text)
     first_lp = [res.first_token_logprobs] if res.first_token_logprobs else None
-    emit = (Started(j.prompt_tokens), Tokens([res.first_token_id], res.first_token_text, first_lp))
+    emit = (Started(j.prompt_tokens), j.tokens([res.first_token_id], res.first_token_text, first_lp))
     if res.finish_reason is not None:
         j.phase = Phase.FINISHED
         return Finish(emit=(*emit, Finished(res.finish_reason.value, j.prompt_tokens, 1)), route=j.route)
@@ -256,26 +262,26 @@ def _started(j: Journey, prompt_tokens: int) -> Started | RouterError:
     return _over_limit(j, prompt_tokens) or Started(prompt_tokens)
 
 
-def _line(j: Journey, o: Line) -> Action:
+def _line(j: Journey, o: Line, snap: Snapshot) -> Action:
     ev = o.event
     if ev.type is EventType.HEARTBEAT:  # queued there: alive, nothing to pass on
         return Read()
     if ev.type is EventType.MIGRATE:  # it is leaving: every token so far came before this
-        return _migrate(j, o)
+        return _migrate(j, o, snap)
     if ev.type is EventType.ERROR:
         err = ev.error or {}
         if err.get("type") == "invalid_request_error" and not j.generated:
             return _fail(j, RouterError.from_body(400, {"error": err}))
-        return _decode_failed(j, _failure(o, f"decode on {o.url}: {err.get('message')}"))
+        return _decode_failed(j, _failure(o, f"decode on {o.url}: {err.get('message')}"), snap)
     if ev.type is EventType.START:
         if j.prompt_tokens is not None or ev.prompt_tokens is None:
             return Read()
         started = _started(j, ev.prompt_tokens)
         return _fail(j, started) if isinstance(started, RouterError) else Read(emit=(started,))
-    return _output(j, o, ev)
+    return _output(j, o, ev, snap)
 
 
-def _output(j: Journey, o: Line, ev: StreamEvent) -> Action:
+def _output(j: Journey, o: Line, ev: StreamEvent, snap: Snapshot) -> Action:
     """A TOKEN or FINISH line: what it adds to the client's text, and whether the stream is over."""
     emit: list = []
     if j.prompt_tokens is None:  # a worker that sent no START
@@ -285,38 +291,36 @@ def _output(j: Journey, o: Line, ev: StreamEvent) -> Action:
         emit.append(started)
     moved = None
     if ev.token_ids or ev.text:
-        j.generated.extend(ev.token_ids)
-        j.chars += len(ev.text)
-        emit.append(Tokens(list(ev.token_ids), ev.text, ev.logprobs or None))
+        emit.append(j.tokens(list(ev.token_ids), ev.text, ev.logprobs or None))
         moved = _moved(j, o.now)
     if ev.type is not EventType.FINISH:
         return Read(emit=tuple(emit), moved=moved)
     reason = ev.finish_reason or FinishReason.STOP
     if reason in (FinishReason.ABORT, FinishReason.ERROR):
-        return _decode_failed(j, _failure(o, f"decode on {o.url} ended with {reason}"), emit=tuple(emit),
+        return _decode_failed(j, _failure(o, f"decode on {o.url} ended with {reason}"), snap, emit=tuple(emit),
                               moved=moved)
     j.finish_reason = reason.value
     return _finish(j, o.now, emit=tuple(emit), moved=moved)
 
 
 def _failure(o: Line, message: str) -> Failed:
-    return Failed(o.url, WorkerFailed(message, dead=False), workers=o.workers, now=o.now)
+    return Failed(o.url, WorkerFailed(message, dead=False), now=o.now)
 
 
-def _decode_failed(j: Journey, o: Failed, **effects) -> Action:
+def _decode_failed(j: Journey, o: Failed, snap: Snapshot, **effects) -> Action:
     fault = Fault(o.url, "decode", o.error)
     if isinstance(o.error, WorkerBusy):  # it refused before streaming: the KV lease is still there
         j.busy[o.url] = o.error.retry_after_s
-        return _after_busy(j, o, fault=fault, **effects)
+        return _after_busy(j, o, snap, fault=fault, **effects)
     j.failures += 1
     j.failure = o.error
     if not o.error.dead:  # it may get the resume: its copy (same request id) must be gone first
         return Abort(url=o.url, fault=fault, **effects)
     j.excluded.add(o.url)
-    return _after_abort(j, o, fault=fault, abort=(o.url,), **effects)
+    return _after_abort(j, o, snap, fault=fault, abort=(o.url,), **effects)
 
 
-def _after_abort(j: Journey, o: Outcome, **effects) -> Action:
+def _after_abort(j: Journey, o: Outcome, snap: Snapshot, **effects) -> Action:
     """After decode failed: the lease a handoff did not pull freed, and the worker to resume on;
     finished when every token was generated already; too many failures, or none left, is a 502."""
     abort = effects.pop("abort", ())
@@ -327,22 +331,22 @@ def _after_abort(j: Journey, o: Outcome, **effects) -> Action:
     if len(j.generated) >= j.request.sampling.max_tokens:  # it died between its last token and its finish
         j.finish_reason = FinishReason.LENGTH.value
         return _finish(j, o.now, abort=abort, **effects)
-    nxt = _resume_choice(j, o.workers, j.excluded)
+    nxt = _resume_choice(j, snap, j.excluded)
     if j.failures > _rules(j).max_resumes or nxt is None:
         note = (WARNING, f"request {j.request_id}: giving up after {j.failures} decode failures: {j.failure}")
         return _fail(j, upstream_failed("the decode worker failed and no other could resume the request"),
                      abort=abort, notes=(note,), **effects)
     note = (INFO, f"request {j.request_id}: resuming on {nxt.url} after {len(j.generated)} tokens")
-    return _decode_on(j, nxt, Why.RESUME, abort=abort, notes=(note,), **effects)
+    return _decode_on(j, nxt, Why.RESUME, abort=abort, notes=(note,), turns=(Role.DECODE,), **effects)
 
 
-def _after_busy(j: Journey, o: Outcome, **effects) -> Action:
+def _after_busy(j: Journey, o: Outcome, snap: Snapshot, **effects) -> Action:
     """The next decode worker once busy ones refused: one that has not, else (every one busy) a 503
     with Retry-After while the client has nothing yet, else a wait for the soonest Retry-After
     and another round, within `busy_wait_s` in all."""
-    nxt, abort = _next_decode(j, o.workers, j.excluded | j.busy.keys())
+    nxt, abort = _next_decode(j, snap, j.excluded | j.busy.keys())
     if nxt is not None:
-        return _decode_on(j, nxt, Why.RETRY, abort=abort, **effects)
+        return _decode_on(j, nxt, Why.RETRY, abort=abort, turns=(Role.DECODE,), **effects)
     wait = min(j.busy.values())
     if j.prompt_tokens is None:  # nothing sent yet: the client can come back later
         return _fail(j, overloaded(wait), **effects)
@@ -354,15 +358,15 @@ def _after_busy(j: Journey, o: Outcome, **effects) -> Action:
     return Wait(seconds=wait, notes=(note,), **effects)
 
 
-def _waited(j: Journey, o: Waited) -> Action:
+def _waited(j: Journey, o: Waited, snap: Snapshot) -> Action:
     j.busy.clear()
-    nxt, abort = _next_decode(j, o.workers, j.excluded)
+    nxt, abort = _next_decode(j, snap, j.excluded)
     if nxt is None:
         return _fail(j, no_worker("no decode worker is ready to continue this request; retry shortly."))
-    return _decode_on(j, nxt, Why.RETRY, abort=abort)
+    return _decode_on(j, nxt, Why.RETRY, abort=abort, turns=(Role.DECODE,))
 
 
-def _migrate(j: Journey, o: Line) -> Action:
+def _migrate(j: Journey, o: Line, snap: Snapshot) -> Action:
     """Where a request goes when its decode worker leaves: another ready decode worker of the same
     generation with the KV it leased, else any decode-capable one by recompute. No worker left is
     a 502 (the stream has started)."""
@@ -379,7 +383,7 @@ def _migrate(j: Journey, o: Line) -> Action:
             notes.append((WARNING, f"request {j.request_id}: MIGRATE from {source} lists "
                                    f"{len(o.event.generated_token_ids)} tokens, the client has "
                                    f"{len(j.generated)}: recomputing"))
-    nxt, _ = _next_decode(j, o.workers, j.excluded)
+    nxt, _ = _next_decode(j, snap, j.excluded)
     # a lease there that nobody will pull (no worker, another generation, tokens that disagree): free it now
     abort = (source,) if kv is not None and (nxt is None or j.kv is None) else ()
     if nxt is None:
@@ -387,4 +391,4 @@ def _migrate(j: Journey, o: Line) -> Action:
                                         "ready to continue it"), abort=abort, notes=tuple(notes))
     notes.append((INFO, f"request {j.request_id}: {source} is leaving; migrating to {nxt.url} after "
                         f"{len(j.generated)} tokens ({'pulling its KV' if j.kv is not None else 'recomputing'})"))
-    return _decode_on(j, nxt, Why.MIGRATE, abort=abort, notes=tuple(notes))
+    return _decode_on(j, nxt, Why.MIGRATE, abort=abort, notes=tuple(notes), turns=(Role.DECODE,))

@@ -1,11 +1,13 @@
 """`n` > 1: one client request as n sequences, fanned out above the orchestrator.
 
-Choice 0 starts alone; the others start once its prompt has been computed (its first event), so
-they find the prompt's KV in the prefix cache of the worker that computed it (the prefix-aware
-policy sends them there) instead of computing it n times. Each choice is a request of its own to
-the workers (id `<request id>-<i>`, its own seed: the client's seed + i modulo 2**64, so a seeded
-request is reproducible, its choices differ and every seed stays one a worker takes); their events come back merged, tagged with the choice index.
-A consumer that stops early closes every choice, which aborts them on every worker they touched.
+The request's parent record (`ClientRequest`, journey.py) owns one journey per choice. Choice 0
+starts alone; the others start once its prompt has been computed (its first event), so they find
+the prompt's KV in the prefix cache of the worker that computed it (the prefix-aware policy sends
+them there) instead of computing it n times. Each choice is a request of its own to the workers
+(id `<request id>-<i>`, its own seed: the client's seed + i modulo 2**64, so a seeded request is
+reproducible, its choices differ and every seed stays one a worker takes); their events come back
+merged, tagged with the choice index. A consumer that stops early closes every choice, which
+aborts them on every worker they touched.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 from tandem.contracts.json_body import INT_MAX
-from tandem.router.orchestrator import Event, Orchestrator, RequestContext
+from tandem.router.journey import ClientRequest, Event
+from tandem.router.orchestrator import Orchestrator
 from tandem.router.validation import ParsedRequest
 
 
@@ -34,11 +37,12 @@ def _choice(parsed: ParsedRequest, i: int) -> ParsedRequest:
     return dataclasses.replace(parsed, sampling=sampling)
 
 
-async def choices(orchestrator: Orchestrator, parsed: ParsedRequest, ctx: RequestContext
+async def choices(orchestrator: Orchestrator, parsed: ParsedRequest, record: ClientRequest
                   ) -> AsyncIterator[tuple[int, Event]]:
     """(choice index, event) for every choice, in the order they happen."""
+    journeys = record.fan_out(parsed.n)
     if parsed.n == 1:
-        async with contextlib.aclosing(orchestrator.run(parsed, ctx)) as events:
+        async with contextlib.aclosing(orchestrator.run(parsed, journeys[0])) as events:
             async for ev in events:
                 yield 0, ev
         return
@@ -48,9 +52,8 @@ async def choices(orchestrator: Orchestrator, parsed: ParsedRequest, ctx: Reques
     async def pump(i: int) -> None:
         if i:
             await first_event.wait()
-        sub = ctx if i == 0 else RequestContext(f"{ctx.request_id}-{i}")
         try:
-            async with contextlib.aclosing(orchestrator.run(_choice(parsed, i), sub)) as events:
+            async with contextlib.aclosing(orchestrator.run(_choice(parsed, i), journeys[i])) as events:
                 async for ev in events:
                     first_event.set()
                     await queue.put((i, ev))

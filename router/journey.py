@@ -1,11 +1,14 @@
 """One client request's journey across workers, as data: the only place its state lives.
 
-A `Journey` holds everything the router knows about one request: where it is (`Phase`), the route
-it took, every worker it touched and the lease tokens it holds there, what the client has received
-(tokens, characters), and what the next decode worker needs (the KV to pull and whose lease it
-is, the workers excluded, failures and busy answers so far, a migration in progress). The pure
-`decide` (decide.py) moves it from one state to the next; the driver (orchestrator.py) performs
-the calls that `decide` asks for and never keeps request state of its own.
+A `Journey` holds everything the router knows about one sequence the client asked for: where it is
+(`Phase`), the route it took, every worker it touched and the lease tokens it holds there, what
+the client has received (tokens, characters: counted here only, each `Tokens` event carries its
+offset), what it counts on each worker meanwhile (`Charge`s, which the worker set adds to its
+views), and what the next decode worker needs (the KV to pull and whose lease it is, the workers
+excluded, failures and busy answers so far, a migration in progress). The pure `decide`
+(decide.py) moves it from one state to the next; the driver (orchestrator.py) performs the calls
+that `decide` asks for and never keeps request state of its own. A `ClientRequest` is the parent
+record of one client request: its choices' journeys (one, or `n`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Tokens:
     token_ids: list[int]
     text: str
     logprobs: list[dict] | None = None  # per token (TokenLogprobs.to_wire), when the request asked
+    offset: int = 0  # characters of generated text the client had before `text` (completions' text_offset)
 
 
 @dataclass
@@ -70,6 +74,17 @@ class Rules:
     max_prefill_attempts: int = 2
     max_resumes: int = 2
     busy_wait_s: float = timing.BUSY_WAIT_S  # waiting for a busy decode worker once the client has tokens
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What one journey counts on one worker until that worker's own numbers (its next poll) catch up:
+    an open call there, a sequence planned there while its prompt is prefilled elsewhere, prompt
+    tokens queued there until their first token. Kept by `decide`, summed by the worker set."""
+
+    inflight: int = 0
+    prompt_tokens: int = 0
+    planned: int = 0
 
 
 @dataclass
@@ -124,6 +139,7 @@ class Journey:
     busy: dict[str, float] = field(default_factory=dict)  # busy decode workers -> their Retry-After
     busy_deadline: float | None = None  # monotonic end of the waiting allowed to this request
     move: Move | None = None
+    charges: dict[str, Charge] = field(default_factory=dict)  # worker url -> what it counts there now
 
     @property
     def done(self) -> bool:
@@ -132,6 +148,14 @@ class Journey:
     def touch(self, url: str) -> None:
         if url not in self.touched:
             self.touched.append(url)
+
+    def tokens(self, token_ids: list[int], text: str, logprobs: list[dict] | None = None) -> Tokens:
+        """The client's next tokens: they join what it has, ids and characters (counted here only: a
+        resume's emitted_chars, each event's offset)."""
+        ev = Tokens(token_ids, text, logprobs, offset=self.chars)
+        self.generated.extend(token_ids)
+        self.chars += len(text)
+        return ev
 
     def clear_kv(self) -> None:
         self.kv = self.lease_holder = self.kv_generation = None
@@ -152,3 +176,35 @@ class Journey:
             greq.generated_token_ids, greq.emitted_chars, greq.kv_source = list(self.generated), self.chars, self.kv
             greq.migrated_from = self.lease_holder if self.move is not None and self.kv is not None else None
         return greq
+
+
+@dataclass
+class ClientRequest:
+    """One client request, the parent of its choices' journeys: choice 0 keeps the request's id, choice
+    i of `n` > 1 is `<id>-<i>` (each a request of its own to the workers, fan_out.py). What the
+    `request done` log line reports."""
+
+    request_id: str
+    choices: list[Journey] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.choices:
+            self.choices.append(Journey(self.request_id))
+
+    def fan_out(self, n: int) -> list[Journey]:
+        """The journeys of `n` choices (the first is the one already there)."""
+        self.choices[1:] = [Journey(f"{self.request_id}-{i}") for i in range(1, n)]
+        return self.choices
+
+    def summary(self) -> dict[str, object]:
+        """Where the request went (the `request done` line): choice 0's route, phase and workers; with
+        n > 1, each choice's too."""
+        out: dict[str, object] = _where(self.choices[0])
+        if len(self.choices) > 1:
+            out["choices"] = [_where(j) for j in self.choices]
+        return out
+
+
+def _where(j: Journey) -> dict[str, object]:
+    return {"route": j.route and str(j.route), "phase": str(j.phase), "prefill": j.prefill_url,
+            "decode": j.decode_url}

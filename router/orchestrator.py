@@ -1,11 +1,13 @@
 """The driver of a request's journey: performs what `decide` (decide.py) asks, and nothing else.
 
 One request's state lives in its `Journey` (journey.py); what happens next is `decide`'s call,
-a pure step over the journey and an outcome (steps.py). This driver does the I/O around it: it
-calls workers through a `WorkerClient` (worker_client.py, an in-process fake in the tests), keeps
-the worker set's router-side counts, sleeps when told to wait, sends aborts, counts metrics and writes
-the log, and turns what happened into the next outcome. It yields router-level events (Started,
-Tokens, Finished) and raises RouterError; app.py turns those into OpenAI responses.
+a pure step over the journey, an outcome (steps.py) and a snapshot this driver takes of the
+worker set (`WorkerSet.snapshot`). This driver does the I/O around it: it calls workers through a
+`WorkerClient` (worker_client.py, an in-process fake in the tests), hands the worker set what the
+journey now counts on each worker (`Journey.charges`) and the round-robin turns an action took,
+sleeps when told to wait, sends aborts, counts metrics and writes the log, and turns what happened
+into the next outcome. It yields router-level events (Started, Tokens, Finished) and raises
+RouterError; app.py turns those into OpenAI responses.
 
 A request that ends early (client gone, an error) is aborted on every worker it touched, with the
 lease token it holds there, so nothing stays allocated. See docs/request-lifecycle.md for the whole
@@ -24,11 +26,10 @@ from tandem.contracts import timing
 from tandem.contracts.protocol import StreamEvent
 from tandem.router.decide import decide
 from tandem.router.errors import RouterError
-from tandem.router.journey import Event, Finished, Journey, Phase, Rules, Started, Tokens
+from tandem.router.journey import Event, Journey, Rules
 from tandem.router.metrics import RouterMetrics
-from tandem.router.policies.base import RequestInfo, RoutingPolicy
+from tandem.router.policies.base import RequestInfo, RoutingPolicy, Snapshot
 from tandem.router.steps import (
-    TERMINAL_LINES,
     Abort,
     Aborted,
     Action,
@@ -48,6 +49,7 @@ from tandem.router.steps import (
     Wait,
     Waited,
     Why,
+    may_choose,
 )
 from tandem.router.validation import Limits, ParsedRequest
 from tandem.router.worker_client import WorkerBusy, WorkerClient, WorkerFailed
@@ -55,18 +57,12 @@ from tandem.router.workers import WorkerSet
 
 log = logging.getLogger("tandem.router")
 
-# app.py and responses.py know a request's journey by this name
-RequestContext = Journey
-__all__ = ["Event", "Finished", "Journey", "Orchestrator", "Phase", "RequestContext", "Started", "Tokens"]
-
 
 class _Stream:
-    """One open /internal/generate call, and the prompt tokens this router counts queued on its
-    worker until the first token (released with the call)."""
+    """One open /internal/generate call."""
 
-    def __init__(self, orch: Orchestrator, url: str, j: Journey, queued: int) -> None:
-        self.url, self.queued, self._workers = url, queued, orch.workers
-        self._assigned_at = orch.workers.assign(url, queued)
+    def __init__(self, orch: Orchestrator, url: str, j: Journey) -> None:
+        self.url = url
         orch.metrics.worker_requests.labels("decode").inc()
         self._events: AsyncGenerator[StreamEvent, None] = orch.client.generate(url, j.worker_request(decode=True))
         self._open = True
@@ -77,18 +73,10 @@ class _Stream:
         except StopAsyncIteration:
             raise WorkerFailed(f"the stream from {self.url} ended without a finish", dead=True) from None
 
-    def prefilled(self) -> None:
-        if self.queued:
-            self._workers.prefilled(self.url, self.queued, self._assigned_at)
-            self.queued = 0
-
     async def close(self) -> None:
         if self._open:
             self._open = False
-            try:
-                await self._events.aclose()
-            finally:
-                self._workers.release(self.url, self.queued, self._assigned_at)
+            await self._events.aclose()
 
 
 @dataclass
@@ -149,7 +137,7 @@ class Orchestrator:
         log.info("request %s: migrated from %s in %.1f ms (%s)", j.request_id, moved.source, moved.seconds * 1e3,
                  moved.outcome)
 
-    def _effects(self, j: Journey, action: Action, stream: _Stream | None) -> None:
+    def _effects(self, j: Journey, action: Action) -> None:
         """What an action asks besides its next step, in the order the state machine did them."""
         if action.fault is not None:
             self._failed(action.fault)
@@ -158,8 +146,6 @@ class Orchestrator:
         self._count_prefix(j.info, action)
         if action.route is not None:
             self.metrics.routes.labels(action.route).inc()
-        if stream is not None and any(isinstance(ev, Tokens) for ev in action.emit):
-            stream.prefilled()
         if action.moved is not None:
             self._moved(j, action.moved)
         if action.abort:
@@ -169,20 +155,29 @@ class Orchestrator:
 
     # --- one request --------------------------------------------------------------------------
 
-    def _outcome(self, cls: type, *args, terminal: bool = True) -> Outcome:
-        """An outcome stamped with the time and, where a choice may follow, the workers' snapshot."""
-        return cls(*args, workers=self.workers.views() if terminal else (), now=time.monotonic())
+    def _outcome(self, cls: type, *args) -> Outcome:
+        return cls(*args, now=time.monotonic())
+
+    def _decide(self, j: Journey, outcome: Outcome) -> Action:
+        """`decide` over a snapshot taken now (where a choice may follow), then what the action changed
+        in the worker set: the journey's charges there, the round-robin turns it took."""
+        info = outcome.info if isinstance(outcome, Arrived) else j.info
+        snap = self.workers.snapshot(info) if may_choose(outcome) else Snapshot()
+        action = decide(j, outcome, snap)
+        self.workers.account(j.request_id, j.charges)
+        self.workers.took_turns(action.turns)
+        return action
 
     async def run(self, req: ParsedRequest, j: Journey) -> AsyncIterator[Event]:
         """The events of one request. Raises RouterError for anything the client must see."""
         stream: _Stream | None = None
         try:
-            action = decide(j, self._outcome(Arrived, req, self.rules))
+            action = self._decide(j, Arrived.of(req, self.rules, j.request_id, now=time.monotonic()))
             while True:
                 if stream is not None and not isinstance(action, Read):
-                    await stream.close()  # the worker sent its last line (or failed): release it first
+                    await stream.close()  # the worker sent its last line (or failed)
                     stream = None
-                self._effects(j, action, stream)
+                self._effects(j, action)
                 for ev in action.emit:
                     yield ev
                 if isinstance(action, Fail):
@@ -190,12 +185,13 @@ class Orchestrator:
                 if isinstance(action, Finish):
                     return
                 if isinstance(action, DecodeOn):
-                    stream = _Stream(self, action.worker.url, j, action.queued)
+                    stream = _Stream(self, action.worker.url, j)
                 outcome = await (self._read(stream) if stream is not None else self._call(j, action))
-                action = decide(j, outcome)
+                action = self._decide(j, outcome)
         finally:
             if stream is not None:
                 await stream.close()
+            self.workers.account(j.request_id, {})  # whatever it still counted on a worker
             if j.move is not None:  # the request ended while it was moving
                 self._moved(j, Moved(j.move.source, "failed", time.monotonic() - j.move.since))
                 j.move = None
@@ -209,8 +205,8 @@ class Orchestrator:
         except WorkerFailed as exc:
             return self._outcome(Failed, stream.url, exc)
         except RouterError as err:
-            return self._outcome(Rejected, err, terminal=False)
-        return self._outcome(Line, stream.url, ev, terminal=ev.type in TERMINAL_LINES)
+            return self._outcome(Rejected, err)
+        return self._outcome(Line, stream.url, ev)
 
     async def _call(self, j: Journey, action: Action) -> Outcome:
         """Perform a step that is not a decode stream: a prefill call, an awaited abort, a wait."""
@@ -227,21 +223,11 @@ class Orchestrator:
 
     async def _prefill(self, j: Journey, action: PrefillOn) -> Outcome:
         url = action.worker.url
-        assigned_at = self.workers.assign(url, action.work)
-        planned = j.plan.decode.url if j.plan is not None else None  # decode counts it from now
-        if planned is not None:
-            self.workers.plan_decode(planned, +1)
         self.metrics.worker_requests.labels("prefill").inc()
         try:
             res = await self.client.prefill(url, j.worker_request(decode=False))
-        except (WorkerFailed, RouterError) as exc:
-            res = exc
-        finally:
-            self.workers.release(url, action.work, assigned_at)
-            if planned is not None:
-                self.workers.plan_decode(planned, -1)
-        if isinstance(res, WorkerFailed):
-            return self._outcome(Failed, url, res)
-        if isinstance(res, RouterError):
-            return self._outcome(Rejected, res, terminal=False)
+        except WorkerFailed as exc:
+            return self._outcome(Failed, url, exc)
+        except RouterError as err:
+            return self._outcome(Rejected, err)
         return self._outcome(Prefilled, url, res)

@@ -1,8 +1,9 @@
 """Which worker holds which prefix-cache blocks: the router's copy of every worker's KV events.
 
 Fed by kv_feed.py (one GET /internal/kv/events stream per worker, lines of
-tandem.contracts.kv_events.KVEventMessage) and read by prefix-aware policies through
-`cached_tokens(url, request)`: how many leading tokens of the prompt that worker holds. A
+tandem.contracts.kv_events.KVEventMessage) and read once per decision by the worker set
+(`WorkerSet.snapshot`): `cached(request, urls)`, how many leading tokens of the prompt each worker
+holds, becomes the snapshot's `cached`, so a policy never reads this live index. A
 worker's entry is what its current stream said: every stream starts with a snapshot that replaces
 the entry (a restarted worker's old blocks go with it), updates must follow one by one (a gap:
 `apply` returns False and the feed reconnects for a new snapshot), and a worker whose stream
@@ -85,6 +86,13 @@ class PrefixIndex:
                 break
             matched += 1
         return max(0, min(matched * held.block_size, request.prompt_tokens - 1))
+
+    def cached(self, request: RequestInfo, urls: list[str]) -> dict[str, int]:
+        """`cached_tokens` for each of `urls` that holds any of the prompt (a snapshot's `cached`)."""
+        if request.prompt_token_ids is None:
+            return {}
+        held = {url: self.cached_tokens(url, request) for url in urls if url in self._workers}
+        return {url: n for url, n in held.items() if n}
 
     def blocks(self, url: str) -> int:
         """Block hashes known for `url` (0 when nothing is known)."""

@@ -23,14 +23,9 @@ from tandem.contracts.protocol import REQUEST_ID_HEADER
 from tandem.router import answer_body, tools
 from tandem.router.errors import RouterError, upstream_failed
 from tandem.router.fan_out import choices
+from tandem.router.journey import ClientRequest, Finished, Started, Tokens
 from tandem.router.metrics import RouterMetrics
-from tandem.router.orchestrator import (
-    Finished,
-    Orchestrator,
-    RequestContext,
-    Started,
-    Tokens,
-)
+from tandem.router.orchestrator import Orchestrator
 from tandem.router.sse import DONE, ResponseShape, frame, logprobs_body
 from tandem.router.validation import Endpoint, ParsedRequest
 
@@ -67,7 +62,7 @@ class Responder:
         self.metrics.vllm.finished(parsed.model, reason, prompt, completion, time.monotonic() - t0, ttft)
         return Usage(prompt, completion)
 
-    async def complete(self, parsed: ParsedRequest, shape: ResponseShape, ctx: RequestContext,
+    async def complete(self, parsed: ParsedRequest, shape: ResponseShape, record: ClientRequest,
                        t0: float) -> web.Response:
         """The non-streaming answer: every choice's tokens collected, then one body built off the event
         loop (answer_body.py)."""
@@ -75,7 +70,7 @@ class Responder:
         logprobs: dict[int, list[dict]] = {i: [] for i in range(parsed.n)}
         done: dict[int, Finished] = {}
         ttft: float | None = None
-        async with contextlib.aclosing(choices(self.orchestrator, parsed, ctx)) as events:
+        async with contextlib.aclosing(choices(self.orchestrator, parsed, record)) as events:
             async for i, ev in events:
                 if isinstance(ev, Tokens):
                     if ttft is None:
@@ -89,7 +84,7 @@ class Responder:
         usage = self._finished(parsed, done, t0, ttft)
         reasons = {i: f.finish_reason for i, f in done.items()}
         body = await asyncio.to_thread(answer_body.build, parsed, shape, texts, logprobs, reasons, usage)
-        return web.Response(body=body, content_type="application/json", headers={REQUEST_ID_HEADER: ctx.request_id})
+        return web.Response(body=body, content_type="application/json", headers={REQUEST_ID_HEADER: record.request_id})
 
     def _bound_buffers(self, request: web.Request) -> None:
         """A small kernel send buffer and transport buffer: a stalled reader blocks a write soon."""
@@ -113,20 +108,19 @@ class Responder:
             raise ClientStalled from None
 
     async def stream(self, request: web.Request, parsed: ParsedRequest, shape: ResponseShape,
-                     ctx: RequestContext, t0: float) -> tuple[web.StreamResponse, str]:
+                     record: ClientRequest, t0: float) -> tuple[web.StreamResponse, str]:
         """The SSE answer and its status for the metrics (499: the client left or stopped reading)."""
         resp: web.StreamResponse | None = None
         last: float | None = None
-        chars = dict.fromkeys(range(parsed.n), 0)  # text sent per choice: completions' text_offset counts from it
         ttft: float | None = None
         done: dict[int, Finished] = {}
         calls = {i: tools.ToolStream(parsed.tools) for i in range(parsed.n)} \
             if parsed.tools is not None and parsed.tools.parses else {}
-        events = choices(self.orchestrator, parsed, ctx)
+        events = choices(self.orchestrator, parsed, record)
         try:
             async for i, ev in events:
                 if isinstance(ev, Started) and resp is None:
-                    resp = await self._start(request, shape, ctx, parsed)
+                    resp = await self._start(request, shape, record, parsed)
                 elif isinstance(ev, Tokens) and resp is not None:
                     now = time.monotonic()
                     if ttft is None:
@@ -137,9 +131,8 @@ class Responder:
                     last = now
                     text = calls[i].feed(ev.text) if calls else ev.text
                     if text or ev.logprobs:
-                        lp = logprobs_body(shape.endpoint, ev.logprobs, chars[i]) if ev.logprobs else None
+                        lp = logprobs_body(shape.endpoint, ev.logprobs, ev.offset) if ev.logprobs else None
                         await self._bounded(request, resp.write(frame(shape.chunk(text, logprobs=lp, index=i))))
-                        chars[i] += len(ev.text)
                 elif isinstance(ev, Finished) and resp is not None:
                     done[i] = ev
                     await self._finish_choice(request, resp, shape, i, ev, calls.get(i))
@@ -149,14 +142,14 @@ class Responder:
             self.metrics.e2e.observe(time.monotonic() - t0)
             return resp, "200"
         except (ConnectionResetError, ClientStalled) as exc:
-            log.info("request %s: the client %s", ctx.request_id,
+            log.info("request %s: the client %s", record.request_id,
                      "stopped reading" if isinstance(exc, ClientStalled) else "went away")
             return resp or web.Response(), "499"
         except RouterError as err:
             if resp is None:
                 raise
             # the stream already started: end it with an error event the client can see
-            log.warning("request %s: stream failed: %s", ctx.request_id, err.message)
+            log.warning("request %s: stream failed: %s", record.request_id, err.message)
             await self._error_event(request, resp, err)
             return resp, "502" if err.status >= 500 else str(err.status)
         finally:
@@ -175,11 +168,11 @@ class Responder:
         final = shape.chunk(None if shape.endpoint is Endpoint.CHAT else "", reason, index=i)
         await self._bounded(request, resp.write(frame(final)))
 
-    async def _start(self, request: web.Request, shape: ResponseShape, ctx: RequestContext,
+    async def _start(self, request: web.Request, shape: ResponseShape, record: ClientRequest,
                      parsed: ParsedRequest) -> web.StreamResponse:
         """HTTP 200 and the SSE headers; chat's role chunk and the echoed text, per choice."""
         resp = web.StreamResponse(headers={
-            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", REQUEST_ID_HEADER: ctx.request_id,
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", REQUEST_ID_HEADER: record.request_id,
         })
         self._bound_buffers(request)
         await self._bounded(request, resp.prepare(request))

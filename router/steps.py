@@ -4,27 +4,28 @@ what the driver does next (actions, its output).
 Outcomes are facts the driver observed: a request arrived, a prefill worker answered, a worker
 failed (`Failed`: worker-failed, worker-died or worker-busy, by its error), a client-side refusal
 came back (`Rejected`), one line of a decode stream came (`Line`: tokens, start, heartbeat,
-finish, error, migrate), an abort or a wait is over. Each carries the snapshot of the workers
-`decide` may choose from and the monotonic time it happened, so `decide` reads no clock and
-polls nothing.
+finish, error, migrate), an abort or a wait is over. Each carries the monotonic time it happened,
+so `decide` reads no clock; the workers it may choose from come beside it in a `Snapshot`
+(policies/base.py), taken where a choice may follow (`may_choose`).
 
 Actions are one next step (prefill on a worker, decode on a worker, keep reading the open
 stream, abort and wait for it, wait, fail, finish) plus effects the driver performs first:
 events for the client, fire-and-forget aborts, a worker failure to count, the route to count,
-a migration to measure, log lines.
+a migration to measure, the pools whose round-robin turn a choice took, log lines.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tandem.contracts.names import Role
 from tandem.contracts.protocol import EventType, PrefillResult, StreamEvent
 from tandem.contracts.routing import RouteReason
 from tandem.router.errors import RouterError
-from tandem.router.journey import Event, Rules
-from tandem.router.policies.base import Plan, WorkerView
+from tandem.router.journey import Charge, Event, Rules, Tokens, request_info
+from tandem.router.policies.base import Plan, RequestInfo, WorkerView
 from tandem.router.validation import ParsedRequest
 from tandem.router.worker_client import WorkerFailed
 
@@ -37,16 +38,21 @@ TERMINAL_LINES = frozenset({EventType.FINISH, EventType.ERROR, EventType.MIGRATE
 
 @dataclass(frozen=True, kw_only=True)
 class Outcome:
-    workers: Sequence[WorkerView] = ()  # the pool as it was then (only where a choice may follow)
     now: float = 0.0  # monotonic seconds
 
 
 @dataclass(frozen=True)
 class Arrived(Outcome):
-    """A client request to serve, under these rules."""
+    """A client request to serve, under these rules; `info` is what a policy sees of it (the
+    snapshot's `cached` is computed for it)."""
 
     request: ParsedRequest
     rules: Rules
+    info: RequestInfo
+
+    @classmethod
+    def of(cls, request: ParsedRequest, rules: Rules, request_id: str, now: float = 0.0) -> Arrived:
+        return cls(request, rules, request_info(request, request_id), now=now)
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,14 @@ class Waited(Outcome):
     """The wait for busy decode workers is over."""
 
 
+def may_choose(outcome: Outcome) -> bool:
+    """A worker may be chosen after `outcome`: the driver takes a snapshot for it (a token line or a
+    client's refusal needs none)."""
+    if isinstance(outcome, Line):
+        return outcome.event.type in TERMINAL_LINES
+    return not isinstance(outcome, Rejected)
+
+
 # --- actions -----------------------------------------------------------------------------------
 
 
@@ -130,6 +144,7 @@ class Action:
     plan: Plan | None = None  # a new plan: count its prefix cache hits
     route: RouteReason | None = None  # the request's route is known: count it (once per request)
     moved: Moved | None = None
+    turns: tuple[Role, ...] = ()  # the pools (Role.PREFILL, Role.DECODE) where the policy chose: the cursor moves on
     notes: tuple[tuple[int, str], ...] = ()  # (logging level, message)
 
 
@@ -182,3 +197,22 @@ class Fail(Action):
 @dataclass(frozen=True)
 class Finish(Action):
     """The request is complete (its `Finished` event is in `emit`)."""
+
+
+def charges(action: Action, held: dict[str, Charge], planned: str | None) -> dict[str, Charge]:
+    """What a request counts on each worker while `action` is under way (`held`: before it; `planned`:
+    its plan's decode worker), the load the workers' polls do not show yet: a prefill call and its
+    prompt there, and a sequence on the planned decode worker from then on (a burst planned during
+    one prefill spreads); a decode call, and a prompt it prefills itself until its first token;
+    nothing once the call is over."""
+    match action:
+        case PrefillOn():
+            assert planned is not None
+            return {planned: Charge(planned=1), action.worker.url: Charge(1, action.work)}
+        case DecodeOn():
+            return {action.worker.url: Charge(1, action.queued)}
+        case Read() if any(isinstance(ev, Tokens) for ev in action.emit):
+            return {url: dataclasses.replace(c, prompt_tokens=0) for url, c in held.items()}
+        case Read():
+            return held
+    return {}

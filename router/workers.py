@@ -2,7 +2,10 @@
 
 Discovery says which URLs exist and whether their pods are ready; a poll of each worker's
 /internal/info every `poll_interval_s` adds its role, generation and load. A request that fails
-on a worker marks it unusable at once; the next successful poll brings it back.
+on a worker marks it unusable at once; the next successful poll brings it back. Between polls the
+set adds what this router's requests put on each worker (`account`: each journey's charges) and
+keeps the round-robin cursor; `snapshot` freezes all of it, with the prefix index's answer for one
+request, for a pure decision.
 """
 
 from __future__ import annotations
@@ -10,13 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tandem.contracts.handoff_parity import ParityState
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import WorkerInfo
-from tandem.router.policies.base import WorkerView
+from tandem.router.journey import Charge
+from tandem.router.policies.base import RequestInfo, Snapshot, WorkerView
+from tandem.router.prefix_index import PrefixIndex
 from tandem.router.worker_client import WorkerClient, WorkerFailed
 
 log = logging.getLogger("tandem.router.workers")
@@ -82,8 +88,13 @@ class WorkerSet:
     listeners: list[Callable[[list[WorkerView]], None]] = field(default_factory=list)
     # each worker's standing from the handoff parity probe (router/parity_checker.py); None: no probe
     parity: Callable[[str], ParityState | None] | None = None
+    # which worker holds which prefix-cache blocks (a policy that uses_prefix_index); None: not kept
+    prefix_index: PrefixIndex | None = None
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _turns: Counter[Role] = field(default_factory=Counter)  # choices made per pool: the round-robin cursor
+    # request id -> url -> (what it counts there, the poll count when that was sent)
+    _charged: dict[str, dict[str, tuple[Charge, int]]] = field(default_factory=dict)
 
     def set_targets(self, targets: list[Target]) -> None:
         """Replace the set of workers (called by discovery on every change)."""
@@ -106,6 +117,18 @@ class WorkerSet:
 
     def views(self) -> list[WorkerView]:
         return [e.view(self.parity) for e in self._entries.values()]
+
+    def snapshot(self, request: RequestInfo | None = None) -> Snapshot:
+        """Everything a policy may read, frozen now: the views, the prefix-cache tokens each worker
+        holds of `request`, the round-robin cursor."""
+        views = self.views()
+        index = self.prefix_index
+        cached = index.cached(request, [v.url for v in views]) if index is not None and request is not None else {}
+        return Snapshot(tuple(views), cached, dict(self._turns))
+
+    def took_turns(self, pools: Iterable[Role]) -> None:
+        """The policy chose a worker in each of `pools`: the next choice there is the next one's turn."""
+        self._turns.update(pools)
 
     def model(self) -> str | None:
         if self.served_model:
@@ -136,45 +159,46 @@ class WorkerSet:
             e.failed = True
             e.last_error = error
 
-    def assign(self, url: str, prompt_tokens: int = 0) -> int:
-        """This router sent work to `url`: count it until the worker's own numbers catch up.
-        Returns the worker's poll count, for release() and prefilled()."""
+    def account(self, request_id: str, charges: Mapping[str, Charge]) -> None:
+        """Count what request `request_id` now puts on each worker (`Journey.charges`, which `decide`
+        keeps; {} once it ended): new work added until the worker's own numbers catch up, work that
+        ended taken off, a prompt that got its first token no longer queued (its call still open)."""
+        before, now = self._charged.pop(request_id, {}), {}
+        for url, (old, at) in before.items():
+            new = charges.get(url)
+            if new is not None and (new.inflight, new.planned) == (old.inflight, old.planned) \
+                    and new.prompt_tokens <= old.prompt_tokens:
+                self._done_waiting(url, old.prompt_tokens - new.prompt_tokens, at)
+                now[url] = (new, at)
+            else:
+                self._count(url, old, -1)
+                self._done_waiting(url, old.prompt_tokens, at)
+        for url, new in charges.items():
+            if url not in now:
+                now[url] = (new, self._count(url, new, +1))
+        if now:
+            self._charged[request_id] = now
+
+    def _count(self, url: str, charge: Charge, sign: int) -> int:
+        """Add (+1) or take off (-1) a charge's sequences; returns the worker's poll count (when sent)."""
         e = self._entries.get(url)
         if e is None:
             return 0
-        e.router_inflight += 1
-        e.router_prompt_tokens += prompt_tokens
+        e.router_inflight = max(0, e.router_inflight + sign * charge.inflight)
+        e.router_planned = max(0, e.router_planned + sign * charge.planned)
+        if sign > 0:
+            e.router_prompt_tokens += charge.prompt_tokens
         return e.polls
 
-    def plan_decode(self, url: str, delta: int) -> None:
-        """A sequence will decode at `url` once its prompt is prefilled elsewhere (+1), or no longer
-        waits for that (-1: its decode call opens, counted by assign(), or it failed): without this,
-        a burst planned within one prefill's time all picks the same least-loaded decode worker."""
-        e = self._entries.get(url)
-        if e is not None:
-            e.router_planned = max(0, e.router_planned + delta)
-
-    def release(self, url: str, prompt_tokens: int = 0, assigned_at: int | None = None) -> None:
-        """The work assign() counted is over (`assigned_at`: what assign() returned)."""
-        e = self._entries.get(url)
-        if e is not None:
-            e.router_inflight = max(0, e.router_inflight - 1)
-            self._done_waiting(e, prompt_tokens, assigned_at)
-
-    def prefilled(self, url: str, prompt_tokens: int, assigned_at: int | None = None) -> None:
-        """A decode worker prefilling a prompt itself produced its first token: the prompt's tokens
-        no longer wait there (the request, still running, stays assigned)."""
-        e = self._entries.get(url)
-        if e is not None:
-            self._done_waiting(e, prompt_tokens, assigned_at)
-
-    @staticmethod
-    def _done_waiting(e: _Entry, prompt_tokens: int, assigned_at: int | None) -> None:
+    def _done_waiting(self, url: str, prompt_tokens: int, assigned_at: int) -> None:
         """Prompt tokens no longer queued there. The worker's last report counts them too when it
         came from a poll started after they were sent: without taking them off it, a pool whose
         long prompt just finished looks saturated until the next poll."""
+        e = self._entries.get(url)
+        if e is None or not prompt_tokens:
+            return
         e.router_prompt_tokens = max(0, e.router_prompt_tokens - prompt_tokens)
-        if assigned_at is not None and e.info_poll > assigned_at:
+        if e.info_poll > assigned_at:
             e.finished_in_report += prompt_tokens
 
     async def _poll_one(self, e: _Entry) -> None:

@@ -1,13 +1,13 @@
 """Journeys for tests of the router's pure state machine (tandem.router.decide): snapshots of
-workers, a request that arrives, and the outcomes a driver would report, with no event loop, no
-pool and no fake workers (microseconds each)."""
+workers, a request that arrives, and the outcomes a driver would report, each decided over a
+snapshot of the workers given, with no event loop, no pool and no fake workers (microseconds each)."""
 
 from __future__ import annotations
 
 from tandem.contracts.names import Role
 from tandem.router.decide import decide
 from tandem.router.journey import Journey, Rules
-from tandem.router.policies.base import WorkerView
+from tandem.router.policies.base import Snapshot, WorkerView
 from tandem.router.policies.registry import create_policy
 from tandem.router.steps import Action, Arrived, Failed, Line, Prefilled
 from tandem.router.validation import Endpoint, Limits, ParsedRequest, parse_request
@@ -42,24 +42,23 @@ def rules(policy: str = "least-loaded", **kw) -> Rules:
 
 
 def arrive(workers: tuple[WorkerView, ...], req: ParsedRequest | None = None, r: Rules | None = None,
-           request_id: str = "r1") -> tuple[Journey, Action]:
-    """A new journey and its first action."""
+           request_id: str = "r1", **snapshot) -> tuple[Journey, Action]:
+    """A new journey and its first action (`snapshot`: the Snapshot's cached, turns)."""
     j = Journey(request_id)
-    return j, decide(j, Arrived(req or request(), r or rules(), workers=workers))
+    return j, decide(j, Arrived.of(req or request(), r or rules(), request_id), Snapshot(workers, **snapshot))
 
 
 def handed_off(workers: tuple[WorkerView, ...], req: ParsedRequest | None = None, r: Rules | None = None
                ) -> tuple[Journey, Action]:
     """A journey whose prefill on p1 succeeded (first token 7, text "A"): its first decode action."""
     j, _ = arrive(workers, req, r)
-    return j, decide(j, Prefilled("p1", prefilled("p1", IDS, 7, "A"), workers=workers))
+    return j, decide(j, Prefilled("p1", prefilled("p1", IDS, 7, "A")), Snapshot(workers))
 
 
 def feed(j: Journey, url: str, *items, workers: tuple[WorkerView, ...] = (), now: float = 0.0) -> list[Action]:
-    """Stream lines (or a failure) from `url`, one decision each."""
+    """Stream lines (or a failure) from `url`, one decision each, over a snapshot of `workers`."""
     actions = []
     for item in items:
-        outcome = Failed(url, item, workers=workers, now=now) if isinstance(item, Exception) else \
-            Line(url, item, workers=workers, now=now)
-        actions.append(decide(j, outcome))
+        outcome = Failed(url, item, now=now) if isinstance(item, Exception) else Line(url, item, now=now)
+        actions.append(decide(j, outcome, Snapshot(workers)))
     return actions

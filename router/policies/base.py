@@ -1,11 +1,14 @@
-"""The routing policy interface: what a policy sees (one request's info, a snapshot of the workers)
-and what it decides (a plan, a prefill retry target, a decode resume target).
+"""The routing policy interface: what a policy sees (one request's info, a `Snapshot`) and what it
+decides (a plan, a prefill retry target, a decode resume target).
 
-A policy only decides. The request state machine (decide.py) asks it for workers and the driver
-(orchestrator.py) makes every call, retry and abort, so a new policy plugs in without touching
-either. A policy that routes by prefix sets
-`uses_prefix_index`: the router then keeps a `PrefixIndex` (which worker holds which block
-hashes, fed by the workers' KV events) and hands it over in `PolicySettings.prefix_index`.
+A policy only decides, from its inputs alone: the same request and snapshot give the same choice
+(tests/router/test_decide_gives_the_same_action_twice.py). The request state machine (decide.py)
+asks it for workers and the driver (orchestrator.py) makes every call, retry and abort, so a new
+policy plugs in without touching either. Whatever a policy would read that changes (the workers'
+load, the prefix-cache blocks each holds, the round-robin cursor) comes in the snapshot the
+driver takes (`WorkerSet.snapshot`): a policy that routes by prefix sets `uses_prefix_index`,
+and the router then keeps a `PrefixIndex` (fed by the workers' KV events) whose answer for this
+request is the snapshot's `cached`.
 
 `PairedPolicy` holds the rules every policy here keeps and leaves the choice within a pool to
 its subclasses:
@@ -31,10 +34,11 @@ its subclasses:
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from tandem.contracts.handoff_parity import ParityState
 from tandem.contracts.names import Role
@@ -45,9 +49,6 @@ from tandem.contracts.routing import (
     PREFIX_SEQUENCE_COST_TOKENS,
     RouteReason,
 )
-
-if TYPE_CHECKING:
-    from tandem.router.prefix_index import PrefixIndex
 
 CHARS_PER_TOKEN = 4
 DECODE_HEADROOM_KV = 0.9  # a decode worker whose KV cache is fuller than this does not prefill for others
@@ -137,30 +138,56 @@ class PolicySettings:
     prefill_saturated_tokens: int = PREFILL_SATURATED_TOKENS  # queued prompt tokens: saturated; 0: never
     decode_headroom_sequences: int = DECODE_HEADROOM_SEQUENCES  # fewer: a decode worker may prefill then
     prefix_sequence_cost_tokens: int = PREFIX_SEQUENCE_COST_TOKENS  # a running sequence, in prompt tokens
-    prefix_index: PrefixIndex | None = None  # set by the router for a policy that uses_prefix_index
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything a policy may read about the workers, as it was at one instant, for one request: the
+    workers as polled (with this router's counts), the leading prompt tokens each holds in its prefix
+    cache (prefix index), and the round-robin cursor per pool (choices made so far). Nothing in it is
+    live, so deciding twice over it gives the same answer."""
+
+    workers: tuple[WorkerView, ...] = ()
+    cached: Mapping[str, int] = field(default_factory=dict)  # url -> prompt tokens it holds (absent: 0)
+    turns: Mapping[Role, int] = field(default_factory=dict)  # Role.PREFILL / Role.DECODE -> cursor
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "workers", tuple(self.workers))
+
+    def cached_tokens(self, w: WorkerView) -> int:
+        return self.cached.get(w.url, 0)
+
+    def turn(self, pool: Role) -> int:
+        return self.turns.get(pool, 0)
+
+    def among(self, workers: Iterable[WorkerView]) -> Snapshot:
+        """The same instant with fewer workers to choose from."""
+        return dataclasses.replace(self, workers=tuple(workers))
 
 
 class RoutingPolicy(abc.ABC):
-    """Chooses workers; pure decisions over a snapshot, called once per step of a request."""
+    """Chooses workers; pure decisions over a snapshot, called once per step of a request. A policy
+    keeps no state of its own between calls: what must change from one choice to the next (the
+    round-robin cursor) is the snapshot's."""
 
-    uses_prefix_index: ClassVar[bool] = False  # the router feeds settings.prefix_index from KV events
+    uses_prefix_index: ClassVar[bool] = False  # the router keeps a PrefixIndex for the snapshots' `cached`
 
     def __init__(self, settings: PolicySettings | None = None) -> None:
         self.settings = settings or PolicySettings()
 
     @abc.abstractmethod
-    def plan(self, request: RequestInfo, workers: Sequence[WorkerView]) -> Plan | None:
+    def plan(self, request: RequestInfo, snap: Snapshot) -> Plan | None:
         """The route for a new request; None when no decode-capable worker is ready."""
 
     @abc.abstractmethod
     def retry_prefill(
-        self, request: RequestInfo, plan: Plan, workers: Sequence[WorkerView], exclude: frozenset[str]
+        self, request: RequestInfo, plan: Plan, snap: Snapshot, exclude: frozenset[str]
     ) -> WorkerView | None:
         """Another prefill worker for `plan` after a failure; None: fall back to decode-side prefill."""
 
     @abc.abstractmethod
     def resume_decode(
-        self, request: RequestInfo, workers: Sequence[WorkerView], exclude: frozenset[str]
+        self, request: RequestInfo, snap: Snapshot, exclude: frozenset[str]
     ) -> WorkerView | None:
         """A decode-capable worker to continue a request whose decode worker failed; None: give up."""
 
@@ -200,45 +227,45 @@ class PairedPolicy(RoutingPolicy):
     """Generation pairing and conditional disaggregation; subclasses pick one worker from a pool."""
 
     @abc.abstractmethod
-    def pick_prefill(self, request: RequestInfo, candidates: list[WorkerView]) -> WorkerView:
+    def pick_prefill(self, request: RequestInfo, candidates: list[WorkerView], snap: Snapshot) -> WorkerView:
         """One of `candidates` (never empty): ready prefill workers of one generation."""
 
     @abc.abstractmethod
-    def pick_decode(self, request: RequestInfo, candidates: list[WorkerView]) -> WorkerView:
+    def pick_decode(self, request: RequestInfo, candidates: list[WorkerView], snap: Snapshot) -> WorkerView:
         """One of `candidates` (never empty): ready decode-capable workers."""
 
-    def plan(self, request: RequestInfo, workers: Sequence[WorkerView]) -> Plan | None:
-        usable = [w for w in workers if w.ready]
+    def plan(self, request: RequestInfo, snap: Snapshot) -> Plan | None:
+        usable = [w for w in snap.workers if w.ready]
         prefill = [w for w in usable if w.role is Role.PREFILL]
         decode = [w for w in usable if w.serves_decode]
         if not decode:
             return None
         if not prefill:
-            return Plan(self.pick_decode(request, decode), None, RouteReason.NO_PREFILL_WORKER)
+            return Plan(self.pick_decode(request, decode, snap), None, RouteReason.NO_PREFILL_WORKER)
         if request.prompt_tokens < self.settings.short_prompt_threshold:
-            return Plan(self.pick_decode(request, decode), None, RouteReason.SHORT_PROMPT)
+            return Plan(self.pick_decode(request, decode, snap), None, RouteReason.SHORT_PROMPT)
         gen = pick_generation(prefill, decode)
         if gen is None:
-            return Plan(self.pick_decode(request, decode), None, RouteReason.NO_MATCHING_GENERATION)
+            return Plan(self.pick_decode(request, decode, snap), None, RouteReason.NO_MATCHING_GENERATION)
         proven = pick_generation([w for w in prefill if w.handoff_allowed], [w for w in decode if w.handoff_allowed])
         if proven is None:  # no pairing the parity probe has proven (yet): as without a prefill pool
             failed = any(w.parity_mismatch for w in [*prefill, *decode] if w.generation == gen)
             reason = RouteReason.PARITY_MISMATCH if failed else RouteReason.PARITY_UNVERIFIED
-            return Plan(self.pick_decode(request, decode), None, reason)
+            return Plan(self.pick_decode(request, decode, snap), None, reason)
         gen = proven
         prefill = [w for w in prefill if w.handoff_allowed]
         pool = [w for w in prefill if w.generation == gen]
-        helper = self.saturated_helper(request, pool, decode)
+        helper = self.saturated_helper(request, pool, decode, snap)
         if helper is not None:
             return Plan(helper, None, RouteReason.PREFILL_SATURATED)
-        p = self.pick_prefill(request, pool)
+        p = self.pick_prefill(request, pool, snap)
         # prefer a pure decode worker for the handoff: colocated ones are the fallback pool
         paired = [w for w in decode if w.generation == gen and w.handoff_allowed]
         pure = [w for w in paired if w.role is Role.DECODE]
-        return Plan(self.pick_decode(request, pure or paired), p, RouteReason.DISAGGREGATED)
+        return Plan(self.pick_decode(request, pure or paired, snap), p, RouteReason.DISAGGREGATED)
 
     def saturated_helper(
-        self, request: RequestInfo, prefill: list[WorkerView], decode: list[WorkerView]
+        self, request: RequestInfo, prefill: list[WorkerView], decode: list[WorkerView], snap: Snapshot
     ) -> WorkerView | None:
         """Load-aware disaggregation: the decode-capable worker that prefills the prompt itself when
         the `prefill` pool is saturated; None: the prompt waits for prefill."""
@@ -248,20 +275,20 @@ class PairedPolicy(RoutingPolicy):
             return None
         room = [w for w in decode if decode_seqs(w) < self.settings.decode_headroom_sequences
                 and w.kv_usage < DECODE_HEADROOM_KV and queued_prompt_tokens(w) < queued]
-        return self.pick_decode(request, room) if room else None
+        return self.pick_decode(request, room, snap) if room else None
 
     def retry_prefill(
-        self, request: RequestInfo, plan: Plan, workers: Sequence[WorkerView], exclude: frozenset[str]
+        self, request: RequestInfo, plan: Plan, snap: Snapshot, exclude: frozenset[str]
     ) -> WorkerView | None:
         pool = [
-            w for w in workers
+            w for w in snap.workers
             if w.ready and w.url not in exclude and w.role is Role.PREFILL
             and w.generation == plan.decode.generation and w.handoff_allowed
         ]
-        return self.pick_prefill(request, pool) if pool else None
+        return self.pick_prefill(request, pool, snap) if pool else None
 
     def resume_decode(
-        self, request: RequestInfo, workers: Sequence[WorkerView], exclude: frozenset[str]
+        self, request: RequestInfo, snap: Snapshot, exclude: frozenset[str]
     ) -> WorkerView | None:
-        pool = [w for w in workers if w.ready and w.url not in exclude and w.serves_decode]
-        return self.pick_decode(request, pool) if pool else None
+        pool = [w for w in snap.workers if w.ready and w.url not in exclude and w.serves_decode]
+        return self.pick_decode(request, pool, snap) if pool else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 from tandem.router.policies.base import (
     PairedPolicy,
     RequestInfo,
+    Snapshot,
     WorkerView,
     decode_load,
     prefill_load,
@@ -14,8 +15,8 @@ from tandem.router.policies.base import (
 
 
 class LeastLoaded(PairedPolicy):
-    def pick_prefill(self, request: RequestInfo, candidates: list[WorkerView]) -> WorkerView:
+    def pick_prefill(self, request: RequestInfo, candidates: list[WorkerView], snap: Snapshot) -> WorkerView:
         return min(candidates, key=prefill_load)
 
-    def pick_decode(self, request: RequestInfo, candidates: list[WorkerView]) -> WorkerView:
+    def pick_decode(self, request: RequestInfo, candidates: list[WorkerView], snap: Snapshot) -> WorkerView:
         return min(candidates, key=decode_load)

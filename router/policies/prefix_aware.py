@@ -1,6 +1,6 @@
 """`prefix-aware`: each candidate is scored by the prompt tokens it must still compute, from the
-prefix cache it holds (the router's PrefixIndex, fed by the workers' KV events), weighed against
-its load, and the cheapest wins:
+prefix cache it holds (the snapshot's `cached`: the router's PrefixIndex, fed by the workers' KV
+events, asked once per snapshot), weighed against its load, and the cheapest wins:
 - a prefill worker costs the prompt tokens queued there plus the prompt's tokens it does not hold;
 - a decode worker costs `prefix_sequence_cost_tokens` per sequence running or waiting there plus the
   prompt's tokens it does not hold (what it would compute, or pull, and then hold for the next
@@ -18,7 +18,6 @@ bypass and load-aware disaggregation are PairedPolicy's.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import ClassVar
 
 from tandem.contracts.names import Role
@@ -27,6 +26,7 @@ from tandem.router.policies.base import (
     PairedPolicy,
     Plan,
     RequestInfo,
+    Snapshot,
     WorkerView,
     decode_seqs,
     queued_prompt_tokens,
@@ -36,34 +36,30 @@ from tandem.router.policies.base import (
 class PrefixAware(PairedPolicy):
     uses_prefix_index: ClassVar[bool] = True
 
-    def cached(self, request: RequestInfo, w: WorkerView) -> int:
-        """Leading prompt tokens `w` holds (0 without an index or token ids)."""
-        index = self.settings.prefix_index
-        return index.cached_tokens(w.url, request) if index is not None else 0
+    def prefill_cost(self, request: RequestInfo, w: WorkerView, snap: Snapshot) -> int:
+        return queued_prompt_tokens(w) + request.prompt_tokens - snap.cached_tokens(w)
 
-    def prefill_cost(self, request: RequestInfo, w: WorkerView) -> int:
-        return queued_prompt_tokens(w) + request.prompt_tokens - self.cached(request, w)
+    def decode_cost(self, request: RequestInfo, w: WorkerView, snap: Snapshot) -> int:
+        load = self.settings.prefix_sequence_cost_tokens * decode_seqs(w)
+        return load + request.prompt_tokens - snap.cached_tokens(w)
 
-    def decode_cost(self, request: RequestInfo, w: WorkerView) -> int:
-        return self.settings.prefix_sequence_cost_tokens * decode_seqs(w) + request.prompt_tokens - self.cached(request, w)
+    def pick_prefill(self, request: RequestInfo, candidates: list[WorkerView], snap: Snapshot) -> WorkerView:
+        return min(candidates, key=lambda w: (self.prefill_cost(request, w, snap), w.running + w.waiting))
 
-    def pick_prefill(self, request: RequestInfo, candidates: list[WorkerView]) -> WorkerView:
-        return min(candidates, key=lambda w: (self.prefill_cost(request, w), w.running + w.waiting))
+    def pick_decode(self, request: RequestInfo, candidates: list[WorkerView], snap: Snapshot) -> WorkerView:
+        return min(candidates, key=lambda w: (self.decode_cost(request, w, snap), w.kv_usage))
 
-    def pick_decode(self, request: RequestInfo, candidates: list[WorkerView]) -> WorkerView:
-        return min(candidates, key=lambda w: (self.decode_cost(request, w), w.kv_usage))
-
-    def plan(self, request: RequestInfo, workers: Sequence[WorkerView]) -> Plan | None:
-        usable = [w for w in workers if w.ready]
+    def plan(self, request: RequestInfo, snap: Snapshot) -> Plan | None:
+        usable = [w for w in snap.workers if w.ready]
         decode = [w for w in usable if w.serves_decode]
         if decode and any(w.role is Role.PREFILL for w in usable):
-            d = self.pick_decode(request, decode)
-            held = self.cached(request, d)
+            d = self.pick_decode(request, decode, snap)
+            held = snap.cached_tokens(d)
             if held and request.prompt_tokens - held < self.settings.short_prompt_threshold:
                 return Plan(d, None, RouteReason.CACHED_PREFIX, cached_decode_tokens=held)
-        plan = super().plan(request, workers)
+        plan = super().plan(request, snap)
         if plan is None:
             return None
         return dataclasses.replace(
-            plan, cached_decode_tokens=self.cached(request, plan.decode),
-            cached_prefill_tokens=self.cached(request, plan.prefill) if plan.prefill is not None else 0)
+            plan, cached_decode_tokens=snap.cached_tokens(plan.decode),
+            cached_prefill_tokens=snap.cached_tokens(plan.prefill) if plan.prefill is not None else 0)

@@ -1,26 +1,24 @@
 """`round-robin`: each pool's workers take turns, whatever their load (the baseline to compare a
-load-aware policy against, and predictable for tests). Pairing and fallbacks as every policy."""
+load-aware policy against, and predictable for tests). Pairing and fallbacks as every policy.
+
+The cursor is the snapshot's (`Snapshot.turns`: how many choices the router has made in that pool),
+not this object's: the worker set moves it on for each choice an action makes (`Action.turns`), so
+deciding twice over the same snapshot gives the same worker."""
 
 from __future__ import annotations
 
-from collections import Counter
+from tandem.contracts.names import Role
+from tandem.router.policies.base import PairedPolicy, RequestInfo, Snapshot, WorkerView
 
-from tandem.router.policies.base import PairedPolicy, PolicySettings, RequestInfo, WorkerView
+
+def _turn(pool: Role, candidates: list[WorkerView], snap: Snapshot) -> WorkerView:
+    ordered = sorted(candidates, key=lambda w: w.url)
+    return ordered[snap.turn(pool) % len(ordered)]
 
 
 class RoundRobin(PairedPolicy):
-    def __init__(self, settings: PolicySettings | None = None) -> None:
-        super().__init__(settings)
-        self._turns: Counter[str] = Counter()
+    def pick_prefill(self, request: RequestInfo, candidates: list[WorkerView], snap: Snapshot) -> WorkerView:
+        return _turn(Role.PREFILL, candidates, snap)
 
-    def _next(self, pool: str, candidates: list[WorkerView]) -> WorkerView:
-        ordered = sorted(candidates, key=lambda w: w.url)
-        turn = self._turns[pool]
-        self._turns[pool] += 1
-        return ordered[turn % len(ordered)]
-
-    def pick_prefill(self, request: RequestInfo, candidates: list[WorkerView]) -> WorkerView:
-        return self._next("prefill", candidates)
-
-    def pick_decode(self, request: RequestInfo, candidates: list[WorkerView]) -> WorkerView:
-        return self._next("decode", candidates)
+    def pick_decode(self, request: RequestInfo, candidates: list[WorkerView], snap: Snapshot) -> WorkerView:
+        return _turn(Role.DECODE, candidates, snap)

@@ -12,8 +12,9 @@ from collections import Counter
 
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import FinishReason
+from tandem.router.journey import Journey
 from tandem.router.metrics import RouterMetrics
-from tandem.router.orchestrator import Orchestrator, RequestContext
+from tandem.router.orchestrator import Orchestrator
 from tandem.router.policies.base import PolicySettings, decode_seqs
 from tandem.router.policies.registry import create_policy
 from tandem.router.workers import Target, WorkerSet
@@ -53,7 +54,7 @@ async def test_requests_planned_during_one_prefill_spread_over_both_decode_worke
     orch = Orchestrator(fake, pool, create_policy("least-loaded", PolicySettings()), RouterMetrics())
 
     async def one(i: int) -> None:
-        async for _ in orch.run(request(prompt=list(IDS)), RequestContext(f"r{i}")):
+        async for _ in orch.run(request(prompt=list(IDS)), Journey(f"r{i}")):
             pass
 
     runs = [asyncio.create_task(one(i)) for i in range(BURST)]

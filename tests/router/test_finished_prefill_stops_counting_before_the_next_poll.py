@@ -13,8 +13,9 @@ import dataclasses
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import FinishReason
 from tandem.contracts.routing import RouteReason
+from tandem.router.journey import Charge, Journey
 from tandem.router.metrics import RouterMetrics
-from tandem.router.orchestrator import Orchestrator, RequestContext
+from tandem.router.orchestrator import Orchestrator
 from tandem.router.policies.base import PolicySettings, RequestInfo, queued_prompt_tokens
 from tandem.router.policies.registry import create_policy
 from tandem.router.workers import Target, WorkerSet
@@ -28,32 +29,32 @@ def view(pool: WorkerSet, url: str):
     return next(v for v in pool.views() if v.url == url)
 
 
-async def polled_mid_prefill(tokens: int) -> tuple[FakeWorkers, WorkerSet, int]:
-    """A prefill worker this router sent `tokens` prompt tokens, polled while it prefilled them
-    (and what assign() returned)."""
+async def polled_mid_prefill(tokens: int) -> tuple[FakeWorkers, WorkerSet]:
+    """A prefill worker this router sent `tokens` prompt tokens (request "r0"), polled while it
+    prefilled them."""
     fake = FakeWorkers()
     fake.add(PREFILL, Role.PREFILL)
     fake.add(DECODE, Role.DECODE)
     pool = WorkerSet(fake)
     pool.set_targets([Target(PREFILL), Target(DECODE)])
-    assigned_at = pool.assign(PREFILL, tokens)
+    pool.account("r0", {PREFILL: Charge(inflight=1, prompt_tokens=tokens)})
     fake.infos[PREFILL] = dataclasses.replace(fake.infos[PREFILL], outstanding_prompt_tokens=tokens)
     await pool.poll_once()
-    return fake, pool, assigned_at
+    return fake, pool
 
 
 async def test_a_finished_prefill_no_longer_saturates_the_pool_before_the_next_poll():
-    fake, pool, at = await polled_mid_prefill(2048)
+    fake, pool = await polled_mid_prefill(2048)
     assert queued_prompt_tokens(view(pool, PREFILL)) >= 2048
-    pool.release(PREFILL, 2048, at)  # the prefill returned; the worker's last report still says 2048
+    pool.account("r0", {})  # the prefill returned; the worker's last report still says 2048
     assert queued_prompt_tokens(view(pool, PREFILL)) == 0
-    plan = create_policy("least-loaded", PolicySettings()).plan(RequestInfo("next", prompt_tokens=2048), pool.views())
+    plan = create_policy("least-loaded", PolicySettings()).plan(RequestInfo("next", prompt_tokens=2048), pool.snapshot())
     assert (plan.reason, plan.prefill.url) == (RouteReason.DISAGGREGATED, PREFILL)
 
 
 async def test_the_next_poll_is_the_workers_word_again():
-    fake, pool, at = await polled_mid_prefill(2048)
-    pool.release(PREFILL, 2048, at)
+    fake, pool = await polled_mid_prefill(2048)
+    pool.account("r0", {})
     # another router's prompt is queued there now: the worker's own count is the truth
     fake.infos[PREFILL] = dataclasses.replace(fake.infos[PREFILL], outstanding_prompt_tokens=3000)
     await pool.poll_once()
@@ -61,11 +62,11 @@ async def test_the_next_poll_is_the_workers_word_again():
 
 
 async def test_work_sent_after_the_poll_is_not_taken_off_its_report():
-    fake, pool, first = await polled_mid_prefill(500)
-    later = pool.assign(PREFILL, 700)  # sent after the poll: the report cannot hold it
-    pool.release(PREFILL, 700, later)
+    fake, pool = await polled_mid_prefill(500)
+    pool.account("later", {PREFILL: Charge(inflight=1, prompt_tokens=700)})  # after the poll: not in its report
+    pool.account("later", {})
     assert view(pool, PREFILL).outstanding_prompt_tokens == 500  # the first prompt still waits there
-    pool.release(PREFILL, 500, first)
+    pool.account("r0", {})
     assert queued_prompt_tokens(view(pool, PREFILL)) == 0
 
 
@@ -74,11 +75,14 @@ async def test_a_decode_worker_that_prefilled_a_prompt_stops_counting_it_too():
     fake.add(DECODE, Role.DECODE)
     pool = WorkerSet(fake)
     pool.set_targets([Target(DECODE)])
-    at = pool.assign(DECODE, 1200)
+    pool.account("r", {DECODE: Charge(inflight=1, prompt_tokens=1200)})
     fake.infos[DECODE] = dataclasses.replace(fake.infos[DECODE], outstanding_prompt_tokens=1200)
     await pool.poll_once()
-    pool.prefilled(DECODE, 1200, at)  # its first token came: the stream runs on, the prompt no longer waits
+    # its first token came: the stream runs on, the prompt no longer waits
+    pool.account("r", {DECODE: Charge(inflight=1, prompt_tokens=0)})
     assert queued_prompt_tokens(view(pool, DECODE)) == 0 and view(pool, DECODE).router_inflight == 1
+    pool.account("r", {})
+    assert view(pool, DECODE).router_inflight == 0
 
 
 class PolledDuringPrefill(FakeWorkers):
@@ -104,10 +108,10 @@ async def test_through_the_driver_the_next_long_prompt_is_disaggregated():
     await pool.poll_once()
     settings = PolicySettings(prefill_saturated_tokens=len(IDS))  # one prompt of this length saturates
     orch = Orchestrator(fake, pool, create_policy("least-loaded", settings), RouterMetrics())
-    ctx = RequestContext("r1")
+    ctx = Journey("r1")
     async for _ in orch.run(request(prompt=list(IDS)), ctx):  # token ids: the router counts them exactly
         pass
     await orch.drain()
     assert ctx.route is RouteReason.DISAGGREGATED and fake.infos[PREFILL].outstanding_prompt_tokens == len(IDS)
-    plan = create_policy("least-loaded", settings).plan(RequestInfo("next", prompt_tokens=len(IDS)), pool.views())
+    plan = create_policy("least-loaded", settings).plan(RequestInfo("next", prompt_tokens=len(IDS)), pool.snapshot())
     assert (plan.reason, plan.prefill.url) == (RouteReason.DISAGGREGATED, PREFILL)

@@ -17,7 +17,7 @@ from tandem.contracts.handoff_parity import (
 from tandem.contracts.names import Role
 from tandem.contracts.routing import RouteReason
 from tandem.router.parity import ParityTable, Scored, compare, probe_tokens, tolerance_for
-from tandem.router.policies.base import RequestInfo, WorkerView
+from tandem.router.policies.base import RequestInfo, Snapshot, WorkerView
 from tandem.router.policies.least_loaded import LeastLoaded
 
 CONT = [5, 6, 7]
@@ -243,8 +243,8 @@ def test_the_policy_hands_off_only_across_a_proven_pairing():
                          (ParityState.UNCHECKED, RouteReason.PARITY_UNVERIFIED),
                          (ParityState.FAILED, RouteReason.PARITY_UNVERIFIED),
                          (ParityState.MISMATCH, RouteReason.PARITY_MISMATCH)):
-        plan = policy.plan(request, [view("http://p", Role.PREFILL, parity=state),
-                                     view("http://d", Role.DECODE, parity=state)])
+        plan = policy.plan(request, Snapshot([view("http://p", Role.PREFILL, parity=state),
+                                              view("http://d", Role.DECODE, parity=state)]))
         assert plan.reason is route, state
         assert (plan.prefill is not None) == (route is RouteReason.DISAGGREGATED)
         assert plan.decode.url == "http://d"  # decode-side prefill still serves
@@ -258,11 +258,11 @@ def test_the_policy_keeps_the_proven_decode_worker_and_an_older_proven_generatio
                view("http://good", Role.DECODE, parity=ParityState.VERIFIED)]
     workers[1].running = 0
     workers[2].running = 10  # busier, still the only one proven
-    plan = policy.plan(request, workers)
+    plan = policy.plan(request, Snapshot(workers))
     assert (plan.reason, plan.prefill.url, plan.decode.url) == (RouteReason.DISAGGREGATED, "http://p", "http://good")
     rollout = [view("http://p1", Role.PREFILL, "old", 0, ParityState.VERIFIED),
                view("http://d1", Role.DECODE, "old", 0, ParityState.VERIFIED),
                view("http://p2", Role.PREFILL, "new", 9, ParityState.UNCHECKED),
                view("http://d2", Role.DECODE, "new", 9, ParityState.UNCHECKED)]
-    plan = policy.plan(request, rollout)
+    plan = policy.plan(request, Snapshot(rollout))
     assert (plan.reason, plan.prefill.url, plan.decode.url) == (RouteReason.DISAGGREGATED, "http://p1", "http://d1")

@@ -12,7 +12,7 @@ from tandem.contracts.kv_events import KVEventMessage, KVEventType
 from tandem.contracts.names import Role
 from tandem.contracts.prefix import block_hashes
 from tandem.contracts.routing import RouteReason
-from tandem.router.policies.base import PolicySettings, RequestInfo, WorkerView
+from tandem.router.policies.base import Plan, PolicySettings, RequestInfo, Snapshot, WorkerView
 from tandem.router.policies.prefix_aware import PrefixAware
 from tandem.router.policies.registry import create_policy
 from tandem.router.prefix_index import PrefixIndex
@@ -48,8 +48,11 @@ def update(seq: int, stored: list[int] = (), removed: list[int] = ()) -> KVEvent
     return KVEventMessage(KVEventType.UPDATE, seq, stored=hexes(list(stored)), removed=hexes(list(removed)))
 
 
-def policy(index: PrefixIndex, **kw) -> PrefixAware:
-    return create_policy("prefix-aware", PolicySettings(prefix_index=index, **kw))
+def route(index: PrefixIndex, request: RequestInfo, ws: list[WorkerView], **settings) -> Plan | None:
+    """The prefix-aware plan over a snapshot of `ws` holding what `index` says each caches of `request`
+    (as WorkerSet.snapshot takes it)."""
+    snap = Snapshot(ws, index.cached(request, [w.url for w in ws]))
+    return create_policy("prefix-aware", PolicySettings(**settings)).plan(request, snap)
 
 
 # --- the index ---------------------------------------------------------------------------------
@@ -139,7 +142,7 @@ def test_a_conversations_later_turns_go_to_the_workers_holding_it():
     convs = {c: ids(100 + c, 300) for c in range(6)}
     first = {}
     for c, prompt in convs.items():  # first turns: spread by load, as least-loaded would
-        plan = policy(index).plan(req(prompt), ws)
+        plan = route(index, req(prompt), ws)
         first[c] = (plan.prefill.url, plan.decode.url)
         ws[[w.url for w in ws].index(plan.prefill.url)].outstanding_prompt_tokens += 300
         ws[[w.url for w in ws].index(plan.decode.url)].running += 1
@@ -155,11 +158,11 @@ def test_a_conversations_later_turns_go_to_the_workers_holding_it():
         w.outstanding_prompt_tokens = w.running = 0
     for c, prompt in convs.items():
         turn2 = prompt + ids(200 + c, 40) + ids(300 + c, 50)
-        plan = policy(index).plan(req(turn2), ws)
+        plan = route(index, req(turn2), ws)
         assert (plan.prefill.url, plan.decode.url, plan.reason) == (*first[c], RouteReason.DISAGGREGATED)
         assert plan.cached_prefill_tokens == 288 and plan.cached_decode_tokens == 336
         # with a short-tail threshold the decode worker holding the history prefills the rest itself
-        plan = policy(index, short_prompt_threshold=64).plan(req(turn2), ws)
+        plan = route(index, req(turn2), ws, short_prompt_threshold=64)
         assert (plan.decode.url, plan.prefill, plan.reason) == (first[c][1], None, RouteReason.CACHED_PREFIX)
 
 
@@ -172,21 +175,21 @@ def test_a_hot_prefix_spreads_when_its_worker_is_loaded():
     for w in ("p2", "d2"):
         index.start(w, snapshot())
     prompt = req(system + ids(8, 100))
-    plan = policy(index).plan(prompt, ws)
+    plan = route(index, prompt, ws)
     assert (plan.prefill.url, plan.decode.url) == ("p1", "d1")
     ws[0].outstanding_prompt_tokens = 511  # queued work there still costs less than the prefix saves
     ws[2].running = 1
-    assert (policy(index).plan(prompt, ws).prefill.url, policy(index).plan(prompt, ws).decode.url) == ("p1", "d1")
+    assert (route(index, prompt, ws).prefill.url, route(index, prompt, ws).decode.url) == ("p1", "d1")
     ws[0].outstanding_prompt_tokens = 513  # now it costs more: the prompt goes elsewhere
     ws[2].running = 3  # 3 x 256 tokens of load outweigh the 511 cached
-    plan = policy(index).plan(prompt, ws)
+    plan = route(index, prompt, ws)
     assert (plan.prefill.url, plan.decode.url) == ("p2", "d2")
     assert plan.cached_prefill_tokens == plan.cached_decode_tokens == 0
     # a burst of hot-prefix requests, each counted where it went: both workers of each pool serve it
     ws[0].outstanding_prompt_tokens, ws[2].running = 0, 0
     where = []
     for _ in range(8):
-        plan = policy(index).plan(prompt, ws)
+        plan = route(index, prompt, ws)
         next(w for w in ws if w is plan.prefill).router_prompt_tokens += 612 - plan.cached_prefill_tokens
         next(w for w in ws if w is plan.decode).router_inflight += 1
         where.append((plan.prefill.url, plan.decode.url))
@@ -199,7 +202,7 @@ def test_a_loaded_decode_worker_holding_the_history_is_not_asked_to_prefill_the_
     history = ids(1, 400)
     ws = [W("p1", Role.PREFILL), W("d1", running=6), W("d2")]
     index.start("d1", snapshot(history))
-    plan = policy(index, short_prompt_threshold=64).plan(req(history + ids(2, 20)), ws)
+    plan = route(index, req(history + ids(2, 20)), ws, short_prompt_threshold=64)
     assert (plan.decode.url, plan.prefill.url, plan.reason) == ("d2", "p1", RouteReason.DISAGGREGATED)
 
 
@@ -209,15 +212,19 @@ def test_colocated_workers_keep_their_conversations():
     history = ids(1, 512)
     index.start("c1", snapshot())
     index.start("c2", snapshot(history))
-    plan = policy(index).plan(req(history + ids(2, 30)), ws)
+    plan = route(index, req(history + ids(2, 30)), ws)
     assert (plan.decode.url, plan.reason, plan.cached_decode_tokens) == ("c2", RouteReason.NO_PREFILL_WORKER, 512)
 
 
 def test_without_token_ids_or_an_index_it_balances_load():
     ws = [W("p1", Role.PREFILL, outstanding_prompt_tokens=900), W("p2", Role.PREFILL),
           W("d1", running=2), W("d2")]
-    for p in (policy(PrefixIndex()), PrefixAware()):
-        plan = p.plan(RequestInfo("r", 500), ws)
-        assert (plan.prefill.url, plan.decode.url) == ("p2", "d2")
-        assert p.retry_prefill(RequestInfo("r", 500), plan, ws, frozenset({"p2"})).url == "p1"
-        assert p.resume_decode(RequestInfo("r", 500), ws, frozenset({"d2"})).url == "d1"
+    index = PrefixIndex()
+    for w in ws:
+        index.start(w.url, snapshot(ids(1, 64)))
+    assert index.cached(RequestInfo("r", 500), [w.url for w in ws]) == {}, "no ids: nothing to match"
+    p = PrefixAware()
+    plan = p.plan(RequestInfo("r", 500), Snapshot(ws))
+    assert (plan.prefill.url, plan.decode.url) == ("p2", "d2")
+    assert p.retry_prefill(RequestInfo("r", 500), plan, Snapshot(ws), frozenset({"p2"})).url == "p1"
+    assert p.resume_decode(RequestInfo("r", 500), Snapshot(ws), frozenset({"d2"})).url == "d1"

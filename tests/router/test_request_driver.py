@@ -13,15 +13,9 @@ from tandem.contracts.names import Role
 from tandem.contracts.protocol import FinishReason
 from tandem.contracts.routing import RouteReason
 from tandem.router.errors import RouterError
+from tandem.router.journey import Finished, Journey, Phase, Started, Tokens
 from tandem.router.metrics import RouterMetrics
-from tandem.router.orchestrator import (
-    Finished,
-    Orchestrator,
-    Phase,
-    RequestContext,
-    Started,
-    Tokens,
-)
+from tandem.router.orchestrator import Orchestrator
 from tandem.router.policies.registry import create_policy
 from tandem.router.validation import Limits
 from tandem.router.workers import Target, WorkerSet
@@ -52,7 +46,7 @@ async def machine(fake: FakeWorkers, **kw) -> Orchestrator:
                         **kw)
 
 
-async def run(orch: Orchestrator, ctx: RequestContext, req=None) -> list:
+async def run(orch: Orchestrator, ctx: Journey, req=None) -> list:
     events = []
     try:
         async for ev in orch.run(req or request(), ctx):
@@ -81,9 +75,10 @@ async def test_a_handoff_reaches_the_client_as_one_stream(fake):
     fake.on_prefill("p1", prefilled("p1", IDS, 7, "A"))
     fake.on_generate("d1", [start(5), token(8, "B"), token(9, "C"), finish(FinishReason.LENGTH)])
     orch = await machine(fake)
-    ctx = RequestContext("r1")
+    ctx = Journey("r1")
     events = await run(orch, ctx)
-    assert events == [Started(5), Tokens([7], "A"), Tokens([8], "B"), Tokens([9], "C"), Finished("length", 5, 3)]
+    assert events == [Started(5), Tokens([7], "A"), Tokens([8], "B", offset=1), Tokens([9], "C", offset=2),
+                      Finished("length", 5, 3)]
     (gen,) = fake.made("generate")
     assert gen.request.kv_source is not None and gen.request.generated_token_ids == [7]
     assert ctx.route is RouteReason.DISAGGREGATED and ctx.phase is Phase.FINISHED
@@ -99,7 +94,7 @@ async def test_failed_prefill_workers_are_aborted_and_the_dead_one_kept_out(fake
     fake.on_prefill("p2", fail(503, "not_ready", type_="service_unavailable"))
     fake.on_generate("d1", [start(5), token(7, "A"), finish()])
     orch = await machine(fake)
-    ctx = RequestContext("r1")
+    ctx = Journey("r1")
     events = await run(orch, ctx)
     assert [c.url for c in fake.calls] == ["p1", "p2", "d1"] and events[-1] == Finished("stop", 5, 1)
     assert ctx.route is RouteReason.PREFILL_FAILED
@@ -116,7 +111,7 @@ async def test_a_stream_that_ends_without_a_finish_is_resumed_and_counted(fake):
     fake.on_generate("d1", [start(5), token(8, "B")])
     fake.on_generate("d2", [start(5), token(9, "C"), finish()])
     orch = await machine(fake)
-    events = await run(orch, RequestContext("r1"))
+    events = await run(orch, Journey("r1"))
     assert text(events) == "ABC" and fake.made("generate")[1].request.generated_token_ids == [7, 8]
     assert metric(orch, "tandem_router_decode_resumes_total") == 1
     assert metric(orch, "tandem_router_worker_failures_total", role="decode") == 1
@@ -129,7 +124,7 @@ async def test_a_refused_handoff_is_aborted_before_the_resume_goes_out(fake):
     fake.on_prefill("p1", prefilled("p1", IDS, 7, "A"))
     fake.on_generate("d1", [fail(400, "kv_mismatch", "kv_source")], [start(5), token(8, "B"), finish()])
     orch = await machine(fake)
-    events = await run(orch, RequestContext("r1"))
+    events = await run(orch, Journey("r1"))
     assert text(events) == "AB"
     assert fake.aborts[0] == ("d1", "r1") and ("p1", "r1") in fake.aborts
     assert fake.abort_tokens[fake.aborts.index(("p1", "r1"))] == "token-of-p1"
@@ -140,10 +135,10 @@ async def test_a_consumer_that_stops_early_aborts_every_touched_worker(fake):
     fake.on_prefill("p1", prefilled("p1", IDS, 7, "A"))
     fake.on_generate("d1", [start(5), token(8, "B"), token(9, "C"), finish()])
     orch = await machine(fake)
-    ctx = RequestContext("r1")
+    ctx = Journey("r1")
     events = orch.run(request(), ctx)
     async for ev in events:
-        if ev == Tokens([8], "B"):
+        if ev == Tokens([8], "B", offset=1):
             break
     await events.aclose()
     await orch.drain()
@@ -160,7 +155,7 @@ async def test_a_prompt_over_the_limit_after_prefill_frees_the_lease_at_once(fak
     fake.on_prefill("p1", prefilled("p1", IDS, 7, "A"))
     orch = await machine(fake, limits=limits)
     with pytest.raises(RouterError) as info:
-        await run(orch, RequestContext("r1"), request(limits=limits))
+        await run(orch, Journey("r1"), request(limits=limits))
     assert info.value.body["error"]["code"] == "context_length_exceeded"
     assert fake.aborts == [("p1", "r1")] and fake.abort_tokens == ["token-of-p1"]
 
@@ -170,7 +165,7 @@ async def test_a_started_stream_waits_for_a_busy_decode_worker_then_continues(fa
     fake.on_prefill("p1", prefilled("p1", IDS, 7, "A"))
     fake.on_generate("d1", [busy(429, "1")], [start(5), token(8, "B"), finish()])
     orch = await machine(fake)
-    events = await run(orch, RequestContext("r1"))
+    events = await run(orch, Journey("r1"))
     assert text(events) == "AB" and events[-1] == Finished("stop", 5, 2)
     assert [c.request.kv_source is not None for c in fake.made("generate")] == [True, True]
     assert metric(orch, "tandem_router_worker_busy_total", role="decode") == 1
@@ -182,7 +177,7 @@ async def test_giving_up_on_busy_workers_frees_the_unpulled_lease(fake):
     fake.on_prefill("p1", prefilled("p1", IDS, 7, "A"))
     fake.on_generate("d1", [busy(429, "1")])
     orch = await machine(fake, busy_wait_s=0)
-    ctx = RequestContext("r1")
+    ctx = Journey("r1")
     events: list = []
     with pytest.raises(RouterError) as info:
         async for ev in orch.run(request(), ctx):
@@ -199,7 +194,7 @@ async def test_a_migration_is_measured_and_is_not_a_failure(fake):
     fake.on_generate("d1", [start(5), token(8, "B"), migrate("d1", [7, 8], 6)])
     fake.on_generate("d2", [start(5), token(9, "C"), finish()])
     orch = await machine(fake)
-    events = await run(orch, RequestContext("r1"))
+    events = await run(orch, Journey("r1"))
     assert text(events) == "ABC" and fake.made("generate")[1].request.migrated_from == "d1"
     assert metric(orch, "tandem_router_migrations_total", outcome="kv") == 1
     assert metric(orch, "tandem_router_migration_seconds_count") == 1
@@ -214,7 +209,7 @@ async def test_a_migration_with_nowhere_to_go_is_a_failed_migration_and_frees_th
     fake.on_generate("d1", [start(5), token(8, "B"), migrate("d1", [7, 8], 6)])
     orch = await machine(fake)
     with pytest.raises(RouterError) as err:
-        await run(orch, RequestContext("r1"))
+        await run(orch, Journey("r1"))
     assert err.value.status == 502 and [c.url for c in fake.made("generate")] == ["d1"]
     assert ("d1", "r1") in fake.aborts and "token-of-d1" in fake.abort_tokens
     assert metric(orch, "tandem_router_migrations_total", outcome="failed") == 1
@@ -228,7 +223,7 @@ async def test_a_busy_handoff_never_sends_kv_to_a_decode_worker_of_another_gener
     fake.on_generate("d1", [busy()])
     fake.on_generate("d2", [start(5), token(8, "B"), finish()])
     orch = await machine(fake)
-    events = await run(orch, RequestContext("r1"))
+    events = await run(orch, Journey("r1"))
     assert text(events) == "AB"
     first, second = fake.made("generate")
     assert (first.url, second.url) == ("d1", "d2") and first.request.kv_source is not None
@@ -240,7 +235,7 @@ async def test_a_busy_handoff_never_sends_kv_to_a_decode_worker_of_another_gener
 # --- a MIGRATE crossing a client disconnect (issue 21, defect 13) --------------------------------
 
 
-async def _disconnect_when(orch: Orchestrator, ctx: RequestContext, reached: Callable[[], bool]) -> list:
+async def _disconnect_when(orch: Orchestrator, ctx: Journey, reached: Callable[[], bool]) -> list:
     """Run a request as a handler does, and cancel it (the client went away) once `reached()`."""
     events: list = []
 
@@ -268,7 +263,7 @@ async def test_a_client_gone_while_its_stream_is_handed_on_frees_the_leaving_wor
     fake.on_generate("d2", [start(5), token(9, "C"), finish()])
     closing, _ = fake.slow_close("d1")  # the connection to the leaving worker takes a while to close
     orch = await machine(fake)
-    ctx = RequestContext("r1")
+    ctx = Journey("r1")
     events = await _disconnect_when(orch, ctx, closing.is_set)
     assert text(events) == "AB" and [c.url for c in fake.made("generate")] == ["d1"]
     aborts = dict(zip(fake.aborts, fake.abort_tokens, strict=True))
@@ -283,7 +278,7 @@ async def test_a_client_gone_after_the_move_frees_the_lease_the_next_worker_has_
     pulling = asyncio.Event()  # d2 is still pulling the KV: no line yet
     fake.on_generate("d2", [pulling])
     orch = await machine(fake)
-    ctx = RequestContext("r1")
+    ctx = Journey("r1")
     await _disconnect_when(orch, ctx, lambda: [c.url for c in fake.made("generate")] == ["d1", "d2"])
     aborts = dict(zip(fake.aborts, fake.abort_tokens, strict=True))
     assert aborts == {("p1", "r1"): "token-of-p1", ("d1", "r1"): "token-of-d1", ("d2", "r1"): None}

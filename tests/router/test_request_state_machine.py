@@ -14,6 +14,7 @@ from tandem.contracts.routing import RouteReason
 from tandem.router.decide import decide
 from tandem.router.errors import RouterError
 from tandem.router.journey import Finished, Phase, Started, Tokens
+from tandem.router.policies.base import Snapshot
 from tandem.router.steps import (
     Abort,
     Aborted,
@@ -50,7 +51,7 @@ def test_the_handoff_streams_every_token_once():
     j, first = arrive(workers)
     assert isinstance(first, PrefillOn) and first.worker.url == "p1" and first.work == 13  # 49 chars / 4
     assert j.phase is Phase.PREFILL and j.route is RouteReason.DISAGGREGATED and first.route is None
-    handoff = decide(j, Prefilled("p1", prefilled("p1", IDS, 7, "A"), workers=workers))
+    handoff = decide(j, Prefilled("p1", prefilled("p1", IDS, 7, "A")), Snapshot(workers))
     assert isinstance(handoff, DecodeOn) and handoff.worker.url == "d1" and handoff.queued == 0
     assert handoff.emit == (Started(5), Tokens([7], "A")) and handoff.route is RouteReason.DISAGGREGATED
     # the decode worker replays the first token and continues after the text the client has
@@ -60,17 +61,18 @@ def test_the_handoff_streams_every_token_once():
     assert j.lease_tokens == {"p1": "token-of-p1"}
     lines = feed(j, "d1", start(5), token(8, "B"), token(9, "C"), finish(FinishReason.LENGTH))
     assert [type(a) for a in lines] == [Read, Read, Read, Finish]
-    assert [ev for a in lines for ev in a.emit] == [Tokens([8], "B"), Tokens([9], "C"), Finished("length", 5, 3)]
+    assert [ev for a in lines for ev in a.emit] == [Tokens([8], "B", offset=1), Tokens([9], "C", offset=2),
+                                                Finished("length", 5, 3)]
     assert j.done and not any(a.abort for a in [first, handoff, *lines])
 
 
 def test_prefill_fails_retries_elsewhere_then_falls_back_to_decode_side_prefill():
     workers = pool("p1", "p2", "d1")
     j, first = arrive(workers)
-    retry = decide(j, Failed(first.worker.url, died(), workers=workers))
+    retry = decide(j, Failed(first.worker.url, died()), Snapshot(workers))
     assert isinstance(retry, PrefillOn) and retry.why is Why.RETRY and retry.worker.url == "p2"
     assert retry.abort == ("p1",) and retry.fault.error.dead and retry.fault.role == "prefill"
-    fallback = decide(j, Failed("p2", fail(503, "not_ready", type_="service_unavailable"), workers=workers))
+    fallback = decide(j, Failed("p2", fail(503, "not_ready", type_="service_unavailable")), Snapshot(workers))
     assert isinstance(fallback, DecodeOn) and fallback.why is Why.FALLBACK and fallback.worker.url == "d1"
     assert fallback.abort == ("p2",) and fallback.route is RouteReason.PREFILL_FAILED
     assert fallback.queued == 13, "the prompt waits on the decode worker until its first token"
@@ -82,7 +84,7 @@ def test_prefill_fails_retries_elsewhere_then_falls_back_to_decode_side_prefill(
 def test_prefill_attempts_are_bounded():
     workers = pool("p1", "p2", "d1")
     j, first = arrive(workers, r=rules(max_prefill_attempts=1))
-    fallback = decide(j, Failed("p1", died(), workers=workers))
+    fallback = decide(j, Failed("p1", died()), Snapshot(workers))
     assert isinstance(fallback, DecodeOn) and fallback.why is Why.FALLBACK and j.touched == ["p1", "d1"]
 
 
@@ -90,7 +92,7 @@ def test_a_client_4xx_from_prefill_passes_through_unchanged():
     refusal = fail(400, "invalid_value", "max_tokens", message="max_tokens is too large for this prompt")
     assert isinstance(refusal, RouterError)
     j, _ = arrive(pool("p1", "p2", "d1"))
-    action = decide(j, Rejected(refusal))
+    action = decide(j, Rejected(refusal), Snapshot())
     assert isinstance(action, Fail) and action.error is refusal and action.route is None
     assert j.phase is Phase.FAILED and j.touched == ["p1"]  # no retry, no decode
 
@@ -104,7 +106,7 @@ def test_worker_side_4xx_codes_are_worker_failures(status, code):
     assert isinstance(failure, WorkerFailed) and not failure.dead
     workers = pool("p1", "p2", "d1")
     j, _ = arrive(workers)
-    assert decide(j, Failed("p1", failure, workers=workers)).worker.url == "p2"
+    assert decide(j, Failed("p1", failure), Snapshot(workers)).worker.url == "p2"
 
 
 def test_failures_are_classified_by_status_code_and_param():
@@ -122,7 +124,7 @@ def test_a_refused_handoff_resumes_without_the_kv():
     j, _ = handed_off(workers)
     (abort,) = feed(j, "d1", fail(400, "kv_mismatch", "kv_source"), workers=workers)
     assert isinstance(abort, Abort) and abort.url == "d1", "d1's copy is gone before it gets the resume"
-    resume = decide(j, Aborted("d1", workers=workers))
+    resume = decide(j, Aborted("d1"), Snapshot(workers))
     assert isinstance(resume, DecodeOn) and resume.why is Why.RESUME and resume.worker.url == "d1"
     assert resume.abort == ("p1",), "the lease nobody will pull is freed"
     greq = j.worker_request(decode=True)
@@ -141,7 +143,7 @@ def test_decode_dies_mid_stream_and_resumes_elsewhere_with_the_tokens_so_far():
     assert greq.kv_source is None and (greq.generated_token_ids, greq.emitted_chars) == ([7, 8, 9], 2)
     assert greq.prompt_token_ids == IDS
     actions = feed(j, "d2", start(5), token(10, "CD"), finish())
-    assert [ev for a in actions for ev in a.emit] == [Tokens([10], "CD"), Finished("stop", 5, 4)]
+    assert [ev for a in actions for ev in a.emit] == [Tokens([10], "CD", offset=2), Finished("stop", 5, 4)]
 
 
 def test_a_finish_that_says_abort_is_a_failure_after_its_tokens():
@@ -149,7 +151,7 @@ def test_a_finish_that_says_abort_is_a_failure_after_its_tokens():
     j, _ = handed_off(workers)
     line = StreamEvent(EventType.FINISH, token_ids=[8], text="B", finish_reason=FinishReason.ABORT)
     (action,) = feed(j, "d1", line, workers=workers)
-    assert isinstance(action, Abort) and action.emit == (Tokens([8], "B"),) and not action.fault.error.dead
+    assert isinstance(action, Abort) and action.emit == (Tokens([8], "B", offset=1),) and not action.fault.error.dead
 
 
 def test_resumes_are_bounded_then_a_502():
@@ -180,7 +182,7 @@ def test_a_worker_that_dies_after_its_last_token_is_finished_not_resumed():
 def test_the_first_token_can_finish_the_request():
     workers = pool("p1", "d1")
     j, _ = arrive(workers)
-    done = decide(j, Prefilled("p1", prefilled("p1", IDS, 7, "A", finish_reason=FinishReason.STOP)))
+    done = decide(j, Prefilled("p1", prefilled("p1", IDS, 7, "A", finish_reason=FinishReason.STOP)), Snapshot())
     assert isinstance(done, Finish) and done.emit == (Started(5), Tokens([7], "A"), Finished("stop", 5, 1))
     assert done.route is RouteReason.DISAGGREGATED and j.done and j.touched == ["p1"]
 
@@ -219,9 +221,10 @@ def test_no_ready_decode_worker_is_a_503():
 
 def test_the_configured_policy_is_the_one_asked():
     r = rules("round-robin")
-    chosen = [arrive(pool("d1", "d2"), r=r, request_id=f"r{i}")[1] for i in range(2)]
-    assert [a.worker.url for a in chosen] == ["d1", "d2"]
+    chosen = [arrive(pool("d1", "d2"), r=r, request_id=f"r{i}", turns={Role.DECODE: i})[1] for i in range(2)]
+    assert [a.worker.url for a in chosen] == ["d1", "d2"], "the snapshot's cursor says whose turn it is"
     assert {a.route for a in chosen} == {RouteReason.NO_PREFILL_WORKER}
+    assert all(a.turns == (Role.DECODE,) for a in chosen), "each choice moves the decode pool's cursor on"
 
 
 def test_heartbeats_are_not_tokens():
@@ -236,7 +239,7 @@ def test_the_client_never_sees_a_worker_address():
     p, d = "http://10.1.2.3:8000", "http://10.4.5.6:8000"
     workers = (worker(p, Role.PREFILL), worker(d))
     j, _ = arrive(workers)
-    decide(j, Prefilled(p, prefilled(p, IDS, 7, "A"), workers=workers))
+    decide(j, Prefilled(p, prefilled(p, IDS, 7, "A")), Snapshot(workers))
     (action,) = feed(j, d, died(f"generate on {d} failed: connection reset"), workers=workers)
     assert isinstance(action, Fail) and action.error.status == 502
     assert "10.1.2.3" not in str(action.error.body) and "10.4.5.6" not in str(action.error.body)
@@ -255,8 +258,8 @@ def test_429_and_503_with_retry_after_are_busy_not_dead():
 def test_busy_prefill_workers_fall_back_to_decode_side_prefill_as_saturated():
     workers = pool("p1", "p2", "d1")
     j, _ = arrive(workers)
-    retry = decide(j, Failed("p1", busy(), workers=workers))
-    fallback = decide(j, Failed("p2", busy(503, "2"), workers=workers))
+    retry = decide(j, Failed("p1", busy()), Snapshot(workers))
+    fallback = decide(j, Failed("p2", busy(503, "2")), Snapshot(workers))
     assert retry.worker.url == "p2" and isinstance(fallback, DecodeOn) and fallback.worker.url == "d1"
     assert fallback.route is RouteReason.PREFILL_SATURATED
     assert retry.abort == fallback.abort == (), "they refused it: nothing to abort"
@@ -287,7 +290,7 @@ def test_a_started_stream_waits_for_a_busy_decode_worker_then_continues_with_its
     j, _ = handed_off(workers)
     (wait,) = feed(j, "d1", busy(429, "1"), workers=workers, now=100.0)
     assert isinstance(wait, Wait) and wait.seconds == 1.0
-    again = decide(j, Waited(workers=workers, now=101.0))
+    again = decide(j, Waited(now=101.0), Snapshot(workers))
     assert isinstance(again, DecodeOn) and again.worker.url == "d1" and j.kv is not None and not j.busy
 
 
@@ -295,7 +298,7 @@ def test_a_started_stream_gives_up_on_busy_workers_after_busy_wait_s():
     workers = pool("p1", "d1")
     j, _ = handed_off(workers, r=rules(busy_wait_s=3))
     (wait,) = feed(j, "d1", busy(429, "2"), workers=workers, now=100.0)
-    decide(j, Waited(workers=workers, now=102.0))
+    decide(j, Waited(now=102.0), Snapshot(workers))
     (action,) = feed(j, "d1", busy(429, "2"), workers=workers, now=102.0)
     assert isinstance(wait, Wait) and isinstance(action, Fail) and action.error.status == 503
     assert "stayed busy" in action.error.message
@@ -329,5 +332,5 @@ def test_after_a_busy_wait_the_lease_still_goes_only_to_its_generation():
     (wait,) = feed(j, "d1", busy(429, "1"), workers=workers, now=100.0)
     assert isinstance(wait, Wait) and j.kv is not None
     later = pool("p1", "d9@g2")  # d1 left meanwhile; only another generation is ready
-    again = decide(j, Waited(workers=later, now=101.0))
+    again = decide(j, Waited(now=101.0), Snapshot(later))
     assert isinstance(again, DecodeOn) and again.worker.url == "d9" and j.kv is None and again.abort == ("p1",)

@@ -11,6 +11,7 @@ import pytest
 from tandem.contracts.protocol import FinishReason
 from tandem.router.decide import decide
 from tandem.router.journey import Finished, Tokens
+from tandem.router.policies.base import Snapshot
 from tandem.router.steps import Abort, Aborted, DecodeOn, Fail, Finish, Moved, Read, Why
 from tandem.testing.fake_workers import fail, finish, migrate, start, token
 from tandem.testing.journeys import feed, handed_off, pool
@@ -44,7 +45,7 @@ def test_failed_pull_falls_back_to_recompute_and_frees_the_lease():
     j, move, workers = leaving("d1", "d2")
     (abort,) = feed(j, "d2", fail(503, "kv_transfer_failed", type_="service_unavailable"), workers=workers)
     assert isinstance(abort, Abort) and abort.url == "d2"
-    recompute = decide(j, Aborted("d2", workers=workers))
+    recompute = decide(j, Aborted("d2"), Snapshot(workers))
     assert isinstance(recompute, DecodeOn) and recompute.worker.url == "d2" and recompute.abort == ("d1",)
     req = j.worker_request(decode=True)
     assert req.kv_source is None and req.generated_token_ids == [7, 8, 9] and req.emitted_chars == 3
@@ -67,7 +68,7 @@ def test_without_usable_kv_the_stream_is_recomputed(case):
     if case != "no_kv":  # the lease a MIGRATE line names is freed at once when nobody will pull it
         assert move.abort == ("d1",) and j.lease_tokens["d1"] == "token-of-d1"
     (first,) = feed(j, "d2", token(10, "D"))
-    assert first.moved.outcome == "recompute" and first.emit == (Tokens([10], "D"),)
+    assert first.moved.outcome == "recompute" and first.emit == (Tokens([10], "D", offset=3),)
 
 
 def test_the_same_generation_is_preferred_for_the_kv():

@@ -10,9 +10,9 @@ from tandem.contracts.kv_events import KVEventMessage, KVEventType
 from tandem.contracts.names import Role
 from tandem.contracts.prefix import block_hashes
 from tandem.router.errors import RouterError
+from tandem.router.journey import Journey, Started, Tokens
 from tandem.router.metrics import RouterMetrics
-from tandem.router.orchestrator import Orchestrator, RequestContext, Started, Tokens
-from tandem.router.policies.base import PolicySettings
+from tandem.router.orchestrator import Orchestrator
 from tandem.router.policies.registry import create_policy
 from tandem.router.prefix_index import PrefixIndex
 from tandem.router.validation import Endpoint, Limits, parse_request
@@ -22,8 +22,9 @@ from tandem.testing.fake_workers import FakeWorkers, finish, prefilled, start, t
 IDS = list(range(100, 140))  # 40 tokens, as if the router had tokenized the prompt
 
 
-async def machine(fake: FakeWorkers, policy, limits: Limits | None = None) -> Orchestrator:
-    workers = WorkerSet(fake)
+async def machine(fake: FakeWorkers, policy, limits: Limits | None = None,
+                  index: PrefixIndex | None = None) -> Orchestrator:
+    workers = WorkerSet(fake, prefix_index=index)
     workers.set_targets([Target(url) for url in fake.infos])
     await workers.poll_once()
     return Orchestrator(fake, workers, policy, RouterMetrics(), limits=limits or Limits())
@@ -40,7 +41,7 @@ async def test_known_tokens_over_the_limit_are_refused_before_any_worker_call():
     fake.add("d1", Role.DECODE)
     orch = await machine(fake, create_policy("least-loaded"), limits)
     with pytest.raises(RouterError) as info:
-        async for _ in orch.run(request(IDS, limits), RequestContext("r1")):
+        async for _ in orch.run(request(IDS, limits), Journey("r1")):
             pass
     await orch.drain()
     err = info.value.body["error"]
@@ -55,7 +56,7 @@ async def test_a_decode_side_prefill_counts_as_queued_prompt_tokens_until_its_fi
     fake.on_generate("d1", [start(40), token(7, "A"), token(8, "B"), finish()])
     orch = await machine(fake, create_policy("least-loaded"))
     seen = []
-    async for ev in orch.run(request(IDS), RequestContext("r1")):
+    async for ev in orch.run(request(IDS), Journey("r1")):
         (view,) = orch.workers.views()
         seen.append((type(ev).__name__, view.router_prompt_tokens, view.router_inflight))
     assert seen[:2] == [("Started", 40, 1), ("Tokens", 0, 1)]  # the prompt is done once a token came
@@ -75,8 +76,8 @@ async def test_a_prefix_aware_plan_counts_its_cache_hits_and_sends_the_ids():
     index.apply("d1", KVEventMessage(KVEventType.UPDATE, 1, stored=held[:2]))
     fake.on_prefill("p2", prefilled("p2", IDS, 7, "A"))
     fake.on_generate("d1", [start(40), token(8, "B"), finish()])
-    orch = await machine(fake, create_policy("prefix-aware", PolicySettings(prefix_index=index)))
-    events = [ev async for ev in orch.run(request(IDS), RequestContext("r1"))]
+    orch = await machine(fake, create_policy("prefix-aware"), index=index)
+    events = [ev async for ev in orch.run(request(IDS), Journey("r1"))]
     assert events[:2] == [Started(40), Tokens([7], "A")]
     assert fake.made("prefill")[0].url == "p2" and fake.made("prefill")[0].request.prompt_token_ids == IDS
     sample = orch.metrics.registry.get_sample_value
