@@ -45,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="image for routers when the InferenceService sets no router.image ($TANDEM_ROUTER_IMAGE)",
     )
     parser.add_argument(
+        "--vllm-image", default=os.environ.get("TANDEM_VLLM_IMAGE", ""), metavar="REPO[:TAG]",
+        help="image for runtime vllm's prefill and decode workers when the InferenceService sets no "
+        "runtime.image ($TANDEM_VLLM_IMAGE)",
+    )
+    parser.add_argument(
         "--image-pull-policy", choices=["Always", "IfNotPresent", "Never"],
         default=os.environ.get("TANDEM_IMAGE_PULL_POLICY") or None,
         help="pull policy when the InferenceService sets none ($TANDEM_IMAGE_PULL_POLICY)",
@@ -114,12 +119,15 @@ def operator_config(args: argparse.Namespace) -> OperatorConfig:
         raise SystemExit(f"tandem operator: --policy / ${POLICY_ENV}: {e}") from None
     repo, tag = split_image(args.worker_image)
     router_repo, router_tag = split_image(args.router_image)
+    vllm_repo, vllm_tag = split_image(args.vllm_image)
     return dataclasses.replace(
         base,
         image_repository=repo or base.image_repository,
         image_tag=tag or base.image_tag,
         router_repository=router_repo or base.router_repository,
         router_tag=router_tag or base.router_tag,
+        vllm_repository=vllm_repo or base.vllm_repository,
+        vllm_tag=vllm_tag or base.vllm_tag,
         pull_policy=args.image_pull_policy or base.pull_policy,
         resync_seconds=args.resync_seconds,
         kv_probe=base.kv_probe if args.kv_probe is None else args.kv_probe,

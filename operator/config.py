@@ -18,6 +18,8 @@ HANDOVER_MANAGER = "tandem-operator-handover"
 
 DEFAULT_IMAGE_REPOSITORY = "ghcr.io/tandem-dev/tandem-worker"
 DEFAULT_ROUTER_REPOSITORY = "ghcr.io/tandem-dev/tandem-router"  # the Dockerfile's `router` target
+# runtime vllm's workers: Tandem's worker with vLLM (`tandem worker --runtime vllm`), docs/runtimes.md
+DEFAULT_VLLM_REPOSITORY = "ghcr.io/tandem-dev/tandem-worker-vllm"
 DEFAULT_IMAGE_TAG = "0.1.0"
 DEFAULT_PULL_POLICY = "IfNotPresent"
 DEFAULT_RESYNC_SECONDS = 60.0
@@ -41,6 +43,8 @@ class OperatorConfig:
     image_tag: str = DEFAULT_IMAGE_TAG
     router_repository: str = DEFAULT_ROUTER_REPOSITORY  # the router's own image (no torch)
     router_tag: str = DEFAULT_IMAGE_TAG
+    vllm_repository: str = DEFAULT_VLLM_REPOSITORY  # runtime vllm's workers (spec.runtime.image overrides)
+    vllm_tag: str = DEFAULT_IMAGE_TAG
     pull_policy: str = DEFAULT_PULL_POLICY
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
     kv_probe: bool = True  # GET each ready worker's /internal/kv/health for KVTransferReady
@@ -59,7 +63,8 @@ class OperatorConfig:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
-        """TANDEM_WORKER_IMAGE (repo[:tag]), TANDEM_ROUTER_IMAGE (repo[:tag]), TANDEM_IMAGE_PULL_POLICY, TANDEM_RESYNC_SECONDS,
+        """TANDEM_WORKER_IMAGE (repo[:tag]), TANDEM_ROUTER_IMAGE (repo[:tag]), TANDEM_VLLM_IMAGE (repo[:tag]:
+        runtime vllm's workers), TANDEM_IMAGE_PULL_POLICY, TANDEM_RESYNC_SECONDS,
         TANDEM_KV_PROBE (0 turns probing off), TANDEM_KV_PROBE_TIMEOUT_SECONDS,
         TANDEM_METRICS_TIMEOUT_SECONDS, TANDEM_MARK_PODS_FOR_REMOVAL (1 turns marking on), POD_NAMESPACE and
         TANDEM_OPERATOR_POD_LABELS (a JSON object: the operator pods' labels, set by the chart),
@@ -69,11 +74,14 @@ class OperatorConfig:
         env = dict(os.environ if env is None else env)
         repo, tag = split_image(env.get("TANDEM_WORKER_IMAGE", ""))
         router_repo, router_tag = split_image(env.get("TANDEM_ROUTER_IMAGE", ""))
+        vllm_repo, vllm_tag = split_image(env.get("TANDEM_VLLM_IMAGE", ""))
         return cls(
             image_repository=repo or DEFAULT_IMAGE_REPOSITORY,
             image_tag=tag or DEFAULT_IMAGE_TAG,
             router_repository=router_repo or DEFAULT_ROUTER_REPOSITORY,
             router_tag=router_tag or DEFAULT_IMAGE_TAG,
+            vllm_repository=vllm_repo or DEFAULT_VLLM_REPOSITORY,
+            vllm_tag=vllm_tag or DEFAULT_IMAGE_TAG,
             pull_policy=env.get("TANDEM_IMAGE_PULL_POLICY") or DEFAULT_PULL_POLICY,
             resync_seconds=float(env.get("TANDEM_RESYNC_SECONDS") or DEFAULT_RESYNC_SECONDS),
             kv_probe=_env_flag(env.get("TANDEM_KV_PROBE"), True),
@@ -91,9 +99,10 @@ class OperatorConfig:
         )
 
     @property
-    def own_images(self) -> tuple[str, str]:
-        """The worker and router repositories the operator defaults to: every policy allows them."""
-        return self.image_repository, self.router_repository
+    def own_images(self) -> tuple[str, ...]:
+        """The worker, router and vLLM worker repositories the operator defaults to: every policy
+        allows them."""
+        return self.image_repository, self.router_repository, self.vllm_repository
 
     def for_namespace(self, namespace: str) -> OperatorConfig:
         """The config an InferenceService of `namespace` renders with: every image pulled Always where

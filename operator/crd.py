@@ -111,8 +111,13 @@ def status_schema() -> dict[str, Any]:
                       "hub": {"type": "string", "maxLength": 256},
                       "revision": {"type": "string", "maxLength": 256},
                       "commit": {"type": "string", "maxLength": 64, "description": "The commit served."},
-                      "checked": {"type": "object", "description": "The tensor sizes config.json was judged at.",
-                                  "properties": {"prefill": {"type": "integer"}, "decode": {"type": "integer"}}},
+                      "checked": {"type": "object", "description": "The tensor sizes (and the runtime, when not "
+                                  "tandem) config.json was judged at.",
+                                  "properties": {"prefill": {"type": "integer"}, "decode": {"type": "integer"},
+                                                 "runtime": {"type": "string", "maxLength": 64}}},
+                      "served": {"type": "string", "maxLength": 1024,
+                                 "description": "How the runtime serves it (vllm: natively or through its "
+                                 "Transformers backend)."},
                       "problem": {"type": "object", "description": "Why the workers could not serve it.",
                                   "properties": {"reason": {"type": "string", "maxLength": 64},
                                                  "message": {"type": "string", "maxLength": 4096}}},

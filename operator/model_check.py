@@ -27,6 +27,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from tandem.contracts.runtimes import Runtime
 from tandem.operator import apply
 from tandem.operator.claim_check import judge_claim
 from tandem.operator.config import OperatorConfig
@@ -72,6 +73,8 @@ def judge(config_json: dict[str, Any], spec: InferenceServiceSpec) -> tuple[str,
     from tandem.contracts.model_support import check_model_config
     from tandem.contracts.parallelism import ParallelismError, check_parallelism
 
+    if spec.runtime.name is Runtime.VLLM:
+        return judge_vllm(config_json, spec)
     architecture = check_model_config(config_json, 1)
     if architecture is not None:
         return "UnsupportedModel", architecture
@@ -88,6 +91,28 @@ def judge(config_json: dict[str, Any], spec: InferenceServiceSpec) -> tuple[str,
         if problem is not None:
             return "ParallelismMismatch", f"{role}.parallelism: {problem}"
     return None
+
+
+def judge_vllm(config_json: dict[str, Any], spec: InferenceServiceSpec) -> tuple[str, str] | None:
+    """judge's answer for runtime vllm: what vLLM serves (tandem.contracts.vllm_model_support), not
+    what Tandem's engine does; MLA models such as DeepSeek-V3 pass."""
+    from tandem.contracts.vllm_model_support import check_vllm_model_config
+
+    architecture = check_vllm_model_config(config_json, 1)
+    if architecture is not None:
+        return "UnsupportedModel", architecture
+    for role in ("prefill", "decode"):
+        problem = check_vllm_model_config(config_json, spec.role(role).parallelism.tensor)
+        if problem is not None:
+            return "ParallelismMismatch", f"{role}.parallelism: {problem}"
+    return None
+
+
+def checked_at(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """What a judgement holds for (status.model.checked): the tensor sizes, and a runtime other than
+    tandem (its support differs: a change of runtime judges again)."""
+    tensors: dict[str, Any] = {role: spec.role(role).parallelism.tensor for role in ("prefill", "decode")}
+    return tensors if spec.runtime.name is Runtime.TANDEM else tensors | {"runtime": spec.runtime.name.value}
 
 
 def hub_token(api: client.ApiClient, namespace: str, spec: InferenceServiceSpec) -> str | None:
@@ -118,7 +143,7 @@ def check(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config:
     if model.hub is None:
         return ModelFinding(spec, None, condition(TYPE, "Unknown", "NotChecked", not_checked_message(spec)))
     old = (body.get("status") or {}).get("model") or {}
-    tensors = {role: spec.role(role).parallelism.tensor for role in ("prefill", "decode")}
+    tensors = checked_at(spec)
     same_source = old.get("hub") == model.hub and old.get("revision") == model.hub_revision
     if same_source and old.get("commit") and old.get("checked") == tensors:
         return _finding(spec, old)  # judged before: the same commit at the same sizes
@@ -127,7 +152,8 @@ def check(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config:
         token = hub_token(api, namespace, spec)
         commit = old["commit"] if same_source and old.get("commit") else resolve_commit(
             model.hub, model.hub_revision, endpoint=config.hub_endpoint, token=token)
-        problem = judge(fetch_config(model.hub, commit, endpoint=config.hub_endpoint, token=token), spec)
+        config_json = fetch_config(model.hub, commit, endpoint=config.hub_endpoint, token=token)
+        problem = judge(config_json, spec)
     except HubError as e:
         log.warning("%s/%s: model %s: %s", namespace, body["metadata"]["name"], model.hub, e)
         return ModelFinding(spec, old or None, condition(TYPE, "False", str(e.reason), str(e)), blocking=True)
@@ -137,6 +163,10 @@ def check(api: client.ApiClient, body: dict, spec: InferenceServiceSpec, config:
                               "checked": tensors}
     if problem is not None:
         status["problem"] = {"reason": problem[0], "message": problem[1]}
+    elif spec.runtime.name is Runtime.VLLM:
+        from tandem.contracts.vllm_model_support import served_how
+
+        status["served"] = served_how(config_json)
     return _finding(spec, status)
 
 
@@ -148,7 +178,8 @@ def _finding(spec: InferenceServiceSpec, status: dict[str, Any]) -> ModelFinding
         return ModelFinding(spec, status, condition(TYPE, "False", problem["reason"], message), blocking=True)
     tensors = status["checked"]
     message = (f"{where} is commit {status['commit']}; its config.json can be served with tensor parallelism "
-               f"{tensors['prefill']} (prefill) and {tensors['decode']} (decode)")
+               f"{tensors['prefill']} (prefill) and {tensors['decode']} (decode)"
+               + (f"; {status['served']}" if status.get("served") else ""))
     return ModelFinding(pinned(spec, status["commit"]), status, condition(TYPE, "True", "Checked", message))
 
 

@@ -6,7 +6,7 @@ Whoever may create an InferenceService gets pods the operator writes for them: a
 runs the worker as root), any image, a ServiceAccount of the namespace. Pod Security admission judges
 only a namespace's label, so the operator judges the spec itself, per namespace, against the policy
 its admin configured (TANDEM_POLICY, the chart's `policy` values). Secure by default: none of it
-unless allowed, and no image but the operator's own worker and router repositories.
+unless allowed, and no image but the operator's own worker, router and vLLM worker repositories.
 
   {"default":    {"hostPaths": [...], "writableHostPaths": [...], "images": [...],
                   "serviceAccounts": [...], "hostNetwork": false, "ipcLock": false,
@@ -162,7 +162,7 @@ def _how(namespace: str, key: str, change: str) -> str:
 def judge(spec: InferenceServiceSpec, namespace: str, policy: Policy,
           own_images: tuple[str, ...] = ()) -> list[Violation]:
     """Every node-level setting `spec` asks for that `policy` does not allow in `namespace` (nothing:
-    allowed). `own_images` are the operator's worker and router repositories, always allowed."""
+    allowed). `own_images` are the operator's worker, router and vLLM worker repositories, always allowed."""
     rules = policy.rules(namespace)
     found = _paths(spec, namespace, rules) + _privileges(spec, namespace, rules)
     found += _images(spec, namespace, rules, own_images) + _accounts(spec, namespace, rules)
@@ -202,7 +202,9 @@ def _privileges(spec: InferenceServiceSpec, ns: str, rules: Rules) -> list[Viola
 def _images(spec: InferenceServiceSpec, ns: str, rules: Rules, own: tuple[str, ...]) -> list[Violation]:
     named = [("image", spec.image and spec.image.repository, spec.image and spec.image.pull_policy),
              ("router.image", spec.router.image and spec.router.image.repository,
-              spec.router.image and spec.router.image.pull_policy)]
+              spec.router.image and spec.router.image.pull_policy),
+             ("runtime.image", spec.runtime.image and spec.runtime.image.repository,
+              spec.runtime.image and spec.runtime.image.pull_policy)]
     if spec.model.image is not None:
         image = spec.model.image
         named.append(("model.image", repository(image.reference), image.pull_policy))

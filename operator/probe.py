@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import aiohttp
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.names import pod_ready, pod_url
+from tandem.contracts.runtimes import DEFAULT_RUNTIME
 from tandem.operator.autoscaling.snapshot import PodScrape, read_pod
 from tandem.operator.config import OperatorConfig
 from tandem.operator.metrics import METRICS, failure_reason
@@ -129,9 +130,12 @@ async def probe_all(found: list[Target], timeout_s: float,
 
 
 async def probe_workers(obs: Observation, config: OperatorConfig,
-                        session: aiohttp.ClientSession | None = None) -> list[KVProbe] | None:
-    """The ready workers' KV health for KVTransferReady; None when probing is turned off."""
-    if not config.kv_probe:
+                        session: aiohttp.ClientSession | None = None,
+                        runtime: str = DEFAULT_RUNTIME) -> list[KVProbe] | None:
+    """The ready workers' KV health for KVTransferReady; None when probing is turned off, or when
+    the runtime's servers have no such report (vllm: status.kv_condition says NotApplicable), so a
+    vLLM pod is never asked for a page it does not serve and counted as a failed scrape."""
+    if not config.kv_probe or runtime != DEFAULT_RUNTIME:
         return None
     return await probe_all(targets(obs), config.kv_probe_timeout_s, session)
 

@@ -9,7 +9,8 @@ Conditions (type, status, CamelCase reason, message, lastTransitionTime, observe
   KVTransferReady                         from probing every ready prefill/decode pod's
                                           /internal/kv/health (kv_condition): True Healthy; False
                                           TransferFailing / RDMAFallback / BandwidthBelowFloor;
-                                          Unknown Unreachable / NoWorkers / NotProbed (probing off)
+                                          Unknown Unreachable / NoWorkers / NotProbed (probing off) /
+                                          NotApplicable (runtime vllm: no such report)
   Ready                                   True when the three roles are; otherwise the most
                                           actionable failing reason (Unschedulable first);
                                           ApplyFailed when the API server refuses a child,
@@ -35,6 +36,7 @@ from typing import Any
 
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.names import Role, serves_requests
+from tandem.contracts.runtimes import Runtime
 from tandem.operator import kv_bandwidth
 from tandem.operator.group_pods import ready_groups
 from tandem.operator.handoff_condition import RouterParity, handoff_condition
@@ -239,6 +241,11 @@ def kv_condition(spec: InferenceServiceSpec | None, probes: list[KVProbe] | None
     one they are not judged.
     """
     type_ = "KVTransferReady"
+    if spec is not None and spec.runtime.name is not Runtime.TANDEM:
+        return condition(type_, "Unknown", "NotApplicable",
+                         f"runtime {spec.runtime.name.value}: its servers report no KV transfer health (Tandem's "
+                         "/internal/kv/health), so the operator does not probe them; vLLM's NixlConnector counts "
+                         "its transfers in the servers' own /metrics")
     if probes is None:
         return condition(type_, "Unknown", "NotProbed",
                          "the operator does not probe KV transfer (--no-kv-probe); "

@@ -4,16 +4,15 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import statistics
 import time
-import uuid
 from pathlib import Path
 
 import aiohttp
 
+from bench.lib.handoff import greedy, stream, worker_client
 from bench.lib.metrics import percentile
 from bench.lib.processes import BenchProcess, thread_env, worker_process
 
@@ -35,34 +34,15 @@ def start_worker(model_dir: Path, dtype: str, log_dir: Path, extra: list[str], n
     return p.start(os.environ | thread_env(1) | (env or {}))
 
 
-async def one_stream(s: aiohttp.ClientSession, url: str, prompt: list[int], new: int) -> list[float]:
-    """Arrival times of each generated token (one NDJSON token event each)."""
-    body = {"request_id": uuid.uuid4().hex, "prompt_token_ids": prompt,
-            "sampling": {"max_tokens": new, "temperature": 0, "ignore_eos": True}}
-    times: list[float] = []
-    async with s.post(url + "/internal/generate", json=body, timeout=aiohttp.ClientTimeout(total=600)) as r:
-        if r.status != 200:
-            raise RuntimeError(f"HTTP {r.status}: {await r.text()}")
-        async for line in r.content:
-            if not line.strip():
-                continue
-            ev = json.loads(line)
-            if ev["type"] == "token":
-                times.extend([time.perf_counter()] * len(ev.get("token_ids", [])))
-            elif ev["type"] == "error":
-                raise RuntimeError(str(ev))
-    if len(times) != new:
-        raise RuntimeError(f"expected {new} tokens, got {len(times)}")
-    return times
-
-
 async def concurrent_streams(url: str, n: int, plen: int, new: int, seed: int) -> dict:
     """n streams at once: tokens/s (first send to last token), the median gap (the step), p99 gap."""
-    prompts = prompts_for(n, plen, seed)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+    async with worker_client() as client:
         t0 = time.perf_counter()
-        arrivals = await asyncio.gather(*(one_stream(s, url, p, new) for p in prompts))
-        wall = max(a[-1] for a in arrivals) - t0
+        streams = await asyncio.gather(*(stream(client, url, greedy(p, new)) for p in prompts_for(n, plen, seed)))
+    arrivals = [s.token_times for s in streams]
+    if short := [len(a) for a in arrivals if len(a) != new]:
+        raise RuntimeError(f"expected {new} tokens per stream, got {short[:3]}")
+    wall = max(a[-1] for a in arrivals) - t0
     gaps = [b - a for times in arrivals for a, b in zip(times, times[1:], strict=False)]
     return {"tokens_per_s": n * new / wall, "step_s": statistics.median(gaps), "wall_s": wall,
             "gap_p99_s": percentile(gaps, 99), "ttft_max_s": max(a[0] for a in arrivals) - t0}

@@ -182,8 +182,11 @@ def summarize(records: list[RequestRecord], slos: list[SLO]) -> dict[str, Any]:
 
 
 def text_mismatches(records: list[RequestRecord], reference: dict[int, str]) -> list[int]:
-    """Indexes whose streamed text differs from the reference run's (greedy sampling only)."""
-    return [r.index for r in records if r.ok and r.index in reference and r.text != reference[r.index]]
+    """Indexes whose streamed text differs from the reference run's (greedy sampling only); an
+    index the reference lacks takes this run's text as its reference."""
+    bad = [r.index for r in records if r.ok and r.index in reference and r.text != reference[r.index]]
+    reference.update({r.index: r.text for r in records if r.ok and r.index not in reference})
+    return bad
 
 
 def ratio(num: float, den: float) -> float:

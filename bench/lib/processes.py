@@ -110,12 +110,14 @@ class BenchProcess(ManagedProcess):
             return {}
 
 
-def worker_cmd(role: str, port: int, model_dir: Path, kv_backend: str = "tcp", threads: int = 1,
-               num_blocks: int = 1024) -> list[str]:
-    """`tandem worker` on loopback; 1024 blocks of 16 tokens (16k tokens) hold any workload here."""
-    return [*tandem_exe(), "worker", "--role", role, "--model", str(model_dir),
-            "--host", "127.0.0.1", "--port", str(port), "--threads", str(threads),
-            "--num-blocks", str(num_blocks), "--kv-backend", "none" if role == "colocated" else kv_backend,
+def worker_cmd(role: str, port: int, model_dir: Path, kv_backend: str = "tcp", threads: int | None = 1,
+               num_blocks: int | None = 1024) -> list[str]:
+    """`tandem worker` on loopback; 1024 blocks of 16 tokens (16k tokens) hold any workload here
+    (None: the worker sizes its pool, from --kv-memory-fraction on a GPU)."""
+    return [*tandem_exe(), "worker", "--role", role, "--model", str(model_dir), "--host", "127.0.0.1",
+            "--port", str(port), *(("--threads", str(threads)) if threads else ()),
+            *(("--num-blocks", str(num_blocks)) if num_blocks else ()),
+            "--kv-backend", "none" if role == "colocated" else kv_backend,
             "--kv-port", "0"]  # any free port: several prefill workers may share the machine
 
 
@@ -128,7 +130,7 @@ def router_cmd(port: int, workers: list[tuple[str, str]]) -> list[str]:
 
 
 def worker_process(name: str, role: str, model_dir: Path, log_path: Path, cpu: int | None, *extra: str,
-                   kv_backend: str = "tcp", threads: int = 1, num_blocks: int = 1024,
+                   kv_backend: str = "tcp", threads: int | None = 1, num_blocks: int | None = 1024,
                    env: dict[str, str] | None = None) -> BenchProcess:
     """A `tandem worker` BenchProcess on a free port (not started)."""
     port = free_port()

@@ -1,11 +1,15 @@
-"""Reading the workers' and router's /metrics (Prometheus text) and /internal/kv/health: the one
-scraper of every scenario, parsed by prometheus_client's own parser."""
+"""What processes counted over a run: the workers' and router's /metrics (Prometheus text, parsed
+by prometheus_client's own parser: the one scraper of every scenario), each process's CPU and the
+machine's, read before and after (Counters)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import aiohttp
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -79,20 +83,46 @@ async def get_json(session: aiohttp.ClientSession, url: str, path: str) -> dict:
         return {}
 
 
-async def kv_health(session: aiohttp.ClientSession, url: str) -> dict:
-    """/internal/kv/health of a worker ({} where it has none)."""
-    return await get_json(session, url, "/internal/kv/health")
+def busy_cpu_seconds() -> float:
+    """Non-idle CPU seconds of the whole machine so far (every core: others share them)."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
-def kv_from_health(before: dict, after: dict, direction: str = "pull") -> dict[str, float]:
-    """Per-run KV bytes and transfers from two /internal/kv/health readings.
+@dataclass
+class Counters:
+    """What a set of processes has counted so far; `after - before` is what they did in between."""
 
-    Used when /metrics lacks the tandem_kv_transfer_* series. The health endpoint keeps no total
-    transfer time, so the time is estimated from the bytes and the recent bandwidth it reports.
-    """
-    b = (after.get("bytes_total") or {}).get(direction, 0) - (before.get("bytes_total") or {}).get(direction, 0)
-    n = (after.get("transfers_total") or {}).get(direction, 0) - (
-        before.get("transfers_total") or {}).get(direction, 0)
-    bw = after.get("recent_bandwidth_bytes_per_second")
-    return {"bytes": float(b), "count": float(n),
-            "seconds": float(b) / bw if bw else math.nan, "source": "kv-health (time estimated)"}
+    metrics: dict[str, dict[str, float]]  # process name -> its /metrics, summed over label sets
+    routes: dict[str, float]  # the router's tandem_router_routes_total by route
+    cpu_s: dict[str, float]  # process name -> CPU seconds (its children included)
+    loadgen_s: float  # this process's CPU seconds: the load generator's
+    busy_s: float  # the machine's busy CPU seconds
+
+    def __sub__(self, before: Counters) -> Counters:
+        return Counters({n: {k: v - before.metrics.get(n, {}).get(k, 0.0) for k, v in m.items()}
+                         for n, m in self.metrics.items()},
+                        {k: v - before.routes.get(k, 0.0) for k, v in self.routes.items()
+                         if v > before.routes.get(k, 0.0)},
+                        {n: v - before.cpu_s.get(n, 0.0) for n, v in self.cpu_s.items()},
+                        self.loadgen_s - before.loadgen_s, self.busy_s - before.busy_s)
+
+    def mean(self, process: str, histogram: str) -> float | None:
+        """A histogram's mean over the interval (None when nothing was observed)."""
+        m = self.metrics.get(process, {})
+        n = m.get(f"{histogram}_count", 0.0)
+        return m.get(f"{histogram}_sum", 0.0) / n if n else None
+
+
+async def read_counters(procs: Iterable) -> Counters:
+    """Every process's /metrics and CPU, the router's routes (BenchProcesses: role, name, url)."""
+    procs = list(procs)
+    async with aiohttp.ClientSession() as s:
+        metrics = {p.name: await scrape(s, p.url) for p in procs if p.role != "router"}
+        routes = {}
+        for p in procs:
+            if p.role == "router":
+                routes = await route_counts(s, p.url)
+    me = psutil.Process().cpu_times()
+    return Counters(metrics, routes, {p.name: p.cpu_seconds() for p in procs}, me.user + me.system,
+                    busy_cpu_seconds())

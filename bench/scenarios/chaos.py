@@ -3,8 +3,8 @@
 
     python -m bench chaos [--duration-s 600] [--kv-backend nixl] [--streams 6]
 
-Two prefill workers, two decode workers and two routers (each router over all four workers) on
-loopback, fp32 (greedy text is then the same in every path), the multi-turn scenario's 40M model.
+Two prefill workers, two decode workers and two routers (each router over all four workers: the
+chaos layout of bench/lib/arms.py) on loopback, fp32 (greedy text is then the same in every path), the multi-turn scenario's 40M model.
 First every prompt of the pool runs once undisturbed (its text is the answer); then --streams
 clients loop over the pool, alternating the routers, while the chaos loop picks a process that is
 up and ready, signals it, waits for it to exit and starts it again on the same port. Every request
@@ -37,30 +37,18 @@ from pathlib import Path
 import aiohttp
 import psutil
 
+from bench.lib.arms import Arm, ArmSpec
 from bench.lib.chaos_outcomes import FAILURES, tally
 from bench.lib.loadgen import request_body, run_closed_loop, stream_into, token_counter
 from bench.lib.metrics import RequestRecord
 from bench.lib.models import MULTITURN_MODEL, bench_model_dir
-from bench.lib.processes import BenchProcess, router_process, thread_env, worker_process
+from bench.lib.processes import BenchProcess
 from bench.lib.ready import served_model, wait_ready
 from bench.lib.results import scenario_settings
 from bench.lib.scrape import get_json, scrape
 from bench.lib.workload import PlannedRequest, WorkloadSpec, plan
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
-
-
-def start_cluster(model_dir: Path, log_dir: Path, backend: str, worker_args: list[str]) -> list[BenchProcess]:
-    """2 prefill + 2 decode workers and 2 routers over all of them, started (not yet ready)."""
-    env = os.environ | thread_env(1) | {"UCX_TLS": os.environ.get("UCX_TLS", "tcp")}
-    workers = [worker_process(name, name.split("-")[0], model_dir, log_dir / f"{name}.log", None, *worker_args,
-                              kv_backend=backend, num_blocks=512, env=env)
-               for name in ("prefill-0", "prefill-1", "decode-0", "decode-1")]
-    routers = [router_process(f"router-{i}", workers, log_dir / f"router-{i}.log", env=env) for i in range(2)]
-    procs = [*workers, *routers]
-    for p in procs:
-        p.start()
-    return procs
 
 
 def resources(p: BenchProcess) -> dict[str, float]:
@@ -275,7 +263,9 @@ async def soak(args: argparse.Namespace) -> dict:
     spec = WorkloadSpec("chaos", "closed", args.pool, tuple(args.prompt_len), args.output_len, concurrency=1,
                         seed=args.seed)
     pool = plan(spec, token_counter(model_dir))
-    procs = start_cluster(model_dir, Path(args.out_dir) / "logs", args.kv_backend, args.worker_arg)
+    arm = Arm(ArmSpec("chaos", "chaos", None, worker_args=tuple(args.worker_arg)), model_dir, Path(args.out_dir) / "logs",
+              worker_env={"UCX_TLS": os.environ.get("UCX_TLS", "tcp")}, num_blocks=512, kv_backend=args.kv_backend)
+    procs = arm.start().procs
     try:
         await wait_ready(procs, args.ready_timeout_s)
         model = await served_model(procs[-1].url)
@@ -284,8 +274,7 @@ async def soak(args: argparse.Namespace) -> dict:
         soak = Soak(args, procs, model, pool)
         result = await soak.run()
     finally:
-        for p in reversed(procs):
-            p.stop(grace_s=5)
+        arm.stop(grace_s=5)
     counts = tally(soak.records, expected)
     (Path(args.out_dir) / "records.json").write_text(json.dumps([r.to_dict() for r in soak.records]))
     failed = sum(counts["outcomes"][o.value] for o in FAILURES)

@@ -29,16 +29,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import aiohttp
-
-from bench.lib.arm_specs import CATALOG, arm_for, peers_or_skip
+from bench.lib.arms import CATALOG, Arm, peers_or_skip
 from bench.lib.load_sampler import LoadSampler
 from bench.lib.loadgen import run_closed_loop, token_counter
 from bench.lib.metrics import summarize
 from bench.lib.models import CURVES_MODEL, bench_model_dir
 from bench.lib.ready import served_model
 from bench.lib.results import ROOT, latest_result
-from bench.lib.scrape import route_counts, scrape
+from bench.lib.scrape import read_counters
 from bench.lib.workload import WorkloadSpec, plan
 
 FIGURE = "bench/figures/curves.svg"
@@ -52,31 +50,26 @@ TANDEM_WORKER_ARGS = ("--max-num-seqs", "128", "--num-blocks", "4096")
 PULL_SECONDS, PULL_BYTES = "tandem_kv_transfer_seconds_sum", "tandem_kv_transfer_bytes_total"
 
 
-async def pulled(url: str, decode_url: str | None) -> tuple[float, float, dict[str, float]]:
-    """The decode worker's KV pull seconds and bytes so far ((0, 0) without a decode worker), and
-    the router's routes by reason ({} for a peer: which path each request took)."""
-    async with aiohttp.ClientSession() as s:
-        m = await scrape(s, decode_url) if decode_url else {}
-        routes = await route_counts(s, url)
-    return m.get(PULL_SECONDS, 0.0), m.get(PULL_BYTES, 0.0), routes
-
-
-async def ttft_point(url: str, model: str, count, n: int, reps: int, decode_url: str | None) -> dict:
-    """One untimed request of n prompt tokens, then `reps` timed ones, one at a time."""
+async def ttft_point(arm: Arm, model: str, count, n: int, reps: int) -> dict:
+    """One untimed request of n prompt tokens, then `reps` timed ones, one at a time; the decode
+    worker's own pull seconds and bytes around each (a request it prefilled itself pulled nothing),
+    and the router's route for each."""
     reqs = plan(WorkloadSpec(f"ttft-{n}", "closed", reps + 1, (n, n), 2, concurrency=1, seed=n), count)
-    warm = await run_closed_loop(url, model, reqs[:1], 1, 600.0)
+    warm = await run_closed_loop(arm.url, model, reqs[:1], 1, 600.0)
     ttfts, pulls, routes, errors = [], [], Counter(), sum(not r.ok for r in warm)
+    decode = next((w.name for w in arm.workers if w.role == "decode"), None)
     for req in reqs[1:]:
-        s0, b0, r0 = await pulled(url, decode_url)
-        rec = (await run_closed_loop(url, model, [req], 1, 600.0))[0]
-        s1, b1, r1 = await pulled(url, decode_url)
-        routes.update({k: int(v - r0.get(k, 0.0)) for k, v in r1.items() if v > r0.get(k, 0.0)})
+        before = await read_counters(arm.procs)
+        rec = (await run_closed_loop(arm.url, model, [req], 1, 600.0))[0]
+        d = await read_counters(arm.procs) - before
+        routes.update({k: int(v) for k, v in d.routes.items()})
         if not rec.ok:
             errors += 1
             continue
         ttfts.append(rec.ttft)
-        if decode_url is not None and b1 > b0:  # a request the decode worker prefilled itself pulled nothing
-            pulls.append((s1 - s0, b1 - b0))
+        pulled = d.metrics.get(decode, {})
+        if pulled.get(PULL_BYTES, 0.0) > 0:
+            pulls.append((pulled[PULL_SECONDS], pulled[PULL_BYTES]))
     med = statistics.median
     return {"ttft_p50": med(ttfts) if ttfts else None, "ttft": ttfts, "warmup_ttft": warm[0].ttft,
             "errors": errors, "prompt_tokens": reqs[1].prompt_tokens_target, "routes": dict(routes),
@@ -84,11 +77,10 @@ async def ttft_point(url: str, model: str, count, n: int, reps: int, decode_url:
             "pull_bytes": med(p[1] for p in pulls) if pulls else None}
 
 
-async def ttft_curve(url: str, model: str, count, lens: tuple[int, ...], reps: int,
-                     decode_url: str | None) -> dict[str, dict]:
+async def ttft_curve(arm: Arm, model: str, count, lens: tuple[int, ...], reps: int) -> dict[str, dict]:
     out = {}
     for n in lens:
-        out[str(n)] = p = await ttft_point(url, model, count, n, reps, decode_url)
+        out[str(n)] = p = await ttft_point(arm, model, count, n, reps)
         pull = f", pull {p['pull_s_p50'] * 1e3:.1f} ms of {p['pull_bytes'] / 2**20:.1f} MiB" if p["pull_bytes"] else ""
         print(f"  prompt {n:5d}: TTFT p50 {p['ttft_p50']}{pull}", flush=True)
     return out
@@ -110,7 +102,7 @@ async def concurrency_curve(url: str, model: str, count, levels: tuple[int, ...]
 async def measure_arm(spec, args: argparse.Namespace, model_dir: Path, count, grid) -> dict:
     lens, levels, reps = grid
     extra = () if spec.peer else (*TANDEM_WORKER_ARGS, *args.worker_arg)
-    arm = arm_for(spec, spec.name, model_dir, Path(args.out_dir) / "logs", tuple(extra))
+    arm = Arm(spec.with_args(tuple(extra)), model_dir, Path(args.out_dir) / "logs")
     t0 = time.monotonic()
     arm.start()
     try:
@@ -118,11 +110,10 @@ async def measure_arm(spec, args: argparse.Namespace, model_dir: Path, count, gr
         ready_s = time.monotonic() - t0
         model = await served_model(arm.url)
         await run_closed_loop(arm.url, model, plan(WorkloadSpec("warm", "closed", 4, (512, 512), 8), count), 2)
-        decode = next((w.url for w in arm.workers if w.role == "decode"), None)
         print(f"{spec.name}: ready after {ready_s:.0f} s", flush=True)
         load = LoadSampler().start()
         try:
-            ttft = await ttft_curve(arm.url, model, count, lens, reps, decode)
+            ttft = await ttft_curve(arm, model, count, lens, reps)
             conc = await concurrency_curve(arm.url, model, count, levels, args.output_len)
         finally:
             sampled = load.stop()

@@ -28,22 +28,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import statistics
-import time
-import uuid
 from pathlib import Path
 
-import aiohttp
-
-from bench.lib.cpu import thread_cpu_delta
+from bench.lib.arms import Arm, ArmSpec, rotated
+from bench.lib.handoff import greedy, handoff, worker_client
 from bench.lib.loadgen import run_closed_loop, token_counter
-from bench.lib.metrics import percentile
+from bench.lib.metrics import percentile, spread
 from bench.lib.models import MULTITURN_MODEL, bench_model_dir
-from bench.lib.processes import BenchProcess, router_process, thread_env, worker_process
 from bench.lib.pyspy import profiling
-from bench.lib.ready import served_model, wait_ready
-from bench.lib.scrape import delta, mean_delta, route_counts, scrape
+from bench.lib.ready import served_model
+from bench.lib.scrape import read_counters
 from bench.lib.workload import WorkloadSpec, plan
 
 WORKLOADS = {
@@ -53,69 +47,46 @@ WORKLOADS = {
     "handoff-direct": WorkloadSpec("handoff-direct", "closed", 32, (256, 512), 48, concurrency=16, seed=7),
     "stream50": WorkloadSpec("stream50", "closed", 50, (32, 32), 128, concurrency=50, seed=8),
 }
-ENV = dict(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
 
 
-def start_arm(name: str, model_dir: Path, log_dir: Path, pythonpath: str | None, dtype: str) -> list[BenchProcess]:
-    env = os.environ | thread_env(1) | ({"PYTHONPATH": pythonpath} if pythonpath else {})
-    procs = [worker_process(f"{name}-{role}", role, model_dir, log_dir / f"{name}-{role}.log", cpu, "--dtype", dtype,
-                            num_blocks=2048).start(env) for role, cpu in (("prefill", 0), ("decode", 1))]
-    # Every prompt goes through the prefill worker (no load-aware decode-side prefill): this bench
-    # measures the handoff path, not the routing policy.
-    router = router_process(f"{name}-router", procs, log_dir / f"{name}-router.log",
-                            "--prefill-saturated-tokens", "0").start(os.environ | thread_env(1))
-    return [*procs, router]
+def make_arm(name: str, model_dir: Path, log_dir: Path, pythonpath: str | None, dtype: str) -> Arm:
+    """1P+1D over TCP; `pythonpath`: the workers of another tree (behind this tree's router). Every
+    prompt goes through the prefill worker (no load-aware decode-side prefill): this bench measures
+    the handoff path, not the routing policy."""
+    spec = ArmSpec(name, "disagg-tcp", dtype, router_args=("--prefill-saturated-tokens", "0"))
+    return Arm(spec, model_dir, log_dir, worker_env={"PYTHONPATH": pythonpath} if pythonpath else {}, num_blocks=2048)
 
 
-async def metrics_of(url: str) -> dict[str, float]:
-    async with aiohttp.ClientSession() as s:
-        return await scrape(s, url)
-
-
-async def routes_of(url: str) -> dict[str, float]:
-    async with aiohttp.ClientSession() as s:
-        return await route_counts(s, url)
-
-
-async def handoff_direct(s: aiohttp.ClientSession, prefill: str, decode: str, req, out: list[dict]) -> None:
-    """One request prefilled on `prefill` and handed to `decode` by this client, as the router does."""
-    rid, sampling = uuid.uuid4().hex, {"max_tokens": req.max_tokens, "temperature": 0, "ignore_eos": True}
-    async with s.post(prefill + "/internal/prefill", json={"request_id": rid, "prompt": req.prompt,
-                                                            "sampling": sampling}) as r:
-        res = await r.json()
-    t0 = time.perf_counter()
-    body = {"request_id": rid, "prompt_token_ids": res["prompt_token_ids"], "sampling": sampling,
-            "kv_source": res["kv"], "generated_token_ids": [res["first_token_id"]],
-            "emitted_chars": len(res["first_token_text"])}
-    times, text = [t0], res["first_token_text"]
-    async with s.post(decode + "/internal/generate", json=body) as r:
-        headers = time.perf_counter()
-        async for line in r.content:
-            ev = json.loads(line)
-            if ev["type"] == "token":
-                times.append(time.perf_counter())
-                text += ev.get("text", "")
-    out.append({"index": req.index, "headers_s": headers - t0, "first_s": times[1] - headers, "text": text,
-                "gaps": [b - a for a, b in zip(times, times[1:], strict=False)]})
+def thread_cpu_delta(pid: int, before: dict[int, float], after: dict[int, float]) -> dict[str, float]:
+    """From two per-thread readings (BenchProcess.thread_cpu): the main thread's CPU seconds (the
+    event loop), the busiest other thread's (a worker's engine thread), the process's."""
+    d = {tid: t - before.get(tid, 0.0) for tid, t in after.items()}
+    loop = d.pop(pid, 0.0)
+    return {"loop": loop, "other_max": max(d.values(), default=0.0), "total": loop + sum(d.values())}
 
 
 async def direct_loop(prefill: str, decode: str, reqs: list, concurrency: int) -> list[dict]:
+    """Every request prefilled on `prefill` and handed to `decode` by this client, as the router does."""
     todo, out = list(reqs), []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+    async with worker_client() as client:
 
-        async def client() -> None:
+        async def one() -> None:
             while todo:
-                await handoff_direct(s, prefill, decode, todo.pop(0), out)
+                req = todo.pop(0)
+                res, t0, s = await handoff(client, prefill, decode, greedy(max_tokens=req.max_tokens, prompt=req.prompt))
+                times = [t0, *s.token_times]
+                out.append({"index": req.index, "headers_s": s.started_s - t0, "first_s": times[1] - s.started_s,
+                            "text": res.first_token_text + s.text,
+                            "gaps": [b - a for a, b in zip(times, times[1:], strict=False)]})
 
-        await asyncio.gather(*(client() for _ in range(concurrency)))
+        await asyncio.gather(*(one() for _ in range(concurrency)))
     return sorted(out, key=lambda d: d["index"])
 
 
-async def run_workload(arm: list[BenchProcess], name: str, reqs: list, model: str) -> dict:
+async def run_workload(arm: Arm, name: str, reqs: list, model: str) -> dict:
     spec = WORKLOADS[name]
-    prefill, decode, router = arm
-    m0, r0 = await metrics_of(decode.url), await routes_of(router.url)
-    cpu0 = {p.role: p.thread_cpu() for p in arm}
+    (prefill, decode), router = arm.workers, arm.router
+    c0, cpu0 = await read_counters(arm.procs), {p.role: p.thread_cpu() for p in arm.procs}
     split = {}
     if name == "handoff-direct":
         done = await direct_loop(prefill.url, decode.url, reqs, spec.concurrency)
@@ -130,23 +101,19 @@ async def run_workload(arm: list[BenchProcess], name: str, reqs: list, model: st
             raise RuntimeError(f"{name}: {len(bad)} requests failed: {bad[:3]}")
         gaps, texts = [r.gaps for r in records], [r.text for r in records]
         ttft, tokens = [r.ttft for r in records], sum(r.output_tokens for r in records)
-    cpu1 = {p.role: p.thread_cpu() for p in arm}
-    m1, r1 = await metrics_of(decode.url), await routes_of(router.url)
+    cpu = {p.role: thread_cpu_delta(p.pid, cpu0[p.role], p.thread_cpu()) for p in arm.procs}
+    d = await read_counters(arm.procs) - c0
     first = [g[0] for g in gaps if len(g) > 1]
     later = [x for g in gaps for x in g[1:]]
-    cpu = {p.role: thread_cpu_delta(p.pid, cpu0[p.role], cpu1[p.role]) for p in arm}
     return {
         "tokens": tokens, "first_gap_p50": percentile(first, 50), "first_gap_p90": percentile(first, 90),
         "gap_p50": percentile(later, 50), "gap_p90": percentile(later, 90), "gap_p99": percentile(later, 99),
         "ttft_p50": percentile(ttft, 50) if ttft else None, **split,
-        "pull_s_mean": mean_delta(m0, m1, "tandem_worker_kv_pull_seconds"),
-        "step_s_mean": mean_delta(m0, m1, "tandem_worker_step_seconds"),
-        "step_gap_s_mean": mean_delta(m0, m1, "tandem_worker_step_gap_seconds"),
-        "decode_steps": delta(m0, m1, "tandem_worker_steps_total"),
+        **{f"{k}_s_mean": d.mean("decode", f"tandem_worker_{k}_seconds") for k in ("kv_pull", "step", "step_gap")},
+        "decode_steps": d.metrics["decode"].get("tandem_worker_steps_total", 0.0),
         "cpu_s": cpu, "cpu_us_per_token": {role: {k: v / tokens * 1e6 for k, v in c.items()}
                                            for role, c in cpu.items()},
-        "routes": {k: v - r0.get(k, 0.0) for k, v in r1.items() if v > r0.get(k, 0.0)},
-        "texts": texts,
+        "routes": d.routes, "texts": texts,
     }
 
 
@@ -155,18 +122,17 @@ async def main_async(args: argparse.Namespace) -> dict:
     log_dir = Path(args.out_dir) / "logs"
     count = token_counter(model_dir)
     reqs = {name: plan(spec, count) for name, spec in WORKLOADS.items()}
-    arms = {"after": start_arm("after", model_dir, log_dir, None, args.dtype)}
+    arms = {"after": make_arm("after", model_dir, log_dir, None, args.dtype).start()}
     if args.baseline:
-        arms["before"] = start_arm("before", model_dir, log_dir, args.baseline, args.dtype)
+        arms["before"] = make_arm("before", model_dir, log_dir, args.baseline, args.dtype).start()
     res: dict = {"runs": [], "baseline": args.baseline, "dtype": args.dtype}
     try:
-        await wait_ready([p for procs in arms.values() for p in procs])
-        model = await served_model(arms["after"][-1].url)
-        for procs in arms.values():  # warm-up: every shape the runs use
-            await run_closed_loop(procs[-1].url, model, reqs["stream50"][:8], 8)
-        names = list(arms)
+        await asyncio.gather(*(a.wait_ready(600) for a in arms.values()))
+        model = await served_model(arms["after"].url)
+        for a in arms.values():  # warm-up: every shape the runs use
+            await run_closed_loop(a.url, model, reqs["stream50"][:8], 8)
         for rep in range(args.reps):
-            for arm in names[rep % len(names):] + names[: rep % len(names)]:
+            for arm in rotated(list(arms), rep):
                 for w in WORKLOADS:
                     r = await run_workload(arms[arm], w, reqs[w], model)
                     res["runs"].append({"rep": rep, "arm": arm, "workload": w, **r})
@@ -177,14 +143,13 @@ async def main_async(args: argparse.Namespace) -> dict:
                           f"{r['cpu_us_per_token']['decode']['loop']:5.0f} us", flush=True)
         if args.profile:
             out = Path(args.out_dir) / "profiles"
-            for arm, procs in arms.items():
-                async with profiling({p.pid: out / f"{arm}-{p.role}-stream50.txt" for p in procs[1:]}) as got:
-                    await run_closed_loop(procs[-1].url, model, reqs["stream50"], 50)
+            for arm, a in arms.items():
+                async with profiling({p.pid: out / f"{arm}-{p.role}-stream50.txt" for p in a.procs[1:]}) as got:
+                    await run_closed_loop(a.url, model, reqs["stream50"], 50)
                 res.setdefault("profiles", {})[arm] = {path.stem: s for path, s in got.items()}
     finally:
-        for procs in arms.values():
-            for p in reversed(procs):
-                p.stop()
+        for a in arms.values():
+            a.stop()
     res["summary"] = summarize(res["runs"])
     same = {(r["workload"], r["rep"]): r["texts"] for r in res["runs"] if r["arm"] == "after"}
     res["texts_equal"] = all(r["texts"] == same[r["workload"], r["rep"]] for r in res["runs"])
@@ -198,22 +163,18 @@ def summarize(runs: list[dict]) -> dict:
     out: dict = {}
     for r in runs:
         out.setdefault(r["arm"], {}).setdefault(r["workload"], []).append(r)
-    keys = ("first_gap_p50", "first_gap_p90", "gap_p50", "gap_p90", "gap_p99", "ttft_p50", "pull_s_mean",
+    keys = ("first_gap_p50", "first_gap_p90", "gap_p50", "gap_p90", "gap_p99", "ttft_p50", "kv_pull_s_mean",
             "step_s_mean", "step_gap_s_mean", "headers_p50", "headers_to_first_p50")
     summary: dict = {}
     for arm, by_w in out.items():
         for w, rs in by_w.items():
-            s = {k: _spread([x[k] for x in rs if x.get(k) is not None]) for k in keys}
-            s["first_gap_over_gap_p50"] = _spread([x["first_gap_p50"] / x["gap_p50"] for x in rs])
-            s["cpu_us_per_token"] = {role: {k: _spread([x["cpu_us_per_token"][role][k] for x in rs])
+            s = {k: spread([x[k] for x in rs if x.get(k) is not None]) for k in keys}
+            s["first_gap_over_gap_p50"] = spread([x["first_gap_p50"] / x["gap_p50"] for x in rs])
+            s["cpu_us_per_token"] = {role: {k: spread([x["cpu_us_per_token"][role][k] for x in rs])
                                             for k in ("loop", "other_max", "total")}
                                      for role in rs[0]["cpu_us_per_token"]}
             summary.setdefault(arm, {})[w] = s
     return summary
-
-
-def _spread(xs: list[float]) -> dict | None:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)} if xs else None
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -26,20 +26,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import psutil
-
-from bench.lib.arm_specs import CATALOG, DEFAULT_ARMS, ArmSpec, arm_for, peers_or_skip
-from bench.lib.arms import Arm
+from bench.lib.arms import CATALOG, DEFAULT_ARMS, Arm, ArmSpec, peers_or_skip, rotated
 from bench.lib.compare import compare
-from bench.lib.cpu import busy_cpu_seconds
 from bench.lib.loadgen import run_workload, token_counter
 from bench.lib.metrics import RequestRecord, summarize, text_mismatches
 from bench.lib.models import ENGINE_MODEL, bench_model_dir, kv_bytes_per_token, model_params
 from bench.lib.pyspy import profiling
 from bench.lib.ready import served_model
 from bench.lib.results import ROOT, host_info
-from bench.lib.scrape import delta, kv_from_health, kv_health, route_counts, scrape
+from bench.lib.scrape import Counters, read_counters
 from bench.lib.workload import PlannedRequest, WorkloadSpec, plan
 
 # Issue 13's model (bench/lib/models.py's ENGINE_MODEL shape): ~42M parameters, 32k vocabulary, tied embeddings.
@@ -72,18 +67,14 @@ class Bench:
         self.skipped: list[str] = []
         self.profiles: dict[str, Any] = {}
         self.host = host_info()
-        self.me = psutil.Process()
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t_start
 
-    def make_arm(self, spec: ArmSpec, tag: str) -> Arm:
-        return arm_for(spec, f"{spec.name}-{tag}", self.model_dir, self.log_dir, tuple(self.args.worker_arg))
-
     async def start(self, spec: ArmSpec, tag: str) -> tuple[Arm, str, float]:
         """A fresh arm, ready and warmed up (one long prompt); its served model name and start time."""
         t = time.monotonic()
-        arm = self.make_arm(spec, tag)
+        arm = Arm(spec.with_args(tuple(self.args.worker_arg)), self.model_dir, self.log_dir, f"{spec.name}-{tag}")
         arm.start()
         try:
             await arm.wait_ready(timeout_s=1200.0)  # a start compiles; minutes on busy shared cores
@@ -100,36 +91,19 @@ class Bench:
         arm, model, start_s = await self.start(spec, f"r{rep}")
         try:
             placement = {p.name: {"cpu": p.cpu, **p.placement()} for p in arm.procs}
-            async with aiohttp.ClientSession() as s:
-                before = {p.name: await scrape(s, p.url) for p in arm.workers}
-                h0 = {p.name: await kv_health(s, p.url) for p in arm.workers if p.role == "decode"}
-                routes0 = await route_counts(s, arm.url)
-                cpu0 = {p.name: p.cpu_seconds() for p in arm.procs}
-                me0, busy0 = sum(self.me.cpu_times()[:2]), busy_cpu_seconds()
-                records = await run_workload(arm.url, model, self.workload, reqs,
-                                             timeout_s=self.args.request_timeout_s)
-                me1, busy1 = sum(self.me.cpu_times()[:2]), busy_cpu_seconds()
-                cpu1 = {p.name: p.cpu_seconds() for p in arm.procs}
-                after = {p.name: await scrape(s, p.url) for p in arm.workers}
-                h1 = {p.name: await kv_health(s, p.url) for p in arm.workers if p.role == "decode"}
-                routes1 = await route_counts(s, arm.url)
+            before = await read_counters(arm.procs)
+            records = await run_workload(arm.url, model, self.workload, reqs, timeout_s=self.args.request_timeout_s)
+            d = await read_counters(arm.procs) - before
         finally:
             arm.stop()
-        kv = kv_delta(arm, before, after)
-        if kv["count"] == 0 and h1:
-            name = next(iter(h1))
-            kv = kv_from_health(h0.get(name, {}), h1[name])
         return {"workload": self.workload.name, "rep": rep, "arm": spec.name, "records": records,
-                "start_s": start_s, "placement": placement, "kv": kv,
-                "cpu_s": {k: cpu1[k] - cpu0[k] for k in cpu0}, "loadgen_cpu_s": me1 - me0,
-                "machine_busy_cpu_s": busy1 - busy0,
-                "routes": {k: v - routes0.get(k, 0.0) for k, v in routes1.items() if v > routes0.get(k, 0.0)}}
+                "start_s": start_s, "placement": placement, "kv": kv_moved(arm, d), "cpu_s": d.cpu_s,
+                "loadgen_cpu_s": d.loadgen_s, "machine_busy_cpu_s": d.busy_s, "routes": d.routes}
 
     async def repetitions(self) -> None:
         est = 60.0 + self.workload.num_requests / self.workload.rate
         reqs: dict[int, list[PlannedRequest]] = {}
-        for rep, name in run_order([s.name for s in self.specs], self.args.reps):
-            spec = CATALOG[name]
+        for rep, spec in [(r, spec) for r in range(self.args.reps) for spec in rotated(self.specs, r)]:
             left = self.args.budget_s - self.elapsed()
             if rep > 0 and est > left:
                 print(f"skip {spec.name} rep {rep}: ~{est:.0f}s needed, {left:.0f}s left", flush=True)
@@ -145,9 +119,6 @@ class Bench:
             # in bf16 a different batch mix may flip a near-tie, so there it is reported only.
             ref = self.reference.setdefault((rep, spec.dtype, spec.peer), {})  # a peer's numerics are its own
             run["text_mismatches"] = text_mismatches(run["records"], ref)
-            for r in run["records"]:
-                if r.ok:
-                    ref.setdefault(r.index, r.text)
             self.runs.append(run)
             sm = summarize(run["records"], [])
             print(f"[{self.elapsed():5.0f}s] rep {rep} {spec.name:20s} ttft p50 {sm['ttft']['p50']:.3f}s "
@@ -218,25 +189,12 @@ class Bench:
         }
 
 
-def run_order(names: list[str], reps: int) -> list[tuple[int, str]]:
-    """(repetition, arm) in run order: every arm once per repetition, the first one rotating, so
-    the machine's drift and the arm that follows another hit every arm alike."""
-    order = []
-    for rep in range(reps):
-        k = rep % len(names)
-        order += [(rep, n) for n in names[k:] + names[:k]]
-    return order
-
-
-def kv_delta(arm: Arm, before: dict, after: dict) -> dict[str, float]:
+def kv_moved(arm: Arm, d: Counters) -> dict[str, float]:
     """KV bytes and handoff time during one run, as the decode (pulling) side counted them."""
     side = next((p.name for p in arm.workers if p.role == "decode"), None)
-    if side is None:
-        return {"bytes": 0.0, "seconds": 0.0, "count": 0.0, "source": "none"}
-    b, a = before.get(side, {}), after.get(side, {})
-    return {"bytes": delta(b, a, "tandem_kv_transfer_bytes_total"),
-            "seconds": delta(b, a, "tandem_kv_transfer_seconds_sum"),
-            "count": delta(b, a, "tandem_kv_transfer_seconds_count"), "source": "metrics"}
+    m = d.metrics.get(side, {}) if side else {}
+    return {"bytes": m.get("tandem_kv_transfer_bytes_total", 0.0), "seconds": m.get("tandem_kv_transfer_seconds_sum", 0.0),
+            "count": m.get("tandem_kv_transfer_seconds_count", 0.0), "source": "metrics" if side else "none"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -30,9 +30,10 @@ import threading
 import time
 from pathlib import Path
 
+from bench.lib.handoff import greedy, handoff, worker_client
 from bench.lib.processes import BenchProcess, free_port, thread_env, worker_process
 from bench.lib.ready import wait_ready
-from bench.lib.scrape import by_label
+from bench.lib.scrape import read_counters
 
 PROMPTS = [128, 512, 2048, 8192]
 
@@ -195,18 +196,11 @@ async def overlap_probe(torch, model, layout, n: int) -> dict:
             "best_case_overlap_saving_s": pull_alone + compute_alone - both}
 
 
-async def _pull_seconds_sum(s, url: str) -> float:
-    """tandem_kv_transfer_seconds_sum of the decode worker's pulls, from its /metrics."""
-    async with s.get(url + "/metrics") as r:
-        text = await r.text()
-    return by_label(text, "tandem_kv_transfer_seconds_sum", "direction").get("pull", 0.0)
-
-
 async def engine_ttft(model_path: Path, backend: str, prompts: list[int], log_dir: Path) -> dict:
     """Through real `tandem worker` processes: prefill time, then decode's wait until it has the KV
     (pull + joining the batch: its stream's START line; its first token line is the request's second
     token), and the pull's own seconds from the decode worker's metrics."""
-    import aiohttp
+    from tandem.contracts.protocol import EventType
 
     flags = ("--block-size", "16", "--drain-s", "1")
     env = os.environ | thread_env(1) | {"UCX_TLS": "tcp"}
@@ -218,25 +212,15 @@ async def engine_ttft(model_path: Path, backend: str, prompts: list[int], log_di
             w.start()
         await wait_ready(workers)
         p, d = workers
-        greedy = {"max_tokens": 2, "temperature": 0, "ignore_eos": True}
-        async with aiohttp.ClientSession() as s:
+        async with worker_client() as client:
             for i, n in enumerate([16, *prompts]):
                 ids = [0] + [(7 * j) % 30000 + 3 for j in range(n - 1)]
-                rid = f"{backend}-{n}-{i}"
+                before = await read_counters([d])
                 t0 = time.perf_counter()
-                async with s.post(f"{p.url}/internal/prefill", json={
-                        "request_id": rid, "prompt_token_ids": ids, "sampling": greedy}) as r:
-                    res = await r.json()
-                t1 = time.perf_counter()
-                before = await _pull_seconds_sum(s, d.url)
-                body = {"request_id": rid, "prompt_token_ids": ids, "sampling": greedy,
-                        "kv_source": res["kv"], "generated_token_ids": [res["first_token_id"]]}
-                async with s.post(f"{d.url}/internal/generate", json=body) as r:
-                    async for line in r.content:
-                        if json.loads(line)["type"] == "start":
-                            break
-                t2 = time.perf_counter()
-                pull = await _pull_seconds_sum(s, d.url) - before
+                _, t1, s = await handoff(client, p.url, d.url, greedy(ids, 2, request_id=f"{backend}-{n}-{i}"),
+                                         until=EventType.START)
+                t2 = s.started_s
+                pull = (await read_counters([d]) - before).metrics[d.name].get("tandem_kv_transfer_seconds_sum", 0.0)
                 if i == 0:
                     continue  # warm-up: connection and metadata set-up
                 out[str(n)] = {"prefill_s": t1 - t0, "decode_first_token_s": t2 - t1, "pull_s": pull,

@@ -22,15 +22,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.lib.arms import Arm
+from bench.lib.arms import Arm, ArmSpec, rotated
 from bench.lib.chat_workload import ChatPlan, ChatSpec, messages_for, plan_chat
-from bench.lib.cpu import busy_cpu_seconds
 from bench.lib.loadgen import stream_into, token_counter
 from bench.lib.metrics import RequestRecord, text_mismatches
 from bench.lib.models import MULTITURN_MODEL as MODEL
@@ -38,7 +37,7 @@ from bench.lib.models import bench_model_dir, model_params
 from bench.lib.models import kv_bytes_per_token as kv_bytes
 from bench.lib.ready import served_model
 from bench.lib.results import ROOT, host_info
-from bench.lib.scrape import route_counts, scrape
+from bench.lib.scrape import read_counters
 
 # Prompts whose uncached tail is shorter than this are prefilled by the decode worker (the
 # router's short-prompt bypass; with prefix-aware routing, the `cached_prefix` route). The same
@@ -46,30 +45,16 @@ from bench.lib.scrape import route_counts, scrape
 SHORT_PROMPT = 128
 
 
-@dataclass(frozen=True)
-class ArmSpec:
-    name: str
-    layout: str  # colocated | disagg-tcp
-    cache: bool
-    policy: str
+def arm_spec(name: str, layout: str, cache: bool, policy: str) -> ArmSpec:
+    """Two colocated workers, or 1P+1D over TCP; the prefix cache on or off; the router's policy."""
+    router = ("--policy", policy) + (("--short-prompt-threshold", str(SHORT_PROMPT)) if layout != "colocated" else ())
+    return ArmSpec(name, layout, None, worker_args=() if cache else ("--no-prefix-caching",), router_args=router)
 
 
-ARM_SPECS = (
-    ArmSpec("colocated cache-off", "colocated", False, "least-loaded"),
-    ArmSpec("colocated least-loaded", "colocated", True, "least-loaded"),
-    ArmSpec("colocated prefix-aware", "colocated", True, "prefix-aware"),
-    ArmSpec("disagg cache-off", "disagg-tcp", False, "least-loaded"),
-    ArmSpec("disagg least-loaded", "disagg-tcp", True, "least-loaded"),
-    ArmSpec("disagg prefix-aware", "disagg-tcp", True, "prefix-aware"),
-)
-
-
-def make_arm(spec: ArmSpec, model_dir: Path, log_dir: Path) -> Arm:
-    router = ["--policy", spec.policy]
-    if spec.layout != "colocated":
-        router += ["--short-prompt-threshold", str(SHORT_PROMPT)]
-    return Arm(spec.name.replace(" ", "-"), model_dir, log_dir, layout=spec.layout,
-               worker_args=() if spec.cache else ("--no-prefix-caching",), router_args=tuple(router))
+ARM_SPECS = tuple(arm_spec(f"{short}-{name}", layout, name != "cache-off", "prefix-aware" if name == "prefix-aware"
+                           else "least-loaded")
+                  for short, layout in (("colocated", "colocated"), ("disagg", "disagg-tcp"))
+                  for name in ("cache-off", "least-loaded", "prefix-aware"))
 
 
 def workload(quick: bool) -> ChatSpec:
@@ -131,9 +116,8 @@ class MultiTurn:
         self.model_dir = bench_model_dir(MODEL)
         self.count_tokens = token_counter(self.model_dir)
         log_dir = self.out_dir / "logs"
-        chosen = [s for s in ARM_SPECS if not args.arms or s.name.replace(" ", "-") in args.arms]
-        self.specs = {s.name.replace(" ", "-"): s for s in chosen}
-        self.arms = [make_arm(s, self.model_dir, log_dir) for s in chosen]
+        self.specs = [s for s in ARM_SPECS if not args.arms or s.name in args.arms]
+        self.arms = [Arm(s, self.model_dir, log_dir) for s in self.specs]
         self.chat = workload(args.quick)
         self.runs: list[dict[str, Any]] = []
         self.skipped: list[int] = []
@@ -143,22 +127,14 @@ class MultiTurn:
         return time.monotonic() - self.t_start
 
     async def run_one(self, arm: Arm, plan: ChatPlan, rep: int, model: str) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as s:
-            before = {p.name: await scrape(s, p.url) for p in arm.workers}
-            routes0 = await route_counts(s, arm.url)
-            cpu0 = {p.name: p.cpu_seconds() for p in arm.procs}
-            busy0 = busy_cpu_seconds()
-            records, turns = await run_chat(arm.url, model, plan, self.args.request_timeout_s)
-            busy1 = busy_cpu_seconds()
-            cpu1 = {p.name: p.cpu_seconds() for p in arm.procs}
-            after = {p.name: await scrape(s, p.url) for p in arm.workers}
-            routes1 = await route_counts(s, arm.url)
-        counters = {p.name: {"role": p.role, **{k: after[p.name].get(k, 0.0) - before[p.name].get(k, 0.0)
-                                                for k in WORKER_COUNTERS}} for p in arm.workers}
-        return {"arm": arm.name, "rep": rep, "records": records, "turns": turns, "workers": counters,
-                "kv_bytes_per_token": kv_bytes_per_token(),
-                "routes": {k: v - routes0.get(k, 0.0) for k, v in routes1.items() if v - routes0.get(k, 0.0)},
-                "cpu_s": {k: cpu1[k] - cpu0[k] for k in cpu0}, "machine_busy_cpu_s": busy1 - busy0}
+        before = await read_counters(arm.procs)
+        records, turns = await run_chat(arm.url, model, plan, self.args.request_timeout_s)
+        d = await read_counters(arm.procs) - before
+        counters = {p.name: {"role": p.role, **{k: d.metrics[p.name].get(k, 0.0) for k in WORKER_COUNTERS}}
+                    for p in arm.workers}
+        return {"arm": arm.spec.name, "rep": rep, "records": records, "turns": turns, "workers": counters,
+                "kv_bytes_per_token": kv_bytes_per_token(), "routes": d.routes, "cpu_s": d.cpu_s,
+                "machine_busy_cpu_s": d.busy_s}
 
     async def main(self) -> dict[str, Any]:
         print(f"arms: {', '.join(a.name for a in self.arms)}; model {self.model_dir}", flush=True)
@@ -197,14 +173,10 @@ class MultiTurn:
             spec = ChatSpec(**{**asdict(self.chat), "seed": self.chat.seed + 1000 * rep})
             plan = plan_chat(spec, self.count_tokens)
             reference: dict[int, str] = {}
-            k = rep % len(self.arms)
-            for arm in self.arms[k:] + self.arms[:k]:  # rotate which arm goes first
+            for arm in rotated(self.arms, rep):
                 run = await self.run_one(arm, plan, rep, model)
                 # Greedy: every arm must stream the text the first arm to run it streamed.
                 run["text_mismatches"] = text_mismatches(run["records"], reference)
-                for r in run["records"]:
-                    if r.ok:
-                        reference.setdefault(r.index, r.text)
                 self.runs.append(run)
                 from bench.lib.multiturn_report import summarize_run
 
@@ -231,7 +203,7 @@ class MultiTurn:
             "model": {"params": model_params(MODEL), **MODEL, "dtype": "float32",
                       "kv_bytes_per_token": kv_bytes_per_token()},
             "workload": asdict(self.chat), "short_prompt_threshold": SHORT_PROMPT,
-            "arms": [a.name for a in self.arms], "arm_specs": {k: asdict(v) for k, v in self.specs.items()},
+            "arms": [a.name for a in self.arms], "arm_specs": {s.name: asdict(s) for s in self.specs},
             "skipped_reps": self.skipped, "runs": runs,
         }
 

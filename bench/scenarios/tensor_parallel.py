@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import time
@@ -32,9 +31,10 @@ from typing import Any
 
 from tandem.worker.local.processes import Supervisor
 
+from bench.lib.handoff import greedy, handoff, stream, worker_client
 from bench.lib.processes import thread_env, worker_process
 from bench.lib.ready import wait_ready
-from bench.lib.scrape import delta, mean_delta, scrape
+from bench.lib.scrape import read_counters
 
 PROMPTS = (512, 2048)
 
@@ -68,34 +68,19 @@ def _prompt(n: int, seed: int) -> list[int]:
     return [0] + [rng.randrange(3, 400) for _ in range(n - 1)]
 
 
-async def _stream(s: Any, url: str, rid: str, ids: list[int], max_tokens: int) -> list[float]:
-    """The arrival time of each token line of one /internal/generate stream."""
-    times: list[float] = []
-    body = {"request_id": rid, "prompt_token_ids": ids, "sampling": {"max_tokens": max_tokens, "temperature": 0,
-                                                                     "ignore_eos": True}}
-    async with s.post(f"{url}/internal/generate", json=body) as r:
-        assert r.status == 200, await r.text()
-        async for line in r.content:
-            if line.strip() and json.loads(line).get("type") == "token":
-                times.append(time.perf_counter())
-    return times
-
-
 async def _step_times(url: str, steps: int, tag: str) -> dict[str, float]:
-    import aiohttp
-
     out: dict[str, float] = {}
-    async with aiohttp.ClientSession() as s:
+    async with worker_client() as client:
         for batch in (1, 8):
-            got = await asyncio.gather(*(_stream(s, url, f"{tag}-b{batch}-{i}", _prompt(16, 100 * batch + i), steps)
+            got = await asyncio.gather(*(stream(client, url, greedy(_prompt(16, 100 * batch + i), steps,
+                                                                    request_id=f"{tag}-b{batch}-{i}"))
                                          for i in range(batch)))
-            gaps = [b - a for times in got for a, b in zip(times[1:], times[2:], strict=False)]
+            gaps = [b - a for g in got for a, b in zip(g.token_times[1:], g.token_times[2:], strict=False)]
             out[f"decode_step_ms_batch{batch}"] = 1e3 * statistics.median(gaps)
         ttfts = []
         for i in range(3):
-            t0 = time.perf_counter()
-            await _stream(s, url, f"{tag}-p{i}", _prompt(512, 7000 + i), 1)
-            ttfts.append(time.perf_counter() - t0)
+            got = await stream(client, url, greedy(_prompt(512, 7000 + i), 1, request_id=f"{tag}-p{i}"))
+            ttfts.append(got.token_times[0] - got.sent_s)
         out["prefill_512_ms"] = 1e3 * statistics.median(ttfts)
     return out
 
@@ -126,27 +111,17 @@ def measure_steps(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
 
 
 async def _handoffs(p: Any, d: Any, repeats: int, tag: str) -> dict[str, Any]:
-    import aiohttp
-
     out: dict[str, Any] = {}
-    async with aiohttp.ClientSession() as s:
+    async with worker_client() as client:
         for n in PROMPTS:
-            before = await scrape(s, d.url)
+            before = await read_counters([d])
             for i in range(repeats):
-                ids = _prompt(n, hash((tag, n, i)) & 0xFFFF)
-                sampling = {"max_tokens": 2, "temperature": 0, "ignore_eos": True}
-                async with s.post(f"{p.url}/internal/prefill", json={"request_id": f"{tag}-{n}-{i}",
-                                                                     "prompt_token_ids": ids, "sampling": sampling}) as r:
-                    res = await r.json()
-                body = {"request_id": f"{tag}-{n}-{i}", "prompt_token_ids": ids, "sampling": sampling,
-                        "kv_source": res["kv"], "first_token_id": res["first_token_id"]}
-                async with s.post(f"{d.url}/internal/generate", json=body) as r:
-                    assert r.status == 200, await r.text()
-                    await r.read()
-            after = await scrape(s, d.url)
-            pulls = delta(before, after, "tandem_worker_kv_pull_seconds_count")
-            nbytes = delta(before, after, "tandem_kv_transfer_bytes_total")  # a decode worker only pulls
-            seconds = mean_delta(before, after, "tandem_worker_kv_pull_seconds")
+                await handoff(client, p.url, d.url, greedy(_prompt(n, hash((tag, n, i)) & 0xFFFF), 2,
+                                                           request_id=f"{tag}-{n}-{i}"))
+            c = await read_counters([d]) - before
+            pulls = c.metrics[d.name].get("tandem_worker_kv_pull_seconds_count", 0.0)
+            nbytes = c.metrics[d.name].get("tandem_kv_transfer_bytes_total", 0.0)  # a decode worker only pulls
+            seconds = c.mean(d.name, "tandem_worker_kv_pull_seconds")
             out[f"{n}_tokens"] = {"pulls": pulls, "bytes_per_pull": nbytes / pulls if pulls else None,
                                   "pull_ms": 1e3 * seconds if seconds else None,
                                   "gb_per_s": nbytes / pulls / seconds / 1e9 if pulls and seconds else None}

@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tandem.contracts.runtimes import DEFAULT_RUNTIME
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render.config_files import (
     config_files,
@@ -59,15 +58,16 @@ __all__ = [
 
 def render(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig,
            replicas: Mapping[str, int | None] | None = None, secret_uid: str | None = None,
-           runtime: str = DEFAULT_RUNTIME) -> list[Manifest]:
+           runtime: str | None = None) -> list[Manifest]:
     """Every child of one InferenceService, in apply order (config and RBAC before pods).
 
     `replicas` overrides a worker role's spec.<role>.replicas: the planner's count for an autoscaled
     role, or None to leave the field out (External mode: an HPA or KEDA owns it). `secret_uid` is the
     internal Secret's uid, annotated on every pod template: a Secret created again rolls the pods.
-    `runtime` names the worker roles' renderer (runtimes/registry.py; issue 29 takes it from
-    spec.runtime): their config files and containers.
+    `runtime` names the worker roles' renderer (runtimes/registry.py): their config files and
+    containers; None (always, but in the seam's tests) takes spec.runtime.name.
     """
+    runtime = runtime or spec.runtime.name
     counts = {role: spec.role(role).replicas for role in WORKER_ROLES} | dict(replicas or {})
     files = config_files(meta["name"], meta["namespace"], spec, runtime)
     # Each pod template carries the hash of its own file: a change rolls that component only.
@@ -93,7 +93,7 @@ def _budgets(spec: InferenceServiceSpec) -> list[tuple[str, Any]]:
 
 
 def worker_workload(meta: dict, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
-                    config_hash: str, replicas: int | None, runtime: str = DEFAULT_RUNTIME) -> Manifest:
+                    config_hash: str, replicas: int | None, runtime: str | None = None) -> Manifest:
     """A role's Deployment, or its LeaderWorkerSet when one worker's group spans nodes."""
     if not spec.role(role).parallelism.spans_nodes:
         return worker_deployment(meta, spec, role, config, config_hash, replicas, runtime)

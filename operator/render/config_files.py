@@ -14,10 +14,10 @@ from tandem.contracts import timing
 from tandem.contracts.handoff_parity import RECHECK_S
 from tandem.contracts.names import KV_PORT, ROUTER_PORT, WORKER_PORT
 from tandem.contracts.request_limits import MAX_OUTPUT_TOKENS
-from tandem.contracts.runtimes import DEFAULT_RUNTIME
+from tandem.contracts.runtimes import Runtime
 from tandem.operator.render.objects import Manifest, metadata, names
 from tandem.operator.render.runtimes.registry import role_renderer
-from tandem.operator.render.weights import model_arg
+from tandem.operator.render.weights import model_arg, router_model_dir
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
 from tandem.operator.spec.inference_service import EXIT_MARGIN_S
 
@@ -104,7 +104,20 @@ def router_config(name: str, namespace: str, spec: InferenceServiceSpec | Mappin
         "shutdown_grace_s": ROUTER_SHUTDOWN_GRACE_S,
         "parity_recheck_s": RECHECK_S,
         "log_format": "json",
+        **runtime_settings(spec),
     }
+
+
+def runtime_settings(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """The router's settings for a runtime other than tandem (none for tandem: its file stays as it
+    was). vllm: the vLLM worker client; the tokenizer from the model's folder, which the router pod
+    mounts (weights.router_model_dir: the CRD admits only deliveries it can mount), since vLLM's
+    servers take token ids and serve no tokenizer; no parity probe (vLLM cannot teacher-force a
+    continuation, so HandoffVerified says the routers do not probe)."""
+    if spec.runtime.name is not Runtime.VLLM:
+        return {}
+    return {"runtime": spec.runtime.name.value, "tokenizer": router_model_dir(spec) or "off",
+            "parity_probe": False}
 
 
 def _dump(cfg: dict) -> str:
@@ -112,9 +125,10 @@ def _dump(cfg: dict) -> str:
 
 
 def config_files(name: str, namespace: str, spec: InferenceServiceSpec,
-                 runtime: str = DEFAULT_RUNTIME) -> dict[str, str]:
-    """ConfigMap data: `<component>.yaml` per component, a worker role's from its runtime's renderer."""
-    renderer = role_renderer(runtime)
+                 runtime: str | None = None) -> dict[str, str]:
+    """ConfigMap data: `<component>.yaml` per component, a worker role's from its runtime's renderer
+    (None: spec.runtime.name's)."""
+    renderer = role_renderer(runtime or spec.runtime.name)
     files = {f"{role}.yaml": _dump(renderer.config_file(name, role, spec)) for role in WORKER_ROLES}
     return files | {f"{ROUTER}.yaml": _dump(router_config(name, namespace, spec))}
 

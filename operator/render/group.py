@@ -27,7 +27,6 @@ from tandem.contracts.names import (
     RENDEZVOUS_PORT_NAME,
     GroupMember,
 )
-from tandem.contracts.runtimes import DEFAULT_RUNTIME
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render.identity import generation_hash
 from tandem.operator.render.objects import Manifest, common_labels, metadata, names
@@ -45,13 +44,13 @@ HOSTNAME = "kubernetes.io/hostname"
 
 def worker_group(meta: dict, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
                  config_hash: str, replicas: int | None, pod_spec: dict[str, Any],
-                 runtime: str = DEFAULT_RUNTIME) -> Manifest:
+                 runtime: str | None = None) -> Manifest:
     """The role's LeaderWorkerSet: `replicas` groups (None leaves the field to an autoscaler); what
     a leader and a follower run differently is the runtime's (runtimes/)."""
     par = spec.role(role).parallelism
     name = names(meta["name"])[role]
     labels = common_labels(meta["name"], role) | {LABEL_ROLE: role, LABEL_GENERATION: generation_hash(spec, config)}
-    group_pod, renderer = group_pod_spec(pod_spec, name, par), role_renderer(runtime)
+    group_pod, renderer = group_pod_spec(pod_spec, name, par), role_renderer(runtime or spec.runtime.name)
 
     def template(member: GroupMember) -> dict[str, Any]:
         return {"metadata": {"labels": labels | {LABEL_GROUP_MEMBER: member.value},

@@ -6,6 +6,7 @@ import hashlib
 import json
 from typing import Any
 
+from tandem.contracts.runtimes import Runtime
 from tandem.operator.config import OperatorConfig
 from tandem.operator.spec import InferenceServiceSpec, to_json
 
@@ -19,10 +20,14 @@ def _ref(repo: str, tag: str) -> str:
 
 
 def image_ref(spec: InferenceServiceSpec, config: OperatorConfig) -> tuple[str, str]:
-    """The workers' (image, pullPolicy): spec.image's fields, each falling back to the operator's default."""
-    image = spec.image
-    repo = (image and image.repository) or config.image_repository
-    tag = (image and image.tag) or config.image_tag
+    """The workers' (image, pullPolicy), also their download steps': spec.image's fields (runtime vllm:
+    spec.runtime.image's), each falling back to the operator's default for that runtime."""
+    if spec.runtime.name is Runtime.VLLM:
+        image, repo, tag = spec.runtime.image, config.vllm_repository, config.vllm_tag
+    else:
+        image, repo, tag = spec.image, config.image_repository, config.image_tag
+    repo = (image and image.repository) or repo
+    tag = (image and image.tag) or tag
     return _ref(repo, tag), (image and image.pull_policy) or config.pull_policy
 
 
@@ -48,10 +53,15 @@ def generation_hash(spec: InferenceServiceSpec, config: OperatorConfig) -> str:
     """tandem.dev/generation: what must match for a prefill worker to hand KV to a decode worker.
 
     A hub model counts by its commit (the operator pins spec.model.revision to it before rendering):
-    two generations of one hub id at different commits never pair."""
-    model, kv = spec.model, spec.kv_transfer
+    two generations of one hub id at different commits never pair. A runtime other than tandem joins
+    the hash with its extra args (they may change the KV's layout, e.g. --kv-cache-dtype): a prefill
+    and a decode of different runtimes never pair. (Left out for tandem: existing pods keep their label.)"""
+    model, kv, runtime = spec.model, spec.kv_transfer, spec.runtime
+    engine = {} if runtime.name is Runtime.TANDEM else {
+        "runtime": {"name": runtime.name.value, "args": list(runtime.args or ())}}
     return short_hash(
         {
+            **engine,
             "source": {"path": model.path, "hostPath": model.host_path, "pvc": to_json(model.pvc),
                        "hub": model.hub, **({"revision": model.revision} if model.hub else {}),
                        **({"image": to_json(model.image)} if model.image else {})},

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.contracts.names import LABEL_ROLE, ROUTER_PORT
+from tandem.contracts.runtimes import Runtime
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render.config_files import ROUTER_SHUTDOWN_GRACE_S
 from tandem.operator.render.identity import router_image_ref
@@ -24,6 +25,7 @@ from tandem.operator.render.objects import (
     service,
 )
 from tandem.operator.render.trust import internal_secret_env
+from tandem.operator.render.weights import router_weights_parts
 from tandem.operator.spec import ROUTER, InferenceServiceSpec, Router
 
 # A preStop pause before SIGTERM; then the router drains for up to ROUTER_SHUTDOWN_GRACE_S (rendered
@@ -40,6 +42,7 @@ def router_deployment(meta: dict, spec: InferenceServiceSpec, config: OperatorCo
                       config_hash: str) -> Manifest:
     """No GPU, Restricted pod security, reads pods through its own Role."""
     name = meta["name"]
+    weights = router_weights(name, spec, config)
     pod = {
         **pod_settings(spec.router, names(name)[ROUTER]),
         "terminationGracePeriodSeconds": ROUTER_PRESTOP_S + ROUTER_SHUTDOWN_GRACE_S + 10,
@@ -49,14 +52,26 @@ def router_deployment(meta: dict, spec: InferenceServiceSpec, config: OperatorCo
             "runAsGroup": 10001,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [router_container(name, spec, config)],
-        "volumes": [config_volume(name, f"{ROUTER}.yaml"), {"name": "tmp", "emptyDir": {}}],
+        **({"initContainers": weights[2]} if weights[2] else {}),
+        "containers": [router_container(name, spec, config, weights[1])],
+        "volumes": [config_volume(name, f"{ROUTER}.yaml"), {"name": "tmp", "emptyDir": {}}, *weights[0]],
     }
     pod_labels = common_labels(name, ROUTER) | {LABEL_ROLE: ROUTER}
     return deployment(meta, ROUTER, spec.router.replicas, pod_labels, config_hash, pod)
 
 
-def router_container(name: str, spec: InferenceServiceSpec, config: OperatorConfig) -> dict[str, Any]:
+def router_weights(name: str, spec: InferenceServiceSpec, config: OperatorConfig
+                   ) -> tuple[list[dict], list[dict], list[dict]]:
+    """Runtime vllm: the model's folder read-only where the weights' delivery allows (its tokenizer
+    files: vLLM's servers serve none, so the router tokenizes from them; router_config names the
+    folder). Tandem's workers serve their tokenizer to the router: nothing to mount."""
+    if spec.runtime.name is not Runtime.VLLM:
+        return [], [], []
+    return router_weights_parts(name, spec, config, router_image_ref(spec, config))
+
+
+def router_container(name: str, spec: InferenceServiceSpec, config: OperatorConfig,
+                     model_mounts: list[dict] | None = None) -> dict[str, Any]:
     router = spec.router
     image, pull_policy = router_image_ref(spec, config)
     amounts = {key: value for key, value in (("cpu", router.cpu), ("memory", router.memory))
@@ -69,7 +84,7 @@ def router_container(name: str, spec: InferenceServiceSpec, config: OperatorConf
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
         "env": router_env(name, router),
         "resources": resources(amounts),
-        "volumeMounts": [config_mount(), {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [config_mount(), {"name": "tmp", "mountPath": "/tmp"}, *(model_mounts or ())],
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,

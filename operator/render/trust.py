@@ -15,12 +15,15 @@ from typing import Any
 
 from tandem.contracts.internal_auth import SECRET_ENV
 from tandem.contracts.names import LABEL_ROLE, LABEL_SERVICE, RENDEZVOUS_PORT, WORKER_PORT_NAME
+from tandem.contracts.runtimes import Runtime
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render.group import LWS_NAME_LABEL
 from tandem.operator.render.objects import Manifest, metadata, names
 from tandem.operator.spec import ROUTER, WORKER_ROLES, InferenceServiceSpec
 
 SECRET_KEY = "secret"
+# Runtime vllm: the container port of a server's KV events publisher (ZMQ), which the router reads.
+KV_EVENTS_PORT_NAME = "kv-events"
 # On every pod template: the uid of the internal Secret its pods read. A Secret deleted and created
 # again (a new value) changes it, and the pods roll onto the new value (issue 21.8).
 ANNOTATION_SECRET_UID = "tandem.dev/internal-secret-uid"
@@ -79,9 +82,11 @@ def network_policy(meta: dict, spec: InferenceServiceSpec, config: OperatorConfi
     own = {LABEL_SERVICE: name}
     workers = {"key": LABEL_ROLE, "operator": "In", "values": list(WORKER_ROLES)}
     http = [{"protocol": "TCP", "port": WORKER_PORT_NAME}]
+    # vLLM's servers publish their KV events on a port of their own (ZMQ): the router reads them.
+    events = [{"protocol": "TCP", "port": KV_EVENTS_PORT_NAME}] if spec.runtime.name is Runtime.VLLM else []
     ingress: list[dict[str, Any]] = [
         *_worker_rules(name, spec, workers),
-        {"from": [{"podSelector": {"matchLabels": own | {LABEL_ROLE: ROUTER}}}], "ports": http},
+        {"from": [{"podSelector": {"matchLabels": own | {LABEL_ROLE: ROUTER}}}], "ports": http + events},
     ]
     if config.namespace and config.pod_labels:
         operator_peer = {"namespaceSelector": {"matchLabels": {

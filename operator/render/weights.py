@@ -129,6 +129,35 @@ def weights_pod_parts(name: str, spec: InferenceServiceSpec, config: OperatorCon
     return [volume], weights_mount, [fetch]
 
 
+def router_model_dir(spec: InferenceServiceSpec) -> str | None:
+    """The model folder as a router pod sees it (router_weights_parts), None where it cannot."""
+    model = spec.model
+    shared_cache = model.hub is not None and model.cache is not None and model.cache.pvc is not None
+    return model_arg(spec) if model.pvc is not None or model.image is not None or shared_cache else None
+
+
+def router_weights_parts(name: str, spec: InferenceServiceSpec, config: OperatorConfig,
+                         wait_image: tuple[str, str]) -> tuple[list[dict], list[dict], list[dict]]:
+    """(volumes, read-only mounts, init containers) that let a router pod read the model's tokenizer
+    files at router_model_dir: a claim (model.pvc, or a hub model's cache.pvc, waited for with
+    `wait_image` until its Job filled it) or an image volume, which a Restricted pod may mount. Nothing
+    for a path inside the worker image, a node's hostPath and a hub model each pod downloads itself."""
+    model = spec.model
+    if model.pvc is not None or model.image is not None:
+        volumes, mounts, _ = weights_pod_parts(name, spec, config)
+        return volumes, mounts, []
+    if router_model_dir(spec) is None:
+        return [], [], []
+    volume = {"name": "weights", "persistentVolumeClaim": {"claimName": names(name)["weights"], "readOnly": True}}
+    mount = {"name": "weights", "mountPath": WEIGHTS_DIR, "readOnly": True}
+    image, pull = wait_image
+    wait = {"name": "wait-for-weights", "image": image, "imagePullPolicy": pull,
+            "command": ["tandem", "model", "wait", "--dir", hub_folder(model)],
+            "volumeMounts": [mount], "securityContext": dict(RESTRICTED),
+            "terminationMessagePolicy": "FallbackToLogsOnError"}
+    return [volume], [mount], [wait]
+
+
 def weights_children(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig) -> list[Manifest]:
     """The shared cache's claim and its download Job (a hub model with cache.pvc), else nothing."""
     model = spec.model

@@ -19,7 +19,6 @@ from tandem.contracts.names import (
     KVBackend,
     Role,
 )
-from tandem.contracts.runtimes import DEFAULT_RUNTIME
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render.identity import generation_hash, image_ref
 from tandem.operator.render.objects import (
@@ -50,7 +49,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 
 def worker_deployment(meta: dict, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
-                      config_hash: str, replicas: int | None, runtime: str = DEFAULT_RUNTIME) -> Manifest:
+                      config_hash: str, replicas: int | None, runtime: str | None = None) -> Manifest:
     """The prefill or decode Deployment: never below the desired capacity during a rollout.
     `replicas` None leaves the field out (an external autoscaler owns it)."""
     generation = generation_hash(spec, config)
@@ -77,15 +76,17 @@ def worker_service(meta: dict, spec: InferenceServiceSpec, role: str) -> Manifes
 
 
 def worker_pod_spec(name: str, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
-                    generation: str, runtime: str = DEFAULT_RUNTIME) -> dict[str, Any]:
-    """A worker pod: its container is the runtime's (runtimes/), the rest every runtime's."""
+                    generation: str, runtime: str | None = None) -> dict[str, Any]:
+    """A worker pod: its container is the runtime's (runtimes/; None: spec.runtime.name's), the rest
+    every runtime's."""
     role_spec = spec.role(role)
     model_volumes, model_mounts, init_containers = weights_pod_parts(name, spec, config)
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,  # workers never talk to the API server
         "terminationGracePeriodSeconds": role_spec.termination_grace_period_seconds,
         **({"initContainers": init_containers} if init_containers else {}),
-        "containers": [role_renderer(runtime).container(name, spec, role, config, generation, model_mounts)],
+        "containers": [role_renderer(runtime or spec.runtime.name).container(name, spec, role, config, generation,
+                                                                            model_mounts)],
         "volumes": [
             config_volume(name, f"{role}.yaml"),
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": role_spec.shm_size}},

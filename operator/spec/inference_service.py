@@ -253,6 +253,12 @@ def _no_engine_field(field: str) -> str:
 
 VLLM_RULES = (
     _vllm_rule("!has(self.image)", "spec.image is Tandem's own worker image: with runtime vllm set runtime.image"),
+    _vllm_rule("has(self.model.pvc) || has(self.model.image) || (has(self.model.hub) && has(self.model.cache) && "
+               "has(self.model.cache.pvc))",
+               "runtime vllm: the router tokenizes with the model's own files (vLLM serves none), so its pod mounts "
+               "the weights read-only: deliver them as model.pvc, model.image, or model.hub with model.cache.pvc "
+               "(a router cannot read model.path inside the worker image, a node's model.hostPath under the "
+               "Restricted pod security level, or a hub model each worker pod downloads for itself)"),
     _vllm_rule("self.kvTransfer.backend == 'nixl'",
                "runtime vllm hands KV over with vLLM's NixlConnector: kvTransfer.backend must be nixl"),
     _vllm_rule(f"self.kvTransfer.blockSize == {BLOCK_SIZE}",

@@ -4,7 +4,7 @@ CPU and placement; bench/lib/arms.py's layouts."""
 import sys
 import time
 
-from bench.lib.arms import Arm
+from bench.lib.arms import Arm, ArmSpec
 from bench.lib.processes import BenchProcess
 
 
@@ -30,12 +30,19 @@ def test_proc_is_pinned_logged_measured_and_stopped(tmp_path):
 
 
 def test_arm_layouts_plan_the_processes_they_name(tmp_path):
-    one = Arm("one", tmp_path, tmp_path, layout="colocated-1", worker_args=("--dtype", "bfloat16"))
+    one = Arm(ArmSpec("one", "colocated-1", "bfloat16", 256), tmp_path, tmp_path)
     one.plan_processes()
     (w,) = one.workers
-    assert w.cpu is None and one.threads == 2 and w.cmd[w.cmd.index("--threads") + 1] == "2"
-    assert w.cmd[-2:] == ["--dtype", "bfloat16"] and one.router.cmd.count("--decode") == 1
-    two = Arm("two", tmp_path, tmp_path, layout="disagg-nixl")
+    assert w.cpu is None and w.cmd[w.cmd.index("--threads") + 1] == "2"
+    assert w.cmd[-4:] == ["--dtype", "bfloat16", "--prefill-chunk-tokens", "256"]
+    assert one.router.cmd.count("--decode") == 1
+    two = Arm(ArmSpec("two", "disagg-nixl", worker_args=("--compile=off",), router_args=("--policy", "x")), tmp_path,
+              tmp_path)
     two.plan_processes()
     assert [(p.role, p.cpu) for p in two.workers] == [("prefill", 0), ("decode", 1)]
-    assert two.router.cmd.count("--prefill") == 1 and two.kv_backend == "nixl"
+    assert all(p.cmd[p.cmd.index("--kv-backend") + 1] == "nixl" and p.cmd[-1] == "--compile=off" for p in two.workers)
+    assert two.router.cmd.count("--prefill") == 1 and two.router.cmd[-2:] == ["--policy", "x"]
+    chaos = Arm(ArmSpec("chaos", "chaos"), tmp_path, tmp_path)
+    chaos.plan_processes()
+    assert [p.name for p in chaos.procs] == ["prefill-0", "prefill-1", "decode-0", "decode-1", "router-0", "router-1"]
+    assert all(p.cpu is None for p in chaos.workers)

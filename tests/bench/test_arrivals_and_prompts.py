@@ -58,10 +58,9 @@ def test_spec_refuses_nonsense():
         WorkloadSpec("w", "closed", 5, (20, 10), 8)
 
 
-def test_run_order_runs_every_arm_once_per_repetition_the_first_rotating():
-    from bench.scenarios.interference import run_order
+def test_every_arm_runs_once_per_repetition_the_first_rotating():
+    from bench.lib.arms import rotated
 
-    order = run_order(["a", "b", "c"], reps=3)
-    assert order[:3] == [(0, "a"), (0, "b"), (0, "c")]
-    assert [n for _, n in order[3:6]] == ["b", "c", "a"] and [n for _, n in order[6:]] == ["c", "a", "b"]
-    assert sorted(order) == sorted((r, n) for r in range(3) for n in "abc")
+    assert [rotated(["a", "b", "c"], rep) for rep in range(4)] == [
+        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert rotated([], 3) == []

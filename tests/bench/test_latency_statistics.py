@@ -98,3 +98,5 @@ def test_text_mismatches_compares_against_the_reference():
     a = rec(0, 0.0, [1.0], text="hello")
     b = rec(1, 0.0, [1.0], text="world")
     assert text_mismatches([a, b], {0: "hello", 1: "word"}) == [1]
+    reference = {0: "hello"}
+    assert text_mismatches([a, b], reference) == [] and reference == {0: "hello", 1: "world"}

@@ -137,14 +137,3 @@ tandem_kv_transfer_seconds_count{backend="tcp",direction="pull"} 3.0
     assert "tandem_kv_transfer_seconds_bucket" not in m
     assert delta({}, m, "tandem_kv_transfer_seconds_count") == 3.0
     assert delta(m, m, "tandem_kv_transfer_seconds_sum") == 0.0
-
-
-def test_kv_from_health_takes_the_pull_side_delta_and_estimates_time():
-    from bench.lib.scrape import kv_from_health
-
-    before = {"bytes_total": {"pull": 1000}, "transfers_total": {"pull": 2}}
-    after = {"bytes_total": {"pull": 5000, "serve": 99}, "transfers_total": {"pull": 4},
-             "recent_bandwidth_bytes_per_second": 2000.0}
-    kv = kv_from_health(before, after)
-    assert (kv["bytes"], kv["count"], kv["seconds"]) == (4000.0, 2.0, 2.0)
-    assert math.isnan(kv_from_health({}, {"bytes_total": {"pull": 10}})["seconds"])

@@ -13,7 +13,9 @@ import yaml
 from tandem.contracts.names import LABEL_GROUP_MEMBER, GroupMember
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render import render
+from tandem.contracts.runtimes import Runtime
 from tandem.operator.render.runtimes import registry
+from tandem.operator.render.runtimes.registry import RENDERERS
 from tandem.operator.render.runtimes.tandem import TandemRoleRenderer
 
 CONFIG = OperatorConfig(image_repository="registry.local/tandem", image_tag="1.2.3")
@@ -54,8 +56,32 @@ def test_tandem_is_the_default_runtime(typed, meta):
 
 
 def test_an_unknown_runtime_is_refused_naming_the_known_ones(typed, meta):
-    with pytest.raises(ValueError, match=r"unknown runtime 'vllm'; known: \['tandem'\]"):
-        render(meta, typed(GROUP), CONFIG, runtime="vllm")
+    with pytest.raises(ValueError, match=r"unknown runtime 'sglang'; known: \['tandem', 'vllm'\]"):
+        render(meta, typed(GROUP), CONFIG, runtime="sglang")
+
+
+def test_every_runtime_the_spec_can_name_has_a_renderer(typed, meta):
+    """spec.runtime.name's enum and the registry are one list; the spec's name picks the renderer."""
+    assert sorted(RENDERERS) == sorted(r.value for r in Runtime)
+    assert sorted(typed({"model": {"path": "/m"}}).to_dict()["runtime"]) == ["name"]
+    for runtime in Runtime:
+        renderer = registry.role_renderer(runtime)
+        assert all(callable(getattr(renderer, m)) for m in ("config_file", "container", "group_member"))
+    spec = typed({**GROUP, "model": {"image": {"reference": "registry.local/models/llama:1"}},
+                  "runtime": {"name": "vllm"}})
+    out = render(meta, spec, CONFIG)
+    assert out == render(meta, spec, CONFIG, runtime="vllm")
+    prefill = _by(out, "Deployment", "llama-prefill")["spec"]["template"]["spec"]["containers"][0]
+    assert prefill["command"][:4] == ["tandem", "worker", "--runtime", "vllm"]
+    assert yaml.safe_load(_by(out, "ConfigMap", "llama-config")["data"]["decode.yaml"])["runtime"] == "vllm"
+    group = _by(out, "LeaderWorkerSet", "llama-decode")["spec"]["leaderWorkerTemplate"]
+    assert "--headless" in group["workerTemplate"]["spec"]["containers"][0]["args"]
+    assert "--headless" not in group["leaderTemplate"]["spec"]["containers"][0]["args"]
+    # what is every runtime's stays: the same placement, security and pod settings as tandem's
+    tandem = _by(render(meta, spec, CONFIG, runtime="tandem"), "Deployment", "llama-prefill")
+    vllm_pod = _by(out, "Deployment", "llama-prefill")["spec"]["template"]["spec"]
+    assert {k: v for k, v in vllm_pod.items() if k != "containers"} == \
+        {k: v for k, v in tandem["spec"]["template"]["spec"].items() if k != "containers"}
 
 
 def test_a_runtime_is_imported_only_when_chosen(monkeypatch, typed, meta):

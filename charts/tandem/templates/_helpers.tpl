@@ -62,6 +62,10 @@ app.kubernetes.io/part-of: tandem
 {{- printf "%s:%s" .Values.workerDefaults.image.repository (default .Chart.AppVersion .Values.workerDefaults.image.tag) }}
 {{- end }}
 
+{{- define "tandem.vllmImage" -}}
+{{- printf "%s:%s" .Values.vllmDefaults.image.repository (default .Chart.AppVersion .Values.vllmDefaults.image.tag) }}
+{{- end }}
+
 {{- define "tandem.routerImage" -}}
 {{- printf "%s:%s" .Values.routerDefaults.image.repository (default .Chart.AppVersion .Values.routerDefaults.image.tag) }}
 {{- end }}
@@ -87,53 +91,53 @@ seccompProfile:
 {{- end }}
 
 {{/*
-Exactly what the operator calls in the namespaces it serves (operator/apply.py, handlers.py;
+Exactly what the operator calls in the namespaces it serves (operator/api_client.py, watch.py;
 docs/install.md lists each call). A ClusterRole when it serves every namespace, a Role in
 each watched namespace otherwise. The end-to-end test runs the operator with a token of this
 ServiceAccount, so a rule missing here fails it. No delete anywhere: children go with their
 InferenceService through owner references and the garbage collector.
 */}}
 {{- define "tandem.operatorRules" -}}
-# The InferenceService: kopf lists and watches it (event handlers only: kopf writes nothing on
-# it); every pass reads it afresh; status goes through the subresource.
+# The InferenceService: kopf lists and watches it (event and index handlers only: kopf writes
+# nothing on it); a pass reads it when the watch may lag its own status write; status goes through
+# the subresource.
 - apiGroups: ["tandem.dev"]
   resources: ["inferenceservices"]
   verbs: ["get", "list", "watch"]
 - apiGroups: ["tandem.dev"]
   resources: ["inferenceservices/status"]
   verbs: ["patch"]
-# Children, written with server-side apply after a GET. An apply is a PATCH, and the API
-# server also checks `create` when that PATCH creates the object. Deployments are also
-# watched (status refresh) and listed (observation), Services listed. A worker role whose
-# tensor-parallel group spans nodes is a LeaderWorkerSet instead (sigs.k8s.io/lws); `delete` only
-# when a role changes between the two kinds (the old workload goes).
+# Children, written with server-side apply. An apply is a PATCH, and the API server also checks
+# `create` when that PATCH creates the object. Every kind the operator applies is listed and
+# watched (selected by its labels on the API server): a pass observes the children from those
+# watches instead of listing them, and a child deleted or edited by hand is corrected from its
+# event. `get` reads a child the watch cannot vouch for before applying over it. A worker role
+# whose tensor-parallel group spans nodes is a LeaderWorkerSet instead (sigs.k8s.io/lws);
+# `delete` only when a role changes between the two kinds (the old workload goes).
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
-  resources: ["services"]
-  verbs: ["get", "list", "create", "patch"]
-- apiGroups: [""]
-  resources: ["configmaps", "serviceaccounts"]
-  verbs: ["get", "create", "patch"]
+  resources: ["services", "configmaps", "serviceaccounts"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # Each component's PodDisruptionBudget, server-side applied like the other children.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # A hub model's shared cache (model.cache.pvc): its claim and the download Job per commit (watched:
 # ModelReady follows it); a model.pvc claim is read (get) to check it exists and mounts on every node.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "patch"]
@@ -162,10 +166,14 @@ InferenceService through owner references and the garbage collector.
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["get", "list", "watch"]
-# The router's Role also grants replicasets/deployments/statefulsets/leaderworkersets get (its
-# discovery follows a pod's owners up to the InferenceService); the operator holds the rest.
+# The pods' owner chain: ReplicaSets are watched (the operator's own, by label), a group's
+# StatefulSets read once each; the router's Role also grants replicasets/deployments/statefulsets/
+# leaderworkersets get (its discovery follows a pod's owners up to the InferenceService).
 - apiGroups: ["apps"]
-  resources: ["replicasets", "statefulsets"]
+  resources: ["replicasets"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
   verbs: ["get"]
 # Events on the InferenceService for what the operator did (kopf posts core/v1 Events).
 - apiGroups: [""]

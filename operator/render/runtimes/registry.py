@@ -1,6 +1,6 @@
 """Chooses a role renderer by runtime name and imports it only then (the shape of vLLM's
 kv_connector factory and of the router's runtimes/registry.py): a name maps to "module:Class".
-`render()` takes the runtime's name (default `tandem`; issue 29 reads it from `spec.runtime`)."""
+`render()` takes the runtime's name from `spec.runtime.name` (default `tandem`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 # Every name in tandem.contracts.runtimes.Runtime.
 RENDERERS: dict[str, str] = {
     Runtime.TANDEM: "tandem.operator.render.runtimes.tandem:TandemRoleRenderer",
+    Runtime.VLLM: "tandem.operator.render.runtimes.vllm:VllmRoleRenderer",
 }
 
 
