@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -80,16 +79,11 @@ def capacity(args: argparse.Namespace):
         raise ValueError("give the worker's capacity: --calibration FILE or --model DIR (one of them)")
     if args.calibration is not None:
         return Capacity.from_calibration(args.calibration), str(args.calibration)
-    if args.cpus:
-        os.sched_setaffinity(0, _cpus(args.cpus))
-    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    import torch
-    from tandem.planning.calibrate import measure
+    from tandem.planning.calibrate import measure_pinned
 
-    torch.set_num_threads(args.threads)
     print(f"# measuring {args.model} ({args.dtype}, {args.threads} thread(s)) ...", file=sys.stderr, flush=True)
-    result = measure(Path(args.model), dtype=args.dtype, compile=args.compile,
-                     say=lambda line: print(f"#   {line}", file=sys.stderr))
+    result = measure_pinned(Path(args.model), _cpus(args.cpus) if args.cpus else None, args.threads, dtype=args.dtype,
+                            compile=args.compile, say=lambda line: print(f"#   {line}", file=sys.stderr))
     if args.save_calibration:
         args.save_calibration.write_text(json.dumps(result, indent=2) + "\n")
     return Capacity.from_dict(result), f"measured now: {args.model}, {result['dtype']}, {args.threads} thread(s)"

@@ -10,10 +10,14 @@ The result is a calibration (capacity.py reads it; `tandem plan --calibration` t
 
 from __future__ import annotations
 
+import os
 import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tandem.testing.engine_helpers import OfflineEngine
 
 PROMPTS = (128, 256, 512, 1024)
 BATCHES = (1, 2, 4, 8, 12, 16, 24, 32)  # printed; every size up to max_batch is measured
@@ -35,49 +39,22 @@ def fitted(prefill: dict, decode: dict) -> dict:
             "decode_step_base_s": a, "decode_step_per_seq_s": b}
 
 
-class _Driver:
-    """An engine and the steps it ran: (seconds, tokens) per step."""
-
-    def __init__(self, model_dir: Path, dtype: str, max_batch: int, context: int, compile: str):
-        from tandem.worker.engine.config import EngineConfig
-        from tandem.worker.engine.engine import Engine
-        from tandem.worker.engine.loader import load_model
-
-        loaded = load_model(str(model_dir), dtype=dtype, device="cpu")
-        blocks = max_batch * (context // 16 + 8) + 16
-        cfg = EngineConfig(model=str(model_dir), dtype=dtype, num_blocks=max(blocks, 128), block_size=16,
-                           max_num_seqs=max_batch, max_batched_tokens=max(max_batch * context, 1024),
-                           compile=compile)
-        self.steps: list[tuple[float, int]] = []
-        self.engine = Engine(cfg, loaded=loaded, on_step=lambda s, n: self.steps.append((s, n)))
-        self.vocab = min(500, loaded.config.vocab_size)
-
-    def submit(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
-        from tandem.contracts.protocol import GenerateRequest
-        from tandem.contracts.sampling import SamplingParams
-
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        seq = self.engine.make_sequence(GenerateRequest(request_id=request_id, prompt_token_ids=prompt,
-                                                        sampling=params))
-        seq.sink = lambda out: None
-        self.engine.add(seq)
-
-    def run(self) -> None:
-        while self.engine.has_work():
-            self.engine.step()
+def _engine(model_dir: Path, dtype: str, max_batch: int, context: int, compile: str) -> OfflineEngine:
+    """The engine as a worker of this model and dtype runs it, with room for max_batch sequences."""
+    blocks = max_batch * (context // 16 + 8) + 16
+    return OfflineEngine(model=str(model_dir), dtype=dtype, device="cpu", num_blocks=max(blocks, 128), block_size=16,
+                         max_num_seqs=max_batch, max_batched_tokens=max(max_batch * context, 1024), compile=compile)
 
 
-def measure_decode(drv: _Driver, rand: Callable[[int], list[int]], context: int, per_batch: int, repeats: int,
+def measure_decode(drv: OfflineEngine, rand: Callable[[int], list[int]], context: int, per_batch: int, repeats: int,
                    max_batch: int, say: Callable[[str], None]) -> dict[int, float]:
     """Step time at every batch size 1..max_batch (see the module docstring)."""
     best: dict[int, float] = {}
     for r in range(repeats):
-        drv.steps.clear()
         for i in range(max_batch):
             drv.submit(f"d{r}-{i}", rand(context), per_batch * (i + 1) + 1)
-        drv.run()
         by_n: dict[int, list[float]] = {}
-        for s, n in drv.steps:
+        for s, n in drv.run():
             if n <= max_batch:  # pure decode steps (a prefill step carries the prompts' tokens)
                 by_n.setdefault(n, []).append(s)
         for n, times in by_n.items():
@@ -96,20 +73,18 @@ def measure(model_dir: Path, *, dtype: str = "float32", repeats: int = 2, contex
     import torch
 
     gen = torch.Generator().manual_seed(0)
-    drv = _Driver(model_dir, dtype, max_batch, context + decode_steps * max_batch + max(prompts), compile)
+    drv = _engine(model_dir, dtype, max_batch, context + decode_steps * max_batch + max(prompts), compile)
 
     def rand(n: int) -> list[int]:
-        return torch.randint(3, drv.vocab, (n,), generator=gen).tolist()
+        return torch.randint(3, min(500, drv.engine.vocab_size), (n,), generator=gen).tolist()
 
     drv.submit("warm", rand(64), 4)
     drv.run()
     prefill: dict[int, float] = {}
     for r in range(2 * repeats):  # interleaved, so a busy spell on the machine hits every length alike
         for length in prompts:
-            drv.steps.clear()
             drv.submit(f"p{length}-{r}", rand(length), 1)
-            drv.run()
-            took = next(s for s, n in drv.steps if n >= length)
+            took = next(s for s, n in drv.run() if n >= length)
             prefill[length] = min(prefill.get(length, took), took)
     for length, took in prefill.items():
         say(f"prefill {length:5d} tokens: {took * 1e3:8.1f} ms (best of {2 * repeats})")
@@ -119,6 +94,23 @@ def measure(model_dir: Path, *, dtype: str = "float32", repeats: int = 2, contex
             "fit": fitted(prefill, decode), "dtype": str(drv.engine.pool.dtype).removeprefix("torch."),
             "threads": torch.get_num_threads(), "compile": compile,
             "context": context, "torch": torch.__version__}
+
+
+def measure_pinned(model_dir: Path, cpus: set[int] | None = None, threads: int = 1, **options: Any) -> dict[str, Any]:
+    """measure() as a worker pinned to `cpus` with `threads` compute threads runs: this process is
+    pinned first (every thread it starts inherits the mask); the result says where and when, and how
+    busy the machine was before and after (a shared machine only ever adds time)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # read by OpenMP when torch first loads
+    import torch
+
+    torch.set_num_threads(threads)
+    t0, load_before = time.time(), os.getloadavg()[0]
+    cal = measure(model_dir, **options)
+    return cal | {"cpus": sorted(cpus or os.sched_getaffinity(0)), "load_average_before": load_before,
+                  "load_average_after": os.getloadavg()[0], "measured_at_unix": int(t0),
+                  "wall_s": round(time.time() - t0, 1)}
 
 
 def merge(old: dict, new: dict) -> dict:

@@ -31,6 +31,35 @@ def run_to_completion(engine: Any, max_steps: int = 10_000) -> int:
     return steps
 
 
+class OfflineEngine:
+    """Tandem's engine in this process, without HTTP, recording every step's (seconds, tokens): the
+    one driver of the benchmarks that time the engine itself and of `tandem plan`'s calibration.
+    Give an EngineConfig's fields, and `loaded` to reuse a model already in memory."""
+
+    def __init__(self, *, loaded: Any = None, **config: Any) -> None:
+        from tandem.worker.engine.config import EngineConfig
+        from tandem.worker.engine.engine import Engine
+
+        self.steps: list[tuple[float, int]] = []
+        self.engine = Engine(EngineConfig(**config), loaded=loaded, on_step=lambda s, n: self.steps.append((s, n)))
+
+    def submit(self, request_id: str, prompt_ids: list[int], max_tokens: int) -> list[Any]:
+        """A greedy request that runs exactly max_tokens (EOS ignored); the list its outputs go to."""
+        return submit(self.engine, request_id, prompt_ids, greedy(max_tokens))
+
+    def run(self) -> list[tuple[float, int]]:
+        """Steps until nothing is left to do: the (seconds, tokens) of each step this call ran."""
+        first = len(self.steps)
+        run_to_completion(self.engine)
+        return self.steps[first:]
+
+    def generate(self, prompts: list[list[int]], max_tokens: int, tag: str) -> list[list[int]]:
+        """Every prompt at once, to the end: the tokens of each."""
+        outs = [self.submit(f"{tag}-{i}", p, max_tokens) for i, p in enumerate(prompts)]
+        self.run()
+        return [tokens_of(o) for o in outs]
+
+
 def tokens_of(outs: list[Any]) -> list[int]:
     return [t for o in outs for t in o.token_ids]
 

@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 
 from bench.simulator.capacity import CALIBRATION
@@ -31,25 +30,18 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    core = args.core if args.core is not None else (os.cpu_count() or 1) - 1
-    os.sched_setaffinity(0, {core})
-    os.environ["OMP_NUM_THREADS"] = "1"
-    import torch
-    from tandem.planning.calibrate import measure, merge
+    from tandem.planning.calibrate import measure_pinned, merge
     from tandem.worker.local.toy_model import make_toy_model
 
     from bench.lib.models import MULTITURN_MODEL
 
-    torch.set_num_threads(1)
+    core = args.core if args.core is not None else (os.cpu_count() or 1) - 1
     model_dir = make_toy_model(Path(tempfile.gettempdir()) / "tandem-sim-calibrate", **MULTITURN_MODEL)
-    t0 = time.time()
-    result = measure(model_dir, dtype="float32", repeats=args.repeats, context=args.context,
-                     decode_steps=args.decode_steps, say=lambda line: print(line, flush=True))
+    result = measure_pinned(model_dir, {core}, 1, dtype="float32", repeats=args.repeats, context=args.context,
+                            decode_steps=args.decode_steps, say=lambda line: print(line, flush=True))
     if args.merge:
         result = merge(json.loads(Path(args.merge).read_text()), result)
-    result |= {"runs": result.get("runs", 1), "model": MULTITURN_MODEL, "threads": 1, "core": core,
-               "context": args.context, "torch": torch.__version__, "load_average": os.getloadavg(),
-               "measured_at_unix": int(t0), "wall_s": round(time.time() - t0, 1)}
+    result |= {"runs": result.get("runs", 1), "model": MULTITURN_MODEL}
     fit = result["fit"]
     print(f"fit: prefill {fit['prefill_tokens_per_s']:.0f} tokens/s + {fit['prefill_overhead_s'] * 1e3:.0f} ms; "
           f"decode step {fit['decode_step_base_s'] * 1e3:.1f} ms + {fit['decode_step_per_seq_s'] * 1e3:.2f} ms "

@@ -51,13 +51,14 @@ def hf_step(torch, model, prompts: list[list[int]], new_tokens: int) -> float:
     return (times[new_tokens] - times[1]) / (new_tokens - 1)
 
 
-def tandem_step(engine, prompts: list[list[int]], new_tokens: int, tag: str) -> dict:
+def tandem_step(drv, prompts: list[list[int]], new_tokens: int, tag: str) -> dict:
     """The engine over the steps where every sequence decodes: the median step in wall seconds and
     in the engine thread's CPU seconds (what the step itself spent; wall adds the time other
     processes held the core), and the host's share of that CPU (everything outside the compiled
     decode graph: scheduling, index tensors, the KV write, sampling, detokenizing)."""
-    from tandem.testing.engine_helpers import greedy, submit, tokens_of
+    from tandem.testing.engine_helpers import tokens_of
 
+    engine = drv.engine
     kernels = engine.runner.kernels
     graph, graph_cpu = kernels.decode_step, [0.0]
 
@@ -67,7 +68,7 @@ def tandem_step(engine, prompts: list[list[int]], new_tokens: int, tag: str) -> 
         graph_cpu[0] += time.thread_time() - c
         return out
 
-    outs = [submit(engine, f"{tag}-{i}", p, greedy(new_tokens)) for i, p in enumerate(prompts)]
+    outs = [drv.submit(f"{tag}-{i}", p, new_tokens) for i, p in enumerate(prompts)]
     walls, cpus, graphs = [], [], []
     if graph is not None:
         kernels.decode_step = timed_graph
@@ -86,21 +87,17 @@ def tandem_step(engine, prompts: list[list[int]], new_tokens: int, tag: str) -> 
             "host_share": 1 - sum(graphs) / sum(cpus) if graph is not None else None}
 
 
-def prefill_times(torch, engine, hf, prompt: list[int], tag: str) -> tuple[float, float]:
+def prefill_times(torch, drv, hf, prompt: list[int], tag: str) -> tuple[float, float]:
     """Seconds to prefill one prompt (to its first token): the engine in one step, transformers
     in one forward pass (logits for the last position only, as the engine computes)."""
-    from tandem.testing.engine_helpers import greedy, run_to_completion, submit
-
-    steps: list[float] = []
-    engine.on_step = lambda s, n: steps.append(s)
-    submit(engine, tag, prompt, greedy(1))
-    run_to_completion(engine)
+    drv.submit(tag, prompt, 1)
+    (step_s, _), *_ = drv.run()
     ids = torch.tensor([prompt])
     with torch.no_grad():
         t0 = time.perf_counter()
         hf(ids, logits_to_keep=1)
         hf_s = time.perf_counter() - t0
-    return steps[0], hf_s
+    return step_s, hf_s
 
 
 def matmul_rate(torch, dtype: str, m: int = 1024, k: int = 512, n: int = 1536) -> float:
@@ -113,21 +110,20 @@ def matmul_rate(torch, dtype: str, m: int = 1024, k: int = 512, n: int = 1536) -
 
 
 def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict) -> dict:
-    from tandem.worker.engine.config import EngineConfig
-    from tandem.worker.engine.engine import Engine
+    from tandem.testing.engine_helpers import OfflineEngine
     from transformers import AutoModelForCausalLM
 
     batches = [int(b) for b in args.batches.split(",")]
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())  # tied: counted once
     tokens = max(max(batches) * args.prompt_len, args.prefill_len)
-    engine = Engine(EngineConfig(model=str(model_dir), dtype=dtype, num_blocks=max(batches) * 12 + args.prefill_len // 16 + 16,
-                                 max_num_seqs=max(batches), max_batched_tokens=tokens, compile=args.compile))
+    drv = OfflineEngine(model=str(model_dir), dtype=dtype, num_blocks=max(batches) * 12 + args.prefill_len // 16 + 16,
+                        max_num_seqs=max(batches), max_batched_tokens=tokens, compile=args.compile)
     gen = torch.Generator().manual_seed(0)
     rand = lambda b: [torch.randint(3, 600, (args.prompt_len,), generator=gen).tolist() for _ in range(b)]  # noqa: E731
-    tandem_step(engine, rand(min(2, max(batches))), 4, "warm")
+    tandem_step(drv, rand(min(2, max(batches))), 4, "warm")
     hf_step(torch, hf, rand(2), 3)
-    out: dict = {"weight_bytes": weight_bytes, "kv_bytes_per_token": engine.layout.bytes_per_token, "batches": {}}
+    out: dict = {"weight_bytes": weight_bytes, "kv_bytes_per_token": drv.engine.layout.bytes_per_token, "batches": {}}
     for b in batches:
         rows = []
         for rep in range(args.reps):
@@ -135,11 +131,11 @@ def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict) -> dict
             pair = {}
             for arm in (("hf", "tandem") if rep % 2 == 0 else ("tandem", "hf")):
                 pair[arm] = (hf_step(torch, hf, prompts, args.new_tokens) if arm == "hf"
-                             else tandem_step(engine, prompts, args.new_tokens, f"{dtype}-{b}-{rep}"))
+                             else tandem_step(drv, prompts, args.new_tokens, f"{dtype}-{b}-{rep}"))
             pair["load_avg"] = os.getloadavg()[0]
             rows.append(pair)
         # KV read by a step at the median context (prompt + half the output), every sequence
-        kv = b * (args.prompt_len + args.new_tokens // 2) * engine.layout.bytes_per_token
+        kv = b * (args.prompt_len + args.new_tokens // 2) * drv.engine.layout.bytes_per_token
         bound = (weight_bytes + kv) / bandwidth["read_bytes_per_s"]
         td, hs = [r["tandem"]["wall_s"] for r in rows], [r["hf"] for r in rows]
         cpu = [r["tandem"]["cpu_s"] for r in rows]
@@ -153,11 +149,11 @@ def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict) -> dict
               f"bound {bound * 1e3:.2f} ms -> Tandem/bound {statistics.median(td) / bound:.2f}x "
               f"[{min(td) / bound:.2f}-{max(td) / bound:.2f}]; Tandem CPU/step {statistics.median(cpu) * 1e3:.2f} ms "
               f"[{min(cpu) * 1e3:.2f}-{max(cpu) * 1e3:.2f}], host {statistics.median([h for h in host if h is not None] or [0]):.1%} of it", flush=True)
-    out["prefill"] = prefill_section(torch, engine, hf, dtype, args)
+    out["prefill"] = prefill_section(torch, drv, hf, dtype, args)
     return out
 
 
-def prefill_section(torch, engine, hf, dtype: str, args) -> dict:
+def prefill_section(torch, drv, hf, dtype: str, args) -> dict:
     """One prompt of --prefill-len tokens in one step, against transformers' forward and the
     FLOP count at the matmul rate measured here (how close prefill gets to the hardware)."""
     cfg = hf.config
@@ -168,7 +164,7 @@ def prefill_section(torch, engine, hf, dtype: str, args) -> dict:
     rate = matmul_rate(torch, dtype)
     # A new prompt each repetition: the engine's prefix cache would hand a repeated one its KV
     prompts = [[3 + (i * 7919 + r) % 590 for i in range(n)] for r in range(args.reps)]
-    rows = [prefill_times(torch, engine, hf, prompts[r], f"p{dtype}{r}") for r in range(args.reps)]
+    rows = [prefill_times(torch, drv, hf, prompts[r], f"p{dtype}{r}") for r in range(args.reps)]
     td, hs = [r[0] for r in rows], [r[1] for r in rows]
     print(f"{dtype:8s} prefill {n} tokens: Tandem {statistics.median(td):.3f} s, transformers "
           f"{statistics.median(hs):.3f} s; {flops / 1e9:.0f} GFLOP at the matmul rate {rate / 1e9:.0f} GFLOP/s "

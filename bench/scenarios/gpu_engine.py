@@ -52,23 +52,20 @@ def hf_greedy(torch, model, prompts: list[list[int]], new_tokens: int) -> tuple[
     return out[:, ids.shape[1]:].tolist(), time.perf_counter() - t0
 
 
-def tandem_greedy(engine, prompts: list[list[int]], new_tokens: int, tag: str):
-    """Tandem's engine on the same prompts: tokens per prompt, seconds, pure-decode step times."""
-    from tandem.testing.engine_helpers import greedy, run_to_completion, submit, tokens_of
+def tandem_greedy(drv, prompts: list[list[int]], new_tokens: int, tag: str):
+    """Tandem's engine (an OfflineEngine) on the same prompts: tokens per prompt, seconds, pure-decode step times."""
+    from tandem.testing.engine_helpers import tokens_of
 
-    steps: list[tuple[float, int]] = []
-    engine.on_step = lambda s, n: steps.append((s, n))
     t0 = time.perf_counter()
-    outs = [submit(engine, f"{tag}-{i}", p, greedy(new_tokens)) for i, p in enumerate(prompts)]
-    run_to_completion(engine)
+    outs = [drv.submit(f"{tag}-{i}", p, new_tokens) for i, p in enumerate(prompts)]
+    steps = drv.run()
     dt = time.perf_counter() - t0
     decode = [s for s, n in steps if n == len(prompts)][1:]
     return [tokens_of(o) for o in outs], dt, decode
 
 
 def parity(torch, out: dict) -> None:
-    from tandem.worker.engine.config import EngineConfig
-    from tandem.worker.engine.engine import Engine
+    from tandem.testing.engine_helpers import OfflineEngine
     from tandem.worker.engine.loader import load_model
     from tandem.worker.local.toy_model import make_toy_model
 
@@ -77,8 +74,8 @@ def parity(torch, out: dict) -> None:
     d = make_toy_model(Path(tempfile.gettempdir()) / "tandem-toy-gpu", num_layers=4, hidden_size=128,
                        num_heads=4, num_kv_heads=2, intermediate_size=256, vocab_size=512)
     loaded = load_model(str(d), dtype="float32", device="cuda")
-    engine = Engine(EngineConfig(model=str(d), num_blocks=512, block_size=16, max_num_seqs=8,
-                                 max_batched_tokens=256), loaded=loaded)
+    engine = OfflineEngine(loaded=loaded, model=str(d), num_blocks=512, block_size=16, max_num_seqs=8,
+                           max_batched_tokens=256)
     gen = torch.Generator().manual_seed(1)
     lengths = [1, 7, 16, 33, 100, 250]
     prompts = [torch.randint(3, 512, (n,), generator=gen).tolist() for n in lengths]
@@ -89,13 +86,12 @@ def parity(torch, out: dict) -> None:
         rows.append({"prompt_len": len(p), "equal": ref[0] == g,
                      "first_divergence": next((i for i, (a, b) in enumerate(zip(ref[0], g, strict=False)) if a != b), None)})
     out["parity"] = {"model": "toy llama 4 layers fp32, cuda, tf32 off", "new_tokens": 24, "prompts": rows,
-                     "all_equal": all(r["equal"] for r in rows), "blocks_leaked": engine.allocator.num_used}
+                     "all_equal": all(r["equal"] for r in rows), "blocks_leaked": engine.engine.allocator.num_used}
     print("parity on CUDA:", json.dumps(out["parity"]), flush=True)
 
 
 def decode_8b(torch, out: dict) -> None:
-    from tandem.worker.engine.config import EngineConfig
-    from tandem.worker.engine.engine import Engine
+    from tandem.testing.engine_helpers import OfflineEngine
     from tandem.worker.engine.loader import LoadedModel
     from tandem.worker.local.toy_model import make_toy_model
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -116,8 +112,8 @@ def decode_8b(torch, out: dict) -> None:
     tok_dir = make_toy_model(Path(tempfile.gettempdir()) / "tandem-toy-gpu-tok")  # only a tokenizer object
     loaded = LoadedModel(model, AutoTokenizer.from_pretrained(tok_dir), cfg, torch.bfloat16,
                          torch.device("cuda"), 16384, frozenset(), "llama-3.1-8b-shape")
-    engine = Engine(EngineConfig(model="llama-3.1-8b-shape", num_blocks=8192, block_size=16, max_num_seqs=32,
-                                 max_batched_tokens=8192), loaded=loaded)
+    engine = OfflineEngine(loaded=loaded, model="llama-3.1-8b-shape", num_blocks=8192, block_size=16, max_num_seqs=32,
+                           max_batched_tokens=8192)
     bw = copy_bandwidth(torch)
     bound = model_bytes / bw
     gen = torch.Generator().manual_seed(0)
@@ -144,7 +140,7 @@ def decode_8b(torch, out: dict) -> None:
         _, td_t, _ = tandem_greedy(engine, p, 1, f"pf{n}")
         res["prefill"][str(n)] = {"hf_s": hf_t, "tandem_s": td_t, "tandem_over_hf": td_t / hf_t}
         print(f"8B bf16 prefill {n} tokens: transformers {hf_t * 1e3:.1f} ms, tandem {td_t * 1e3:.1f} ms", flush=True)
-    res["blocks_leaked"] = engine.allocator.num_used
+    res["blocks_leaked"] = engine.engine.allocator.num_used
     out["decode_8b"] = res
 
 

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import statistics
-import time
 from pathlib import Path
 
 # interference arm -> the fleet it runs, as `tandem plan --fleet P+D [--decode-chunk C]`
@@ -58,17 +57,10 @@ def measured(run: dict, dtype: str = "bfloat16") -> dict[str, dict]:
 
 
 def calibrate(model_dir: Path, dtype: str, core: int, repeats: int, out_dir: Path) -> dict:
-    os.sched_setaffinity(0, {core})
-    os.environ["OMP_NUM_THREADS"] = "1"
-    import torch
-    from tandem.planning.calibrate import measure
+    from tandem.planning.calibrate import measure_pinned
 
-    torch.set_num_threads(1)
-    t0 = time.time()
-    load_before = os.getloadavg()[0]
-    cal = measure(model_dir, dtype=dtype, repeats=repeats, say=lambda line: print(line, flush=True))
-    cal |= {"core": core, "load_average_before": load_before, "load_average_after": os.getloadavg()[0],
-            "wall_s": round(time.time() - t0, 1), "model_dir": str(model_dir)}
+    cal = measure_pinned(model_dir, {core}, 1, dtype=dtype, repeats=repeats, say=lambda line: print(line, flush=True))
+    cal["model_dir"] = str(model_dir)
     (out_dir / "calibration.json").write_text(json.dumps(cal, indent=2) + "\n")
     return cal
 

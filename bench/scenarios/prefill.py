@@ -22,6 +22,8 @@ import os
 import statistics
 import time
 
+from bench.lib.arms import rotated
+
 
 def timed(fn) -> tuple[float, float]:
     w, c = time.perf_counter(), time.thread_time()
@@ -29,25 +31,13 @@ def timed(fn) -> tuple[float, float]:
     return time.perf_counter() - w, time.thread_time() - c
 
 
-def tandem_prefill(engine, prompt: list[int], tag: str) -> None:
-    from tandem.testing.engine_helpers import greedy, run_to_completion, submit
+def engines(model_dir, dtype: str, chunks: list[int], longest: int) -> dict:
+    """An engine per Tandem arm: 0 = the whole prompt in one step, N = N-token chunks."""
+    from tandem.testing.engine_helpers import OfflineEngine
 
-    outs = submit(engine, tag, prompt, greedy(1))
-    run_to_completion(engine)
-    assert outs and outs[-1].finished
-
-
-def engines(torch, model_dir, dtype: str, chunks: list[int], longest: int) -> dict:
-    from tandem.worker.engine.config import EngineConfig
-    from tandem.worker.engine.engine import Engine
-
-    out = {}
-    for chunk in chunks:
-        cfg = EngineConfig(model=str(model_dir), dtype=dtype, num_blocks=longest // 16 + 8, max_num_seqs=1,
-                           max_batched_tokens=longest, prefill_chunk_tokens=chunk or None,
-                           prefix_caching=False, compile="off")
-        out["tandem" if not chunk else f"tandem-c{chunk}"] = Engine(cfg)
-    return out
+    return {"tandem" if not chunk else f"tandem-c{chunk}": OfflineEngine(
+        model=str(model_dir), dtype=dtype, num_blocks=longest // 16 + 8, max_num_seqs=1, max_batched_tokens=longest,
+        prefill_chunk_tokens=chunk or None, prefix_caching=False, compile="off") for chunk in chunks}
 
 
 def run_dtype(torch, dtype: str, model_dir, args) -> dict:
@@ -55,7 +45,7 @@ def run_dtype(torch, dtype: str, model_dir, args) -> dict:
 
     lengths = [int(n) for n in args.lengths.split(",")]
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
-    arms = engines(torch, model_dir, dtype, [int(c) for c in args.chunks.split(",")], max(lengths))
+    arms = engines(model_dir, dtype, [int(c) for c in args.chunks.split(",")], max(lengths))
     gen = torch.Generator().manual_seed(0)
 
     def hf_forward(prompt):
@@ -63,8 +53,7 @@ def run_dtype(torch, dtype: str, model_dir, args) -> dict:
             hf(torch.tensor([prompt]), logits_to_keep=1)
 
     names = [*arms, "transformers"]
-    run_arm = {name: (lambda p, e=e, name=name: tandem_prefill(e, p, f"{name}-{time.monotonic_ns()}"))
-               for name, e in arms.items()}
+    run_arm = {name: (lambda p, e=e: e.generate([p], 1, f"p{time.monotonic_ns()}")) for name, e in arms.items()}
     run_arm["transformers"] = hf_forward
     for fn in run_arm.values():  # warm: first calls allocate and pick kernels
         fn(torch.randint(3, 600, (64,), generator=gen).tolist())
@@ -74,8 +63,7 @@ def run_dtype(torch, dtype: str, model_dir, args) -> dict:
         loads = []
         for rep in range(args.reps):
             prompt = torch.randint(3, 600, (n,), generator=gen).tolist()
-            order = names[rep % len(names):] + names[:rep % len(names)]
-            for name in order:
+            for name in rotated(names, rep):
                 w, c = timed(lambda: run_arm[name](prompt))  # noqa: B023 - called at once
                 rows[name]["wall_s"].append(w)
                 rows[name]["cpu_s"].append(c)
@@ -94,7 +82,7 @@ def profile(torch, engine, n: int, dtype: str) -> list[dict]:
     """The operators of one Tandem prefill of n tokens, by their own CPU time."""
     prompt = [3 + (i * 7919) % 590 for i in range(n)]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        tandem_prefill(engine, prompt, f"profile-{dtype}")
+        engine.generate([prompt], 1, f"profile-{dtype}")
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events)
     top = [{"op": e.key, "self_cpu_s": e.self_cpu_time_total / 1e6, "share": e.self_cpu_time_total / total,
