@@ -11,9 +11,9 @@ import types
 import pytest
 import yaml
 from tandem.contracts.names import LABEL_GROUP_MEMBER, GroupMember
+from tandem.contracts.runtimes import Runtime
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render import render
-from tandem.contracts.runtimes import Runtime
 from tandem.operator.render.runtimes import registry
 from tandem.operator.render.runtimes.registry import RENDERERS
 from tandem.operator.render.runtimes.tandem import TandemRoleRenderer
@@ -73,10 +73,11 @@ def test_every_runtime_the_spec_can_name_has_a_renderer(typed, meta):
     assert out == render(meta, spec, CONFIG, runtime="vllm")
     prefill = _by(out, "Deployment", "llama-prefill")["spec"]["template"]["spec"]["containers"][0]
     assert prefill["command"][:4] == ["tandem", "worker", "--runtime", "vllm"]
-    assert yaml.safe_load(_by(out, "ConfigMap", "llama-config")["data"]["decode.yaml"])["runtime"] == "vllm"
+    assert "kv_backend" not in yaml.safe_load(_by(out, "ConfigMap", "llama-config")["data"]["decode.yaml"]), \
+        "the vLLM launcher's settings, not Tandem's engine's"
     group = _by(out, "LeaderWorkerSet", "llama-decode")["spec"]["leaderWorkerTemplate"]
-    assert "--headless" in group["workerTemplate"]["spec"]["containers"][0]["args"]
-    assert "--headless" not in group["leaderTemplate"]["spec"]["containers"][0]["args"]
+    leader, follower = (group[t]["spec"]["containers"][0] for t in ("leaderTemplate", "workerTemplate"))
+    assert "readinessProbe" in leader and "readinessProbe" not in follower, "a vLLM follower is headless"
     # what is every runtime's stays: the same placement, security and pod settings as tandem's
     tandem = _by(render(meta, spec, CONFIG, runtime="tandem"), "Deployment", "llama-prefill")
     vllm_pod = _by(out, "Deployment", "llama-prefill")["spec"]["template"]["spec"]
