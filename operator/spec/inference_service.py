@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from tandem.contracts.internal_auth import SECRET_ENV
 from tandem.contracts.names import Role
-from tandem.contracts.vllm_serve import BLOCK_SIZE
+from tandem.contracts.vllm_serve import BLOCK_SIZE, CPU_BLOCK_SIZE
 from tandem.operator.spec.autoscaling import AutoscalingSpec
 from tandem.operator.spec.fields import FreeForm, Quantity, Rule, api_field, parse, to_json
 from tandem.operator.spec.model import Model, api_type
@@ -262,8 +262,9 @@ VLLM_RULES = (
     _vllm_rule("self.kvTransfer.backend == 'nixl'",
                "runtime vllm hands KV over with vLLM's NixlConnector: kvTransfer.backend must be nixl"),
     _vllm_rule(f"self.kvTransfer.blockSize == {BLOCK_SIZE}",
-               f"runtime vllm runs {BLOCK_SIZE}-token KV blocks (so the router's prefix hashes match vLLM's): "
-               f"leave kvTransfer.blockSize at {BLOCK_SIZE}"),
+               f"with runtime vllm the KV block size is the platform's ({BLOCK_SIZE} tokens on a GPU, "
+               f"{CPU_BLOCK_SIZE} on a CPU, where vLLM's attention takes no less): leave kvTransfer.blockSize "
+               f"at its default {BLOCK_SIZE}"),
     _vllm_rule("!has(self.kvTransfer.minBandwidthGBps)",
                "kvTransfer.minBandwidthGBps is judged from Tandem workers' KV health reports, which vLLM "
                "servers do not give: remove it with runtime vllm"),
