@@ -54,6 +54,8 @@ ARCHIVED: dict[str, tuple[str, str]] = {
     "migration": ("371d5ce", "Scale-down of decode: running streams migrate (measured)"),
     "engine_interference": ("371d5ce", "Chunked prefill per role"),
     "parity_probe": ("371d5ce", "The handoff parity probe: its cost, and the noise it must tolerate"),
+    "kv_handoff": ("eec828c", "Cost against work: curves (the transports against the machine's bound)"),
+    "kv_verify": ("eec828c", "Earlier measurements (the cost itself: worker/kv/README.md, 'Cost')"),
 }
 
 

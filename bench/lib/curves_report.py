@@ -82,12 +82,12 @@ def handoff_table(r: dict[str, Any]) -> list[str]:
                  fmt_s(v["memcpy_s"]), f"{v['raw_tcp_s'] / v['nixl_s']:.2f}", f"{v['raw_tcp_s'] / v['tcp_s']:.2f}"]
                 for n, v in h.items()]
         load = load_phrase(r.get("handoff_loadavg"))
-        out += [f"The transports against the machine's bound (`python -m bench kv_handoff`, run `{r['handoff_run']}`, "
+        out += [f"The transports against the machine's bound (`kv_handoff`, run `{r['handoff_run']}`, "
                 f"fp32 KV of the 40M layout, median of its pulls{'; ' + load if load else ''}):", "",
                 md_table(["prompt tokens", "KV MiB", "NIXL", "TCP", "raw loopback TCP (bound)", "memcpy",
                           "NIXL speed / bound", "TCP speed / bound"], rows), ""]
     else:
-        out += ["No kv_handoff result yet: run `python -m bench kv_handoff` for the transports' bound.", ""]
+        out += ["No kv_handoff result in bench/results/kv_handoff/: the transports' bound is not shown.", ""]
     return out
 
 

@@ -13,7 +13,7 @@ disaggregated arm the decode worker's own pull seconds and bytes are read from i
 each request, and the router's route for each, since a request the router sends to decode-side
 prefill pulls nothing); then for each concurrency a closed loop of that many streams (256-token prompts,
 --output-len out, two requests per stream). --grid reduced leaves out some points (GRIDS) to fit a
-busy machine's hour. The handoff's bound comes from kv_handoff's latest result (raw loopback TCP and
+busy machine's hour. The handoff's bound comes from the archived kv_handoff's result (raw loopback TCP and
 memcpy of the same bytes). The load average is sampled through each arm. Writes the tables between
 the bench:curves markers of BENCHMARKS.md and the figure bench/figures/curves.svg. The cores are
 shared: read the curves' shape, not single points.

@@ -23,7 +23,7 @@ SCENARIOS = scenario_names()
 
 
 def test_the_scenarios_folder_holds_every_benchmark():
-    assert {"interference", "multiturn", "engine_http", "kv_handoff", "chaos"} <= set(SCENARIOS)
+    assert {"interference", "multiturn", "engine_http", "curves", "chaos"} <= set(SCENARIOS)
     assert {d[0] for d in DEFAULT_SCENARIOS} <= set(SCENARIOS)
     assert not set(ARCHIVED) & set(SCENARIOS), "an archived scenario's code is gone from bench/scenarios/"
 
