@@ -9,7 +9,7 @@ import argparse
 import os
 
 from tandem.contracts.internal_auth import load_secret
-from tandem.router.config import RouterConfig, apply, load_yaml
+from tandem.router.config import RouterConfig, apply, check_complete, load_yaml
 from tandem.router.policies.registry import POLICIES
 from tandem.router.runtimes.registry import RUNTIMES
 
@@ -20,7 +20,7 @@ _FLAGS = (
     "poll_interval_s", "connect_timeout_s", "chunk_timeout_s", "prefill_timeout_s", "log_format",
     "log_level", "max_stop_chars", "tool_call_parser", "busy_wait_s", "write_timeout_s", "stream_send_buffer_bytes",
     "shutdown_grace_s", "prefill_saturated_tokens", "decode_headroom_sequences", "prefix_sequence_cost_tokens",
-    "tokenizer", "parity_probe", "parity_tolerance", "parity_recheck_s",
+    "tokenizer", "parity_probe", "parity_tolerance", "parity_recheck_s", "kv_events_port",
 )
 
 
@@ -79,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"folder with tokenizer.json (default {d.tokenizer})")
     parser.add_argument("--runtime", choices=sorted(RUNTIMES), default=None,
                         help=f"the workers' runtime, how the router talks to them (default {d.runtime})")
+    parser.add_argument("--kv-events-port", type=int, default=None,
+                        help="runtime vllm: the port of each server's KV event publisher, on the server's host "
+                        f"(default {d.kv_events_port})")
+    parser.add_argument("--kv-events", action="append", default=[], metavar="URL=ENDPOINT",
+                        help="runtime vllm: the KV event publisher of the server at URL, e.g. "
+                        "http://127.0.0.1:8101=tcp://127.0.0.1:5601 (repeatable; several servers on one host)")
     parser.add_argument("--policy", choices=sorted(POLICIES), default=None,
                         help=f"how to pick workers (default {d.policy})")
     parser.add_argument("--poll-interval-s", type=float, default=None, help=argparse.SUPPRESS)
@@ -111,6 +117,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default=None)
 
 
+def _endpoints(pairs: list[str]) -> dict[str, str]:
+    """--kv-events URL=ENDPOINT flags as a mapping (the URL itself holds no '=')."""
+    out = {}
+    for pair in pairs:
+        url, sep, endpoint = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"tandem router: --kv-events wants URL=ENDPOINT, got {pair!r}")
+        out[url.rstrip("/")] = endpoint
+    return out
+
+
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
     """Defaults < --config file < env TANDEM_API_KEY < flags; the internal secret from
     $TANDEM_INTERNAL_SECRET only."""
@@ -122,9 +139,12 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         values["decode"] = args.decode
     if args.kubernetes:
         values["kubernetes"] = True
+    if args.kv_events:
+        values["kv_events_endpoints"] = _endpoints(args.kv_events)
     if "api_key" not in values and os.environ.get("TANDEM_API_KEY"):
         values["api_key"] = os.environ["TANDEM_API_KEY"]
     config = apply(config, values, "flags")
+    check_complete(config)  # what the runtime needs, once every source is applied (ValueError, as apply)
     try:
         config.internal_secret = load_secret(os.environ, None)
     except ValueError as e:

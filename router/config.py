@@ -20,7 +20,8 @@ from tandem.contracts.routing import (
     PREFILL_SATURATED_TOKENS,
     PREFIX_SEQUENCE_COST_TOKENS,
 )
-from tandem.contracts.runtimes import DEFAULT_RUNTIME
+from tandem.contracts.runtimes import DEFAULT_RUNTIME, Runtime
+from tandem.contracts.vllm_serve import KV_EVENTS_PORT
 from tandem.router.policies.registry import check_policy
 from tandem.router.runtimes.registry import check_runtime
 
@@ -37,6 +38,10 @@ class RouterConfig:
     worker_port: int = 8000  # workers' HTTP port when the pod spec names none ("http")
     model: str | None = None  # served model name; None: as the workers report it
     runtime: str = DEFAULT_RUNTIME.value  # whose workers: a name in runtimes/registry.py (how the router reaches them)
+    # runtime vllm: where each server publishes its KV events (prefix-aware routing): the worker's host
+    # at this port, or per worker URL a ZMQ endpoint (several servers on one host, as `tandem up` runs them)
+    kv_events_port: int = KV_EVENTS_PORT
+    kv_events_endpoints: dict[str, str] = field(default_factory=dict)
     api_key: str | None = None
     # The service's internal secret for the workers' /internal/* (tandem.contracts.internal_auth):
     # from $TANDEM_INTERNAL_SECRET only, never from the YAML file or argv.
@@ -117,9 +122,21 @@ def apply(config: RouterConfig, values: dict[str, Any], source: str) -> RouterCo
         check_runtime(out.runtime)
         check_policy(out.policy)
         _check_routing(out)
+        _check_kv_events(out)
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
     return out
+
+
+def _check_kv_events(c: RouterConfig) -> None:
+    if not isinstance(c.kv_events_port, int) or isinstance(c.kv_events_port, bool) or not 0 < c.kv_events_port < 65536:
+        raise ValueError(f"kv_events_port must be a port number, got {c.kv_events_port!r}")
+    bad = [f"{k}={v}" for k, v in (c.kv_events_endpoints or {}).items()
+           if not (isinstance(k, str) and k.startswith(("http://", "https://")) and isinstance(v, str)
+                   and v.startswith(("tcp://", "ipc://")))]
+    if not isinstance(c.kv_events_endpoints, dict) or bad:
+        raise ValueError("kv_events_endpoints maps a worker URL (http://...) to a ZMQ endpoint (tcp://HOST:PORT), "
+                         f"got {bad or c.kv_events_endpoints!r}")
 
 
 def _check_routing(c: RouterConfig) -> None:
@@ -138,6 +155,20 @@ def _check_routing(c: RouterConfig) -> None:
         raise ValueError(f"tool_call_parser must be one of {sorted(PARSERS)}, got {c.tool_call_parser!r}")
     if c.tokenizer not in ("workers", "off") and not (Path(c.tokenizer) / "tokenizer.json").is_file():
         raise ValueError(f"tokenizer must be 'workers', 'off' or a folder with tokenizer.json, got {c.tokenizer!r}")
+
+
+def check_complete(c: RouterConfig) -> None:
+    """What only the whole configuration can say (every source applied): what its runtime needs.
+    ValueError saying what to set."""
+    if c.runtime != Runtime.VLLM:
+        return
+    if c.tokenizer in ("workers", "off"):
+        raise ValueError("runtime vllm needs the served model's tokenizer files in a folder (--tokenizer DIR, "
+                         "tokenizer: DIR): vLLM serves none, and the router sends vLLM token ids")
+    if c.parity_probe:
+        raise ValueError("runtime vllm has no handoff parity probe yet (vLLM cannot teacher-force a "
+                         "continuation through a KV handoff): run the router with --no-parity-probe "
+                         "(parity_probe: false)")
 
 
 def load_yaml(path: str | Path, config: RouterConfig | None = None) -> RouterConfig:

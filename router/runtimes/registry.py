@@ -25,6 +25,7 @@ class ClientFactory(Protocol):
 # Every name in tandem.contracts.runtimes.Runtime.
 RUNTIMES: dict[str, str] = {
     Runtime.TANDEM: "tandem.router.runtimes.tandem:create_client",
+    Runtime.VLLM: "tandem.router.runtimes.vllm:create_client",
 }
 
 

@@ -33,8 +33,8 @@ def test_the_default_runtime_is_tandem_and_its_client_is_the_http_one():
 
 
 def test_an_unknown_runtime_is_refused_naming_the_known_ones(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown runtime 'vllm'; known: \['tandem'\]"):
-        apply(RouterConfig(), {"runtime": "vllm"}, "flags")
+    with pytest.raises(ValueError, match=r"unknown runtime 'sglang'; known: \['tandem', 'vllm'\]"):
+        apply(RouterConfig(), {"runtime": "sglang"}, "flags")
     path = tmp_path / "router.yaml"
     path.write_text("runtime: nope\n")
     with pytest.raises(ValueError, match=rf"{re.escape(str(path))}: unknown runtime 'nope'"):
