@@ -3,7 +3,7 @@
 Pure functions only (no I/O, no clock): they are unit-tested in tests/bench/. Definitions follow
 `vllm bench serve`: TTFT is send to first token at the client; TPOT per request is
 (e2e - ttft) / (output_tokens - 1); ITL pools every inter-token gap of every request (the
-interference metric); goodput counts requests per second that meet every SLO.
+interference metric).
 """
 
 from __future__ import annotations
@@ -109,30 +109,6 @@ def pooled_itl(records: list[RequestRecord]) -> list[float]:
     return [g for r in records for g in r.gaps]
 
 
-@dataclass(frozen=True)
-class SLO:
-    """A request meets it when TTFT <= ttft_s and none of its inter-token gaps exceeds itl_s."""
-
-    name: str
-    ttft_s: float
-    itl_s: float
-
-    def met_by(self, r: RequestRecord) -> bool:
-        ttft = r.ttft
-        if ttft is None or ttft > self.ttft_s:
-            return False
-        return all(g <= self.itl_s for g in r.gaps)
-
-
-def make_slos(isolated_prefill_s: float, isolated_step_s: float,
-              scales: tuple[tuple[float, float], ...] = ((2.0, 5.0), (4.0, 10.0))) -> list[SLO]:
-    """SLOs as multiples of the isolated prefill time and decode-step time measured at start."""
-    return [
-        SLO(f"ttft<={a:g}xP,itl<={b:g}xD", a * isolated_prefill_s, b * isolated_step_s)
-        for a, b in scales
-    ]
-
-
 def run_duration(records: list[RequestRecord]) -> float:
     """From the first send to the last completion (or error) of the run."""
     sends = [r.send_s for r in records if r.send_s is not None]
@@ -142,16 +118,7 @@ def run_duration(records: list[RequestRecord]) -> float:
     return max(ends) - min(sends)
 
 
-def goodput(records: list[RequestRecord], slo: SLO, duration_s: float) -> dict[str, float]:
-    """Requests per second that met the SLO, and the fraction of all requests that did."""
-    met = sum(1 for r in records if slo.met_by(r))
-    return {
-        "goodput_rps": met / duration_s if duration_s > 0 else 0.0,
-        "attainment": met / len(records) if records else 0.0,
-    }
-
-
-def summarize(records: list[RequestRecord], slos: list[SLO]) -> dict[str, Any]:
+def summarize(records: list[RequestRecord]) -> dict[str, Any]:
     """Everything the report shows for one (workload, arm, repetition)."""
     ok = [r for r in records if r.ok]
     duration = run_duration(records)
@@ -177,7 +144,6 @@ def summarize(records: list[RequestRecord], slos: list[SLO]) -> dict[str, Any]:
         "output_tokens_mean": statistics.fmean([r.output_tokens for r in ok]) if ok else math.nan,
         # Prompt lengths as the server counted them, against the target the load generator aimed at.
         "prompt_tokens_off_by_max": max((abs(c) for c in calib), default=math.nan),
-        "goodput": {s.name: goodput(records, s, duration) for s in slos},
     }
 
 

@@ -90,7 +90,7 @@ async def concurrency_curve(url: str, model: str, count, levels: tuple[int, ...]
     out = {}
     for c in levels:
         reqs = plan(WorkloadSpec(f"c{c}", "closed", 2 * c, (256, 256), output_len, concurrency=c, seed=c), count)
-        sm = summarize(await run_closed_loop(url, model, reqs, c, 600.0), [])
+        sm = summarize(await run_closed_loop(url, model, reqs, c, 600.0))
         out[str(c)] = {"itl_p50": sm["itl"]["p50"], "itl_p99": sm["itl"]["p99"], "ttft_p50": sm["ttft"]["p50"],
                        "output_tokens_per_s": sm["output_tokens_per_s"], "errors": sm["errors"],
                        "duration_s": sm["duration_s"]}

@@ -128,7 +128,7 @@ def run_load(url: str, model: Path, spec: Any) -> dict[str, Any]:
     reqs = plan(spec, token_counter(model))
     name = asyncio.run(served_model(url))
     records = asyncio.run(run_workload(url, name, spec, reqs, timeout_s=600))
-    return summarize(records, []) | {"texts": {r.index: r.text for r in records if r.ok}}
+    return summarize(records) | {"texts": {r.index: r.text for r in records if r.ok}}
 
 
 def step_seconds(worker: BenchProcess) -> dict[str, float]:

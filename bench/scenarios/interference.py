@@ -120,7 +120,7 @@ class Bench:
             ref = self.reference.setdefault((rep, spec.dtype, spec.peer), {})  # a peer's numerics are its own
             run["text_mismatches"] = text_mismatches(run["records"], ref)
             self.runs.append(run)
-            sm = summarize(run["records"], [])
+            sm = summarize(run["records"])
             print(f"[{self.elapsed():5.0f}s] rep {rep} {spec.name:20s} ttft p50 {sm['ttft']['p50']:.3f}s "
                   f"itl p50 {sm['itl']['p50'] * 1e3:.0f} p99 {sm['itl']['p99'] * 1e3:.0f} max "
                   f"{sm['itl']['max'] * 1e3:.0f} ms, errors {sm['errors']}, text≠ "
@@ -143,7 +143,7 @@ class Bench:
             return
         finally:
             arm.stop()
-        sm = summarize(records, [])
+        sm = summarize(records)
         self.profiles[name] = {
             "latency": {"ttft_p50": sm["ttft"]["p50"], "itl_p50": sm["itl"]["p50"], "itl_p99": sm["itl"]["p99"]},
             "workers": {role: summaries[f] for role, f in files.items() if f in summaries},
@@ -162,7 +162,7 @@ class Bench:
         runs_out = []
         for run in self.runs:
             recs: list[RequestRecord] = run["records"]
-            sm = summarize(recs, [])
+            sm = summarize(recs)
             n, dur = max(1, sum(r.ok for r in recs)), sm["duration_s"] or math.nan
             kv = run["kv"]
             sm["kv_bytes_per_request"] = kv["bytes"] / n if kv["count"] else math.nan

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> dict:
     reqs = plan(spec, token_counter(args.model_dir))
     model = args.model or asyncio.run(served_model(args.url))
     records = asyncio.run(run_workload(args.url, model, spec, reqs, args.request_timeout_s))
-    summary = summarize(records, [])
+    summary = summarize(records)
     print(json.dumps(summary, indent=2))
     (args.out_dir / "records.json").write_text(json.dumps([r.to_dict() for r in records]))
     return {"url": args.url, "model": model, "spec": spec.__dict__, "summary": summary}

@@ -38,7 +38,7 @@ def test_json_safe_makes_strict_json():
 def _run(arm: str, rep: int, gap: float, ttft: float = 0.5) -> dict:
     recs = [RequestRecord(i, 100, 3, send_s=float(i), chunk_times_s=[i + ttft, i + ttft + gap, i + ttft + 2 * gap],
                           end_s=i + ttft + 2 * gap, completion_tokens=3, text=f"t{i}") for i in range(4)]
-    sm = summarize(recs, [])
+    sm = summarize(recs)
     sm.update(kv_bytes_per_request=math.nan, handoff_s_per_request=math.nan, router_cpu_cores=0.1,
               loadgen_cpu_cores=0.05, other_cpu_cores=0.2, worker_cpu_cores={"w0": 0.5}, text_mismatches=0)
     return {"workload": "w", "rep": rep, "arm": arm, "summary": sm, "routes": {"disaggregated": 4.0},
