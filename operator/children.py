@@ -1,7 +1,7 @@
 """Applying one InferenceService's children: every child's metadata read at once, the children applied
 in two rounds (what pods need, then what runs pods), each round at once, and a child nobody changed
 since the same manifest was applied left alone. What one child's apply is (server-side apply, the
-refusal of what another owner holds, the hand-over of replicas) is tandem.operator.apply's.
+refusal of what another owner holds, the hand-over of replicas) is tandem.operator.api_client's.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from tandem.operator.apply import (
+from tandem.operator.api_client import (
     SCALED_KINDS,
     ApplyResult,
     error_text,
@@ -78,6 +78,7 @@ class _Outcome:
     error: str | None = None
     retryable: bool = False
     reason: str = "ApplyFailed"
+    stored: dict | None = None  # what the apply returned
 
 
 def _apply_one(api: client.ApiClient, manifest: dict, live: dict | None, applied: dict[str, Applied]) -> _Outcome:
@@ -93,7 +94,8 @@ def _apply_one(api: client.ApiClient, manifest: dict, live: dict | None, applied
                 and owns_replicas(live)):
             release_replicas(api, manifest, live if "spec" in live else read_object(api, manifest) or live)
         before = live["metadata"]["resourceVersion"] if live is not None else None
-        stored = server_side_apply(api, manifest)["metadata"]
+        obj = server_side_apply(api, manifest)
+        stored = obj["metadata"]
         applied[ref(manifest)] = Applied(digest, stored["resourceVersion"], stored.get("generation"))
     except ApiException as e:
         # 4xx other than conflicts/throttling: the API server refuses what we rendered.
@@ -102,13 +104,28 @@ def _apply_one(api: client.ApiClient, manifest: dict, live: dict | None, applied
     except Exception as e:  # connection errors and the like: retry later
         return _Outcome(error=f"applying {ref(manifest)}: {e}", retryable=True)
     if before is None:
-        return _Outcome("created")
-    return _Outcome("updated" if before != stored["resourceVersion"] else None)
+        return _Outcome("created", stored=obj)
+    return _Outcome("updated" if before != stored["resourceVersion"] else None, stored=obj)
 
 
-def _read_all(api: client.ApiClient, manifests: list[dict], known: dict[str, dict]) -> list[dict | _Outcome | None]:
-    """Each child's metadata, all at once (a pass waits one round trip), or why it could not be read."""
-    reads = [None if ref(m) in known else _reader().submit(read_object, api, m, True) for m in manifests]
+def _vouched(manifest: dict, known: dict[str, dict], applied: dict[str, Applied]) -> bool:
+    """Whether the watched object can stand for a read: nothing was applied over it by this process
+    yet (the watch then holds what the last listing or event said), or it is what the last apply
+    left. Otherwise it may be drift, or the watch may not have caught up with that apply: read it."""
+    live = known.get(ref(manifest))
+    if live is None:
+        return False  # not seen: absent, or not labelled as ours (another owner's): read it
+    last, meta = applied.get(ref(manifest)), live["metadata"]
+    return last is None or meta.get("resourceVersion") == last.resource_version or (
+        manifest["kind"] in SCALED_KINDS and meta.get("generation") == last.generation)
+
+
+def _read_all(api: client.ApiClient, manifests: list[dict], known: dict[str, dict],
+              applied: dict[str, Applied]) -> list[dict | _Outcome | None]:
+    """Each child's metadata, from the watch where it vouches for it, else read, all at once (a pass
+    waits one round trip), or why it could not be read."""
+    reads = [None if _vouched(m, known, applied) else _reader().submit(read_object, api, m, True)
+             for m in manifests]
     out: list[dict | _Outcome | None] = []
     for manifest, read in zip(manifests, reads, strict=True):
         try:
@@ -130,12 +147,13 @@ def apply_all(api: client.ApiClient, manifests: list[dict], applied: dict[str, A
     apply keeps the resourceVersion), which is what the events on the CR report, and whose an
     existing object is: one the InferenceService does not control is refused, not taken over
     (ownership.refusal). With `applied` (kept per service) a child nobody changed since the same
-    manifest was applied is not applied again; `known` holds children just listed (by ref: no GET).
+    manifest was applied is not applied again; `known` holds the watched children (by ref): one the
+    watch vouches for is not read.
     The reads go at once, then the applies in two rounds (the children pods need, then the
     workloads), each round at once: a pass waits three round trips, not one per child.
     """
     result, applied = ApplyResult(), {} if applied is None else applied
-    lives = _read_all(api, manifests, known or {})
+    lives = _read_all(api, manifests, known or {}, applied)
     first = [i for i, m in enumerate(manifests) if m["kind"] not in LAST_KINDS]
     for stage in (first, [i for i in range(len(manifests)) if i not in first]):
         outcomes = {i: lives[i] for i in stage if isinstance(lives[i], _Outcome)}
@@ -144,8 +162,11 @@ def apply_all(api: client.ApiClient, manifests: list[dict], applied: dict[str, A
         outcomes |= {i: f.result() for i, f in pending.items()}
         for i in stage:  # in manifest order: the first failure is the one reported
             out = outcomes[i]
+            if out.stored is not None:
+                result.stored.append(out.stored)
             if out.error:
-                return ApplyResult(result.created, result.updated, out.error, out.retryable, out.reason)
+                return ApplyResult(result.created, result.updated, out.error, out.retryable, out.reason,
+                                   result.stored)
             if out.change:
                 getattr(result, out.change).append(ref(manifests[i]))
     return result

@@ -1,16 +1,20 @@
 """The operator's entry points: what kopf calls, and nothing else. Read this file as a table of contents.
 
 - an InferenceService event (created, changed, found at start-up, deleted) -> Controller.service_event
-- a child Deployment, pod or download Job changed                         -> Controller.child_event
+- a child (a workload, pod, Job, Service, ConfigMap, ...) changed          -> Controller.child_event
+- indexes of the same watches: the InferenceServices, and per kind the children by (namespace,
+  service) (tandem.operator.watch): what a pass observes, instead of listing
 
-Each queues a pass of the controller's work queue (tandem.operator.controller), which also holds the
-timers of the periodic resync, the planner (tandem.operator.autoscaling.autoscaler) and retries. A
-pass reads the InferenceService, probes the ready workers' KV transfer health (tandem.operator.probe;
-concurrent, short timeout), plans when due, applies and writes status (tandem.operator.reconcile).
+Each event queues a pass of the controller's work queue (tandem.operator.controller), which also
+holds the timers of the periodic resync, the planner (tandem.operator.autoscaling.autoscaler) and
+retries. A pass (tandem.operator.reconcile) reads the InferenceService and its children from the
+indexes, probes the ready workers' KV transfer health (tandem.operator.probe; concurrent, short
+timeout), plans when due, applies and writes status.
 
-Only event handlers: kopf then writes nothing on the InferenceService (no finalizer, no progress or
-diff-base annotations), so deletion never waits for the operator. Children go away with the CR
-through their ownerReferences and the garbage collector.
+Only event and index handlers: kopf then writes nothing on the InferenceService (no finalizer, no
+progress or diff-base annotations), so deletion never waits for the operator. Children go away with
+the CR through their ownerReferences and the garbage collector. The children's watches select by
+label on the API server (CHILD_SELECTOR): the operator never receives another workload's objects.
 """
 
 from __future__ import annotations
@@ -33,18 +37,24 @@ from tandem.contracts.names import (
 )
 from tandem.operator.children import READ_THREADS
 from tandem.operator.controller import Controller
+from tandem.operator.watch import WATCHED, Kind, Watched, kept, service_key
 
 log = logging.getLogger(__name__)
 CHILD_LABELS = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_SERVICE: kopf.PRESENT}
+CHILD_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_SERVICE}"
+SERVICES_INDEX = "seen_inferenceservices"
 
 
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Connect, and start the work queue's workers."""
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **indexes: Any) -> None:
+    """Connect, and start the work queue's workers over kopf's indexes (empty until kopf has listed
+    every watched kind: no other handler runs before that)."""
     # Our own Events say what the operator did; kopf posts only its warnings and errors.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 270
     settings.watching.client_timeout = 300
+    for kind in WATCHED:
+        settings.watching.label_selectors[kind.group, kind.version, kind.plural] = CHILD_SELECTOR
     try:
         kube_config.load_incluster_config()
     except kube_config.ConfigException:
@@ -59,7 +69,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # next call opens another (TLS handshake and all): 7,000 discards in 5 minutes at 1,000 services.
     configuration.connection_pool_maxsize = threads + READ_THREADS
     memo.api = client.ApiClient(configuration)
-    memo.controller = Controller(memo.api, memo.config, memo.workers)
+    watched = Watched(indexes[SERVICES_INDEX], {kind.index: indexes[kind.index] for kind in WATCHED})
+    memo.controller = Controller(memo.api, memo.config, watched, memo.workers)
     memo.queue_task = asyncio.create_task(memo.controller.queue.run())
 
 
@@ -77,10 +88,26 @@ async def service_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **
     memo.controller.service_event(type, dict(body))
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
-@kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
-@kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)
+@kopf.index(GROUP, VERSION, PLURAL, id=SERVICES_INDEX)
+def index_service(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict:
+    return {(namespace, name): dict(body)}
+
+
+def _indexer(kind: Kind) -> Any:
+    def index_child(body: kopf.Body, **_: Any) -> dict:
+        return {service_key(body): kept(body, kind)}
+
+    return index_child
+
+
 async def child_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A child moved: its owner's status soon (coalesced per owner), or its drift corrected now."""
-    memo.controller.child_event(body["metadata"]["namespace"], body["metadata"]["labels"][LABEL_SERVICE],
-                                dict(body), type)
+    namespace, service = service_key(body)
+    memo.controller.child_event(namespace, service, dict(body), type)
+
+
+for _kind in WATCHED:  # one watch per kind: its index, and its events
+    kopf.index(_kind.group, _kind.version, _kind.plural, labels=CHILD_LABELS, id=_kind.index)(_indexer(_kind))
+    if _kind.applied or _kind.status:
+        kopf.on.event(_kind.group, _kind.version, _kind.plural, labels=CHILD_LABELS,
+                      id=f"changed_{_kind.plural}")(child_changed)

@@ -31,7 +31,7 @@ import uuid
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from tandem.operator.apply import request
+from tandem.operator.api_client import request
 from tandem.operator.lease import (
     ElectionConfig,
     Record,

@@ -8,8 +8,8 @@ removed with them by `forget`); nothing is labelled per request or per pod.
 from __future__ import annotations
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
-from tandem.operator.autoscaling.planner import Decision
-from tandem.operator.autoscaling.snapshot import Snapshot
+from tandem.planning.autoscaling.planner import Decision
+from tandem.planning.autoscaling.snapshot import Snapshot
 
 PASS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # What the planner read, per role, as gauges (the snapshot it decided from).

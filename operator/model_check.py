@@ -28,7 +28,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tandem.contracts.runtimes import Runtime
-from tandem.operator import apply
+from tandem.operator import api_client
 from tandem.operator.claim_check import judge_claim
 from tandem.operator.config import OperatorConfig
 from tandem.operator.download_state import download_condition, pods_download_condition
@@ -121,7 +121,7 @@ def hub_token(api: client.ApiClient, namespace: str, spec: InferenceServiceSpec)
     if ref is None:
         return None
     try:
-        secret = apply.request(api, "GET", f"/api/v1/namespaces/{namespace}/secrets/{ref.name}")
+        secret = api_client.request(api, "GET", f"/api/v1/namespaces/{namespace}/secrets/{ref.name}")
     except ApiException as e:
         raise TokenError(f"cannot read Secret {ref.name} for model.tokenSecretRef ({e.status}): the operator may "
                          "read only the Secrets the chart names in hub.tokenSecrets") from None
@@ -186,7 +186,7 @@ def _finding(spec: InferenceServiceSpec, status: dict[str, Any]) -> ModelFinding
 def read_claim(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
     """model.pvc's claim, None when it does not exist."""
     try:
-        return apply.request(api, "GET", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}")
+        return api_client.request(api, "GET", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}")
     except ApiException as e:
         if e.status == 404:
             return None

@@ -26,11 +26,11 @@ import aiohttp
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.names import pod_ready, pod_url
 from tandem.contracts.runtimes import DEFAULT_RUNTIME
-from tandem.operator.autoscaling.snapshot import PodScrape, read_pod
 from tandem.operator.config import OperatorConfig
 from tandem.operator.metrics import METRICS, failure_reason
 from tandem.operator.spec import WORKER_ROLES
 from tandem.operator.status import KVProbe, Observation
+from tandem.planning.autoscaling.snapshot import PodScrape, read_pod
 
 HEALTH_PATH = "/internal/kv/health"
 HEALTH_MAX_BYTES = 64 * 1024  # a health document is well under 4 KiB

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections import Counter
 
 from prometheus_client import generate_latest
-from tandem.operator.autoscaling.planner import PlannerState, plan
-from tandem.operator.autoscaling.scrape import parse_router
-from tandem.operator.autoscaling.snapshot import MetricsWindow
-from tandem.operator.autoscaling.spec import AutoscalingSpec
+from tandem.operator.spec.autoscaling import AutoscalingSpec
+from tandem.planning.autoscaling.planner import PlannerState, plan
+from tandem.planning.autoscaling.scrape import parse_router
+from tandem.planning.autoscaling.snapshot import MetricsWindow
 from tandem.planning.simulation import ROLES, Simulation
 from tandem.router.metrics import RouterMetrics
 

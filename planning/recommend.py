@@ -1,7 +1,7 @@
 """Sizing a deployment for a workload from one worker's measured capacity (pure: no I/O, no clock).
 
 Each layout starts where the operator's planner would hold a running service (its rules in
-operator/autoscaling/demands.py): prefill workers = prompt work / targetUtilization, the work being
+planning/autoscaling/demands.py): prefill workers = prompt work / targetUtilization, the work being
 arriving prompt tokens over what one worker prefills per busy second; decode workers = concurrency
 over the sequences one worker holds within the ITL target (the batch whose measured step fits it).
 The simulator then checks that start (predict.py), and the fleet moves one worker at a time,

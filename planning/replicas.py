@@ -13,7 +13,7 @@ import heapq
 import itertools
 from collections import deque
 
-from tandem.operator.autoscaling.scrape import Histogram, WorkerReading
+from tandem.planning.autoscaling.scrape import Histogram, WorkerReading
 from tandem.planning.capacity import Capacity
 from tandem.planning.workload import Request
 

@@ -30,8 +30,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from tandem.contracts.routing import DECODE_HEADROOM_SEQUENCES, PREFILL_SATURATED_TOKENS
-from tandem.operator.autoscaling.scrape import RouterReading
-from tandem.operator.autoscaling.snapshot import PodScrape, ScrapeRound
+from tandem.planning.autoscaling.scrape import RouterReading
+from tandem.planning.autoscaling.snapshot import PodScrape, ScrapeRound
 from tandem.planning.capacity import Capacity
 from tandem.planning.replicas import (
     DRAINING,

@@ -64,6 +64,23 @@ def etcd_argv(bins: Path, wd: Path, port: int, peer_port: int) -> list[str]:
     ]
 
 
+# The requests the API server writes to its audit log (AUDIT_LOG under the work dir): those of the
+# ServiceAccounts in `default` only, where the tests' least-privilege operators run (the chart_rbac
+# fixture), one line per request when it completes. Everything else (the control plane's own
+# components, the tests' admin) goes unrecorded.
+AUDITED_GROUP = "system:serviceaccounts:default"
+AUDIT_LOG = Path("logs") / "audit.log"
+
+
+def audit_policy(wd: Path) -> Path:
+    policy = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+              "omitStages": ["RequestReceived", "ResponseStarted"],
+              "rules": [{"level": "Metadata", "userGroups": [AUDITED_GROUP]}, {"level": "None"}]}
+    path = wd / "audit-policy.yaml"
+    path.write_text(yaml.safe_dump(policy, sort_keys=False))
+    return path
+
+
 def apiserver_argv(bins: Path, wd: Path, etcd_url: str, port: int, sa_key: Path) -> list[str]:
     return [
         str(bins / "kube-apiserver"),
@@ -86,6 +103,11 @@ def apiserver_argv(bins: Path, wd: Path, etcd_url: str, port: int, sa_key: Path)
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--allow-privileged=true",
         "--profiling=false",
+        f"--audit-policy-file={audit_policy(wd)}",
+        f"--audit-log-path={wd / AUDIT_LOG}",
+        "--audit-log-format=json",
+        "--audit-log-maxsize=200",  # MB, then one rotated file
+        "--audit-log-maxbackup=1",
         "--v=0",
     ]
 

@@ -31,11 +31,11 @@ from dataclasses import dataclass, replace
 import aiohttp
 from tandem.contracts.names import pod_ready, pod_url
 from tandem.operator import probe
-from tandem.operator.autoscaling.planner import Decision, PlannerState, plan
-from tandem.operator.autoscaling.snapshot import MetricsWindow, ScrapeRound, Snapshot
 from tandem.operator.config import OperatorConfig
 from tandem.operator.spec import COMPONENTS, AutoscalingSpec, InferenceServiceSpec
 from tandem.operator.status import KVProbe, Observation
+from tandem.planning.autoscaling.planner import Decision, PlannerState, plan
+from tandem.planning.autoscaling.snapshot import MetricsWindow, ScrapeRound, Snapshot
 
 METRICS_PATH = "/metrics"
 

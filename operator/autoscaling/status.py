@@ -13,15 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.operator.autoscaling.planner import (
+from tandem.operator.spec import WORKER_ROLES, InferenceServiceSpec, Mode
+from tandem.operator.status import Observation, ScaledRole, Scaling, condition
+from tandem.planning.autoscaling.planner import (
     CONDITION_TYPE,
     Decision,
     Reason,
     RoleDecision,
     condition_of,
 )
-from tandem.operator.spec import WORKER_ROLES, InferenceServiceSpec, Mode
-from tandem.operator.status import Observation, ScaledRole, Scaling, condition
 
 OPERATOR, EXTERNAL = Mode.OPERATOR.value, Mode.EXTERNAL.value
 MAX_MESSAGE = 4096  # the CRD's bound on status.<role>.message

@@ -11,28 +11,29 @@ from pathlib import Path
 
 from tandem.testing.chart import CHART_DIR, find, render, run_helm, set_json_args
 
-# (apiGroup, resource) -> verbs: the operator's calls (operator/apply.py, handlers.py, kopf).
+# (apiGroup, resource) -> verbs: the operator's calls (operator/api_client.py) and watches
+# (operator/watch.py, through kopf): every kind it applies is watched, by label.
 EXPECTED = {
     ("tandem.dev", "inferenceservices"): {"get", "list", "watch"},  # kopf writes nothing on them
     ("tandem.dev", "inferenceservices/status"): {"patch"},
     # server-side apply: PATCH, plus `create` when the PATCH creates the object
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "list", "create", "patch", "delete"},
-    ("", "services"): {"get", "list", "create", "patch"},
-    ("", "configmaps"): {"get", "create", "patch"},
-    ("", "serviceaccounts"): {"get", "create", "patch"},
-    ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch"},
-    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
-    ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"},
-    ("policy", "poddisruptionbudgets"): {"get", "create", "patch"},
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "services"): {"get", "list", "watch", "create", "patch"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
+    ("", "serviceaccounts"): {"get", "list", "watch", "create", "patch"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "list", "watch", "create", "patch"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "list", "watch", "create", "patch"},
+    ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch"},
+    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch"},
     # a hub model's shared cache; a model.pvc claim read to judge its access modes
-    ("", "persistentvolumeclaims"): {"get", "create", "patch"},
+    ("", "persistentvolumeclaims"): {"get", "list", "watch", "create", "patch"},
     # its download, once per commit; watched: ModelReady follows the Job
     ("batch", "jobs"): {"get", "list", "watch", "create", "patch"},
     ("", "secrets"): {"create"},  # each service's internal secret, created once; never read
     ("", "pods"): {"get", "list", "watch"},
     # the owner chain of the pods the operator trusts (and the router's Role grants the same)
-    ("apps", "replicasets"): {"get"},
+    ("apps", "replicasets"): {"get", "list", "watch"},
     ("apps", "statefulsets"): {"get"},
     ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
     ("", "events"): {"create"},

@@ -162,6 +162,12 @@ class ChartRBAC:
     kubeconfig: Path
     lease: str
     namespace: str = "default"
+    account: str = ""  # the ServiceAccount's name
+
+    @property
+    def user(self) -> str:
+        """Who the API server (and its audit log) says made the operator's calls."""
+        return f"system:serviceaccount:{self.namespace}:{self.account}"
 
     def election(self, duration_s: int = 4) -> list[str]:
         """`tandem operator` flags for leader election on that Lease (short timings for tests)."""
@@ -189,7 +195,7 @@ def chart_rbac(k8s, tmp_path_factory):
         token = k8s.kubectl("create", "token", sa["metadata"]["name"], "-n", "default",
                             "--duration=1h").stdout.strip()
         path = k8s.kubeconfig_for_token(token, tmp_path_factory.mktemp("chart-rbac") / "operator.kubeconfig")
-        return ChartRBAC(path, f"{release}-tandem-operator")
+        return ChartRBAC(path, f"{release}-tandem-operator", account=sa["metadata"]["name"])
 
     try:
         yield install

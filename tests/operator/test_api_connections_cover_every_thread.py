@@ -13,6 +13,7 @@ import pytest
 from kubernetes.config import kube_config
 from tandem.operator import children, handlers
 from tandem.operator.config import OperatorConfig
+from tandem.operator.watch import WATCHED
 
 pytestmark = [pytest.mark.cluster]
 
@@ -20,7 +21,8 @@ pytestmark = [pytest.mark.cluster]
 async def test_the_pool_holds_a_connection_for_every_pass_and_reader_thread(k8s, monkeypatch):
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(k8s.kubeconfig))
     memo = kopf.Memo(workers=16, config=OperatorConfig())
-    await handlers.startup(settings=kopf.OperatorSettings(), memo=memo)
+    indexes = {handlers.SERVICES_INDEX: {}, **{kind.index: {} for kind in WATCHED}}  # kopf's, empty at startup
+    await handlers.startup(settings=kopf.OperatorSettings(), memo=memo, **indexes)
     try:
         passes = asyncio.get_running_loop()._default_executor._max_workers
         readers = children._reader()._max_workers

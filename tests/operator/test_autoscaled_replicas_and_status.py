@@ -4,11 +4,11 @@ Deployments get, External mode leaves the field out, and status explains each au
 from __future__ import annotations
 
 import yaml
-from tandem.operator.autoscaling.planner import Decision, Reason, RoleDecision
 from tandem.operator.autoscaling.status import kept_replicas, render_replicas, scaling_status
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render import render
 from tandem.operator.status import Observation, RoleObservation, compute_status
+from tandem.planning.autoscaling.planner import Decision, Reason, RoleDecision
 
 CONFIG = OperatorConfig()
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
@@ -123,7 +123,7 @@ def test_a_planner_without_history_starts_from_the_current_count(typed):
     """After a restart (or for a newly autoscaled role) a scale-down waits a whole window; a
     scale-up with a 0 s window does not wait."""
     from tandem.operator.autoscaling.autoscaler import _seeded
-    from tandem.operator.autoscaling.planner import PlannerState, _stabilize
+    from tandem.planning.autoscaling.planner import PlannerState, _stabilize
 
     a = _spec(typed, {"prefill": {"mode": "External"}, "decode": {"maxReplicas": 8}}).autoscaling
     state = _seeded(None, a, {"prefill": 3, "decode": 4}, 100.0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from kubernetes import client
-from tandem.operator import apply
+from tandem.operator import api_client
 from tandem.operator.config import FIELD_MANAGER
 from tandem.testing.cluster import wait_until
 from tandem.testing.kube_nodes import POOL_LABEL
@@ -60,15 +60,15 @@ def test_external_mode_releases_replicas_and_an_hpa_edit_stays(api, operator, na
             "spec": cpu_spec(decode=2)}
     client.CustomObjectsApi(api).create_namespaced_custom_object(*GVP[:2], namespace, GVP[2], body)
     decode = f"{name}-decode"
-    wait_until(lambda: apply.owns_replicas(deployment(api, namespace, decode)), timeout=30,
+    wait_until(lambda: api_client.owns_replicas(deployment(api, namespace, decode)), timeout=30,
                what="the operator owns the decode Deployment's replicas")
     assert deployment(api, namespace, decode)["spec"]["replicas"] == 2
 
     patch_spec(api, namespace, name, {"autoscaling": {"decode": {"mode": "External"}}})
-    released = wait_until(lambda: (d := deployment(api, namespace, decode)) and not apply.owns_replicas(d) and d,
+    released = wait_until(lambda: (d := deployment(api, namespace, decode)) and not api_client.owns_replicas(d) and d,
                           timeout=30, what="the operator's claim on the decode replicas released")
     assert released["spec"]["replicas"] == 2, "released without falling back to the default of 1"
-    assert apply.owns_replicas(released, "tandem-operator-handover")
+    assert api_client.owns_replicas(released, "tandem-operator-handover")
     status = wait_status(api, namespace, name, lambda s: (s.get("decode") or {}).get("mode") == "External",
                          "status reports decode in External mode")
     assert status["decode"]["reason"] == "External" and status["decode"]["replicas"] == 2
@@ -89,13 +89,13 @@ def test_external_mode_releases_replicas_and_an_hpa_edit_stays(api, operator, na
                 "the spec change reconciled")
     live = deployment(api, namespace, decode)
     assert live["spec"]["replicas"] == 3, "the HPA's count stays across resyncs and reconciles"
-    assert not apply.owns_replicas(live) and not any(
+    assert not api_client.owns_replicas(live) and not any(
         e["manager"] == FIELD_MANAGER and "f:replicas" in (e.get("fieldsV1") or {}).get("f:spec", {})
         for e in live["metadata"]["managedFields"])
 
     # Back to the planner: the operator takes replicas again, within its limits.
     patch_spec(api, namespace, name, {"autoscaling": {"decode": {"mode": "Operator", "maxReplicas": 2}}})
-    back = wait_until(lambda: (d := deployment(api, namespace, decode)) and apply.owns_replicas(d) and d,
+    back = wait_until(lambda: (d := deployment(api, namespace, decode)) and api_client.owns_replicas(d) and d,
                       timeout=30, what="the operator owns the decode replicas again")
     assert back["spec"]["replicas"] == 2, "the external count, held to maxReplicas"
 
@@ -118,14 +118,14 @@ def test_the_replicaset_removes_the_pod_marked_for_removal_not_the_newest(api, o
     pods = wait_until(lambda: len(p := _pods(api, namespace, name, "decode")) == 2 and p, timeout=30,
                       what="two decode pods")
     newest = next(p for p in pods if p["metadata"]["name"] != oldest["metadata"]["name"])
-    assert apply.mark_for_removal(api, namespace, pods, (newest["metadata"]["name"],), "t0") == []
-    assert apply.mark_for_removal(api, namespace, _pods(api, namespace, name, "decode"),
+    assert api_client.mark_for_removal(api, namespace, pods, (newest["metadata"]["name"],), "t0") == []
+    assert api_client.mark_for_removal(api, namespace, _pods(api, namespace, name, "decode"),
                                   (oldest["metadata"]["name"],), "t1") == []
     marks = {p["metadata"]["name"]: p["metadata"].get("annotations") or {}
              for p in _pods(api, namespace, name, "decode")}
-    assert marks[oldest["metadata"]["name"]][apply.DELETION_COST] == "-1000"
-    assert marks[oldest["metadata"]["name"]][apply.CHOSEN] == "t1"
-    assert apply.DELETION_COST not in marks[newest["metadata"]["name"]], "the earlier mark is cleared"
+    assert marks[oldest["metadata"]["name"]][api_client.DELETION_COST] == "-1000"
+    assert marks[oldest["metadata"]["name"]][api_client.CHOSEN] == "t1"
+    assert api_client.DELETION_COST not in marks[newest["metadata"]["name"]], "the earlier mark is cleared"
     patch_spec(api, namespace, name, {"decode": {"replicas": 1}})
     (left,) = wait_until(lambda: len(p := _pods(api, namespace, name, "decode")) == 1 and p, timeout=30,
                          what="one decode pod left")

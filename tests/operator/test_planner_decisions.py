@@ -10,10 +10,10 @@ import math
 
 import pytest
 from prometheus_client import generate_latest
-from tandem.operator.autoscaling.planner import PlannerState, Reason, Seats, plan
-from tandem.operator.autoscaling.scrape import Histogram, RouterReading, WorkerReading, parse_router
-from tandem.operator.autoscaling.snapshot import MetricsWindow, PodScrape, ScrapeRound, Snapshot
 from tandem.operator.autoscaling.spec import AutoscalingSpec
+from tandem.planning.autoscaling.planner import PlannerState, Reason, Seats, plan
+from tandem.planning.autoscaling.scrape import Histogram, RouterReading, WorkerReading, parse_router
+from tandem.planning.autoscaling.snapshot import MetricsWindow, PodScrape, ScrapeRound, Snapshot
 from tandem.router.metrics import RouterMetrics
 
 WINDOW = 60.0

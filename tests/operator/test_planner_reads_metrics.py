@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 from prometheus_client import generate_latest
-from tandem.operator.autoscaling.scrape import UnreadableMetrics, parse_router, parse_worker
-from tandem.operator.autoscaling.snapshot import MetricsWindow, PodScrape, ScrapeRound, read_pod
+from tandem.planning.autoscaling.scrape import UnreadableMetrics, parse_router, parse_worker
+from tandem.planning.autoscaling.snapshot import MetricsWindow, PodScrape, ScrapeRound, read_pod
 from tandem.router.metrics import RouterMetrics
 from tandem.worker.server.metrics import WorkerMetrics
 

@@ -17,8 +17,8 @@ import threading
 import openai
 import pytest
 from kubernetes import client
-from tandem.operator.apply import CHOSEN
-from tandem.operator.autoscaling.planner import Reason
+from tandem.operator.api_client import CHOSEN
+from tandem.planning.autoscaling.planner import Reason
 from tandem.testing.cluster import wait_until
 from tandem.testing.k8s_events import wait_events
 from tandem.testing.kube_nodes import POOL_LABEL

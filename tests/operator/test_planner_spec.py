@@ -117,7 +117,7 @@ def test_every_rule_has_a_message_naming_its_field():
 
 def test_the_planner_imports_neither_torch_nor_the_kubernetes_client():
     """It runs inside the operator (no torch) and in the simulator (no cluster): pure code only."""
-    code = ("import sys, tandem.operator.autoscaling.planner; "
+    code = ("import sys, tandem.planning.autoscaling.planner; "
             "heavy = [m for m in ('torch', 'transformers', 'kopf', 'kubernetes') if m in sys.modules]; "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

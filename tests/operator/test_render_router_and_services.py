@@ -121,7 +121,7 @@ def test_pods_meet_restricted_unless_rdma_needs_more(typed, meta, examples):
 
 
 def test_every_rendered_kind_has_an_apply_path(typed, meta, examples):
-    from tandem.operator.apply import PATHS
+    from tandem.operator.api_client import PATHS
 
     for example in examples.values():
         for m in render(meta, typed(example["spec"]), CONFIG):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tandem.operator.autoscaling.scrape import (
+from tandem.planning.autoscaling.scrape import (
     Histogram,
     RouterReading,
     UnreadableMetrics,

@@ -1,8 +1,13 @@
-"""The operator's I/O with the API server: server-side apply of children, observing them, status.
+"""The operator's client of the Kubernetes API: every call it makes outside kopf's watches, each
+bounded and counted (`request`).
 
 Every write of a child is a server-side apply (PATCH application/apply-patch+yaml, force) under
 one field manager, so reconciling is idempotent and a no-op apply writes nothing. The one other
 write to a child is the pod annotations that name the pods a scale-down removes (mark_for_removal).
+What the operator observes comes from its watches (tandem.operator.watch), not from here: the only
+reads left are a child's metadata before an apply that the watch cannot vouch for, the owner chain's
+controllers the watch has not seen, and the InferenceService when the watch may lag the operator's
+own status write.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ class ApplyResult:
     error: str | None = None
     retryable: bool = False
     reason: str = "ApplyFailed"  # Ready's reason when error is set (AdoptionRefused: ownership.py)
+    stored: list[dict] = field(default_factory=list)  # what each apply returned: newer than the watch
+    pruned: list[str] = field(default_factory=list)  # refs of the stale workloads deleted
 
 
 def ref(manifest: dict) -> str:
@@ -169,14 +176,15 @@ def missing_kind_hint(manifest: dict, e: ApiException) -> str:
     return ""
 
 
-def prune(api: client.ApiClient, owner_uid: str, stale: list[dict]) -> list[str]:
+def prune(api: client.ApiClient, owner_uid: str, stale: list[dict], seen: dict[str, dict]) -> list[str]:
     """Deletes the children a spec no longer renders (a role's Deployment once its groups span nodes,
     or its LeaderWorkerSet once they fit one node), when the InferenceService `owner_uid` controls
-    them. `stale` holds their (apiVersion, kind, metadata) stubs; returns what was deleted."""
+    them. `stale` holds their (apiVersion, kind, metadata) stubs, `seen` the watched children by
+    ref (one not there is not the service's: the watch sees every labelled one); returns what was
+    deleted."""
     deleted = []
     for stub in stale:
-        live = read_object(api, stub)  # None too when the kind is not served (no LWS CRD)
-        owners = (live or {}).get("metadata", {}).get("ownerReferences") or []
+        owners = (seen.get(ref(stub)) or {}).get("metadata", {}).get("ownerReferences") or []
         if not any(o.get("controller") and o.get("uid") == owner_uid for o in owners):
             continue
         try:
@@ -186,6 +194,19 @@ def prune(api: client.ApiClient, owner_uid: str, stale: list[dict]) -> list[str]
                 raise
         deleted.append(ref(stub))
     return deleted
+
+
+def read_controller(api: client.ApiClient, namespace: str, kind: str, name: str, uid: str) -> dict | None:
+    """A ReplicaSet or StatefulSet of a pod's owner chain, None when it is gone or is another object
+    of that name (its uid differs)."""
+    plural = {"ReplicaSet": "replicasets", "StatefulSet": "statefulsets"}[kind]
+    try:
+        found = request(api, "GET", f"/apis/apps/v1/namespaces/{namespace}/{plural}/{name}", accept=METADATA_ONLY)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return found if found["metadata"].get("uid") == uid else None
 
 
 def ensure_internal_secret(api: client.ApiClient, secret: dict) -> tuple[ApplyResult, str | None]:
@@ -247,12 +268,13 @@ def get_service(api: client.ApiClient, namespace: str, name: str) -> dict | None
 
 def write_status(
     api: client.ApiClient, namespace: str, name: str, status: dict, old: dict | None = None
-) -> None:
+) -> str | None:
     """Merge-patches the status subresource to `status` (lists are replaced whole; keys of `old`
-    that `status` lacks are removed, e.g. the endpoint once the router Service is gone)."""
+    that `status` lacks are removed, e.g. the endpoint once the router Service is gone). Returns the
+    InferenceService's resourceVersion after the write (None when it is gone)."""
     patch: dict = {key: None for key in (old or {}) if key not in status} | status
     try:
-        request(
+        written = request(
             api,
             "PATCH",
             _cr_path(namespace, name) + "/status",
@@ -262,6 +284,8 @@ def write_status(
     except ApiException as e:
         if e.status != 404:  # deleted meanwhile: nothing to report on
             raise
+        return None
+    return written["metadata"].get("resourceVersion")
 
 
 def post_event(api: client.ApiClient, body: dict, type_: str, reason: str, message: str) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from tandem.operator.autoscaling.snapshot import RoleWindow, Snapshot
-from tandem.operator.autoscaling.spec import AutoscalingSpec, RoleScaling
+from tandem.operator.spec.autoscaling import AutoscalingSpec, RoleScaling
+from tandem.planning.autoscaling.snapshot import RoleWindow, Snapshot
 
 MIN_TTFT_SAMPLES = 10  # fewer first tokens in a window: its percentile is noise, not a signal
 MIN_ITL_SAMPLES = 50

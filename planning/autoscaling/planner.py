@@ -22,7 +22,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from tandem.operator.autoscaling.demands import (
+from tandem.operator.spec.autoscaling import AutoscalingSpec, Mode, RoleScaling
+from tandem.planning.autoscaling.demands import (
     UP_REASONS,
     Demand,
     Reason,
@@ -32,9 +33,13 @@ from tandem.operator.autoscaling.demands import (
     learn_mu,
     prefill_demands,
 )
-from tandem.operator.autoscaling.snapshot import PodWindow, RoleWindow, Snapshot
-from tandem.operator.autoscaling.spec import AutoscalingSpec, Mode, RoleScaling
-from tandem.operator.status import condition
+from tandem.planning.autoscaling.snapshot import PodWindow, RoleWindow, Snapshot
+
+
+def condition(type_: str, status: str, reason: str, message: str) -> dict[str, str]:
+    """A status condition as the operator writes it (it adds the transition time and generation)."""
+    return {"type": type_, "status": status, "reason": reason, "message": message}
+
 
 __all__ = ["CONDITION_TYPE", "Decision", "PlannerState", "Reason", "RoleDecision", "Seats", "choose_removals",
            "condition_of", "plan"]

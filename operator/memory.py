@@ -1,0 +1,24 @@
+"""What the operator remembers of one InferenceService between its passes (kept by the controller,
+per service, dropped when it is deleted; nothing here survives a restart, nor needs to)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tandem.operator.children import Applied
+from tandem.operator.observe import Owners
+
+
+@dataclass
+class Memory:
+    """What a pass remembers of the service between passes."""
+
+    # the conditions' reasons that earn a Warning, as last written: one Warning per transition
+    warned: dict[str, str] = field(default_factory=dict)
+    owners: Owners = field(default_factory=dict)  # the owner chain's controllers, read once each
+    applied: dict[str, Applied] = field(default_factory=dict)  # what each child was applied as
+    pruned: tuple[str, ...] | None = None  # the stale kinds last pruned (a role changing kind prunes again)
+    version: str | None = None  # the InferenceService's resourceVersion as the last pass read or wrote it
+    # (the InferenceService's resourceVersion, watch.Seen.fingerprint) when a pass last found every
+    # child as rendered: while both hold, nothing needs rendering again
+    settled: tuple[str | None, frozenset] | None = None

@@ -1,0 +1,133 @@
+"""What the operator watches, and what it has seen of one InferenceService.
+
+kopf keeps an index per kind (registered in handlers.py), fed by the same watch streams that start
+passes: the InferenceServices by (namespace, name), and every kind the operator applies, and the
+pods and ReplicaSets under them, by (namespace, service) through the `tandem.dev/service` label. A
+pass reads them instead of listing: an idle pass makes no API call for what it observes, and a
+child someone deletes or edits is seen at once, from its event.
+
+Labels select; they prove nothing. Which of the seen objects are the service's is decided by their
+owner references (tandem.operator.observe, ownership.py), as it was when the operator listed them.
+Secrets are not watched (the operator never reads one): the internal Secret is created if absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.contracts.names import LABEL_SERVICE
+
+Key = tuple[str, str]  # (namespace, InferenceService name)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One watched kind: where it is served, and what its events ask of the operator."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    status: bool = False  # its changes refresh the service's status (else only drift matters)
+    applied: bool = True  # the operator applies objects of this kind (its events may be drift)
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def index(self) -> str:
+        """The kopf index's id (the keyword a handler receives it under)."""
+        return f"seen_{self.plural}"
+
+
+LWS = Kind("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet", status=True)
+WATCHED: tuple[Kind, ...] = (
+    Kind("apps", "v1", "deployments", "Deployment", status=True),
+    LWS,
+    Kind("", "v1", "pods", "Pod", status=True, applied=False),
+    Kind("apps", "v1", "replicasets", "ReplicaSet", applied=False),  # the pods' owner chain
+    Kind("batch", "v1", "jobs", "Job", status=True),
+    Kind("", "v1", "services", "Service", status=True),
+    Kind("", "v1", "configmaps", "ConfigMap"),
+    Kind("", "v1", "serviceaccounts", "ServiceAccount"),
+    Kind("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"),
+    Kind("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    Kind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    Kind("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
+    Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
+)
+BY_KIND = {k.kind: k for k in WATCHED}
+# Kept without managedFields: nothing reads them there, and pods are the most numerous objects.
+LEAN = ("Pod", "ReplicaSet")
+
+
+def ref(obj: Mapping[str, Any]) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+def service_key(body: Mapping[str, Any]) -> Key:
+    meta = body["metadata"]
+    return meta["namespace"], meta["labels"][LABEL_SERVICE]
+
+
+def kept(body: Mapping[str, Any], kind: Kind) -> dict[str, Any]:
+    """The object as an index keeps it: a plain dict with its kind (a listed item has none of its
+    own), pods and ReplicaSets without managedFields."""
+    obj = {**body, "apiVersion": kind.api_version, "kind": kind.kind}
+    if kind.kind in LEAN and "managedFields" in obj["metadata"]:
+        obj["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
+    return obj
+
+
+@dataclass
+class Seen:
+    """One service's watched children as the indexes hold them now (plain lists, copied on the event
+    loop, so a pass may read them from a thread)."""
+
+    objects: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # kind -> objects
+
+    def of(self, *kinds: str) -> list[dict[str, Any]]:
+        return [o for kind in kinds for o in self.objects.get(kind, [])]
+
+    def applied(self) -> dict[str, dict[str, Any]]:
+        """Every object of a kind the operator applies, by "Kind/name"."""
+        return {ref(o): o for k in WATCHED if k.applied for o in self.objects.get(k.kind, [])}
+
+    def fingerprint(self) -> frozenset[tuple[str, str]]:
+        """(ref, resourceVersion) of every applied kind's object: equal fingerprints, identical objects."""
+        return frozenset((r, o["metadata"].get("resourceVersion", "")) for r, o in self.applied().items())
+
+    def overlaid(self, stored: Iterable[dict[str, Any]], gone: Iterable[str] = ()) -> Seen:
+        """These objects with `stored` (what an apply just returned) in place of what the watch had,
+        and without the refs in `gone` (just deleted)."""
+        fresh, gone = {ref(o): o for o in stored}, set(gone)
+        objects = {kind: [fresh.pop(ref(o), o) for o in objs if ref(o) not in gone]
+                   for kind, objs in self.objects.items()}
+        for obj in fresh.values():
+            objects.setdefault(obj["kind"], []).append(obj)
+        return Seen(objects)
+
+
+class Watched:
+    """kopf's indexes, read by the work queue's passes: the InferenceService and its children."""
+
+    def __init__(self, services: Mapping[Key, Any], children: Mapping[str, Mapping[Key, Any]]) -> None:
+        """`services`: kopf's index of InferenceServices; `children`: Kind.index -> kopf's index."""
+        self.services, self.children = services, children
+
+    def service(self, key: Key) -> dict[str, Any] | None:
+        """The InferenceService as last seen by the watch, None when it has not been seen (or is gone)."""
+        store = self.services.get(key)
+        return next(iter(store), None) if store else None
+
+    def seen(self, key: Key) -> Seen:
+        objects = {}
+        for kind in WATCHED:
+            index = self.children.get(kind.index)
+            store = index.get(key) if index is not None else None
+            if store:
+                objects[kind.kind] = list(store)
+        return Seen(objects)
