@@ -204,3 +204,16 @@ def test_kv_transfer_ready_is_not_applicable_to_vllm_servers(typed):
     assert (condition["status"], condition["reason"]) == ("Unknown", "NotApplicable")
     assert "vLLM's NixlConnector" in condition["message"]
     assert kv_condition(typed({"model": {"path": "/m"}}), None)["reason"] == "NotProbed"
+
+
+def test_the_vllm_example_renders_and_needs_no_more_than_the_default_policy(typed, meta, examples):
+    example = examples["vllm-gpu"]
+    spec = typed(example["spec"])
+    assert judge_policy(spec, "serving", Policy(), CONFIG.own_images) == []
+    out = render({**meta, "name": example["metadata"]["name"]}, spec, CONFIG)
+    decode = _by(out, "Deployment", "llama-8b-vllm-decode")["spec"]["template"]["spec"]["containers"][0]
+    assert decode["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert decode["args"][-3:] == ["--vllm-arg=--gpu-memory-utilization", "--vllm-arg=0.90",
+                                   "--vllm-arg=--enable-chunked-prefill"]
+    router = yaml.safe_load(_by(out, "ConfigMap", "llama-8b-vllm-config")["data"]["router.yaml"])
+    assert (router["runtime"], router["tokenizer"], router["policy"]) == ("vllm", "/models", "prefix-aware")
