@@ -8,13 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib.load_sampler import load_phrase
-from bench.lib.tables import markers, md_table, replace_section
+from bench.lib.tables import Section, md_table
 
-BEGIN, END = markers("chaos", "python -m bench chaos")
-HEADING = "## Chaos soak (issue 21)"
+SECTION = Section("chaos", "python -m bench chaos", "## Chaos soak (issue 21)")
 # `--tp 2`: every worker a tensor-parallel group; its own section, so the plain soak's table stays.
-TP_BEGIN, TP_END = markers("chaos-tp", "python -m bench chaos --tp 2")
-TP_HEADING = "### Chaos soak with tensor-parallel groups (issue 28)"
+TP_SECTION = Section("chaos-tp", "python -m bench chaos --tp 2", "### Chaos soak with tensor-parallel groups (issue 28)")
 
 
 def _outcomes(r: dict[str, Any]) -> list[str]:
@@ -93,7 +91,5 @@ def results_markdown(r: dict[str, Any], run_id: str, command: str) -> str:
 
 
 def publish(r: dict[str, Any], run_id: str, command: str, markdown: Path) -> Path:
-    doc = markdown.read_text() if markdown.exists() else "# Benchmarks\n"
-    where = (TP_BEGIN, TP_END, TP_HEADING) if r["settings"].get("tp", 1) > 1 else (BEGIN, END, HEADING)
-    markdown.write_text(replace_section(doc, results_markdown(r, run_id, command), *where))
-    return markdown
+    section = TP_SECTION if r["settings"].get("tp", 1) > 1 else SECTION
+    return section.write(results_markdown(r, run_id, command), markdown)

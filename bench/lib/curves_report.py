@@ -1,5 +1,5 @@
-"""The curves scenario's tables for BENCHMARKS.md and its figure, from its result (pure, but for
-plot() and publish())."""
+"""The curves scenario's tables for BENCHMARKS.md (SECTION) and its figure, from its result (pure,
+but for plot())."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib.load_sampler import load_phrase
-from bench.lib.tables import fmt_s, markers, md_table, replace_section
+from bench.lib.tables import Section, fmt_s, md_table
 
-BEGIN, END = markers("curves", "python -m bench curves")
-HEADING = "## Cost against work: curves (issue 23)"
+SECTION = Section("curves", "python -m bench curves", "## Cost against work: curves (issue 23)")
 
 
 def _mib(b: float | None) -> str:
@@ -100,12 +99,6 @@ def results_markdown(r: dict[str, Any], run_id: str, command: str, figure: str |
     if figure:
         parts += [f"![curves]({figure})", ""]
     return "\n".join(parts).rstrip() + "\n"
-
-
-def publish(r: dict[str, Any], run_id: str, command: str, markdown: Path, figure: str | None = None) -> Path:
-    doc = markdown.read_text() if markdown.exists() else "# Benchmarks\n"
-    markdown.write_text(replace_section(doc, results_markdown(r, run_id, command, figure), BEGIN, END, HEADING))
-    return markdown
 
 
 def plot(res: dict, path: Path) -> Path:

@@ -1,30 +1,27 @@
-"""The interference scenario's outputs: the committed summary, PNG plots and its section of
-BENCHMARKS.md (the table formatting is pure and unit-tested; only publish() touches the disk).
-"""
+"""The interference scenario's report: its section of BENCHMARKS.md, PNG plots and the committed
+summary (pure but for write_outputs())."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from bench.lib.metrics import RequestRecord, spread
-from bench.lib.results import json_safe
 from bench.lib.tables import (
+    Section,
     fmt_num,
     fmt_pct,
     fmt_ratio,
     fmt_s,
     fmt_s_range,
-    markers,
     md_table,
     median_range,
-    replace_section,
+    without_records,
+    write_full,
 )
 
-BEGIN, END = markers("interference", "python -m bench interference")
-HEADING = "## Results"
+SECTION = Section("interference", "python -m bench interference", "## Results")
 
 
 def _header(result: dict[str, Any]) -> list[str]:
@@ -211,24 +208,16 @@ def plot(result: dict[str, Any], fig_dir: Path) -> list[Path]:
 
 
 def summary_json(result: dict[str, Any]) -> dict[str, Any]:
-    """The committed summary: everything but the per-request records (those stay in bench/out/)."""
+    """The committed summary, with the targets."""
     from bench.lib.compare import targets
 
-    return json_safe({**{k: v for k, v in result.items() if k != "runs"},
-                      "runs": [{k: v for k, v in r.items() if k != "records"} for r in result["runs"]],
-                      "targets": targets(result["runs"], result["arms"], result["comparison"])})
+    return without_records(result) | {"targets": targets(result["runs"], result["arms"], result["comparison"])}
 
 
 def write_outputs(result: dict[str, Any], out_dir: Path, root: Path | None) -> list[Path]:
-    """The full JSON (every request's chunk times) under out_dir; with root (the repository), also the
-    figures and BENCHMARKS.md's generated section, else the figures under out_dir."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    full = out_dir / "full.json"
-    full.write_text(json.dumps(json_safe(result), indent=1))
+    """The full JSON under out_dir; with root (the repository), also the figures and BENCHMARKS.md's
+    generated section, else the figures under out_dir."""
     if root is None:
-        return [full, *plot(result, out_dir)]
-    paths = [full, *plot(result, root / "bench" / "figures")]
-    md = root / "BENCHMARKS.md"
-    doc = md.read_text() if md.exists() else "# Benchmarks\n"
-    md.write_text(replace_section(doc, results_markdown(result), BEGIN, END, HEADING))
-    return [*paths, md]
+        return [write_full(result, out_dir), *plot(result, out_dir)]
+    return [write_full(result, out_dir), *plot(result, root / "bench" / "figures"),
+            SECTION.write(results_markdown(result), root / "BENCHMARKS.md")]

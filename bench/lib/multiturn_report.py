@@ -7,18 +7,15 @@ counted as bytes saved instead) over the prompt tokens the router reported.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
 from bench.lib.metrics import distribution, pooled_itl
-from bench.lib.results import json_safe
-from bench.lib.tables import fmt_num, fmt_s, markers, md_table, replace_section
+from bench.lib.tables import Section, fmt_num, fmt_s, md_table, without_records, write_full
 
-BEGIN, END = markers("multiturn", "python -m bench multiturn")
-HEADING = "## Multi-turn chat and the prefix cache (issue 15)"
+SECTION = Section("multiturn", "python -m bench multiturn", "## Multi-turn chat and the prefix cache (issue 15)")
 FIGURE = "bench/figures/multiturn.png"
 
 
@@ -170,19 +167,11 @@ def plot(result: dict[str, Any], path: Path) -> Path:
 def write_outputs(result: dict[str, Any], out_dir: Path, markdown: Path | None) -> list[Path]:
     """The full JSON (records included) under out_dir; with markdown, also the figure and the
     BENCHMARKS.md section, else the figure under out_dir."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    full = out_dir / "full.json"
-    full.write_text(json.dumps(json_safe(result), indent=1))
     if markdown is None:
-        return [full, plot(result, out_dir / "multiturn.png")]
-    paths = [full, plot(result, markdown.parent / FIGURE)]
-    doc = markdown.read_text() if markdown.exists() else "# Benchmarks\n"
-    markdown.write_text(replace_section(doc, results_markdown(result), BEGIN, END, HEADING))
-    return paths + [markdown]
+        return [write_full(result, out_dir), plot(result, out_dir / "multiturn.png")]
+    return [write_full(result, out_dir), plot(result, markdown.parent / FIGURE), SECTION.write(results_markdown(result), markdown)]
 
 
 def summary_json(result: dict[str, Any]) -> dict[str, Any]:
     """The committed result: everything but the per-request records, with the headline figures."""
-    return json_safe({k: v for k, v in result.items() if k != "runs"} | {
-        "headline": headline(result),
-        "runs": [{k: v for k, v in r.items() if k != "records"} for r in result["runs"]]})
+    return without_records(result) | {"headline": headline(result)}

@@ -1,12 +1,18 @@
-"""Formatting figures for BENCHMARKS.md (pure, unit-tested), and putting a generated section
-between its markers while keeping the prose around it."""
+"""The one shape of a report: figures formatted for BENCHMARKS.md (pure, unit-tested), a generated
+Section put between its markers while keeping the prose around it, and a result's full form (every
+request's record, under the run's out folder) apart from its committed summary (without them)."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from bench.lib.metrics import get_path, spread
+from bench.lib.results import ROOT, json_safe
 
 
 def fmt_s(x: float | None) -> str:
@@ -70,3 +76,34 @@ def replace_section(doc: str, section: str, begin: str, end: str, heading: str) 
     if begin in doc and end in doc:
         return re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, doc, flags=re.S)
     return doc.rstrip() + f"\n\n{heading}\n\n" + block + "\n"
+
+
+@dataclass(frozen=True)
+class Section:
+    """A generated section of BENCHMARKS.md: its markers, the command that writes it, and the heading
+    it is appended under when the document has none yet."""
+
+    name: str
+    writer: str
+    heading: str
+
+    @property
+    def markers(self) -> tuple[str, str]:
+        return markers(self.name, self.writer)
+
+    def write(self, text: str, markdown: Path = ROOT / "BENCHMARKS.md") -> Path:
+        doc = markdown.read_text() if markdown.exists() else "# Benchmarks\n"
+        markdown.write_text(replace_section(doc, text, *self.markers, self.heading))
+        return markdown
+
+
+def write_full(result: dict[str, Any], out_dir: Path) -> Path:
+    """The whole result, every request's record included, as out_dir/full.json (not committed)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (full := out_dir / "full.json").write_text(json.dumps(json_safe(result), indent=1))
+    return full
+
+
+def without_records(result: dict[str, Any]) -> dict[str, Any]:
+    """The committed summary: the result with its runs' per-request records left out."""
+    return json_safe(result | {"runs": [{k: v for k, v in r.items() if k != "records"} for r in result["runs"]]})

@@ -163,12 +163,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from bench.lib.curves_report import plot, publish
+    from bench.lib.curves_report import SECTION, plot, results_markdown
 
     res = asyncio.run(measure(args))
     path = Path(args.out_dir) / "curves.svg" if args.no_figure else ROOT / FIGURE
     print(f"wrote {plot(res, path)}")
     if not args.no_markdown:
         command = " ".join(["python -m bench", *sys.argv[1:]])
-        print(f"wrote {publish(res, args.run_id, command, ROOT / 'BENCHMARKS.md', FIGURE)}")
+        print(f"wrote {SECTION.write(results_markdown(res, args.run_id, command, FIGURE))}")
     return res

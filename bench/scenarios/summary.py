@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 
+from bench.lib.tables import Section
+
 SCENARIOS = ("interference", "plan_check", "engine_http", "engine_decode", "curves", "prefill")
-HEADING = "## Tandem beside vLLM: issue 23's targets from one `make bench` run"
+SECTION = Section("summary", "python -m bench summary", "## Tandem beside vLLM: issue 23's targets from one `make bench` run")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -32,16 +34,12 @@ def chosen_results(picks: list[str]) -> dict[str, dict | None]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from bench.lib.results import ROOT
     from bench.lib.summary_report import section, target_rows
-    from bench.lib.tables import markers, replace_section
 
     results = chosen_results(args.run)
     text = section(results)
     print(text)
     if not args.no_markdown:
-        begin, end = markers("summary", "python -m bench summary")
-        md = ROOT / "BENCHMARKS.md"
-        md.write_text(replace_section(md.read_text(), text, begin, end, HEADING))
+        SECTION.write(text)
     return {"runs": {k: (v["run_id"] if v else None) for k, v in results.items()},
             "targets": [asdict(r) for r in target_rows(results)]}

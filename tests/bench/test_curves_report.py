@@ -1,7 +1,7 @@
 """The curves scenario's tables and figure (issue 23 point 5): every arm's point at every length and
 concurrency, what the reduced grid left out, the load it ran under, and the handoff against its bound."""
 
-from bench.lib.curves_report import BEGIN, END, HEADING, plot, publish, results_markdown
+from bench.lib.curves_report import SECTION, plot, results_markdown
 from bench.scenarios.curves import GRIDS
 
 
@@ -53,10 +53,11 @@ def test_the_tables_hold_every_arm_at_every_point_with_its_load():
 
 def test_publishing_replaces_only_the_marked_section(tmp_path):
     doc = tmp_path / "BENCHMARKS.md"
-    doc.write_text(f"# B\n\nbefore\n\n{HEADING}\n\n{BEGIN}\nold table\n{END}\n\nafter, by hand\n")
-    publish(_result(), "20260102-000000", "python -m bench curves", doc)
+    (begin, end), heading = SECTION.markers, SECTION.heading
+    doc.write_text(f"# B\n\nbefore\n\n{heading}\n\n{begin}\nold table\n{end}\n\nafter, by hand\n")
+    SECTION.write(results_markdown(_result(), "20260102-000000", "python -m bench curves"), doc)
     text = doc.read_text()
-    assert "old table" not in text and "before" in text and "after, by hand" in text and text.count(HEADING) == 1
+    assert "old table" not in text and "before" in text and "after, by hand" in text and text.count(heading) == 1
     assert "| 8192 | 9.50 s | 12.00 s |" in text
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from bench.lib.compare import compare, targets
-from bench.lib.interference_report import BEGIN, END, HEADING, results_markdown, summary_json
+from bench.lib.interference_report import SECTION, results_markdown, summary_json
 from bench.lib.metrics import RequestRecord, summarize
 from bench.lib.results import json_safe
 from bench.lib.scrape import delta, parse_prometheus
@@ -22,6 +22,7 @@ def test_formatting():
 
 
 def test_replace_section_keeps_prose_and_is_idempotent():
+    (BEGIN, END), HEADING = SECTION.markers, SECTION.heading
     doc = "# Benchmarks\n\nprose before\n"
     once = replace_section(doc, "TABLE 1", BEGIN, END, HEADING)
     assert "prose before" in once and "TABLE 1" in once and once.count(BEGIN) == 1
