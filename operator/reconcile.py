@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from kubernetes import client
+from tandem.contracts.runtimes import DEFAULT_RUNTIME
 from tandem.operator import api_client, probe, router_parity
 from tandem.operator.act import act
 from tandem.operator.autoscaling.autoscaler import Planning, decide
@@ -106,8 +107,9 @@ async def run_pass(ctx: PassContext, key: Key, work: Work, state: ServiceState) 
     if not acted.unchanged:  # what the apply returned is newer than what the watch has seen yet
         seen = seen.overlaid(acted.result.stored, gone=acted.result.pruned)
         obs = observe(seen, key[1], uid, memory.owners, groups)
-    if kv is None:
-        kv = await probe.probe_workers(obs, ctx.config, ctx.session)
+    if kv is None:  # vLLM's servers have no KV health report: not asked (KVTransferReady NotApplicable)
+        runtime = spec.runtime.name if spec is not None else DEFAULT_RUNTIME
+        kv = await probe.probe_workers(obs, ctx.config, ctx.session, runtime)
     parity = await router_parity.read_routers(obs, ctx.config, ctx.session)
     memory.version = await asyncio.to_thread(conclude, ctx.api, body, ctx.config, memory, acted, obs, decision, kv,
                                              parity, seen)
