@@ -45,6 +45,12 @@ def _child_setup(cpu: int | None) -> None:
 class ManagedProcess:
     """One child process whose HTTP server (if any) answers at `url`."""
 
+    ready_path = "/ready"  # answers 200 once the child can serve
+
+    def waiting_for(self) -> str:
+        """What the child is doing while it is not ready yet, said to the user ('' when nothing to say)."""
+        return ""
+
     def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None, url: str = "",
                  cpu: int | None = None, log_path: Path | None = None, capture: bool = True,
                  role: str = ""):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tandem.contracts.internal_auth import SECRET_ENV
 from tandem.contracts.model_support import check_model_config
+from tandem.contracts.runtimes import Runtime
 from tandem.weights.hub import HubError
 from tandem.weights.local import is_hub_id, model_folder
 from tandem.worker.local.processes import ManagedProcess, Supervisor, free_port
@@ -47,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="the router's port (default 8000)")
     parser.add_argument("--host", default="127.0.0.1", help="the router's address (default 127.0.0.1)")
     parser.add_argument("--mode", choices=["disaggregated", "colocated"], default="disaggregated")
+    parser.add_argument("--runtime", choices=[r.value for r in Runtime], default=Runtime.TANDEM.value,
+                        help="the workers' engine: tandem (default) or vllm (vLLM servers paired by its "
+                        "NixlConnector, installed once under ~/.cache/tandem/; they take a minute or two to start)")
     parser.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers (default 1)")
     parser.add_argument("--decode", type=int, default=1, metavar="N",
                         help="decode workers; colocated workers in colocated mode (default 1)")
@@ -91,6 +95,10 @@ def plan(args: argparse.Namespace, model: Path, secret: str | None = None) -> li
     """The processes to start: pure, so the command lines are testable. Every child gets the same
     internal secret (from the environment, never argv): the workers accept only this router."""
     secret = secret or os.environ.get(SECRET_ENV) or secrets.token_urlsafe(32)
+    if args.runtime == Runtime.VLLM:
+        from tandem.worker.vllm import local as vllm_local
+
+        return vllm_local.plan(args, model, args.served_name or model.name, secret)
     exe = [sys.executable, "-m", "tandem.cli.main"]
     cpus = sorted(os.sched_getaffinity(0)) if args.pin_cpus else []
     children: list[ManagedProcess] = []
@@ -171,6 +179,8 @@ def _model(args: argparse.Namespace) -> Path:
         args.served_name = args.model.partition("@")[0]  # not the snapshot folder's commit
     if not (model / "config.json").is_file():
         raise _Refused(f"{model} is not a Hugging Face model folder (no config.json)")
+    if args.runtime == Runtime.VLLM:
+        return model  # vLLM judges its own models (more than Tandem's engine runs: MLA, ...)
     if (reason := check_model_config(json.loads((model / "config.json").read_text()))) is not None:
         raise _Refused(f"cannot serve {model}: {reason}")
     return model
@@ -185,7 +195,8 @@ def _start(args: argparse.Namespace, model: Path, sup: Supervisor, children: lis
     for c in children:
         sup.start(c)
         pin = f", cpu {c.cpu}" if c.cpu is not None else ""
-        print(f"  started {c.name:<12} {c.url}  pid {c.pid}{pin}", flush=True)
+        log = f", log {c.log_path}" if c.capture else ""
+        print(f"  started {c.name:<12} {c.url}  pid {c.pid}{pin}{log}", flush=True)
 
 
 def _wait_ready(sup: Supervisor, children: list[ManagedProcess], timeout_s: float, t0: float) -> bool:
@@ -199,7 +210,7 @@ def _wait_ready(sup: Supervisor, children: list[ManagedProcess], timeout_s: floa
                       file=sys.stderr, flush=True)
             return False
         for c in list(pending):
-            if c.status("/ready", timeout_s=1.0) == 200:
+            if c.status(c.ready_path, timeout_s=1.0) == 200:
                 c.ready_after = time.monotonic() - t0
                 pending.remove(c)
                 print(f"  ready   {c.name:<12} after {c.ready_after:.1f}s", flush=True)
@@ -211,6 +222,9 @@ def _wait_ready(sup: Supervisor, children: list[ManagedProcess], timeout_s: floa
         if pending and elapsed - last_note >= 10:
             last_note = elapsed
             print(f"  waiting for {', '.join(c.name for c in pending)} ({elapsed:.0f}s)", flush=True)
+            for c in pending:
+                if note := c.waiting_for():
+                    print(f"    {c.name}: {note}", flush=True)
         time.sleep(0.25)
     return True
 

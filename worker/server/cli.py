@@ -19,6 +19,7 @@ from tandem.contracts import timing
 from tandem.contracts.model_support import ModelBackend
 from tandem.contracts.names import KVBackend, Role
 from tandem.worker.server.config import WorkerConfig
+from tandem.worker.vllm import launch as vllm_launch
 
 ROLES = tuple(r.value for r in Role)
 BACKENDS = tuple(b.value for b in KVBackend)
@@ -108,6 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--generation", default=None, help="tandem.dev/generation (default $TANDEM_GENERATION)")
     a("--log-format", choices=("text", "json"), default=None)
     a("--log-level", default=None, choices=("debug", "info", "warning", "error"))
+    vllm_launch.add_arguments(parser)  # --runtime vllm and its own few flags
 
 
 def resolve_settings(args: argparse.Namespace) -> WorkerConfig:
@@ -189,6 +191,8 @@ async def serve(cfg: WorkerConfig) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if vllm_launch.wants_vllm(args):
+        return vllm_launch.run(args)
     import asyncio
     import logging
     import sys
