@@ -8,10 +8,10 @@ counted as bytes saved instead) over the prompt tokens the router reported.
 from __future__ import annotations
 
 import math
-import statistics
 from pathlib import Path
 from typing import Any
 
+from bench.lib.compare import arm_median
 from bench.lib.metrics import distribution, pooled_itl
 from bench.lib.tables import Section, fmt_num, fmt_s, md_table, without_records, write_full
 
@@ -47,19 +47,6 @@ def summarize_run(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _median(runs: list[dict[str, Any]], arm: str, path: str) -> float:
-    vals = []
-    for r in runs:
-        if r["arm"] != arm:
-            continue
-        cur: Any = r["summary"]
-        for part in path.split("."):
-            cur = cur.get(part, math.nan) if isinstance(cur, dict) else math.nan
-        if isinstance(cur, int | float) and not math.isnan(cur):
-            vals.append(float(cur))
-    return statistics.median(vals) if vals else math.nan
-
-
 def headline(result: dict[str, Any]) -> dict[str, float]:
     """Later-turn TTFT p50, prefix-aware over cache-off, per layout; the decode side's share of
     the handoff it held already (not moved) with prefix-aware routing."""
@@ -67,11 +54,11 @@ def headline(result: dict[str, Any]) -> dict[str, float]:
     for layout in ("colocated", "disagg"):
         on, off = f"{layout}-prefix-aware", f"{layout}-cache-off"
         if on in result["arms"] and off in result["arms"]:
-            out[f"{layout}_later_ttft_ratio"] = _median(runs, on, "ttft_later.p50") / _median(runs, off, "ttft_later.p50")
+            out[f"{layout}_later_ttft_ratio"] = arm_median(runs, on, "ttft_later.p50") / arm_median(runs, off, "ttft_later.p50")
     for arm in ("disagg-least-loaded", "disagg-prefix-aware"):
         if arm in result["arms"]:
-            out[f"{arm}_held_share"] = _median(runs, arm, "handoff_held_share")
-            out[f"{arm}_saved_bytes_per_request"] = _median(runs, arm, "kv_saved_bytes_per_request")
+            out[f"{arm}_held_share"] = arm_median(runs, arm, "handoff_held_share")
+            out[f"{arm}_saved_bytes_per_request"] = arm_median(runs, arm, "kv_saved_bytes_per_request")
     return out
 
 
@@ -82,7 +69,7 @@ def results_markdown(result: dict[str, Any]) -> str:
               "hit rate", "KV moved/req", "KV held/req", "tail prefilled by decode", "err", "text≠"]
     rows = []
     for a in result["arms"]:
-        g = lambda p, a=a: _median(runs, a, p)  # noqa: E731
+        g = lambda p, a=a: arm_median(runs, a, p)  # noqa: E731
         mib = lambda x: "–" if math.isnan(x) else f"{x / 2**20:.2f} MiB"  # noqa: E731
         rows.append([a, fmt_s(g("ttft_first.p50")), fmt_s(g("ttft_first.p90")), fmt_s(g("ttft_later.p50")),
                      fmt_s(g("ttft_later.p90")), fmt_s(g("itl.p50")), fmt_s(g("itl.p99")),
@@ -140,14 +127,14 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     runs, arms = result["runs"], result["arms"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     x = range(len(arms))
-    first = [_median(runs, a, "ttft_first.p50") for a in arms]
-    later = [_median(runs, a, "ttft_later.p50") for a in arms]
+    first = [arm_median(runs, a, "ttft_first.p50") for a in arms]
+    later = [arm_median(runs, a, "ttft_later.p50") for a in arms]
     ax1.bar([i - 0.2 for i in x], first, 0.4, label="first turn")
     ax1.bar([i + 0.2 for i in x], later, 0.4, label="later turns")
     ax1.set_ylabel("TTFT p50 (s)")
     ax1.set_title("time to first token")
-    moved = [_median(runs, a, "kv_bytes_per_request") / 2**20 for a in arms]
-    held = [_median(runs, a, "kv_saved_bytes_per_request") / 2**20 for a in arms]
+    moved = [arm_median(runs, a, "kv_bytes_per_request") / 2**20 for a in arms]
+    held = [arm_median(runs, a, "kv_saved_bytes_per_request") / 2**20 for a in arms]
     ax2.bar(list(x), [0 if math.isnan(v) else v for v in moved], 0.6, label="pulled")
     ax2.bar(list(x), [0 if math.isnan(v) else v for v in held], 0.6,
             bottom=[0 if math.isnan(v) else v for v in moved], label="held by decode (not moved)")
