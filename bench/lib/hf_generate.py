@@ -1,5 +1,6 @@
-"""transformers' `generate` as a baseline arm: a batch of greedy sequences on one thread, in a child
-process pinned to the core a Tandem worker would use (bench/lib/processes.py starts it)."""
+"""transformers' `generate` as a baseline: greedy tokens of a batch and their seconds, in this
+process (engine_decode, gpu_engine) or on one thread in a child process pinned to the core a Tandem
+worker would use (engine_http)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,25 @@ from bench.lib.results import ROOT
 CHILD = "import sys; from bench.lib.hf_generate import child; child(*sys.argv[1:])"
 
 
+def generate(torch, model, prompts: list[list[int]], tokens: int, sync=lambda: None) -> tuple[list[list[int]], float]:
+    """Exactly `tokens` greedy tokens for each of equal-length prompts in one batch, and the seconds
+    they took (`sync`: wait for the device, e.g. torch.cuda.synchronize)."""
+    ids = torch.tensor(prompts, device=model.device)
+    sync()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    sync()
+    return out[:, ids.shape[1]:].tolist(), time.perf_counter() - t0
+
+
+def step_seconds(torch, model, prompts: list[list[int]], tokens: int, sync=lambda: None) -> float:
+    """Seconds per decode step: (`tokens` tokens - 1 token) / (tokens - 1), the prefill left out."""
+    total, first = (generate(torch, model, prompts, n, sync)[1] for n in (tokens, 1))
+    return (total - first) / (tokens - 1)
+
+
 def child(model_dir: str, dtype: str, n: str, plen: str, new: str, seed: str, out: str) -> None:
     """In the child: seconds for `new` tokens and for 1 token of n prompts, written as JSON to out."""
     import torch
@@ -23,15 +43,9 @@ def child(model_dir: str, dtype: str, n: str, plen: str, new: str, seed: str, ou
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
-    ids = torch.tensor(prompts_for(int(n), int(plen), int(seed)))
-    times = {}
-    for key, tokens in (("warm_s", 2), ("total_s", int(new)), ("first_s", 1)):
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-                                 min_new_tokens=tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
-            times[key] = time.perf_counter() - t0
-        assert gen.shape[1] == ids.shape[1] + tokens
+    prompts = prompts_for(int(n), int(plen), int(seed))
+    times = {key: generate(torch, model, prompts, tokens)[1] for key, tokens in (("warm_s", 2), ("total_s", int(new)),
+                                                                                  ("first_s", 1))}
     Path(out).write_text(json.dumps(times))
 
 

@@ -19,6 +19,8 @@ import statistics
 import time
 from pathlib import Path
 
+from bench.lib.hf_generate import step_seconds
+
 
 def best_of(fn, repeats: int = 7) -> float:
     fn()
@@ -36,19 +38,6 @@ def measure_bandwidth(torch, nbytes: int = 512 * 2**20) -> dict[str, float]:
     dst = torch.empty_like(src)
     return {"read_bytes_per_s": nbytes / best_of(src.sum),
             "copy_bytes_per_s": 2 * nbytes / best_of(lambda: dst.copy_(src))}
-
-
-def hf_step(torch, model, prompts: list[list[int]], new_tokens: int) -> float:
-    """transformers' generate: seconds per decode step, from (n tokens - 1 token) / (n - 1)."""
-    ids = torch.tensor(prompts)
-    times = {}
-    for n in (new_tokens, 1):
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                           do_sample=False, eos_token_id=None, pad_token_id=0)
-            times[n] = time.perf_counter() - t0
-    return (times[new_tokens] - times[1]) / (new_tokens - 1)
 
 
 def tandem_step(drv, prompts: list[list[int]], new_tokens: int, tag: str) -> dict:
@@ -122,7 +111,7 @@ def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict) -> dict
     gen = torch.Generator().manual_seed(0)
     rand = lambda b: [torch.randint(3, 600, (args.prompt_len,), generator=gen).tolist() for _ in range(b)]  # noqa: E731
     tandem_step(drv, rand(min(2, max(batches))), 4, "warm")
-    hf_step(torch, hf, rand(2), 3)
+    step_seconds(torch, hf, rand(2), 3)
     out: dict = {"weight_bytes": weight_bytes, "kv_bytes_per_token": drv.engine.layout.bytes_per_token, "batches": {}}
     for b in batches:
         rows = []
@@ -130,7 +119,7 @@ def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict) -> dict
             prompts = rand(b)
             pair = {}
             for arm in (("hf", "tandem") if rep % 2 == 0 else ("tandem", "hf")):
-                pair[arm] = (hf_step(torch, hf, prompts, args.new_tokens) if arm == "hf"
+                pair[arm] = (step_seconds(torch, hf, prompts, args.new_tokens) if arm == "hf"
                              else tandem_step(drv, prompts, args.new_tokens, f"{dtype}-{b}-{rep}"))
             pair["load_avg"] = os.getloadavg()[0]
             rows.append(pair)

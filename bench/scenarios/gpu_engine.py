@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.lib.hf_generate import generate, step_seconds
+
 
 def copy_bandwidth(torch, nbytes: int = 4 * 2**30) -> float:
     """Bytes/s read + written by a large device-to-device copy (the achievable HBM rate)."""
@@ -38,18 +40,6 @@ def copy_bandwidth(torch, nbytes: int = 4 * 2**30) -> float:
         best = min(best, time.perf_counter() - t0)
     del src, dst
     return 2 * nbytes / best
-
-
-def hf_greedy(torch, model, prompts: list[list[int]], new_tokens: int) -> tuple[list[list[int]], float]:
-    """transformers' generate for equal-length prompts in one batch: tokens and seconds."""
-    ids = torch.tensor(prompts, device="cuda")
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
-    torch.cuda.synchronize()
-    return out[:, ids.shape[1]:].tolist(), time.perf_counter() - t0
 
 
 def tandem_greedy(drv, prompts: list[list[int]], new_tokens: int, tag: str):
@@ -82,7 +72,7 @@ def parity(torch, out: dict) -> None:
     got, _, _ = tandem_greedy(engine, prompts, 24, "parity")
     rows = []
     for p, g in zip(prompts, got, strict=True):
-        ref, _ = hf_greedy(torch, loaded.model, [p], 24)
+        ref, _ = generate(torch, loaded.model, [p], 24, torch.cuda.synchronize)
         rows.append({"prompt_len": len(p), "equal": ref[0] == g,
                      "first_divergence": next((i for i, (a, b) in enumerate(zip(ref[0], g, strict=False)) if a != b), None)})
     out["parity"] = {"model": "toy llama 4 layers fp32, cuda, tf32 off", "new_tokens": 24, "prompts": rows,
@@ -120,15 +110,13 @@ def decode_8b(torch, out: dict) -> None:
     res: dict = {"params": n_params, "bytes": model_bytes, "copy_bandwidth_bytes_per_s": bw,
                  "bandwidth_bound_step_s": bound, "batches": {}, "prefill": {}}
     warm = [torch.randint(3, 128000, (64,), generator=gen).tolist()]
-    hf_greedy(torch, model, warm, 4)
+    generate(torch, model, warm, 4, torch.cuda.synchronize)
     tandem_greedy(engine, warm, 4, "warm")
     new = 32
     for b in (1, 8, 32):
         prompts = [torch.randint(3, 128000, (256,), generator=gen).tolist() for _ in range(b)]
-        _, hf_total = hf_greedy(torch, model, prompts, new)
-        _, hf_first = hf_greedy(torch, model, prompts, 1)
+        hf_step = step_seconds(torch, model, prompts, new, torch.cuda.synchronize)
         _, td_total, td_steps = tandem_greedy(engine, prompts, new, f"b{b}")
-        hf_step = (hf_total - hf_first) / (new - 1)
         td_step = statistics.median(td_steps)
         res["batches"][str(b)] = {"hf_decode_step_s": hf_step, "tandem_decode_step_s": td_step,
                                   "tandem_over_hf": td_step / hf_step, "tandem_over_bound": td_step / bound}
@@ -136,7 +124,7 @@ def decode_8b(torch, out: dict) -> None:
               f"{td_step * 1e3:7.2f} ms (ratio {td_step / hf_step:.2f}; bound {bound * 1e3:.2f} ms)", flush=True)
     for n in (2048, 8192):
         p = [torch.randint(3, 128000, (n,), generator=gen).tolist()]
-        _, hf_t = hf_greedy(torch, model, p, 1)
+        _, hf_t = generate(torch, model, p, 1, torch.cuda.synchronize)
         _, td_t, _ = tandem_greedy(engine, p, 1, f"pf{n}")
         res["prefill"][str(n)] = {"hf_s": hf_t, "tandem_s": td_t, "tandem_over_hf": td_t / hf_t}
         print(f"8B bf16 prefill {n} tokens: transformers {hf_t * 1e3:.1f} ms, tandem {td_t * 1e3:.1f} ms", flush=True)
