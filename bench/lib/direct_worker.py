@@ -34,18 +34,22 @@ def start_worker(model_dir: Path, dtype: str, log_dir: Path, extra: list[str], n
     return p.start(os.environ | thread_env(1) | (env or {}))
 
 
+def stream_figures(arrivals: list[list[float]], n: int, new: int) -> dict:
+    """From each stream's arrival times (seconds since the first send) of its `new` tokens: tokens/s
+    (first send to last token), the median gap (the step), the p99 gap and the latest first token."""
+    wall, gaps = max(a[-1] for a in arrivals), [b - a for t in arrivals for a, b in zip(t, t[1:], strict=False)]
+    return {"tokens_per_s": n * new / wall, "step_s": statistics.median(gaps), "wall_s": wall,
+            "gap_p99_s": percentile(gaps, 99), "ttft_max_s": max(a[0] for a in arrivals)}
+
+
 async def concurrent_streams(url: str, n: int, plen: int, new: int, seed: int) -> dict:
-    """n streams at once: tokens/s (first send to last token), the median gap (the step), p99 gap."""
+    """n streams at once straight to a worker's /internal/generate."""
     async with worker_client() as client:
         t0 = time.perf_counter()
         streams = await asyncio.gather(*(stream(client, url, greedy(p, new)) for p in prompts_for(n, plen, seed)))
-    arrivals = [s.token_times for s in streams]
-    if short := [len(a) for a in arrivals if len(a) != new]:
-        raise RuntimeError(f"expected {new} tokens per stream, got {short[:3]}")
-    wall = max(a[-1] for a in arrivals) - t0
-    gaps = [b - a for times in arrivals for a, b in zip(times, times[1:], strict=False)]
-    return {"tokens_per_s": n * new / wall, "step_s": statistics.median(gaps), "wall_s": wall,
-            "gap_p99_s": percentile(gaps, 99), "ttft_max_s": max(a[0] for a in arrivals) - t0}
+    if bad := [len(s.token_times) for s in streams if len(s.token_times) != new]:
+        raise RuntimeError(f"expected {new} tokens in each of {n} streams, got {bad[:3]}")
+    return stream_figures([[t - t0 for t in s.token_times] for s in streams], n, new)
 
 
 async def openai_streams(url: str, model: str, n: int, plen: int, new: int, seed: int) -> dict:
@@ -54,17 +58,12 @@ async def openai_streams(url: str, model: str, n: int, plen: int, new: int, seed
     from bench.lib.loadgen import stream_into
     from bench.lib.metrics import RequestRecord
 
-    prompts = prompts_for(n, plen, seed)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
         t0 = time.perf_counter()
         recs = await asyncio.gather(*(stream_into(
             s, f"{url}/v1/completions", {"model": model, "prompt": p, "max_tokens": new, "temperature": 0.0,
                                          "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}},
-            RequestRecord(i, plen, new), t0, 600.0) for i, p in enumerate(prompts)))
-    bad = [r.error for r in recs if not r.ok or r.output_tokens != new]
-    if bad:
+            RequestRecord(i, plen, new), t0, 600.0) for i, p in enumerate(prompts_for(n, plen, seed))))
+    if bad := [r.error for r in recs if not r.ok or r.output_tokens != new]:
         raise RuntimeError(f"{len(bad)} of {n} streams failed or came short: {bad[:2]}")
-    wall = max(r.chunk_times_s[-1] for r in recs)
-    gaps = [g for r in recs for g in r.gaps]
-    return {"tokens_per_s": n * new / wall, "step_s": statistics.median(gaps), "wall_s": wall,
-            "gap_p99_s": percentile(gaps, 99), "ttft_max_s": max(r.chunk_times_s[0] for r in recs)}
+    return stream_figures([r.chunk_times_s for r in recs], n, new)

@@ -25,7 +25,6 @@ from pathlib import Path
 
 from bench.lib.direct_worker import (
     CLIENT_CPU,
-    WORKER_CPU,
     concurrent_streams,
     openai_streams,
     start_worker,
@@ -85,15 +84,14 @@ async def measure(args: argparse.Namespace) -> dict:
 
 
 def start_peer(args: argparse.Namespace, log_dir: Path):
-    """vLLM serving the restricted-head twin of the engine model in bf16, or None (said why)."""
+    """vLLM serving the restricted-head twin of the engine model in bf16 (its engine on WORKER_CPU),
+    or None (said why)."""
+    from bench.lib.arms import CATALOG, Arm, peers_or_skip
     from bench.lib.models import ENGINE_MODEL, bench_model_dir
-    from bench.lib.peers import available, vllm_process
 
-    reason = "--no-peer" if args.no_peer else available()
-    if reason:
-        print(f"vLLM arm skipped: {reason}", flush=True)
+    if args.no_peer or not peers_or_skip([CATALOG["vllm-bf16"]])[0]:
         return None
-    return vllm_process(bench_model_dir(ENGINE_MODEL), log_dir / "vllm.log", "bfloat16", WORKER_CPU).start()
+    return Arm(CATALOG["vllm-bf16"], bench_model_dir(ENGINE_MODEL), log_dir).start().router
 
 
 async def one_arm(arm: str, dtype: str, rep: int, model_dir: Path, workers: dict, args: argparse.Namespace,

@@ -31,6 +31,7 @@ from typing import Any
 
 from tandem.worker.local.processes import Supervisor
 
+from bench.lib.direct_worker import prompts_for
 from bench.lib.handoff import greedy, handoff, stream, worker_client
 from bench.lib.processes import thread_env, worker_process
 from bench.lib.ready import wait_ready
@@ -62,10 +63,7 @@ def _devices(device: str) -> int:
 
 
 def _prompt(n: int, seed: int) -> list[int]:
-    import random
-
-    rng = random.Random(seed)
-    return [0] + [rng.randrange(3, 400) for _ in range(n - 1)]
+    return prompts_for(1, n, seed)[0]
 
 
 async def _step_times(url: str, steps: int, tag: str) -> dict[str, float]:
