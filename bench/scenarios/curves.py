@@ -5,7 +5,7 @@ colocated and vLLM; and the KV handoff's time and bytes against prompt length be
     python -m bench curves [--grid full|reduced] [--arms disagg-bf16 colo2-c128-bf16 vllm-bf16]
 
 The model is issue 13's 42M Llama with an 8k context (bench/lib/models.py CURVES_MODEL). Each arm is
-started alone (bench/lib/arm_specs.py; Tandem's workers with --max-num-seqs 128, vLLM's CPU default,
+started alone (bench/lib/arms.py; Tandem's workers with --max-num-seqs 128, vLLM's CPU default,
 and KV room for 128 streams), warmed up, then: for each prompt length, one untimed request and then
 --ttft-reps timed ones, one at a time, 2 output tokens (TTFT is the prefill: a disaggregating router
 streams the prefill worker's first token while the decode worker pulls the KV; on a
