@@ -74,7 +74,7 @@ def act(api: client.ApiClient, body: dict, config: OperatorConfig, work: Work, m
         decision: Decision | None = None, obs: Observation | None = None, seen: Seen | None = None) -> Acted:
     """A pass's first half, on `body` (just read): the planner's `decision` (made from `obs`) acted on,
     the children applied when `work.apply` asks or the decision changes replicas."""
-    spec, spec_error = parse_spec(body)
+    spec, spec_error = parse_spec(body, memory)
     old = body.get("status") or {}
     changes = scale_changes(spec, old, decision) if spec is not None and decision is not None else []
     _mark_removals(api, body["metadata"]["namespace"], obs, changes, config)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import logging
 from typing import TYPE_CHECKING
 
@@ -41,12 +42,19 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def parse_spec(body: dict) -> tuple[InferenceServiceSpec | None, str | None]:
-    """(the typed spec, None), or (None, why the operator cannot use it)."""
+def parse_spec(body: dict, memory: Memory | None = None) -> tuple[InferenceServiceSpec | None, str | None]:
+    """(the typed spec, None), or (None, why the operator cannot use it); with `memory`, parsed once
+    for each spec as stored."""
+    stored = json.dumps(body.get("spec"), sort_keys=True, separators=(",", ":"))
+    if memory is not None and memory.parsed is not None and memory.parsed[0] == stored:
+        return memory.parsed[1], memory.parsed[2]
     try:
-        return InferenceServiceSpec.from_dict(body.get("spec")), None
+        parsed: tuple[InferenceServiceSpec | None, str | None] = InferenceServiceSpec.from_dict(body.get("spec")), None
     except SpecError as e:
-        return None, str(e)
+        parsed = None, str(e)
+    if memory is not None:
+        memory.parsed = (stored, *parsed)
+    return parsed
 
 
 def condition_of(status: dict | None, type_: str) -> dict:

@@ -91,7 +91,7 @@ async def run_pass(ctx: PassContext, key: Key, work: Work, state: ServiceState) 
         return None
     if state.generation is None:  # first seen through a child or a timer
         state.generation = body["metadata"].get("generation")
-    spec, spec_error = parse_spec(body)
+    spec, spec_error = parse_spec(body, memory)
     uid = body["metadata"].get("uid")
     groups = spec is None or any(spec.role(r).parallelism.spans_nodes for r in WORKER_ROLES)
     seen = ctx.watched.seen(key)

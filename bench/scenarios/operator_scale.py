@@ -125,6 +125,8 @@ def _scrape(base: str) -> dict[str, float]:
 
     m = scrape(base + "/metrics")
     return {"passes": value(m, "tandem_operator_reconciles_total"), "depth": value(m, "tandem_operator_queue_depth"),
+            "active": value(m, "tandem_operator_queue_active"),
+            "spec_passes": value(m, "tandem_operator_reconciles_total", trigger="spec"),
             "pass_seconds": value(m, "tandem_operator_reconcile_duration_seconds_sum"),
             "api_calls": value(m, "tandem_operator_api_requests_total"),
             "api_seconds": value(m, "tandem_operator_api_request_duration_seconds_sum"),
@@ -146,7 +148,9 @@ def _until_ready(api, namespace: str, base: str, sampler: Sampler, args: argpars
 
     cpu0, t0 = sampler.cpu(), time.monotonic()
     create_s = _create_all(api, namespace, args.services)
-    progress = []
+    progress: list[tuple] = []
+    # when every service's first pass had run and no pass was queued or running
+    drained: dict[str, float] = {}
 
     def all_ready() -> bool:
         ready, _ = _ready_count(api, namespace)
@@ -158,6 +162,8 @@ def _until_ready(api, namespace: str, base: str, sampler: Sampler, args: argpars
         q = _scrape(base)
         # (s, services Ready, pods, pods Ready, queue depth, passes so far)
         progress.append((round(time.monotonic() - t0, 1), ready, len(pods), running, q["depth"], q["passes"]))
+        if "queue_empty_s" not in drained and q["spec_passes"] >= args.services and q["depth"] + q["active"] == 0:
+            drained["queue_empty_s"] = round(time.monotonic() - t0, 1)
         return ready == args.services
 
     # Once a second up to 200 services, then less often: the polls share the control plane's cores.
@@ -165,7 +171,7 @@ def _until_ready(api, namespace: str, base: str, sampler: Sampler, args: argpars
                what="every InferenceService Ready")
     ready_s, cpu_ready, at_ready = time.monotonic() - t0, sampler.cpu() - cpu0, _scrape(base)
     return {
-        "create_s": round(create_s, 2), "ready_s": round(ready_s, 1),
+        "create_s": round(create_s, 2), "ready_s": round(ready_s, 1), **drained,
         "ready_progress": progress[:: max(1, len(progress) // 40)],
         "cpu_until_ready_s": round(cpu_ready, 2),
         "passes_until_ready": at_ready["passes"], "api_calls_until_ready": at_ready["api_calls"],
