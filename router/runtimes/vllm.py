@@ -39,7 +39,7 @@ from tandem.contracts.protocol import (
 from tandem.contracts.tokenizer_files import TokenizerFiles
 from tandem.contracts.vllm_serve import BLOCK_SIZE, KV_EVENTS_TOPIC
 from tandem.router.config import RouterConfig, check_complete
-from tandem.router.runtimes.vllm_info import parse_metrics, parse_models, worker_info
+from tandem.router.runtimes.vllm_info import Metrics, parse_metrics, parse_models, worker_info
 from tandem.router.runtimes.vllm_kv_events import KVEventTranslator, decode_batch
 from tandem.router.runtimes.vllm_request import KV_TRANSFER_PARAMS, decode_plan, prefill_body, room
 from tandem.router.runtimes.vllm_stream import (
@@ -66,19 +66,18 @@ class _Engine:
     engine_id: str
     model: str
     max_model_len: int
+    block_size: int  # its KV cache's (vLLM's CPU build needs a multiple of 32, GPUs run 16)
 
 
 class VllmWorkerClient:
     """WorkerClient for vLLM servers, sharing the router's aiohttp session."""
 
     def __init__(self, session: aiohttp.ClientSession, timeouts: Timeouts, tokenizer_dir: str,
-                 kv_events_port: int, kv_events_endpoints: dict[str, str] | None = None,
-                 block_size: int = BLOCK_SIZE) -> None:
+                 kv_events_port: int, kv_events_endpoints: dict[str, str] | None = None) -> None:
         self.session, self.timeouts = session, timeouts
         self.files = read_dir(tokenizer_dir)
         self._tokenizer = RouterTokenizer.from_files(self.files.files)
         self.kv_events_port, self.kv_events_endpoints = kv_events_port, dict(kv_events_endpoints or {})
-        self.block_size = block_size
         self._engines: dict[str, _Engine] = {}
         self._texts: dict[int, str] = {}
 
@@ -99,15 +98,15 @@ class VllmWorkerClient:
         async with self.session.get(url, timeout=limit, allow_redirects=False) as resp:
             return resp.status, await resp.read()
 
-    async def _engine(self, url: str, started: str, limit: aiohttp.ClientTimeout) -> _Engine:
-        engine_id = f"{urlsplit(url).netloc}-{started}"
+    async def _engine(self, url: str, metrics: Metrics, limit: aiohttp.ClientTimeout) -> _Engine:
+        engine_id = f"{urlsplit(url).netloc}-{metrics.started}"
         known = self._engines.get(url)
         if known is None or known.engine_id != engine_id:
             status, raw = await self._get(url + "/v1/models", limit)
             if status != 200:
                 raise ValueError(f"/v1/models returned {status}")
             model, max_model_len = parse_models(json.loads(raw))
-            known = self._engines[url] = _Engine(engine_id, model, max_model_len)
+            known = self._engines[url] = _Engine(engine_id, model, max_model_len, metrics.block_size(BLOCK_SIZE))
         return known
 
     async def info(self, url: str, role: Role | None = None) -> WorkerInfo:
@@ -118,7 +117,7 @@ class VllmWorkerClient:
             if status != 200:
                 raise WorkerFailed(f"{what}: GET /metrics returned {status}", dead=True)
             metrics = parse_metrics(raw.decode("utf-8", errors="replace"))
-            engine = await self._engine(url, metrics.started, timeout)
+            engine = await self._engine(url, metrics, timeout)
             health, _ = await self._get(url + "/health", timeout)
         except _BROKEN as exc:
             raise WorkerFailed(f"{what} failed: {describe(exc)}", dead=True) from None
@@ -142,11 +141,8 @@ class VllmWorkerClient:
         if resp.status != 200:
             async with resp:
                 raw = await resp.read()
-                try:
-                    err: object = json.loads(raw)
-                except ValueError:
-                    err = raw.decode("utf-8", errors="replace")[:500]
-                raise classify(resp.status, err, f"completion on {url}", resp.headers.get("Retry-After"))
+                raise classify(resp.status, openai_body(resp.status, raw), f"completion on {url}",
+                               resp.headers.get("Retry-After"))
         return resp
 
     async def prefill(self, url: str, request: GenerateRequest) -> PrefillResult:
@@ -229,7 +225,7 @@ class VllmWorkerClient:
         import zmq.asyncio
 
         engine = await self._known(url)
-        translator = KVEventTranslator(engine.engine_id, self.block_size)
+        translator = KVEventTranslator(engine.engine_id, engine.block_size)
         sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
         try:
             sock.setsockopt(zmq.LINGER, 0)
@@ -257,6 +253,23 @@ class VllmWorkerClient:
             sock.close(linger=0)
             if translator.skipped:
                 log.info("KV events of %s: %d blocks could not be named", url, translator.skipped)
+
+
+def openai_body(status: int, raw: bytes) -> object:
+    """vLLM's error answer in the router's words: OpenAI's shape with the router's `type` for the
+    status (vLLM names its exception class there) and a string `code` or none (vLLM repeats the
+    status), so a refusal reads the same whichever runtime made it. Other bodies: their text."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", errors="replace")[:500]
+    err = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(err, dict):
+        return body
+    code = err.get("code")
+    return {"error": {"message": str(err.get("message", "")), "param": err.get("param"),
+                      "type": "invalid_request_error" if 400 <= status < 500 else "server_error",
+                      "code": code if isinstance(code, str) else None}}
 
 
 def kv_source(url: str, params: dict[str, Any], num_tokens: int) -> KVSource:

@@ -37,6 +37,11 @@ class Metrics:
     started: str = ""  # process_start_time_seconds as written: the engine's identity
     labels: dict[str, str] = field(default_factory=dict)  # of vllm:cache_config_info
 
+    def block_size(self, default: int) -> int:
+        """The KV block size the server runs (its KV events name blocks of this many tokens)."""
+        value = self.labels.get("block_size", "")
+        return int(value) if value.isdigit() and int(value) > 0 else default
+
 
 def parse_metrics(text: str) -> Metrics:
     """The series the router reads, from Prometheus's text format; ValueError without vLLM's series."""
