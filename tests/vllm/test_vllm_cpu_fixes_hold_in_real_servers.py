@@ -1,0 +1,56 @@
+"""The launcher's two CPU fixes hold in real vLLM servers (worker/vllm/cpu_fixes.py): each server's
+compute thread (its worker process's main thread) stays on the core `tandem up --pin-cpus` gave it,
+where vLLM's NIXL worker would move it onto the machine's last core; and an idle server has no
+thread busy-polling (NIXL's progress thread, runnable all the time when on, is off)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+
+def _compute_process(server_pid: int) -> psutil.Process:
+    workers = [p for p in psutil.Process(server_pid).children(recursive=True) if p.name() == "VLLM::Worker"]
+    assert len(workers) == 1, f"one vLLM worker process under {server_pid}, found {workers}"
+    return workers[0]
+
+
+def _runnable_share(pids: list[int], samples: int = 40, every_s: float = 0.05) -> dict[tuple[int, int], float]:
+    """For each thread of `pids`, the share of samples in which it was running or runnable."""
+    counts: dict[tuple[int, int], int] = {}
+    for _ in range(samples):
+        for pid in pids:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                try:
+                    state = task.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0]
+                except OSError:
+                    continue
+                key = (pid, int(task.name))
+                counts[key] = counts.get(key, 0) + (state == "R")
+        time.sleep(every_s)  # a sampling interval, not a wait for a condition
+    return {k: n / samples for k, n in counts.items()}
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_the_compute_thread_runs_on_the_core_tandem_assigned(vllm_servers, role: str) -> None:
+    server = psutil.Process(vllm_servers.pid(role))
+    assigned = server.cpu_affinity()
+    assert len(assigned) == 1, f"tandem up --pin-cpus gives {role} one core, got {assigned}"
+    worker = _compute_process(server.pid)
+    vllm_servers.post(role, "/v1/completions", {"model": vllm_servers.served, "max_tokens": 8, "temperature": 0,
+                                                 "prompt": f"A paged key value cache for the {role} server"})
+    assert worker.cpu_affinity() == assigned  # the main thread's (tid == pid) allowed cores
+    assert worker.cpu_num() == assigned[0]  # and where it last ran: the request's forward passes
+
+
+def test_an_idle_server_has_no_busy_polling_thread(vllm_servers) -> None:
+    for role in ("prefill", "decode"):
+        server = psutil.Process(vllm_servers.pid(role))
+        pids = [server.pid, *(p.pid for p in server.children(recursive=True))]
+        busy = {k: share for k, share in _runnable_share(pids).items() if share >= 0.5}
+        assert not busy, f"{role}: threads (pid, tid) runnable in most samples while idle: {busy}"
