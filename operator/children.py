@@ -30,29 +30,41 @@ from tandem.operator.ownership import REFUSED, refusal
 @dataclass(frozen=True)
 class Applied:
     """What a child was last applied as, and the object the apply returned: an unchanged manifest
-    over an unchanged object needs no apply (a resync then costs a GET per child, not a PATCH)."""
+    over an unchanged object needs no apply (an idle pass applies nothing)."""
 
     digest: str
     resource_version: str
     generation: int | None = None
+    labels: tuple[tuple[str, str], ...] = ()  # the labels the manifest set
 
 
 def _digest(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
 
 
-def _untouched(live: dict, manifest: dict, last: Applied | None, digest: str) -> bool:
-    """Whether `live` is still what applying this very manifest left: the same resourceVersion, or for
-    a workload whose status its controller keeps writing, the same spec generation and our labels."""
-    if last is None or last.digest != digest:
-        return False
+def _same(live: dict, last: Applied, labels: dict) -> bool:
+    """Whether `live` is what the apply recorded in `last` left: the same resourceVersion, or for an
+    object with a spec generation (a workload, a Job, a PodDisruptionBudget: their controllers keep
+    writing status), the same generation and `labels`."""
     meta = live["metadata"]
     if meta.get("resourceVersion") == last.resource_version:
         return True
-    if manifest["kind"] not in SCALED_KINDS or meta.get("generation") != last.generation:
+    if meta.get("generation") is None or meta.get("generation") != last.generation:
         return False
-    labels = meta.get("labels") or {}
-    return all(labels.get(k) == v for k, v in (manifest["metadata"].get("labels") or {}).items())
+    have = meta.get("labels") or {}
+    return all(have.get(k) == v for k, v in labels.items())
+
+
+def _untouched(live: dict, manifest: dict, last: Applied | None, digest: str) -> bool:
+    """Whether `live` is still what applying this very manifest left."""
+    if last is None or last.digest != digest:
+        return False
+    return _same(live, last, manifest["metadata"].get("labels") or {})
+
+
+def drifted(live: dict, last: Applied) -> bool:
+    """Whether someone else changed `live` since the operator applied it (its watch event says)."""
+    return not _same(live, last, dict(last.labels))
 
 
 _READS: ThreadPoolExecutor | None = None
@@ -96,7 +108,8 @@ def _apply_one(api: client.ApiClient, manifest: dict, live: dict | None, applied
         before = live["metadata"]["resourceVersion"] if live is not None else None
         obj = server_side_apply(api, manifest)
         stored = obj["metadata"]
-        applied[ref(manifest)] = Applied(digest, stored["resourceVersion"], stored.get("generation"))
+        labels = tuple(sorted((manifest["metadata"].get("labels") or {}).items()))
+        applied[ref(manifest)] = Applied(digest, stored["resourceVersion"], stored.get("generation"), labels)
     except ApiException as e:
         # 4xx other than conflicts/throttling: the API server refuses what we rendered.
         return _Outcome(error=f"applying {ref(manifest)}: {error_text(e)}{missing_kind_hint(manifest, e)}",
@@ -115,9 +128,8 @@ def _vouched(manifest: dict, known: dict[str, dict], applied: dict[str, Applied]
     live = known.get(ref(manifest))
     if live is None:
         return False  # not seen: absent, or not labelled as ours (another owner's): read it
-    last, meta = applied.get(ref(manifest)), live["metadata"]
-    return last is None or meta.get("resourceVersion") == last.resource_version or (
-        manifest["kind"] in SCALED_KINDS and meta.get("generation") == last.generation)
+    last = applied.get(ref(manifest))
+    return last is None or not drifted(live, last)
 
 
 def _read_all(api: client.ApiClient, manifests: list[dict], known: dict[str, dict],

@@ -21,8 +21,8 @@ import random
 
 from kubernetes import client
 from tandem.operator import probe
-from tandem.operator.api_client import SCALED_KINDS
 from tandem.operator.autoscaling.autoscaler import Planning
+from tandem.operator.children import drifted
 from tandem.operator.config import OperatorConfig
 from tandem.operator.metrics import METRICS, OperatorMetrics
 from tandem.operator.reconcile import Outcome, PassContext, ServiceState, run_pass
@@ -81,18 +81,13 @@ class Controller:
             self.queue.schedule(key, STATUS, CHILD_DELAY_S, "child")
 
     def _drifted(self, key: Key, body: dict, event_type: str | None) -> bool:
-        state = self.services.get(key)
-        last = state.memory.applied.get(f"{body['kind']}/{body['metadata']['name']}") if state else None
         if body["kind"] == "Job" and event_type == "DELETED":
             return True
+        state = self.services.get(key)
+        last = state.memory.applied.get(f"{body['kind']}/{body['metadata']['name']}") if state else None
         if last is None:
             return False  # not applied by this process yet: its first pass applies anyway
-        if event_type == "DELETED":
-            return True
-        meta = body["metadata"]
-        if body["kind"] in SCALED_KINDS:  # its controller writes its status: only a new spec is drift
-            return meta.get("generation") != last.generation
-        return meta.get("resourceVersion") != last.resource_version
+        return event_type == "DELETED" or drifted(body, last)
 
     async def close(self) -> None:
         await self.context.session.close()

@@ -96,9 +96,11 @@ class Seen:
         """Every object of a kind the operator applies, by "Kind/name"."""
         return {ref(o): o for k in WATCHED if k.applied for o in self.objects.get(k.kind, [])}
 
-    def fingerprint(self) -> frozenset[tuple[str, str]]:
-        """(ref, resourceVersion) of every applied kind's object: equal fingerprints, identical objects."""
-        return frozenset((r, o["metadata"].get("resourceVersion", "")) for r, o in self.applied().items())
+    def fingerprint(self) -> frozenset[tuple]:
+        """What says whether an applied kind's object changed: its resourceVersion, or for one with a
+        spec generation (its controller writes its status), that generation and its labels. Equal
+        fingerprints: nothing the operator applies was changed."""
+        return frozenset((r, *_stamp(o)) for r, o in self.applied().items())
 
     def overlaid(self, stored: Iterable[dict[str, Any]], gone: Iterable[str] = ()) -> Seen:
         """These objects with `stored` (what an apply just returned) in place of what the watch had,
@@ -109,6 +111,13 @@ class Seen:
         for obj in fresh.values():
             objects.setdefault(obj["kind"], []).append(obj)
         return Seen(objects)
+
+
+def _stamp(obj: dict[str, Any]) -> tuple:
+    meta = obj["metadata"]
+    if meta.get("generation") is None:
+        return (meta.get("resourceVersion", ""),)
+    return (meta["generation"], tuple(sorted((meta.get("labels") or {}).items())))
 
 
 class Watched:

@@ -1,9 +1,10 @@
-"""A resync applies a child again only when the manifest or the object changed since the last apply
-(the operator at scale: an idle pass costs a GET per child, not a PATCH). Pure."""
+"""A pass applies a child again only when the manifest or the object changed since the last apply,
+and a child's watch event is drift only when someone else changed it (the operator at scale: an idle
+pass applies nothing, and a controller writing a child's status starts no apply). Pure."""
 
 from __future__ import annotations
 
-from tandem.operator.children import Applied, _digest, _untouched
+from tandem.operator.children import Applied, _digest, _untouched, drifted
 
 CONFIG_MAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x-config", "labels": {"a": "1"}},
               "data": {"k": "v"}}
@@ -34,5 +35,14 @@ def test_a_workload_whose_status_moved_is_judged_by_its_spec_generation_and_labe
     assert _untouched(_live("25", generation=3), DEPLOYMENT, last, digest), "only its status moved"
     assert not _untouched(_live("26", generation=4), DEPLOYMENT, last, digest), "kubectl scale: apply"
     assert not _untouched(_live("27", generation=3, labels={"a": "2"}), DEPLOYMENT, last, digest)
-    assert not _untouched(_live("25", generation=3), CONFIG_MAP, Applied(_digest(CONFIG_MAP), "20", 3),
-                          _digest(CONFIG_MAP)), "other kinds: the resourceVersion alone"
+    assert not _untouched(_live("25"), CONFIG_MAP, Applied(_digest(CONFIG_MAP), "20"), _digest(CONFIG_MAP)), \
+        "a kind without a spec generation: the resourceVersion alone"
+
+
+def test_a_watch_event_is_drift_only_when_the_spec_or_our_labels_changed():
+    last = Applied(_digest(DEPLOYMENT), "20", generation=3, labels=(("a", "1"),))
+    assert not drifted(_live("20", generation=3), last), "what the apply left"
+    assert not drifted(_live("25", generation=3), last), "its controller wrote its status (a Job's, a PDB's too)"
+    assert drifted(_live("26", generation=4), last)
+    assert drifted(_live("27", generation=3, labels={"a": "2"}), last)
+    assert drifted(_live("21"), Applied(_digest(CONFIG_MAP), "20")), "a ConfigMap edited"
