@@ -158,9 +158,9 @@ def test_the_runtime_and_its_args_join_the_generation(typed):
 
 
 def test_args_that_set_what_tandem_sets_are_refused_by_the_parser_too():
-    for args, words in [(["--port", "9000"], "--port: Tandem names the ports"),
-                        (["--tensor-parallel-size=2"], "--tensor-parallel-size: tensor parallelism is"),
-                        (["-tp", "2", "--enforce-eager"], "-tp: tensor parallelism"),
+    for args, words in [(["--port", "9000"], "runtime.args may not set --port: Tandem names the ports"),
+                        (["--tensor-parallel-size=2"], "may not set --tensor-parallel-size or -tp: tensor parallelism is"),
+                        (["-tp", "2", "--enforce-eager"], "may not set --tensor-parallel-size or -tp: tensor parallelism"),
                         (["--enforce-eager", "--foo=1", "org/model"], "'org/model': a positional argument")]:
         with pytest.raises(SpecError, match="spec.runtime") as err:
             InferenceServiceSpec.from_dict({"model": {"path": "/m"}, "runtime": {"name": "vllm", "args": args}})
