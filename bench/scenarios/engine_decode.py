@@ -1,5 +1,6 @@
 """The engine in-process on one CPU thread: decode step time at batch 1 against the
-memory-bandwidth bound, and at batch N against transformers' generate; fp32 and bf16.
+memory-bandwidth bound, and at batch N against transformers' generate; fp32 and bf16 (prefill
+against the matmul rate: the prefill scenario).
 
     python -m bench engine_decode [--dtypes float32,bfloat16] [--batches 1,32] [--reps 3]
 
@@ -76,28 +77,6 @@ def tandem_step(drv, prompts: list[list[int]], new_tokens: int, tag: str) -> dic
             "host_share": 1 - sum(graphs) / sum(cpus) if graph is not None else None}
 
 
-def prefill_times(torch, drv, hf, prompt: list[int], tag: str) -> tuple[float, float]:
-    """Seconds to prefill one prompt (to its first token): the engine in one step, transformers
-    in one forward pass (logits for the last position only, as the engine computes)."""
-    drv.submit(tag, prompt, 1)
-    (step_s, _), *_ = drv.run()
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        t0 = time.perf_counter()
-        hf(ids, logits_to_keep=1)
-        hf_s = time.perf_counter() - t0
-    return step_s, hf_s
-
-
-def matmul_rate(torch, dtype: str, m: int = 1024, k: int = 512, n: int = 1536) -> float:
-    """FLOP/s of the engine's matmul (oneDNN, prepacked) at a prefill-sized batch: the hardware's rate."""
-    from tandem.worker.engine.weights import PackedLinear
-
-    lin = PackedLinear(torch.randn(n, k, dtype=getattr(torch, dtype)))
-    x = torch.randn(m, k, dtype=getattr(torch, dtype))
-    return 2 * m * k * n / best_of(lambda: lin(x), 5)
-
-
 def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict) -> dict:
     from tandem.testing.engine_helpers import OfflineEngine
     from transformers import AutoModelForCausalLM
@@ -105,9 +84,8 @@ def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict) -> dict
     batches = [int(b) for b in args.batches.split(",")]
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())  # tied: counted once
-    tokens = max(max(batches) * args.prompt_len, args.prefill_len)
-    drv = OfflineEngine(model=str(model_dir), dtype=dtype, num_blocks=max(batches) * 12 + args.prefill_len // 16 + 16,
-                        max_num_seqs=max(batches), max_batched_tokens=tokens, compile=args.compile)
+    drv = OfflineEngine(model=str(model_dir), dtype=dtype, num_blocks=max(batches) * 12 + 16, max_num_seqs=max(batches),
+                        max_batched_tokens=max(batches) * args.prompt_len, compile=args.compile)
     gen = torch.Generator().manual_seed(0)
     rand = lambda b: [torch.randint(3, 600, (args.prompt_len,), generator=gen).tolist() for _ in range(b)]  # noqa: E731
     tandem_step(drv, rand(min(2, max(batches))), 4, "warm")
@@ -138,27 +116,7 @@ def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict) -> dict
               f"bound {bound * 1e3:.2f} ms -> Tandem/bound {statistics.median(td) / bound:.2f}x "
               f"[{min(td) / bound:.2f}-{max(td) / bound:.2f}]; Tandem CPU/step {statistics.median(cpu) * 1e3:.2f} ms "
               f"[{min(cpu) * 1e3:.2f}-{max(cpu) * 1e3:.2f}], host {statistics.median([h for h in host if h is not None] or [0]):.1%} of it", flush=True)
-    out["prefill"] = prefill_section(torch, drv, hf, dtype, args)
     return out
-
-
-def prefill_section(torch, drv, hf, dtype: str, args) -> dict:
-    """One prompt of --prefill-len tokens in one step, against transformers' forward and the
-    FLOP count at the matmul rate measured here (how close prefill gets to the hardware)."""
-    cfg = hf.config
-    n = args.prefill_len
-    layer_params = sum(p.numel() for name, p in hf.named_parameters() if ".layers." in name and p.dim() == 2)
-    attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads) * n * n / 2
-    flops = 2 * n * layer_params + attn
-    rate = matmul_rate(torch, dtype)
-    # A new prompt each repetition: the engine's prefix cache would hand a repeated one its KV
-    prompts = [[3 + (i * 7919 + r) % 590 for i in range(n)] for r in range(args.reps)]
-    rows = [prefill_times(torch, drv, hf, prompts[r], f"p{dtype}{r}") for r in range(args.reps)]
-    td, hs = [r[0] for r in rows], [r[1] for r in rows]
-    print(f"{dtype:8s} prefill {n} tokens: Tandem {statistics.median(td):.3f} s, transformers "
-          f"{statistics.median(hs):.3f} s; {flops / 1e9:.0f} GFLOP at the matmul rate {rate / 1e9:.0f} GFLOP/s "
-          f"= {flops / rate:.3f} s -> Tandem at {flops / rate / statistics.median(td):.0%} of it", flush=True)
-    return {"tokens": n, "tandem_s": td, "hf_s": hs, "flops": flops, "matmul_flops_per_s": rate}
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -166,7 +124,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--prefill-len", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--compile", default="auto", choices=("auto", "on", "off"))
 

@@ -6,6 +6,9 @@ against transformers' forward pass, at prompt lengths of 128 to 8k tokens (issue
                               # N = N-token chunks (a colocated or decode worker's default 256)
         [--profile]           # torch.profiler's top operators of one Tandem prefill at --profile-len
 
+Beside each length: the FLOPs of its prefill at the engine's own matmul rate measured in the run
+(oneDNN, prepacked, at a prefill-sized batch): how close prefill comes to the hardware.
+
 Model: issue 13's random ~42M Llama (bench/lib/models.py) with an 8k context. One prompt at a time,
 prefix cache off, its first token sampled (Tandem: steps until the first token; transformers:
 `model(ids, logits_to_keep=1)`, as the engine computes only the last row). Arms rotate per
@@ -40,6 +43,21 @@ def engines(model_dir, dtype: str, chunks: list[int], longest: int) -> dict:
         prefill_chunk_tokens=chunk or None, prefix_caching=False, compile="off") for chunk in chunks}
 
 
+def matmul_rate(torch, dtype: str, m: int = 1024, k: int = 512, n: int = 1536) -> float:
+    """FLOP/s of the engine's matmul (oneDNN, prepacked) at a prefill-sized batch: the hardware's rate."""
+    from tandem.worker.engine.weights import PackedLinear
+
+    lin = PackedLinear(torch.randn(n, k, dtype=getattr(torch, dtype)))
+    x = torch.randn(m, k, dtype=getattr(torch, dtype))
+    return 2 * m * k * n / min(timed(lambda: lin(x))[1] for _ in range(6))  # CPU seconds: what it cost itself
+
+
+def prefill_flops(cfg, layer_params: int, n: int) -> float:
+    """The matmuls of a prefill of n tokens: every layer weight once per token, and causal attention."""
+    head = cfg.hidden_size // cfg.num_attention_heads
+    return 2 * n * layer_params + 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head * n * n / 2
+
+
 def run_dtype(torch, dtype: str, model_dir, args) -> dict:
     from transformers import AutoModelForCausalLM
 
@@ -57,7 +75,9 @@ def run_dtype(torch, dtype: str, model_dir, args) -> dict:
     run_arm["transformers"] = hf_forward
     for fn in run_arm.values():  # warm: first calls allocate and pick kernels
         fn(torch.randint(3, 600, (64,), generator=gen).tolist())
-    result: dict = {}
+    rate = matmul_rate(torch, dtype)
+    layer_params = sum(p.numel() for name, p in hf.named_parameters() if ".layers." in name and p.dim() == 2)
+    result: dict = {"matmul_flops_per_s": rate}
     for n in lengths:
         rows: dict = {name: {"wall_s": [], "cpu_s": []} for name in names}
         loads = []
@@ -68,11 +88,14 @@ def run_dtype(torch, dtype: str, model_dir, args) -> dict:
                 rows[name]["wall_s"].append(w)
                 rows[name]["cpu_s"].append(c)
             loads.append(os.getloadavg()[0])
-        result[str(n)] = {"arms": rows, "load_avg": loads}
+        flops = prefill_flops(hf.config, layer_params, n)
+        result[str(n)] = {"arms": rows, "load_avg": loads, "flops": flops,
+                          "tandem_share_of_matmul_rate": flops / rate / statistics.median(rows["tandem"]["cpu_s"])
+                          if "tandem" in rows else None}
         print(f"{dtype} {n:5d} tokens (load {min(loads):.1f}-{max(loads):.1f}): " + "; ".join(
             f"{name} {n / statistics.median(r['cpu_s']):7.0f} tok/s cpu [{n / max(r['cpu_s']):.0f}-"
             f"{n / min(r['cpu_s']):.0f}], {n / statistics.median(r['wall_s']):7.0f} wall"
-            for name, r in rows.items()), flush=True)
+            for name, r in rows.items()) + f"; at the matmul rate {flops / rate:.3f} s", flush=True)
     if args.profile:
         result["profile"] = profile(torch, next(iter(arms.values())), args.profile_len, dtype)
     return result
