@@ -95,7 +95,8 @@ def vllm_servers(vllm_installed: Path, vllm_model: Path, tmp_path_factory: pytes
          "--kv-events-port", "0", KV_CACHE],
         url=f"http://127.0.0.1:{port}", log_path=tmp_path_factory.mktemp("vllm") / "colocated.log")
     stack = LocalStack(vllm_model, args=["--runtime", "vllm", "--pin-cpus", "--served-name", SERVED,
-                                         f"--worker-arg={KV_CACHE}"], startup_timeout_s=STARTUP_S)
+                                         f"--worker-arg={KV_CACHE}", f"--startup-timeout={STARTUP_S}"],
+                       startup_timeout_s=STARTUP_S + 30)
     try:
         colocated.start()
         stack.start()

@@ -70,8 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--short-prompt-threshold", type=int, default=None,
                         help="prompts estimated below this many tokens skip prefill (router default)")
     parser.add_argument("--api-key", default=None, help="require this API key (default: env TANDEM_API_KEY)")
-    parser.add_argument("--startup-timeout", type=float, default=300.0,
-                        help="seconds to wait for everything to be ready (default 300)")
+    parser.add_argument("--startup-timeout", type=float, default=None,
+                        help="seconds to wait for everything to be ready (default 300; 900 with --runtime vllm, "
+                        "whose servers compile the model at start-up)")
     parser.add_argument("--state-file", default=None,
                         help="write the processes (name, role, url, pid) here as JSON once ready")
     parser.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
@@ -162,6 +163,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise _Refused("colocated mode needs --decode >= 1")
     if any(n is not None and n < 1 for n in (args.tp, args.prefill_tp, args.decode_tp)):
         raise _Refused("--tp, --prefill-tp and --decode-tp must be >= 1")
+    if args.startup_timeout is None:
+        args.startup_timeout = 900.0 if args.runtime == Runtime.VLLM else 300.0
     if args.api_key is None and os.environ.get("TANDEM_API_KEY"):
         args.api_key = os.environ["TANDEM_API_KEY"]
 
