@@ -107,3 +107,15 @@ def test_startup_is_described_from_the_furthest_step_in_the_log():
     log = ("(APIServer pid=1) INFO non-default args: {...}\n(EngineCore pid=2) INFO Initializing a V1 LLM engine\n"
            "(Worker pid=3) INFO Starting to load model /m\n(Worker pid=3) INFO Warming up model for the compilation...\n")
     assert startup_stage(log).startswith("compiling the model")
+
+
+def test_up_colocated_runs_servers_without_a_connector_behind_the_router(tmp_path):
+    p = argparse.ArgumentParser()
+    up.add_arguments(p)
+    children = up.plan(p.parse_args(["--runtime", "vllm", "--mode", "colocated", "--decode", "2"]), tmp_path)
+    assert [c.role for c in children] == ["colocated", "colocated", "router"]
+    r = children[-1].argv
+    assert "--prefill" not in r and [r[i + 1] for i, a in enumerate(r) if a == "--decode"] == [c.url for c in children[:2]]
+    args = _worker(*children[0].argv[children[0].argv.index("worker") + 1:])
+    options = launch.serve_options(resolve_settings(args), args, cpu_build=True)
+    assert options.role == "colocated" and "--kv-transfer-config" not in launch.serve_args(options)
