@@ -59,13 +59,19 @@ def test_an_idle_resync_pass_lists_no_child_and_reads_none(k8s, api, start_opera
     assert any(c.verb == "patch" and c.resource == "deployments" for c in made), \
         f"the audit log records the operator's applies: {[str(c) for c in made][:20]}"
 
-    # Idle: a resync pass that found nothing to do, and then a window of IDLE_RESYNCS more.
+    # Idle: two resync passes that called nothing but the Secret's create, then the measured window.
+    window: list[str] = []
+
     def settled() -> bool:
         mark, resyncs = audit.mark(), passes(operator, "resync")
         wait_until(lambda: passes(operator, "resync") >= resyncs + 2, timeout=30, what="two resync passes")
-        return not [c for c in audit.since(mark) if (c.verb, c.resource) != ("create", "secrets")]
+        window[:] = [str(c) for c in audit.since(mark) if (c.verb, c.resource) != ("create", "secrets")]
+        return not window
 
-    wait_until(settled, timeout=120, what="resync passes that call nothing but the Secret's create")
+    try:
+        wait_until(settled, timeout=120, what="resync passes that call nothing but the Secret's create")
+    except TimeoutError:
+        raise AssertionError(f"idle passes still call the API server: {window[:30]}") from None
     mark, before = audit.mark(), passes(operator)
     resyncs = passes(operator, "resync")
     wait_until(lambda: passes(operator, "resync") >= resyncs + IDLE_RESYNCS, timeout=60,
