@@ -7,6 +7,7 @@ minute or more to start) and stopped for sure."""
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import time
 from dataclasses import dataclass
@@ -37,16 +38,17 @@ class VllmServer:
         return total
 
 
-def vllm_server(model: Path, served_name: str, role: Role, cpu: int | None = None,
+def vllm_server(model: Path, served_name: str, role: Role, secret: str, cpu: int | None = None,
                 max_model_len: int = 2048) -> VllmServer:
     """A server of `role` (not started) as `tandem worker --runtime vllm` runs it (the launcher's CPU
-    fixes included), every port free now, KV over UCX on loopback TCP."""
+    fixes included), every port free now, KV over UCX on loopback TCP, its API answering only
+    `Authorization: Bearer <secret>` (VLLM_API_KEY, as the operator renders the service's secret)."""
     port, events, side = free_port(), free_port(), free_port()
     argv = [sys.executable, "-m", "tandem.cli.main", "worker", "--runtime", "vllm", "--role", role.value,
             "--model", str(model), "--served-name", served_name, "--host", "127.0.0.1", "--port", str(port),
             "--kv-port", str(side), "--kv-events-port", str(events), "--max-model-len", str(max_model_len),
             f"--vllm-arg=--kv-cache-memory-bytes={KV_CACHE_BYTES}"]
-    env = dict(os.environ) | {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}
+    env = dict(os.environ) | {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "VLLM_API_KEY": secret}
     process = ManagedProcess(f"vllm-{role.value}", argv, env=env, url=f"http://127.0.0.1:{port}", cpu=cpu,
                              role=role.value)
     return VllmServer(process, role, process.url, f"tcp://127.0.0.1:{events}")
@@ -61,6 +63,7 @@ class VllmServers:
     colocated: VllmServer
     model_dir: Path
     served_name: str
+    secret: str  # the internal secret: vLLM's API key
     supervisor: Supervisor
 
     def all(self) -> list[VllmServer]:
@@ -80,6 +83,7 @@ class VllmServers:
 
 def vllm_servers(model: Path, served_name: str = "toy") -> VllmServers:
     """The three servers (not started): prefill on core 0, decode on core 1, colocated unpinned."""
-    servers = [vllm_server(model, served_name, role, cpu)
+    secret = secrets.token_hex(16)
+    servers = [vllm_server(model, served_name, role, secret, cpu)
                for role, cpu in ((Role.PREFILL, 0), (Role.DECODE, 1), (Role.COLOCATED, None))]
-    return VllmServers(*servers, model_dir=model, served_name=served_name, supervisor=Supervisor())
+    return VllmServers(*servers, model_dir=model, served_name=served_name, secret=secret, supervisor=Supervisor())

@@ -6,7 +6,8 @@ to the decode server's streamed completion. What each WorkerClient method maps o
 router/worker_client.py; the request mapping is vllm_request.py, the stream vllm_stream.py, the load
 vllm_info.py, the KV events vllm_kv_events.py.
 
-vLLM serves no tokenizer files: the router reads them from the `tokenizer` folder this runtime
+Every call carries the service's internal secret (`Authorization: Bearer`), which the operator gives
+vLLM as its API key. vLLM serves no tokenizer files: the router reads them from the `tokenizer` folder this runtime
 requires (and `info` reports their digest), tokenizes every request, and names logprob tokens with
 them. vLLM sends no heartbeat while a request waits: the first chunk may take `prefill_timeout_s`
 (queueing included), later chunks `chunk_timeout_s`. Closing a stream aborts the request in vLLM, so
@@ -25,6 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from tandem.contracts.internal_auth import auth_headers
 from tandem.contracts.kv_events import KVEventMessage, KVEventType
 from tandem.contracts.kv_source import KVSource
 from tandem.contracts.names import Role
@@ -46,11 +48,12 @@ from tandem.router.runtimes.vllm_stream import (
     DecodeStream,
     TokenMismatch,
     logprobs_wire,
+    prompt_echo,
     unsent_text,
 )
 from tandem.router.tokenizer import RouterTokenizer
 from tandem.router.tokenizer_sync import read_dir
-from tandem.router.worker_client import Timeouts, WorkerFailed, classify, describe
+from tandem.router.worker_client import Timeouts, WorkerFailed, classify, describe, scrub
 
 log = logging.getLogger("tandem.router.vllm")
 
@@ -73,8 +76,10 @@ class VllmWorkerClient:
     """WorkerClient for vLLM servers, sharing the router's aiohttp session."""
 
     def __init__(self, session: aiohttp.ClientSession, timeouts: Timeouts, tokenizer_dir: str,
-                 kv_events_port: int, kv_events_endpoints: dict[str, str] | None = None) -> None:
+                 kv_events_port: int, kv_events_endpoints: dict[str, str] | None = None,
+                 secret: str | None = None) -> None:
         self.session, self.timeouts = session, timeouts
+        self._auth, self._secret = auth_headers(secret), secret  # vLLM's --api-key (VLLM_API_KEY) is it
         self.files = read_dir(tokenizer_dir)
         self._tokenizer = RouterTokenizer.from_files(self.files.files)
         self.kv_events_port, self.kv_events_endpoints = kv_events_port, dict(kv_events_endpoints or {})
@@ -95,7 +100,7 @@ class VllmWorkerClient:
     # --- info ---------------------------------------------------------------------------------
 
     async def _get(self, url: str, limit: aiohttp.ClientTimeout) -> tuple[int, bytes]:
-        async with self.session.get(url, timeout=limit, allow_redirects=False) as resp:
+        async with self.session.get(url, headers=self._auth, timeout=limit, allow_redirects=False) as resp:
             return resp.status, await resp.read()
 
     async def _engine(self, url: str, metrics: Metrics, limit: aiohttp.ClientTimeout) -> _Engine:
@@ -136,12 +141,16 @@ class VllmWorkerClient:
 
     async def _post(self, url: str, body: dict[str, Any], request_id: str, limit: aiohttp.ClientTimeout
                     ) -> aiohttp.ClientResponse:
-        resp = await self.session.post(url + "/v1/completions", json=body, headers={REQUEST_ID_HEADER: request_id},
+        resp = await self.session.post(url + "/v1/completions", json=body, headers=self._auth | {REQUEST_ID_HEADER: request_id},
                                        timeout=limit, allow_redirects=False, read_bufsize=READ_BUFFER)
+        if resp.status in (401, 403):  # never the client's fault: the router's secret is not vLLM's API key
+            resp.release()
+            raise WorkerFailed(f"{url} refused the router's internal secret ({resp.status}): give vLLM the "
+                               "service's secret as its API key (VLLM_API_KEY)", dead=False)
         if resp.status != 200:
             async with resp:
                 raw = await resp.read()
-                raise classify(resp.status, openai_body(resp.status, raw), f"completion on {url}",
+                raise classify(resp.status, scrub(openai_body(resp.status, raw), self._secret), f"completion on {url}",
                                resp.headers.get("Retry-After"))
         return resp
 
@@ -187,7 +196,8 @@ class VllmWorkerClient:
             plan = decode_plan(request, engine.model, engine.max_model_len)
             unsent = unsent_text(self._tokenizer.decode, request.prompt_token_ids or [], plan.replayed,
                                  plan.emitted_chars)
-            stream = DecodeStream(plan, self._text, request.sampling.logprobs, unsent)
+            echo = prompt_echo(self._tokenizer.decode, request.prompt_token_ids or [], plan.replayed)
+            stream = DecodeStream(plan, self._text, request.sampling.logprobs, unsent, echo)
             async with await self._post(url, plan.body, request.request_id, timeout) as resp:
                 lines = aiter(resp.content)
                 while not stream.finished:
@@ -287,4 +297,5 @@ def create_client(session: aiohttp.ClientSession, config: RouterConfig) -> VllmW
     check_complete(config)
     timeouts = Timeouts(connect_s=config.connect_timeout_s, prefill_s=config.prefill_timeout_s,
                         chunk_s=config.chunk_timeout_s)
-    return VllmWorkerClient(session, timeouts, config.tokenizer, config.kv_events_port, config.kv_events_endpoints)
+    return VllmWorkerClient(session, timeouts, config.tokenizer, config.kv_events_port, config.kv_events_endpoints,
+                            secret=config.internal_secret)

@@ -31,9 +31,6 @@ from tandem.router.errors import RouterError, bad_request
 
 KV_TRANSFER_PARAMS = "kv_transfer_params"  # where a KVSource of this runtime keeps vLLM's dict (extra)
 INT64 = 2**63
-# structured output spec (tandem.contracts.structured_output) -> vLLM's structured_outputs; JSON is
-# compact, as Tandem's engine writes it (no free whitespace a weak model can run away with)
-_COMPACT = {"disable_any_whitespace": True}
 
 
 @dataclass
@@ -59,13 +56,15 @@ def vllm_seed(seed: int) -> int:
 
 
 def structured_outputs(spec: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's structured_outputs for a spec (one kind, as validation.py checked)."""
+    """vLLM's structured_outputs for a spec (one kind, as validation.py checked). Whether JSON may
+    hold free whitespace is the server's setting in vLLM 0.32 (`--structured-outputs-config
+    '{"disable_any_whitespace": true}'`), not the request's: Tandem's engine writes compact JSON."""
     kind, value = next(iter(spec.items()))
     if kind == "json_schema":
-        return {"json": value} | _COMPACT
+        return {"json": value}
     if kind == "json_object":
-        return {"json_object": True} | _COMPACT
-    if kind == "lark":  # Tandem's Lark is llguidance's: vLLM's guidance backend reads it
+        return {"json_object": True}
+    if kind == "lark":  # llguidance's Lark (Tandem's engine's); vLLM's xgrammar reads it too, %json included
         return {"grammar": value}
     if kind in ("regex", "choice"):
         return {kind: value}

@@ -6,7 +6,8 @@ Tandem's workers give it), FINISH at the finish reason, ERROR for an error chunk
 already has (vllm_request.Plan) never goes out again: tokens vLLM regenerates are dropped, each
 checked to be the one the client has (`TokenMismatch` otherwise), with the characters of text the
 client has of them; text of replayed tokens the client never got (a stop string or a partial
-character the dead worker held back) goes out first.
+character the dead worker held back) goes out first, and the prompt's text vLLM echoes when a
+resumed prompt ends inside a character does not go out at all.
 """
 
 from __future__ import annotations
@@ -64,15 +65,27 @@ def unsent_text(decode: Callable[[list[int]], str], prompt: Sequence[int], repla
     return full[len(base):][emitted_chars:].rstrip(REPLACEMENT)
 
 
+def prompt_echo(decode: Callable[[list[int]], str], prompt: Sequence[int], replayed: Sequence[int]) -> str:
+    """The prompt's text vLLM sends back in its first text of a resume whose prompt (the client's
+    prompt and the replayed tokens) ends inside a character: its detokenizer, primed with a prompt it
+    cannot decode to the end, starts from the prompt's first token. "" when the prompt ends cleanly."""
+    if not replayed:
+        return ""
+    text = decode([*prompt, *replayed])
+    return text.rstrip(REPLACEMENT) if text.endswith(REPLACEMENT) else ""
+
+
 class DecodeStream:
     """One decode call's stream, chunk by chunk."""
 
-    def __init__(self, plan: Plan, text: Callable[[int], str], top_k: int | None, unsent: str = "") -> None:
+    def __init__(self, plan: Plan, text: Callable[[int], str], top_k: int | None, unsent: str = "",
+                 echo: str = "") -> None:
         self.skip = list(plan.skip_tokens)
         self.skip_chars = plan.skip_chars
         self.prompt_tokens = plan.prompt_tokens
         self.text, self.top_k = text, top_k
         self.unsent = unsent
+        self.echo = echo  # prompt_echo: dropped from the first text when vLLM sends it
         self.started = False
         self.tokens = len(plan.replayed)  # completion tokens so far, what the client has included
         self.finished = False
@@ -104,6 +117,8 @@ class DecodeStream:
             ids, lps = ids[n:], lps[n:]
             if self.skip_chars is None and not ids:
                 text = ""
+        if self.echo and text:
+            text, self.echo = text.removeprefix(self.echo), ""
         if self.skip_chars:
             drop = min(self.skip_chars, len(text))
             text, self.skip_chars = text[drop:], self.skip_chars - drop
