@@ -1,20 +1,26 @@
 # syntax=docker/dockerfile:1.7
 #
-# Three images from one file:
+# Four images from one file:
 #
-#   docker build --target operator -t REGISTRY/tandem-operator:0.1.0 .
-#   docker build --target router   -t REGISTRY/tandem-router:0.1.0 .
-#   docker build --target worker   -t REGISTRY/tandem-worker:0.1.0 .
+#   docker build --target operator    -t REGISTRY/tandem-operator:0.1.0 .
+#   docker build --target router      -t REGISTRY/tandem-router:0.1.0 .
+#   docker build --target worker      -t REGISTRY/tandem-worker:0.1.0 .
+#   docker build --target worker-vllm -t REGISTRY/tandem-worker-vllm:0.1.0 .
 #
 # operator: kopf and the Kubernetes client only (no torch): small, starts in a second.
 # router:   the OpenAI endpoint: aiohttp, tokenizers, jinja2, the Kubernetes client (no torch).
 # worker:   torch, transformers, tokenizers and NIXL (UCX) for the prefill, decode and
 #           colocated roles.
+# worker-vllm: vLLM's own GPU image with Tandem's launcher added (`tandem worker --runtime vllm`,
+#           spec.runtime.name: vllm): vLLM's torch, kernels and NIXL stay exactly as vLLM ships
+#           them (docs/runtimes.md says why this and not vLLM's image run bare).
 #
 # Base images are pinned to a full version tag; pin the digest as well when you
 # publish (`python:3.11.14-slim-bookworm@sha256:...`), which needs a registry to look up.
 
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+# The vLLM Tandem renders for and tests with (tandem.contracts.vllm_serve.VLLM_VERSION).
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.32.0
 
 # ---------------------------------------------------------------------------------------------
 # base: the Python runtime, a non-root user and a virtualenv on PATH.
@@ -120,3 +126,30 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)"]
 ENTRYPOINT ["tandem"]
 CMD ["worker", "--help"]
+
+# ---------------------------------------------------------------------------------------------
+# worker-vllm: runtime vllm's prefill and decode roles. Tandem's package goes into vLLM's own
+# Python without dependencies: the launcher needs only aiohttp, prometheus-client and pyyaml,
+# which vLLM's image already carries, and nothing of Tandem may move vLLM's pinned torch or
+# transformers. The launcher execs $TANDEM_VLLM serve with the role's arguments
+# (tandem.contracts.vllm_serve), so the pod's process is vLLM itself.
+FROM ${VLLM_IMAGE} AS worker-vllm
+COPY --from=source /src /tmp/tandem-src
+# hadolint ignore=DL3013
+RUN python3 -m pip install --no-cache-dir --no-deps /tmp/tandem-src \
+    && rm -rf /tmp/tandem-src \
+    && groupadd --system --gid 10001 tandem \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /home/tandem --create-home \
+       --shell /usr/sbin/nologin tandem
+ENV TANDEM_VLLM=/usr/local/bin/vllm \
+    HOME=/home/tandem \
+    HF_HOME=/home/tandem/.cache/huggingface \
+    VLLM_CACHE_ROOT=/home/tandem/.cache/vllm
+USER 10001:10001
+WORKDIR /home/tandem
+# vLLM's OpenAI server (http), NIXL's handshake (nixl), the KV events publisher (kv-events).
+EXPOSE 8000 5600 5557
+HEALTHCHECK --interval=30s --timeout=5s --start-period=600s --retries=3 \
+    CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)"]
+ENTRYPOINT ["tandem"]
+CMD ["worker", "--runtime", "vllm", "--help"]

@@ -5,6 +5,7 @@ No Docker engine runs here, so the file is linted and read the way `docker build
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -114,8 +115,8 @@ def test_hadolint_passes() -> None:
 
 def test_every_target_exists(dockerfile) -> None:
     _, stages = dockerfile
-    assert {"operator", "router", "worker"} <= set(stages)
-    for target in ("operator", "router", "worker"):
+    assert {"operator", "router", "worker", "worker-vllm"} <= set(stages)
+    for target in ("operator", "router", "worker", "worker-vllm"):
         entry = stages[target].args("ENTRYPOINT")
         assert entry == ['["tandem"]'], f"{target} runs the tandem CLI"
 
@@ -158,7 +159,7 @@ def test_worker_image_installs_nixl_after_torch(dockerfile) -> None:
     assert makefile_version and build_arg and build_arg.group(1) == makefile_version.group(1)
 
 
-@pytest.mark.parametrize("target", ["operator", "router", "worker"])
+@pytest.mark.parametrize("target", ["operator", "router", "worker", "worker-vllm"])
 def test_images_run_as_a_numeric_non_root_user(dockerfile, target: str) -> None:
     _, stages = dockerfile
     users = [u for stage in chain(stages, target) for u in stage.args("USER")]
@@ -172,7 +173,7 @@ def test_images_run_as_a_numeric_non_root_user(dockerfile, target: str) -> None:
     assert f"runAsUser: {uid}" in chart_helpers
 
 
-@pytest.mark.parametrize("target", ["operator", "router", "worker"])
+@pytest.mark.parametrize("target", ["operator", "router", "worker", "worker-vllm"])
 def test_images_have_a_health_check(dockerfile, target: str) -> None:
     _, stages = dockerfile
     (check,) = stages[target].args("HEALTHCHECK")
@@ -190,7 +191,24 @@ def test_base_images_are_pinned(dockerfile) -> None:
     for image in external:
         name, _, tag = image.partition(":")
         tag = tag.split("@")[0]
-        assert re.match(r"\d+\.\d+\.\d+", tag), f"{image}: pin a full version, not {tag or 'latest'}"
+        assert re.match(r"v?\d+\.\d+\.\d+", tag), f"{image}: pin a full version, not {tag or 'latest'}"
+
+
+def test_vllm_worker_image_is_the_vllm_tandem_renders_for(dockerfile) -> None:
+    """runtime vllm's image: vLLM's own, at the version contracts.vllm_serve renders arguments for,
+    with Tandem installed without dependencies (vLLM's torch untouched) and the launcher pointed
+    at vLLM's executable."""
+    from tandem.contracts.vllm_serve import VLLM_VERSION
+
+    global_args, stages = dockerfile
+    stage = stages["worker-vllm"]
+    base = re.sub(r"\$\{(\w+)\}", lambda m: global_args[m.group(1)], stage.base)
+    assert base == f"vllm/vllm-openai:v{VLLM_VERSION}"
+    installs = [a for a in stage.args("RUN") if "pip install" in a]
+    assert len(installs) == 1 and "--no-deps" in installs[0]
+    assert any("TANDEM_VLLM=" in e for e in stage.args("ENV"))
+    cmd = json.loads(stage.args("CMD")[0])
+    assert cmd[:3] == ["worker", "--runtime", "vllm"]
 
 
 def test_dockerignore_keeps_only_what_the_build_copies() -> None:
