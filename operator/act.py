@@ -156,6 +156,10 @@ def _apply(api: client.ApiClient, plan: _Apply, memory: Memory) -> tuple[api_cli
     secret = internal_secret(meta)
     result, uid = api_client.ensure_internal_secret(api, secret)
     record, refused = secret_record(secret["metadata"]["name"], uid, old)
+    if uid is not None:
+        memory.secret = record
+    elif refused is not None and (memory.secret or {}).get("name") == secret["metadata"]["name"]:
+        record, refused = memory.secret, None  # this process created it; status did not say so yet
     if refused is not None:
         result = api_client.ApplyResult(error=refused.message, retryable=refused.retryable, reason=REFUSED)
     if plan.settled and not result.error and uid is None:

@@ -19,6 +19,9 @@ class Memory:
     owners: Owners = field(default_factory=dict)  # the owner chain's controllers, read once each
     applied: dict[str, Applied] = field(default_factory=dict)  # what each child was applied as
     pruned: tuple[str, ...] | None = None  # the stale kinds last pruned (a role changing kind prunes again)
+    # status.internalSecret as this process created it: a pass that fails after creating the Secret
+    # (before its status write) must not find it "created by someone else" next time
+    secret: dict[str, str] | None = None
     version: str | None = None  # the InferenceService's resourceVersion as the last pass read or wrote it
     # (the InferenceService's resourceVersion, watch.Seen.fingerprint) when a pass last found every
     # child as rendered: while both hold, nothing needs rendering again
