@@ -189,9 +189,9 @@ class Orchestrator:
                 outcome = await (self._read(stream) if stream is not None else self._call(j, action))
                 action = self._decide(j, outcome)
         finally:
+            self.workers.account(j.request_id, {})  # whatever it still counted on a worker
             if stream is not None:
                 await stream.close()
-            self.workers.account(j.request_id, {})  # whatever it still counted on a worker
             if j.move is not None:  # the request ended while it was moving
                 self._moved(j, Moved(j.move.source, "failed", time.monotonic() - j.move.since))
                 j.move = None
