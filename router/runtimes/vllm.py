@@ -108,6 +108,8 @@ class VllmWorkerClient:
         known = self._engines.get(url)
         if known is None or known.engine_id != engine_id:
             status, raw = await self._get(url + "/v1/models", limit)
+            if status in (401, 403):
+                raise WorkerFailed(_refused(url, status), dead=True)
             if status != 200:
                 raise ValueError(f"/v1/models returned {status}")
             model, max_model_len = parse_models(json.loads(raw))
@@ -145,8 +147,7 @@ class VllmWorkerClient:
                                        timeout=limit, allow_redirects=False, read_bufsize=READ_BUFFER)
         if resp.status in (401, 403):  # never the client's fault: the router's secret is not vLLM's API key
             resp.release()
-            raise WorkerFailed(f"{url} refused the router's internal secret ({resp.status}): give vLLM the "
-                               "service's secret as its API key (VLLM_API_KEY)", dead=False)
+            raise WorkerFailed(_refused(url, resp.status), dead=False)
         if resp.status != 200:
             async with resp:
                 raw = await resp.read()
@@ -190,7 +191,8 @@ class VllmWorkerClient:
 
     async def generate(self, url: str, request: GenerateRequest) -> AsyncGenerator[StreamEvent, None]:
         what = f"generate on {url}"
-        timeout = aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect_s)
+        # the headers within a prefill's time; each chunk within its own wait below
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect_s, sock_read=self.timeouts.prefill_s)
         try:
             engine = await self._known(url)
             plan = decode_plan(request, engine.model, engine.max_model_len)
@@ -263,6 +265,11 @@ class VllmWorkerClient:
             sock.close(linger=0)
             if translator.skipped:
                 log.info("KV events of %s: %d blocks could not be named", url, translator.skipped)
+
+
+def _refused(url: str, status: int) -> str:
+    return (f"{url} refused the router's internal secret ({status}): vLLM's API key (VLLM_API_KEY) must be "
+            "the service's secret ($TANDEM_INTERNAL_SECRET)")
 
 
 def openai_body(status: int, raw: bytes) -> object:

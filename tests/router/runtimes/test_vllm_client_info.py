@@ -77,3 +77,24 @@ async def test_an_unreachable_server_is_a_dead_worker(vllm_client):
         await vllm_client.info("http://127.0.0.1:9", Role.DECODE)
     assert failed.value.dead
     await vllm_client.abort("http://127.0.0.1:9", "any")  # nothing to send: closing a stream aborts it
+
+
+async def test_a_router_without_vllms_key_fails_over_and_never_blames_the_client(vllm_servers, vllm_toy_model_dir):
+    """vLLM answers /v1/* only with its API key, the service's internal secret: a router holding
+    another is refused (401), which is the worker's failure (the router does not use it), never a
+    4xx for the client, and the message names what to fix, not the secret."""
+    import aiohttp
+    from tandem.router.config import RouterConfig
+    from tandem.router.runtimes.registry import create_client
+
+    config = RouterConfig(runtime="vllm", tokenizer=str(vllm_toy_model_dir), parity_probe=False,
+                          internal_secret="not-the-key")
+    async with aiohttp.ClientSession() as session:
+        client = create_client(session, config)
+        with pytest.raises(WorkerFailed, match="refused the router's internal secret") as failed:
+            await client.info(vllm_servers.decode.url, Role.DECODE)  # /v1/models: not a usable worker
+        assert failed.value.dead and "not-the-key" not in str(failed.value)
+        req = GenerateRequest("no-key", prompt_token_ids=[5, 6, 7], sampling=SamplingParams(max_tokens=2))
+        with pytest.raises(WorkerFailed, match="refused the router's internal secret") as failed:
+            await client.prefill(vllm_servers.prefill.url, req)
+        assert "not-the-key" not in str(failed.value)

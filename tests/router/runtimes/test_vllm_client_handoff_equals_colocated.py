@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+import uuid
 
 import openai
 import pytest
@@ -24,13 +25,15 @@ PROMPTS = [
     "Once upon a time there was a little model that wanted to speak every language, " * 3,
     "Café, naïve, über: UTF-8 ",
 ]
+NONCE = uuid.uuid4().hex[:8]  # prompts no server has cached yet, even on a second run against the same servers
 EXTERNAL = 'vllm:prompt_tokens_by_source_total{engine="0",model_name="toy",source="external_kv_transfer"}'
 
 
-def colocated(url: str, body: dict) -> dict:
+def colocated(servers, body: dict) -> dict:
     """vLLM's own answer, from the colocated server."""
-    req = urllib.request.Request(url + "/v1/completions", json.dumps({"model": "toy"} | body).encode(),
-                                 {"Content-Type": "application/json"})
+    req = urllib.request.Request(servers.colocated.url + "/v1/completions",
+                                 json.dumps({"model": "toy"} | body).encode(),
+                                 {"Content-Type": "application/json", "Authorization": f"Bearer {servers.secret}"})
     with urllib.request.urlopen(req, timeout=300) as r:
         return json.load(r)["choices"][0]
 
@@ -59,8 +62,8 @@ async def test_prefill_then_decode_is_colocated_vllm_token_for_token(vllm_server
     tok = RouterTokenizer.from_dir(vllm_toy_model_dir)
     pulled = vllm_servers.decode.metric(EXTERNAL)
     for i, prompt in enumerate(PROMPTS):
-        ids = tok.encode_prompt(prompt)
-        ref = colocated(vllm_servers.colocated.url, {"prompt": ids, "max_tokens": 24, "temperature": 0,
+        ids = tok.encode_prompt(f"{NONCE} {prompt}")
+        ref = colocated(vllm_servers, {"prompt": ids, "max_tokens": 24, "temperature": 0,
                                                      "return_token_ids": True, "ignore_eos": True})
         tokens, text = await handoff(vllm_client, vllm_servers, ids,
                                      SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), f"greedy-{i}")
@@ -73,10 +76,10 @@ async def test_prefill_then_decode_is_colocated_vllm_token_for_token(vllm_server
 async def test_a_seeded_sample_and_penalties_survive_the_handoff(vllm_servers, vllm_client, vllm_toy_model_dir):
     """The decode server samples the first token again from the same logits and seed: the tokens
     after it are the colocated server's, penalties having counted the first token as output."""
-    ids = RouterTokenizer.from_dir(vllm_toy_model_dir).encode_prompt(PROMPTS[0] + " sampled")
+    ids = RouterTokenizer.from_dir(vllm_toy_model_dir).encode_prompt(f"{NONCE} {PROMPTS[0]} sampled")
     knobs = {"temperature": 0.8, "top_p": 0.9, "top_k": 40, "seed": 1234, "presence_penalty": 0.5,
              "frequency_penalty": 0.3, "repetition_penalty": 1.1}
-    ref = colocated(vllm_servers.colocated.url, {"prompt": ids, "max_tokens": 20, "return_token_ids": True,
+    ref = colocated(vllm_servers, {"prompt": ids, "max_tokens": 20, "return_token_ids": True,
                                                  "ignore_eos": True} | knobs)
     tokens, text = await handoff(vllm_client, vllm_servers, ids,
                                  SamplingParams(max_tokens=20, ignore_eos=True, **knobs), "seeded")
@@ -85,11 +88,11 @@ async def test_a_seeded_sample_and_penalties_survive_the_handoff(vllm_servers, v
 
 def test_the_router_serves_the_openai_client_as_colocated_vllm_does(vllm_servers, vllm_router):
     api = openai.OpenAI(base_url=vllm_router.url + "/v1", api_key="unused", max_retries=0, timeout=300)
-    ref_api = openai.OpenAI(base_url=vllm_servers.colocated.url + "/v1", api_key="unused", max_retries=0,
+    ref_api = openai.OpenAI(base_url=vllm_servers.colocated.url + "/v1", api_key=vllm_servers.secret, max_retries=0,
                             timeout=300)
     disaggregated = vllm_router.metric('tandem_router_routes_total{route="disaggregated"}')
     for i, prompt in enumerate(PROMPTS):
-        prompt = f"{i} {prompt} routed"  # a prompt no server holds yet: the router hands it off
+        prompt = f"{NONCE} {i} {prompt} routed"  # a prompt no server holds yet: the router hands it off
         kw = {"model": "toy", "prompt": prompt, "max_tokens": 16, "temperature": 0}
         ref = ref_api.completions.create(**kw).choices[0].text
         assert api.completions.create(**kw).choices[0].text == ref

@@ -34,4 +34,5 @@ def test_what_vllm_refuses_is_the_routers_400_before_the_stream(vllm_router):
                                    logit_bias={"999999": 5})  # no such token in the toy vocabulary
         err = refused.value.body if isinstance(refused.value.body, dict) else {}
         assert refused.value.status_code == 400
-        assert err.get("type") == "invalid_request_error" and isinstance(err.get("message"), str), err
+        assert err.get("type") == "invalid_request_error" and err.get("param") == "logit_bias", err
+        assert "999999" in err.get("message", "")
