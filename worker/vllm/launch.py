@@ -171,19 +171,20 @@ def free_port() -> int:
 
 def plan(cfg: object, args: argparse.Namespace, env: dict[str, str] | None = None) -> Launch:
     """The `vllm serve` of this worker: the executable ($TANDEM_VLLM, else the cached CPU install,
-    installed on first use), its arguments and environment."""
+    installed on first use), its arguments and environment. A CPU server (the cached build, or
+    --device cpu) keeps its KV in a cpu buffer in 32-token blocks."""
     from tandem.worker.local.cache import cache_root
     from tandem.worker.vllm.install import install, install_dir
 
     env = dict(os.environ if env is None else env)
-    cpu_build = not env.get(VLLM_ENV)
-    options = serve_options(cfg, args, cpu_build)
+    cached = not env.get(VLLM_ENV)  # the CPU build this module installs, not an image's vLLM
+    options = serve_options(cfg, args, cpu_build=cached or cfg.device == "cpu")  # type: ignore[attr-defined]
     argv = serve_args(options)  # refuses colliding --vllm-arg before anything is installed
     binding = thread_binding(os.sched_getaffinity(0), os.cpu_count() or 1, cfg.threads, options.tensor)  # type: ignore[attr-defined]
     exe = env.get(VLLM_ENV) or str(install().with_name("vllm"))
     side = side_channel(cfg, args, env)
     full_env = server_env(env, binding, side, plugin_dir(cache_root()),
-                          install_dir() / "cache" if cpu_build else None, Path(options.model).is_dir(), options.extra)
+                          install_dir() / "cache" if cached else None, Path(options.model).is_dir(), options.extra)
     return Launch([exe, "serve", *argv], full_env)
 
 

@@ -119,3 +119,12 @@ def test_up_colocated_runs_servers_without_a_connector_behind_the_router(tmp_pat
     args = _worker(*children[0].argv[children[0].argv.index("worker") + 1:])
     options = launch.serve_options(resolve_settings(args), args, cpu_build=True)
     assert options.role == "colocated" and "--kv-transfer-config" not in launch.serve_args(options)
+
+
+def test_an_image_vllm_is_a_gpu_server_unless_the_device_says_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("TANDEM_CACHE", str(tmp_path / "cache"))
+    gpu = _plan(tmp_path, "--role", "decode")
+    assert _flag(gpu.argv, "--block-size") == "16" and "kv_buffer_device" not in _flag(gpu.argv, "--kv-transfer-config")
+    assert "VLLM_CACHE_ROOT" not in gpu.env  # the image's vLLM keeps its own cache
+    cpu = _plan(tmp_path, "--role", "decode", "--device", "cpu")
+    assert _flag(cpu.argv, "--block-size") == "32" and '"kv_buffer_device":"cpu"' in _flag(cpu.argv, "--kv-transfer-config")
