@@ -32,7 +32,7 @@ from tandem.worker.engine.engine import Engine
 from tandem.worker.engine.errors import RequestError
 from tandem.worker.engine.kv_pull import Digests, KVEndpoint, PullReport
 from tandem.worker.engine.output_stream import FinishedStream, OutputStream
-from tandem.worker.engine.sequence import SeqOutput, Sequence
+from tandem.worker.engine.sequence import EngineSequence, SeqOutput
 
 log = logging.getLogger("tandem.worker.engine")
 
@@ -43,11 +43,11 @@ RETRY_AFTER_S = 1.0  # what a full worker asks callers to wait: the router tries
 
 
 @dataclass
-class Prefilled:
+class PrefillOutput:
     """A prefill's one output: its first token, and where a peer finds its leased KV (None when the
     first token already ended it, or when `out.error` says the engine failed on it)."""
 
-    seq: Sequence
+    seq: EngineSequence
     out: SeqOutput
     kv: KVSource | None
 
@@ -129,7 +129,7 @@ class AsyncEngine:
         finally:
             eng.unclaim(rid)  # a no-op once the sequence took its claim over
 
-    async def prefill(self, req: GenerateRequest, queue_s: float) -> Prefilled:
+    async def prefill(self, req: GenerateRequest, queue_s: float) -> PrefillOutput:
         """Take a prompt through WAITING and RUNNING to LEASED: its first token and its KV's
         source. RequestError 429 when it has not started after `queue_s` (it is withdrawn), 503
         when the engine stops making progress or the lease ended before it was handed out; a
@@ -159,7 +159,7 @@ class AsyncEngine:
                                        "short?): retry", status=503, type_="service_unavailable",
                                        code="kv_lease_expired")
             handed_out = True
-            return Prefilled(seq, out, kv)
+            return PrefillOutput(seq, out, kv)
         finally:
             if not handed_out:
                 stream.close()
@@ -180,7 +180,7 @@ class AsyncEngine:
                                    "starting", status=429, type_="service_unavailable",
                                    code="prefill_queue_timeout", retry_after_s=RETRY_AFTER_S)
 
-    async def _sequence(self, req: GenerateRequest, prefill_only: bool = False) -> Sequence:
+    async def _sequence(self, req: GenerateRequest, prefill_only: bool = False) -> EngineSequence:
         """engine.make_sequence, on a thread when it tokenizes text or messages or builds a grammar (the
         event loop serves every other stream meanwhile); inline for token ids, which cost nothing."""
         if req.prompt_token_ids is not None and req.sampling.structured is None:
@@ -252,7 +252,7 @@ class AsyncEngine:
                 backoff = min(1.0, max(0.05, 2 * backoff))
                 self._wake.wait(backoff)
 
-    def _attach(self, seq: Sequence) -> OutputStream:
+    def _attach(self, seq: EngineSequence) -> OutputStream:
         q: asyncio.Queue[SeqOutput] = asyncio.Queue()
         assert self._loop is not None, "AsyncEngine.start() first"
         seq.sink = lambda out: self._deliver(q, out)

@@ -11,7 +11,7 @@ way, and so every sequence of the batch, as before.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from typing import Any
 
 from tandem.worker.engine.paged_forward import BatchItem, PagedForward
@@ -24,7 +24,7 @@ log = logging.getLogger("tandem.worker.engine")
 Result = int | None | Exception
 
 
-def run_batch(runner: PagedForward, chunks: Seq[ScheduledChunk], items: Seq[BatchItem]) -> list[Result]:
+def run_batch(runner: PagedForward, chunks: Sequence[ScheduledChunk], items: Sequence[BatchItem]) -> list[Result]:
     """Forward pass and sampling for `chunks` (their `items`); never raises."""
     try:
         out = runner.forward(list(items))

@@ -36,7 +36,7 @@ from tandem.worker.engine.pool_sizing import size_pool
 from tandem.worker.engine.prefix_cache import PrefixCache, PullReservation, prefix_salt
 from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.scheduler import ScheduledChunk, Scheduler
-from tandem.worker.engine.sequence import SeqOutput, Sequence
+from tandem.worker.engine.sequence import EngineSequence, SeqOutput
 
 log = logging.getLogger("tandem.worker.engine")
 
@@ -80,7 +80,7 @@ class Engine:
                  why, self.scheduler.prefill_chunk_tokens, "on" if config.prefix_caching else "off")
         # Guards every request and block; publishes the prefix cache's changes as it is let go.
         self.lock = PublishingLock(self.prefix_cache.publish)
-        self.seqs: dict[str, Sequence] = {}  # PULLING, WAITING or RUNNING, by request id
+        self.seqs: dict[str, EngineSequence] = {}  # PULLING, WAITING or RUNNING, by request id
         self.leases = LeaseTable(lease_s)  # LEASED and MIGRATING
         max_waiting = config.max_waiting if config.max_waiting is not None else 2 * config.max_num_seqs
         self.admission = AdmissionControl(
@@ -95,7 +95,7 @@ class Engine:
 
     # ---- requests in: claimed, then WAITING or PULLING (request_state.py) ----------------------
 
-    def make_sequence(self, req: GenerateRequest, *, prefill_only: bool = False) -> Sequence:
+    def make_sequence(self, req: GenerateRequest, *, prefill_only: bool = False) -> EngineSequence:
         """Tokenize and validate a request (intake.py); RequestError (a 4xx) for anything wrong."""
         return self.intake.sequence(req, prefill_only=prefill_only)
 
@@ -110,7 +110,7 @@ class Engine:
         with self.lock:
             self.admission.unclaim(request_id)
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: EngineSequence) -> None:
         """WAITING: queue a sequence to be prefilled here and decoded; its claim (if any) ends here
         (unclaimed, it is admitted now: 409 or 429 as claim)."""
         with self.lock:
@@ -119,7 +119,7 @@ class Engine:
             self.stats.prompt_tokens_total += len(seq.prompt_ids)
             self.scheduler.add(seq)
 
-    def begin_pull(self, seq: Sequence) -> PullReservation | None:
+    def begin_pull(self, seq: EngineSequence) -> PullReservation | None:
         """PULLING (its claim still held): blocks for the KV of all but its last token (the leading
         ones this pool caches, then fresh ones, prefix_cache.py), held by the sequence; None when the
         pool is too full right now. Under the lock, so a step never finds fewer free blocks than it
@@ -131,7 +131,7 @@ class Engine:
                 self.seqs[seq.request_id] = seq
             return res
 
-    def finish_pull(self, seq: Sequence) -> None:
+    def finish_pull(self, seq: EngineSequence) -> None:
         """PULLING -> WAITING: its KV is in its blocks; it waits for a seat, and its last generated
         token is the next one to run. Its claim ends here. One aborted meanwhile ends now."""
         with self.lock:
@@ -146,7 +146,7 @@ class Engine:
             out = self._aborted(seq)
         seq.emit(out)
 
-    def fail_pull(self, seq: Sequence, *, keep_blocks: bool = False, requeue: bool = False) -> list[int]:
+    def fail_pull(self, seq: EngineSequence, *, keep_blocks: bool = False, requeue: bool = False) -> list[int]:
         """PULLING -> FINISHED: the pull failed or was cancelled; its blocks go back to the pool, or,
         with keep_blocks (a READ may still land in them), to the caller, who frees them once it has
         stopped (free_landed). Its claim stays with the caller (unclaim). With requeue (its KV failed
@@ -222,7 +222,7 @@ class Engine:
                 self.scheduler.free_blocks(lease.seq)
             return lease is not None
 
-    def _aborted(self, seq: Sequence) -> SeqOutput:
+    def _aborted(self, seq: EngineSequence) -> SeqOutput:
         """Under the lock: seq ends (WAITING, RUNNING, or LEASED by the step it was aborted in)."""
         if seq.status.holds_lease:
             self._end_lease(seq.request_id, None)
@@ -268,7 +268,7 @@ class Engine:
             self._in_flight = {c.seq.request_id for c in chunks}
             prefill_tokens = sum(c.num_tokens for c in chunks if c.num_tokens > 1 or not c.seq.output_ids)
         results = run_batch(self.runner, chunks, items)
-        emits: list[tuple[Sequence, SeqOutput]] = []
+        emits: list[tuple[EngineSequence, SeqOutput]] = []
         with self.lock:
             self._in_flight = set()
             for c, result in zip(chunks, results, strict=True):
@@ -311,7 +311,7 @@ class Engine:
                 self._finish(seq, FinishReason.ERROR)
             return SeqOutput.engine_error(seq.request_id, e)
 
-    def _append_token(self, seq: Sequence, tok: int) -> SeqOutput:
+    def _append_token(self, seq: EngineSequence, tok: int) -> SeqOutput:
         """Add a sampled token, apply the stop rules; RUNNING -> FINISHED, or LEASED for a prefill."""
         seq.output_ids.append(tok)
         self.stats.generation_tokens_total += 1
@@ -331,14 +331,14 @@ class Engine:
                 out.kv_blocks = list(seq.block_table)
         return out
 
-    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+    def _finish(self, seq: EngineSequence, reason: FinishReason) -> None:
         self.stats.requests_finished[reason.value] = self.stats.requests_finished.get(reason.value, 0) + 1
         seq.status = RequestState.FINISHED
         seq.finish_reason = reason
         self.seqs.pop(seq.request_id, None)
         self.scheduler.remove(seq)
 
-    def _on_preempt(self, seq: Sequence) -> None:
+    def _on_preempt(self, seq: EngineSequence) -> None:
         self.stats.preemptions_total += 1
         log.info("preempted (will recompute)", extra={"request_id": seq.request_id})
 

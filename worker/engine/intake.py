@@ -1,4 +1,4 @@
-"""A GenerateRequest made into a Sequence: its parameters checked and its prompt tokenized where
+"""A GenerateRequest made into a EngineSequence: its parameters checked and its prompt tokenized where
 they enter (request_checks.py), its grammar compiled, and tokens it generated elsewhere replayed, so the
 engine continues from exactly the state of the worker that sampled them."""
 
@@ -20,7 +20,7 @@ from tandem.worker.engine.request_checks import (
     tokenize,
 )
 from tandem.worker.engine.request_state import RequestState
-from tandem.worker.engine.sequence import Sequence
+from tandem.worker.engine.sequence import EngineSequence
 
 
 class Intake:
@@ -37,7 +37,7 @@ class Intake:
     def tokenize(self, req: GenerateRequest) -> list[int]:
         return tokenize(self.tokenizer, req, self.vocab_size)
 
-    def sequence(self, req: GenerateRequest, *, prefill_only: bool = False) -> Sequence:
+    def sequence(self, req: GenerateRequest, *, prefill_only: bool = False) -> EngineSequence:
         """Tokenize and validate a request; raises RequestError (a 4xx) for anything wrong with it."""
         if not isinstance(req.request_id, str) or not req.request_id:
             raise RequestError("request_id must be a non-empty string", param="request_id")
@@ -60,7 +60,7 @@ class Intake:
                 f"generated_token_ids already holds {len(resumed)} tokens, max_tokens is "
                 f"{req.sampling.max_tokens}: nothing left to generate", param="max_tokens", code="invalid_value")
         p = req.sampling
-        seq = Sequence(
+        seq = EngineSequence(
             request_id=req.request_id, prompt_ids=prompt, params=p, max_total_len=self.max_model_len,
             seed=p.seed if p.seed is not None else random.getrandbits(62), eos_ids=self.eos_ids,
             prefill_only=prefill_only, arrival=time.monotonic(), num_resumed=len(resumed),
@@ -73,7 +73,7 @@ class Intake:
         return seq
 
 
-def _replay(seq: Sequence, resumed: list[int], emitted_chars: int | None) -> None:
+def _replay(seq: EngineSequence, resumed: list[int], emitted_chars: int | None) -> None:
     """Run tokens generated elsewhere through the stop rules and the detokenizer, as the worker that
     sampled them did, so this one continues from the same state; a request those tokens already
     ended is left FINISHED (its producer died before it could say so)."""

@@ -41,7 +41,7 @@ from tandem.contracts.kv_layout import KVLayout
 from tandem.contracts.kv_source import KVSource
 from tandem.contracts.protocol import GenerateRequest
 from tandem.worker.engine.errors import RequestError
-from tandem.worker.engine.sequence import Sequence
+from tandem.worker.engine.sequence import EngineSequence
 from tandem.worker.kv.verify import Verdict, algorithm_for, block_digests, merge, verify
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def _mismatch(message: str, code: str | None = "kv_mismatch", param: str = "kv_s
     return RequestError(message, param=param, code=code)
 
 
-def check_source(endpoint: KVEndpoint | None, src: KVSource, seq: Sequence, layout: KVLayout) -> None:
+def check_source(endpoint: KVEndpoint | None, src: KVSource, seq: EngineSequence, layout: KVLayout) -> None:
     """RequestError (400) when the KV source cannot belong to this request on this worker: it must
     come from a worker of this worker's generation, over its backend, and hold the KV of every token
     but the last generated one (a handoff: the prompt). Checked before any block is reserved."""
@@ -141,7 +141,7 @@ def check_source(endpoint: KVEndpoint | None, src: KVSource, seq: Sequence, layo
                         "disagree on the tokenization")
 
 
-async def pull(eng: Engine, endpoint: KVEndpoint, req: GenerateRequest, seq: Sequence,
+async def pull(eng: Engine, endpoint: KVEndpoint, req: GenerateRequest, seq: EngineSequence,
                wait_for: Callable[[Callable[[], Any], float], Coroutine[Any, Any, Any]],
                blocks_freed: Callable[[], None]) -> PullReport:
     """Take `seq` (claimed) through PULLING: reserve blocks (waiting for them at most
@@ -221,7 +221,7 @@ def _once(message: str) -> None:
         log.warning("%s", message)
 
 
-def _give_back(eng: Engine, seq: Sequence, landing: asyncio.Future | None, blocks_freed: Callable[[], None]) -> None:
+def _give_back(eng: Engine, seq: EngineSequence, landing: asyncio.Future | None, blocks_freed: Callable[[], None]) -> None:
     """PULLING -> FINISHED after a failed pull; blocks a READ may still write into (`landing`: the
     transport could not stop it in time) are freed only once it has stopped, never reused before."""
     if landing is None:

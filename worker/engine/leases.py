@@ -16,12 +16,12 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 
 from tandem.worker.engine.request_state import RequestState
-from tandem.worker.engine.sequence import Sequence
+from tandem.worker.engine.sequence import EngineSequence
 
 
 @dataclass
 class Lease:
-    seq: Sequence
+    seq: EngineSequence
     expires: float  # time.monotonic()
     # Handed out with the KVSource (KVSource.lease_token); reads and releases must quote it.
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
@@ -41,7 +41,7 @@ class LeaseTable:
         self.lease_s = lease_s
         self._leases: dict[str, Lease] = {}
 
-    def add(self, seq: Sequence, state: RequestState, now: float | None = None) -> Lease:
+    def add(self, seq: EngineSequence, state: RequestState, now: float | None = None) -> Lease:
         """seq's blocks now wait for a peer (state: LEASED or MIGRATING), until lease_s from now."""
         if not state.holds_lease:
             raise ValueError(f"a lease is held by a LEASED or MIGRATING request, not {state}")

@@ -16,12 +16,12 @@ from tandem.contracts.kv_layout import KVLayout
 from tandem.worker.engine.leases import LeaseTable
 from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.scheduler import Scheduler
-from tandem.worker.engine.sequence import SeqOutput, Sequence
+from tandem.worker.engine.sequence import EngineSequence, SeqOutput
 
 log = logging.getLogger("tandem.worker.engine")
 
 
-def kv_to_hand_out(seq: Sequence, layout: KVLayout) -> list[int] | None:
+def kv_to_hand_out(seq: EngineSequence, layout: KVLayout) -> list[int] | None:
     """The blocks whose KV a leaving sequence takes along (all its tokens but the last, whose KV the
     next step would compute), or None when it has none worth moving (nothing generated yet, or a
     prompt not fully computed): it is then recomputed elsewhere."""
@@ -31,8 +31,8 @@ def kv_to_hand_out(seq: Sequence, layout: KVLayout) -> list[int] | None:
     return None
 
 
-def hand_out(seqs: dict[str, Sequence], scheduler: Scheduler, leases: LeaseTable, layout: KVLayout,
-             migrated_out: dict[str, int]) -> list[tuple[Sequence, SeqOutput]]:
+def hand_out(seqs: dict[str, EngineSequence], scheduler: Scheduler, leases: LeaseTable, layout: KVLayout,
+             migrated_out: dict[str, int]) -> list[tuple[EngineSequence, SeqOutput]]:
     """Under the engine's lock: every sequence in `seqs` but a prefill's or one being pulled leaves
     the scheduler, MIGRATING with its KV leased or FINISHED with its blocks freed; counted by how
     in `migrated_out`. The outputs to emit once the lock is let go."""

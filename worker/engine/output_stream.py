@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from tandem.worker.engine.sequence import SeqOutput, Sequence
+from tandem.worker.engine.sequence import EngineSequence, SeqOutput
 
 
 class OutputStream:
@@ -13,7 +13,7 @@ class OutputStream:
     the reader was busy comes at once (one write for a stream that lags), and a wait for the next
     one has a timeout without a task of its own (the reader sends heartbeats meanwhile)."""
 
-    def __init__(self, seq: Sequence, q: asyncio.Queue[SeqOutput], abort: Callable[[str], object]):
+    def __init__(self, seq: EngineSequence, q: asyncio.Queue[SeqOutput], abort: Callable[[str], object]):
         self.seq = seq
         self.request_id = seq.request_id
         self._q = q
@@ -46,7 +46,7 @@ class FinishedStream(OutputStream):
     """The outputs of a request whose replayed tokens already end it (the worker that sampled the
     last of them died before it could say so): the text it held back, if any, and the end."""
 
-    def __init__(self, seq: Sequence):
+    def __init__(self, seq: EngineSequence):
         q: asyncio.Queue[SeqOutput] = asyncio.Queue()
         q.put_nowait(SeqOutput(seq.request_id, text=seq.detok.take(final=True), finished=True,
                                finish_reason=seq.finish_reason))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from tandem.contracts.kv_layout import KVLayout
 from tandem.contracts.prefix import block_hashes, request_salt
 from tandem.worker.engine.block_allocator import BlockAllocator
-from tandem.worker.engine.sequence import Sequence
+from tandem.worker.engine.sequence import EngineSequence
 
 
 def prefix_salt(layout: KVLayout, model_type: str, vocab_size: int) -> bytes:
@@ -61,7 +61,7 @@ class PrefixCache:
         self.stats = PrefixCacheStats()
         self._on_change: Callable[[list[bytes], list[bytes]], None] | None = None
 
-    def hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+    def hashes(self, seq: EngineSequence, num_blocks: int) -> list[bytes]:
         """The hashes of seq's first num_blocks full blocks, extending those it has already."""
         have = seq.block_hashes
         if len(have) < num_blocks:
@@ -71,14 +71,14 @@ class PrefixCache:
             have.extend(block_hashes(tokens, bs, salt, parent=have[-1] if have else None))
         return have[:num_blocks]
 
-    def match(self, seq: Sequence, num_tokens: int) -> list[int]:
+    def match(self, seq: EngineSequence, num_tokens: int) -> list[int]:
         """Cached blocks holding the longest prefix of seq's first num_tokens tokens (full blocks
         only); nothing is taken yet."""
         if not self.enabled:
             return []
         return self.allocator.lookup(self.hashes(seq, num_tokens // self.block_size))
 
-    def match_to_compute(self, seq: Sequence) -> list[int]:
+    def match_to_compute(self, seq: EngineSequence) -> list[int]:
         """match() for a sequence about to be computed: at least its last token stays to run."""
         return self.match(seq, seq.num_tokens - 1)
 
@@ -89,13 +89,13 @@ class PrefixCache:
             self.stats.query_tokens_total += query_tokens
             self.stats.hit_tokens_total += len(blocks) * self.block_size
 
-    def take(self, seq: Sequence, blocks: list[int], query_tokens: int) -> None:
+    def take(self, seq: EngineSequence, blocks: list[int], query_tokens: int) -> None:
         """Start seq's block table with the found `blocks` (hit())."""
         self.hit(blocks, query_tokens)
         seq.block_table = list(blocks)
         seq.num_registered_blocks = len(blocks)
 
-    def commit(self, seq: Sequence) -> None:
+    def commit(self, seq: EngineSequence) -> None:
         """Name seq's blocks that are now full and computed (called after each step)."""
         if not self.enabled:
             return
@@ -107,14 +107,14 @@ class PrefixCache:
             self.allocator.register(seq.block_table[i], hashes[i])
         seq.num_registered_blocks = full
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: EngineSequence) -> None:
         """Give back seq's blocks (its tail first, so the shared prefix is evicted last)."""
         if seq.block_table:
             self.allocator.free(reversed(seq.block_table))
             seq.block_table = []
         seq.num_registered_blocks = 0
 
-    def reserve(self, seq: Sequence, spare: int) -> PullReservation | None:
+    def reserve(self, seq: EngineSequence, spare: int) -> PullReservation | None:
         """Blocks for the KV of all but seq's last token before a pull: the leading blocks cached here
         (at least the last block is still pulled: the pull also ends the peer's lease), then fresh
         ones for the rest, now seq's block table; None when that would leave fewer than `spare`

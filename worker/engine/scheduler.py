@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.prefix_cache import PrefixCache
 from tandem.worker.engine.request_state import RequestState
-from tandem.worker.engine.sequence import Sequence
+from tandem.worker.engine.sequence import EngineSequence
 
 
 @dataclass
 class ScheduledChunk:
-    seq: Sequence
+    seq: EngineSequence
     start: int  # position of the first token in the chunk (= seq.num_computed)
     num_tokens: int
     sample: bool  # the chunk reaches the sequence's last token: sample the next one
@@ -44,7 +44,7 @@ class Scheduler:
         block_size: int,
         max_num_seqs: int,
         max_batched_tokens: int,
-        on_preempt: Callable[[Sequence], None] | None = None,
+        on_preempt: Callable[[EngineSequence], None] | None = None,
         prefill_chunk_tokens: int | None = None,
         prefix_cache: PrefixCache | None = None,
         chunk_budget: Callable[[int], int] | None = None,
@@ -58,9 +58,9 @@ class Scheduler:
         # Given the sequences decoding this step, the prompt tokens it may prefill (chunk_sizing.py);
         # None: always prefill_chunk_tokens.
         self.chunk_budget = chunk_budget
-        self.waiting: deque[Sequence] = deque()  # prompts to prefill: new, or preempted
-        self.ready: deque[Sequence] = deque()  # KV in the pool already (pulled): waiting for a seat
-        self.running: list[Sequence] = []
+        self.waiting: deque[EngineSequence] = deque()  # prompts to prefill: new, or preempted
+        self.ready: deque[EngineSequence] = deque()  # KV in the pool already (pulled): waiting for a seat
+        self.running: list[EngineSequence] = []
         self.on_preempt = on_preempt or (lambda seq: None)
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -73,21 +73,21 @@ class Scheduler:
     def num_queued(self) -> int:
         return len(self.waiting) + len(self.ready)
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: EngineSequence) -> None:
         seq.status = RequestState.WAITING
         self.waiting.append(seq)
 
-    def add_ready(self, seq: Sequence) -> None:
+    def add_ready(self, seq: EngineSequence) -> None:
         """A sequence whose KV is already in the pool (pulled from a prefill worker)."""
         seq.status = RequestState.WAITING
         self.ready.append(seq)
 
-    def remove(self, seq: Sequence) -> None:
+    def remove(self, seq: EngineSequence) -> None:
         """Take a sequence out of the queues and free its blocks (finish, abort, error)."""
         self.take_out(seq)
         self.free_blocks(seq)
 
-    def take_out(self, seq: Sequence) -> None:
+    def take_out(self, seq: EngineSequence) -> None:
         """Take a sequence out of the queues, its blocks still held (a migration leases them)."""
         if seq in self.running:
             self.running.remove(seq)
@@ -96,7 +96,7 @@ class Scheduler:
         elif seq in self.ready:
             self.ready.remove(seq)
 
-    def withdraw(self, seq: Sequence) -> bool:
+    def withdraw(self, seq: EngineSequence) -> bool:
         """Take a sequence out of the queue if it has not started running (a caller that waited
         long enough); False when it runs already."""
         if seq in self.waiting and seq.num_computed == 0 and not seq.output_ids:
@@ -105,10 +105,10 @@ class Scheduler:
             return True
         return False
 
-    def free_blocks(self, seq: Sequence) -> None:
+    def free_blocks(self, seq: EngineSequence) -> None:
         self.cache.release(seq)
 
-    def _recompute_later(self, seq: Sequence) -> None:
+    def _recompute_later(self, seq: EngineSequence) -> None:
         self.free_blocks(seq)
         seq.num_computed = 0
         seq.num_preemptions += 1
@@ -116,14 +116,14 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.on_preempt(seq)
 
-    def preempt(self, seq: Sequence) -> None:
+    def preempt(self, seq: EngineSequence) -> None:
         self.running.remove(seq)
         self._recompute_later(seq)
 
-    def _need(self, seq: Sequence, num_tokens: int) -> int:
+    def _need(self, seq: EngineSequence, num_tokens: int) -> int:
         return max(0, self.blocks_for(seq.num_computed + num_tokens) - len(seq.block_table))
 
-    def _grow(self, seq: Sequence, num_tokens: int) -> bool:
+    def _grow(self, seq: EngineSequence, num_tokens: int) -> bool:
         need = self._need(seq, num_tokens)
         if need == 0:
             return True

@@ -38,7 +38,7 @@ class SeqOutput:
 
 
 @dataclass(eq=False)  # identity: queues find and remove *this* sequence
-class Sequence:
+class EngineSequence:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams

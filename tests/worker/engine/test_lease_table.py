@@ -8,11 +8,11 @@ import pytest
 from tandem.contracts.sampling import SamplingParams
 from tandem.worker.engine.leases import LeaseTable
 from tandem.worker.engine.request_state import RequestState
-from tandem.worker.engine.sequence import Sequence
+from tandem.worker.engine.sequence import EngineSequence
 
 
-def _seq(rid: str, blocks: list[int]) -> Sequence:
-    seq = Sequence(request_id=rid, prompt_ids=[1, 2, 3], params=SamplingParams(), max_total_len=64, seed=0)
+def _seq(rid: str, blocks: list[int]) -> EngineSequence:
+    seq = EngineSequence(request_id=rid, prompt_ids=[1, 2, 3], params=SamplingParams(), max_total_len=64, seed=0)
     seq.block_table = list(blocks)
     return seq
 

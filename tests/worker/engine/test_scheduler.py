@@ -7,11 +7,11 @@ from tandem.contracts.sampling import SamplingParams
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.scheduler import Scheduler
-from tandem.worker.engine.sequence import Sequence
+from tandem.worker.engine.sequence import EngineSequence
 
 
-def _seq(rid: str, n: int) -> Sequence:
-    return Sequence(rid, list(range(n)), SamplingParams(), max_total_len=4096, seed=0)
+def _seq(rid: str, n: int) -> EngineSequence:
+    return EngineSequence(rid, list(range(n)), SamplingParams(), max_total_len=4096, seed=0)
 
 
 def _advance(chunks, token=7):
