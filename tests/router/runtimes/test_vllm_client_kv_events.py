@@ -11,6 +11,7 @@ import uuid
 import pytest
 from tandem.contracts.protocol import GenerateRequest
 from tandem.contracts.sampling import SamplingParams
+from tandem.contracts.vllm_serve import CPU_BLOCK_SIZE
 from tandem.router.kv_feed import KVEventFeed
 from tandem.router.policies.base import RequestInfo
 from tandem.router.prefix_index import PrefixIndex
@@ -74,6 +75,29 @@ async def test_a_served_prompt_appears_in_the_index_for_the_server_that_holds_it
                     "a salted prompt's blocks named with its salt")
     finally:
         await feed.close()
+
+
+def test_the_router_finds_a_repeated_prompts_prefix_from_vllms_events(vllm_router, vllm_servers):
+    """Through `tandem router --runtime vllm --policy prefix-aware`: a prompt served once reaches the
+    router's index as its workers' KV events, and the same prompt again is routed where its blocks are
+    (counted in tandem_router_prefix_cached_tokens), with the same text."""
+    import openai
+    from tandem.testing.cluster import wait_until
+
+    api = openai.OpenAI(base_url=vllm_router.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    prompt = f"{uuid.uuid4().hex[:8]} " + TEXT * 3
+
+    def cached() -> float:
+        return sum(vllm_router.metric(f'tandem_router_prefix_cached_tokens_total{{role="{r}"}}')
+                   for r in ("prefill", "decode"))
+
+    before, blocks = cached(), vllm_router.metric("tandem_router_prefix_index_blocks")
+    kw = {"model": "toy", "prompt": prompt, "max_tokens": 8, "temperature": 0}
+    first = api.completions.create(**kw).choices[0].text
+    wait_until(lambda: vllm_router.metric("tandem_router_prefix_index_blocks") >= blocks + 2, timeout=60,
+               what="the served prompt's blocks in the router's index, from vLLM's KV events")
+    assert api.completions.create(**kw).choices[0].text == first
+    assert cached() - before >= 2 * CPU_BLOCK_SIZE  # at least two of the CPU build's blocks found where they are
 
 
 # vLLM's own publisher (its ZmqEventPublisher, msgpack encoding and numbering) sending the batches a
