@@ -17,7 +17,7 @@ from tandem.contracts.kv_layout import KVLayout
 from tandem.contracts.kv_source import KVRank, KVSource
 from tandem.worker.kv.base import KVTransferError
 from tandem.worker.kv.byte_ranges import Range, blocks_touched
-from tandem.worker.kv.pulling import PullTransport
+from tandem.worker.kv.pull_transport import PullTransport
 
 ENGINES: dict[str, MemoryTransport] = {}
 

@@ -56,7 +56,7 @@ from tandem.worker.kv.base import KVTransferConfig, KVTransferError, TransferSta
 from tandem.worker.kv.byte_ranges import Range
 from tandem.worker.kv.health import detect_ucx_transport
 from tandem.worker.kv.nixl_thread import AgentThread
-from tandem.worker.kv.pulling import PullTransport
+from tandem.worker.kv.pull_transport import PullTransport
 
 try:  # the upstream wheel is `nixl`; the CPU-only CUDA 12 build installs as `nixl_cu12`
     from nixl._api import nixl_agent, nixl_agent_config

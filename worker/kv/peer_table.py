@@ -6,7 +6,7 @@ it (TCP: pooled connections; NIXL: the remote agent). Prefill pods come and go (
 rescheduling, a new address each time), so a table that only grows leaks sockets, UCX endpoints
 and memory under churn (issue 21, defect 9). This table says which peers to forget: any no pull
 has used for `idle_s`, and the least recently used beyond `max_peers`; never one a pull is using.
-Pure bookkeeping on the event loop; the transport does the forgetting (pulling.py).
+Pure bookkeeping on the event loop; the transport does the forgetting (pull_transport.py).
 """
 
 from __future__ import annotations

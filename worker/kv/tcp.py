@@ -12,7 +12,7 @@ handshake of tcp_wire.py; then, per pull:
                         into blocks), or no live lease with that token holds every block they touch)
     decode -> prefill   {"op": "release", "request_id", "lease_token"} (only after a read with
                         "release": true; a rank of a tensor-parallel pull reads with false, and the
-                        lease is released once at the source's rank 0, see pulling.py)
+                        lease is released once at the source's rank 0, see pull_transport.py)
     prefill -> decode   {"ok": true} once the lease is freed; {"ok": false} when it was not ours
                         to free (expired: the blocks may have been reused mid-send, so the decode
                         side fails instead of using them; or a wrong token)
@@ -46,7 +46,7 @@ from tandem.worker.kv import throttle
 from tandem.worker.kv.base import KVTransferConfig, KVTransferError
 from tandem.worker.kv.byte_ranges import Range, blocks_touched, overlapping
 from tandem.worker.kv.corruption import Corruption
-from tandem.worker.kv.pulling import PullTransport, pool_bytes
+from tandem.worker.kv.pull_transport import PullTransport, pool_bytes
 from tandem.worker.kv.tcp_wire import (
     HandshakeError,
     client_handshake,

@@ -3,8 +3,8 @@
 Routes, by file: this one has the application (create_app: the table of every route), the error
 middleware and the plain endpoints (/health, /ready, /v1/models, /metrics, /internal/info);
 generate.py streams /internal/generate (the engine pulls a handoff's KV first); prefill.py serves
-/internal/prefill, /internal/abort and the /internal/kv/* lease and transport endpoints;
-tokenizer_files.py /internal/tokenizer; kv_events.py /internal/kv/events. Shared: state.py (settings,
+/internal/prefill; abort.py /internal/abort; kv_peer.py the /internal/kv/* lease and transport
+endpoints; kv_events.py /internal/kv/events; tokenizer_files.py /internal/tokenizer. Shared: state.py (settings,
 state), http_errors.py (OpenAI-format errors), parsing.py (strict bodies), auth.py (the secret).
 
 Model endpoints answer 503 until the model is loaded; errors before a stream starts are OpenAI-format
@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tandem.contracts.protocol import REQUEST_ID_HEADER, WorkerInfo
-from tandem.worker.server import generate, kv_events, prefill, tokenizer_files
+from tandem.worker.server import abort, generate, kv_events, kv_peer, prefill, tokenizer_files
 from tandem.worker.server.auth import internal_auth
 from tandem.worker.server.http_errors import error_response, need_engine
 from tandem.worker.server.parsing import RequestRefused
@@ -130,11 +130,11 @@ def create_app(state: WorkerState) -> web.Application:
     app.router.add_get("/internal/info", info)
     app.router.add_post("/internal/generate", generate.generate)
     app.router.add_post("/internal/prefill", prefill.prefill)
-    app.router.add_post("/internal/abort", prefill.abort)
-    app.router.add_post("/internal/kv/release", prefill.kv_release)
-    app.router.add_post("/internal/kv/check", prefill.kv_check)
-    app.router.add_get("/internal/kv/metadata", prefill.kv_metadata)
-    app.router.add_get("/internal/kv/health", prefill.kv_health)
+    app.router.add_post("/internal/abort", abort.abort)
+    app.router.add_post("/internal/kv/release", kv_peer.release)
+    app.router.add_post("/internal/kv/check", kv_peer.check)
+    app.router.add_get("/internal/kv/metadata", kv_peer.metadata)
+    app.router.add_get("/internal/kv/health", kv_peer.health)
     tokenizer_files.add_routes(app, state)  # GET /internal/tokenizer
     kv_events.add_routes(app, state)  # GET /internal/kv/events
     return app

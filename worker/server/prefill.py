@@ -1,6 +1,5 @@
-"""The prefill side of a KV handoff and the KV endpoints: POST /internal/prefill (prompt KV computed
-and leased, its first token answered), /internal/abort, /internal/kv/release, GET
-/internal/kv/metadata and /internal/kv/health.
+"""The prefill side of a KV handoff: POST /internal/prefill (prompt KV computed and leased, its first
+token answered). The lease's own endpoints (/internal/kv/*) are in kv_peer.py, abort in abort.py.
 
 A prefill answers in one piece, so its wait is bounded below the router's prefill timeout: the
 engine withdraws a prefill still queued (not started) after `prefill_queue_s`, answered 429 with
@@ -13,13 +12,11 @@ from __future__ import annotations
 import logging
 
 from aiohttp import web
-from tandem.contracts.kv_health import KVHealth
-from tandem.contracts.names import KVBackend, Role
+from tandem.contracts.names import Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER, PrefillResult
 from tandem.worker.engine.token_texts import TokenTexts
-from tandem.worker.server.http_errors import error_response, refused
-from tandem.worker.server.parsing import model_request, request_id_body
-from tandem.worker.server.state import STATE_KEY
+from tandem.worker.server.http_errors import refused
+from tandem.worker.server.parsing import model_request
 
 log = logging.getLogger("tandem.worker.server")
 
@@ -47,45 +44,3 @@ async def prefill(request: web.Request) -> web.Response:
     log.info("prefill done", extra={"request_id": rid, "prompt_tokens": len(seq.prompt_ids),
                                      "leased_blocks": len(out.kv_blocks or [])})
     return web.json_response(result.to_dict(), headers={REQUEST_ID_HEADER: rid})
-
-
-async def abort(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
-    rid, lease_token = await request_id_body(request, token=False)
-    found = state.engine.abort(rid, lease_token) if state.engine is not None else False
-    log.info("abort", extra={"request_id": rid, "found": found})
-    return web.json_response({"request_id": rid, "aborted": found})
-
-
-async def kv_release(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
-    rid, lease_token = await request_id_body(request, token=True)
-    found = state.engine.release_lease(rid, lease_token) if state.engine is not None else False
-    log.info("KV lease released", extra={"request_id": rid, "found": found})
-    return web.json_response({"request_id": rid, "released": found})
-
-
-async def kv_check(request: web.Request) -> web.Response:
-    """{"request_id", "lease_token", "block_ids"}: may these blocks be read? Asked by this worker's
-    other tensor-parallel ranks (engine/parallel/rank_server.py), whose reads rank 0's leases cover."""
-    state = request.app[STATE_KEY]
-    rid, lease_token = await request_id_body(request, token=True)
-    blocks = (await request.json()).get("block_ids")
-    ok = (state.engine is not None and isinstance(blocks, list) and all(type(b) is int for b in blocks)
-          and state.engine.engine.check_read(rid, lease_token, blocks))
-    return web.json_response({"request_id": rid, "ok": ok})
-
-
-async def kv_metadata(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
-    if state.transport is None:
-        return error_response(404, "this worker has no KV transport (--kv-backend none)", "not_found",
-                              code="no_kv_transport")
-    return web.json_response(state.transport.metadata())
-
-
-async def kv_health(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
-    if state.transport is None:
-        return web.json_response(KVHealth(backend=KVBackend.NONE).to_dict())
-    return web.json_response(state.transport.health().to_dict())
