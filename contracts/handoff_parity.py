@@ -1,7 +1,7 @@
 """The handoff parity report: what a router serves at GET /internal/parity and the operator reads for
 the HandoffVerified condition. One definition for both sides.
 
-Each router checks every prefill/decode pairing it routes through (router/parity.py): a fixed probe
+Each router checks every prefill/decode pairing it routes through (router/parity/decisions.py): a fixed probe
 goes through prefill-then-decode (the KV handed off over the real transport) and through the decode
 worker alone, and the teacher-forced log probabilities of a fixed continuation are compared. A
 worker's `state` says whether it may take part in a KV handoff.
@@ -52,7 +52,7 @@ class ProbeResult:
     message: str = ""
     seconds: float = 0.0  # how long the probe took
     at_unix: float = 0.0
-    seed: int = 0  # the probe's tokens (router/parity.py probe_tokens)
+    seed: int = 0  # the probe's tokens (router/parity/decisions.py probe_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -223,7 +223,7 @@ class WorkerInfo:
     # tokenizer_digest of what GET /internal/tokenizer serves; "" until the worker has computed it
     tokenizer_sha256: str = ""
     # The KV cache's dtype ("float32", "bfloat16", ...; "" while loading): how closely two workers'
-    # log probabilities can agree (the router's handoff parity probe, router/parity.py).
+    # log probabilities can agree (the router's handoff parity probe, router/parity/decisions.py).
     dtype: str = ""
 
     def to_dict(self) -> dict[str, Any]:

@@ -53,7 +53,7 @@ class SamplingParams:
     # The output's grammar (worker/engine/grammar.py): {"json_schema": {...}}, {"json_object": true},
     # {"regex": "..."}, {"choice": [...]} or {"lark": "..."}; None: unconstrained.
     structured: dict[str, Any] | None = None
-    # Teacher forcing (internal: the router's handoff parity probe, router/parity_probe.py): the
+    # Teacher forcing (internal: the router's handoff parity probe, router/parity/probe.py): the
     # token at output index i is forced_token_ids[i] whatever the draw, and logprobs score it, so two
     # paths through the model can be compared on the same continuation. Never set from the public API.
     forced_token_ids: list[int] = field(default_factory=list)

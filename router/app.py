@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tandem.contracts.json_body import BodyError, decode_json
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER
-from tandem.router import parity_checker, tokenize_api
+from tandem.router import tokenize_api
 from tandem.router.chat_fields import decode_echo
 from tandem.router.config import RouterConfig
 from tandem.router.errors import RouterError, bad_request, no_worker
@@ -28,7 +28,8 @@ from tandem.router.journey import ClientRequest
 from tandem.router.kv_feed import KVEventFeed
 from tandem.router.metrics import RouterMetrics
 from tandem.router.orchestrator import Orchestrator
-from tandem.router.parity_checker import ParityChecker
+from tandem.router.parity import checker as parity_checker
+from tandem.router.parity.checker import ParityChecker
 from tandem.router.policies.base import PolicySettings, RoutingPolicy
 from tandem.router.policies.registry import policy_class
 from tandem.router.prefix_index import PrefixIndex
@@ -103,7 +104,7 @@ class Router:
         self.tokens: TokenizerSync | None = None
         self.index: PrefixIndex | None = None  # only for a policy that routes by prefix
         self.feed: KVEventFeed | None = None
-        self.parity: ParityChecker | None = None  # the handoff parity probe (parity_checker.py)
+        self.parity: ParityChecker | None = None  # the handoff parity probe (parity/checker.py)
         self._poller: asyncio.Task | None = None
         self.draining = False  # SIGTERM: not ready, new requests refused, streams finish
         self._active = 0  # generation requests being served

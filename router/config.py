@@ -76,7 +76,7 @@ class RouterConfig:
     kube_request_timeout_s: float = 10.0  # one list (or connect) call to the API server
     watch_timeout_s: int = 60  # the API server ends each watch after this; a relist follows
     watch_stall_s: float = 30.0  # a watch silent this much longer than its timeout is stalled: relist
-    # The handoff parity probe (router/parity.py): a pairing takes KV handoffs only once proven.
+    # The handoff parity probe (router/parity/decisions.py): a pairing takes KV handoffs only once proven.
     parity_probe: bool = True
     parity_tolerance: float | None = None  # nats; None: by the workers' dtype (parity.TOLERANCE)
     parity_recheck_s: float = RECHECK_S  # probe a worker again this long after its verdict (0: never)

@@ -86,7 +86,7 @@ class WorkerSet:
     served_model: str | None = None  # fixed by configuration, else learnt from the workers
     # called with the views after every poll (the tokenizer check)
     listeners: list[Callable[[list[WorkerView]], None]] = field(default_factory=list)
-    # each worker's standing from the handoff parity probe (router/parity_checker.py); None: no probe
+    # each worker's standing from the handoff parity probe (router/parity/checker.py); None: no probe
     parity: Callable[[str], ParityState | None] | None = None
     # which worker holds which prefix-cache blocks (a policy that uses_prefix_index); None: not kept
     prefix_index: PrefixIndex | None = None

@@ -20,7 +20,7 @@ its subclasses:
   Token counts are exact when the router tokenized the prompt (or the client sent ids), else
   characters / 4 (about what BPE tokenizers average on English).
 - Proven pairings only: a worker takes part in a KV handoff only once the router's parity probe
-  verified it (router/parity.py; `handoff_allowed`); a generation with no proven pair is served by
+  verified it (router/parity/decisions.py; `handoff_allowed`); a generation with no proven pair is served by
   decode-side prefill (route `parity_unverified`, or `parity_mismatch` when a probe disagreed).
 - Load-aware disaggregation (`prefill_saturated`): when every ready prefill worker of the paired
   generation already has at least `prefill_saturated_tokens` prompt tokens queued, a
@@ -78,7 +78,7 @@ class WorkerView:
     tokenizer_sha256: str = ""  # what its /internal/info reports ("" unknown)
     dtype: str = ""  # its KV cache's dtype, from /internal/info
     engine_id: str = ""  # from /internal/info: a restarted worker (same address) has a new one
-    # Its standing from the handoff parity probe (router/parity.py); None: the router does not probe.
+    # Its standing from the handoff parity probe (router/parity/decisions.py); None: the router does not probe.
     parity: ParityState | None = None
 
     @property

@@ -22,7 +22,7 @@ RUNNING, WAITING, KV_USAGE = "vllm:num_requests_running", "vllm:num_requests_wai
 CACHE_INFO, STARTED = "vllm:cache_config_info", "process_start_time_seconds"
 _WANTED = (RUNNING, WAITING, KV_USAGE, CACHE_INFO, STARTED)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-# vLLM's names for a KV cache dtype -> the names WorkerInfo.dtype uses (router/parity.py)
+# vLLM's names for a KV cache dtype -> the names WorkerInfo.dtype uses (router/parity/decisions.py)
 _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "half": "float16", "fp16": "float16",
            "float32": "float32", "float": "float32", "fp32": "float32"}
 

@@ -16,7 +16,7 @@ from tandem.contracts.handoff_parity import (
 )
 from tandem.contracts.names import Role
 from tandem.contracts.routing import RouteReason
-from tandem.router.parity import ParityTable, Scored, compare, probe_tokens, tolerance_for
+from tandem.router.parity.decisions import ParityTable, Scored, compare, probe_tokens, tolerance_for
 from tandem.router.policies.base import RequestInfo, Snapshot, WorkerView
 from tandem.router.policies.least_loaded import LeastLoaded
 

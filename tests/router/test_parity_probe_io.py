@@ -12,8 +12,8 @@ from tandem.contracts.handoff_parity import ProbeOutcome
 from tandem.contracts.kv_source import KVSource
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import EventType, FinishReason, PrefillResult, StreamEvent
-from tandem.router.parity import UNKNOWN_DTYPE_TOLERANCE, Pair, probe_tokens
-from tandem.router.parity_probe import run_probe
+from tandem.router.parity.decisions import UNKNOWN_DTYPE_TOLERANCE, Pair, probe_tokens
+from tandem.router.parity.probe import run_probe
 from tandem.router.policies.base import WorkerView
 from tandem.testing.fake_workers import Call, FakeWorkers, busy, died, finish, start
 
@@ -131,7 +131,7 @@ class EchoWorkers(FakeWorkers):
 
 def _checked(workers: EchoWorkers) -> tuple[dict, list[str]]:
     from prometheus_client import CollectorRegistry
-    from tandem.router.parity_checker import ParityChecker
+    from tandem.router.parity.checker import ParityChecker
     from tandem.router.workers import Target, WorkerSet
 
     async def main():
@@ -187,7 +187,7 @@ def test_a_prefill_worker_a_broken_decode_pod_dragged_into_mismatch_is_cleared_b
     """Issue 28 item 7, through the checker: four workers at start-up, the broken decode pod probed
     first; its prefill partner must end up VERIFIED with no recheck configured."""
     from prometheus_client import CollectorRegistry
-    from tandem.router.parity_checker import ParityChecker
+    from tandem.router.parity.checker import ParityChecker
     from tandem.router.workers import Target, WorkerSet
 
     bad, p1, good, p2 = "http://a-bad", "http://b-p1", "http://c-good", "http://d-p2"

@@ -57,7 +57,7 @@ def test_forcing_continues_after_replayed_tokens(make_engine, loaded_toy):
     run_to_completion(eng)
     assert tokens_of(rest) == FORCED[1:]
     # Not bit-equal: here the replayed token is recomputed in the prompt chunk, not in a decode step
-    # (a different kernel; the probe's two paths both decode it, see router/parity_probe.py).
+    # (a different kernel; the probe's two paths both decode it, see router/parity/probe.py).
     expected = [lp.logprob for o in whole for lp in o.logprobs][1:]
     assert [lp.logprob for o in rest for lp in o.logprobs] == pytest.approx(expected, abs=1e-5)
 

@@ -4,7 +4,7 @@ which pairing to probe next, and what a result means for each worker.
 A handoff that looks healthy can still serve wrong text: a decode worker whose weights differ from
 the prefill worker's (a node-local path, a corrupted volume), a transport or KV layout bug that moves
 the bytes of the wrong heads or blocks. The router proves every pairing before it hands KV across it
-(router/parity_checker.py runs the probes, router/parity_probe.py does the I/O of one): a fixed
+(router/parity/checker.py runs the probes, router/parity/probe.py does the I/O of one): a fixed
 prompt goes through prefill-then-decode (KV pulled over the real transport) and through the decode
 worker alone, each teacher-forced through a fixed continuation, and the log probabilities of that
 continuation must agree within the tolerance for the workers' dtype.
@@ -56,7 +56,7 @@ def probe_tokens(seed: int) -> tuple[list[int], list[int]]:
 # measured on the ~42M engine model beside 8 streams (`python -m bench parity_probe`, 2 runs of 40
 # probes), at most 1e-5 in float32 and up to 0.35 in bfloat16 (in 1 probe of 10); other weights
 # differ by 5 to 18. float16 keeps 3 more mantissa bits than bfloat16 (about 8x less rounding). A
-# disagreement counts only once a second probe confirms it (parity_checker.py).
+# disagreement counts only once a second probe confirms it (checker.py).
 TOLERANCE = {"float32": 1e-4, "float16": 0.25, "bfloat16": 1.0}
 UNKNOWN_DTYPE_TOLERANCE = 1.0
 

@@ -3,7 +3,7 @@ worker's verdict for the routing policy, and reports them (GET /internal/parity,
 HandoffVerified condition; Prometheus).
 
 Every poll of the workers (workers.py) hands the checker the router's view of them; one probe runs at
-a time (router/parity_probe.py), the next chosen by router/parity.py: new workers first, then retries
+a time (router/parity/probe.py), the next chosen by router/parity/decisions.py: new workers first, then retries
 after a probe that could not finish (backing off), a worker found MISMATCH beside an unproven partner
 once a VERIFIED one is there, then rechecks every `recheck_s`. At start-up the
 router waits (briefly) until the ready pairings are proven, so its first requests are handed off.
@@ -27,8 +27,8 @@ from tandem.contracts.handoff_parity import (
     ProbeOutcome,
     ProbeResult,
 )
-from tandem.router.parity import Pair, ParityTable, tolerance_for
-from tandem.router.parity_probe import run_probe
+from tandem.router.parity.decisions import Pair, ParityTable, tolerance_for
+from tandem.router.parity.probe import run_probe
 from tandem.router.policies.base import WorkerView
 from tandem.router.worker_client import WorkerClient
 from tandem.router.workers import WorkerSet

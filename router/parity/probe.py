@@ -1,6 +1,6 @@
 """One handoff parity probe: a seeded prompt through the decode worker alone, then through a prefill
 worker and the same decode worker (the KV pulled over the real transport), both teacher-forced
-through a seeded continuation with its log probabilities returned; router/parity.py compares them.
+through a seeded continuation with its log probabilities returned; router/parity/decisions.py compares them.
 
 Both paths score each continuation token the same way where it matters: the prompt in one prefill
 chunk, then one decode step per token, so with the same weights and a faithful handoff the numbers
@@ -24,7 +24,7 @@ from tandem.contracts.handoff_parity import ProbeOutcome, ProbeResult
 from tandem.contracts.protocol import EventType, GenerateRequest
 from tandem.contracts.sampling import LOGPROB_FLOOR, SamplingParams
 from tandem.router.errors import RouterError
-from tandem.router.parity import Pair, Scored, compare, probe_tokens
+from tandem.router.parity.decisions import Pair, Scored, compare, probe_tokens
 from tandem.router.worker_client import WorkerClient, WorkerFailed, describe
 
 
