@@ -15,8 +15,10 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 
 from kubernetes import client
@@ -28,6 +30,9 @@ from tandem.operator.metrics import METRICS
 log = logging.getLogger(__name__)
 # Every API call is bounded (connect, read): a hung API server must not wedge a reconcile.
 API_TIMEOUT_S = float(os.environ.get("TANDEM_API_TIMEOUT_SECONDS") or DEFAULT_API_TIMEOUT_SECONDS)
+
+# How often a call may refresh the client's credentials (see throttled_credentials).
+CREDENTIALS_REFRESH_S = 10.0
 
 # The ReplicaSet removes pods of the lowest cost first; CHOSEN says the planner picked the pod (and
 # when), so a scale-down's pods are known before replicas drop (a step that moves their running
@@ -75,6 +80,27 @@ def _path(manifest: dict) -> str:
     meta = manifest["metadata"]
     template = PATHS[(manifest["apiVersion"], manifest["kind"])]
     return template.format(namespace=meta["namespace"], name=meta["name"])
+
+
+def throttled_credentials(configuration: client.Configuration, every_s: float = CREDENTIALS_REFRESH_S) -> None:
+    """Lets the client refresh its credentials at most every `every_s`, not before every call: the
+    kubeconfig loader's hook re-sets the host on each call, which scans the environment for proxies
+    (half a millisecond of CPU per call, most of an idle pass's); the in-cluster one only rereads the
+    token once it is due, which a refresh every few seconds still catches in time."""
+    if configuration.refresh_api_key_hook is None:
+        return
+    hook, last = [configuration.refresh_api_key_hook], [-math.inf]
+
+    def refresh(config: client.Configuration) -> None:
+        now = time.monotonic()
+        if now - last[0] < every_s:
+            return
+        last[0] = now
+        hook[0](config)
+        if config.refresh_api_key_hook is not refresh:  # the kubeconfig loader sets its hook again
+            hook[0], config.refresh_api_key_hook = config.refresh_api_key_hook, refresh
+
+    configuration.refresh_api_key_hook = refresh
 
 
 def request(

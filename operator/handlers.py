@@ -35,6 +35,7 @@ from tandem.contracts.names import (
     PLURAL,
     VERSION,
 )
+from tandem.operator.api_client import throttled_credentials
 from tandem.operator.children import READ_THREADS
 from tandem.operator.controller import Controller
 from tandem.operator.watch import WATCHED, Kind, Watched, kept, service_key
@@ -68,6 +69,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **indexes: A
     # readers (operator/children.py). Smaller, urllib3 discards connections past its size and the
     # next call opens another (TLS handshake and all): 7,000 discards in 5 minutes at 1,000 services.
     configuration.connection_pool_maxsize = threads + READ_THREADS
+    throttled_credentials(configuration)
     memo.api = client.ApiClient(configuration)
     watched = Watched(indexes[SERVICES_INDEX], {kind.index: indexes[kind.index] for kind in WATCHED})
     memo.controller = Controller(memo.api, memo.config, watched, memo.workers)
