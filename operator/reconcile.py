@@ -31,7 +31,7 @@ from kubernetes import client
 from tandem.contracts.runtimes import DEFAULT_RUNTIME
 from tandem.operator import api_client, probe, router_parity
 from tandem.operator.act import act
-from tandem.operator.autoscaling.autoscaler import Planning, decide
+from tandem.operator.autoscaling.autoscaler import Planning, autoscale
 from tandem.operator.conclude import conclude, parse_spec
 from tandem.operator.config import OperatorConfig
 from tandem.operator.memory import Memory
@@ -99,7 +99,7 @@ async def run_pass(ctx: PassContext, key: Key, work: Work, state: ServiceState) 
     before = observe(seen, key[1], uid, memory.owners, groups)
     decision = kv = None
     if work.plan and spec is not None:
-        decision, kv = await decide(state.planning, uid, spec, before, ctx.config, ctx.session)
+        decision, kv = await autoscale(state.planning, uid, spec, before, ctx.config, ctx.session)
         if decision is not None:
             ctx.metrics.decided(*key, decision, state.planning.snapshot)
     acted = await asyncio.to_thread(act, ctx.api, body, ctx.config, work, memory, decision, before, seen)

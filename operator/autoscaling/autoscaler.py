@@ -50,9 +50,9 @@ class Planning:
     snapshot: Snapshot | None = None  # what the last decision was made from (the operator's metrics show it)
 
 
-async def decide(planning: Planning, uid: str | None, spec: InferenceServiceSpec, obs: Observation,
-                 config: OperatorConfig, session: aiohttp.ClientSession | None = None
-                 ) -> tuple[Decision | None, list[KVProbe] | None]:
+async def autoscale(planning: Planning, uid: str | None, spec: InferenceServiceSpec, obs: Observation,
+                    config: OperatorConfig, session: aiohttp.ClientSession | None = None
+                    ) -> tuple[Decision | None, list[KVProbe] | None]:
     """One decision for one service from its pods' metrics (None: nothing to decide), and the KV
     probes taken alongside. Updates `planning` in place."""
     a = spec.autoscaling
