@@ -37,6 +37,20 @@ import logging
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import EventType, FinishReason, StreamEvent
 from tandem.contracts.routing import RouteReason
+from tandem.router.actions import (
+    Abort,
+    Action,
+    Blame,
+    DecodeOn,
+    EndWithError,
+    Finish,
+    Moved,
+    PrefillOn,
+    Read,
+    Wait,
+    Why,
+    charges,
+)
 from tandem.router.errors import RouterError, no_worker, overloaded, upstream_failed
 from tandem.router.journey import (
     Finished,
@@ -46,29 +60,17 @@ from tandem.router.journey import (
     Rules,
     Started,
 )
-from tandem.router.policies.base import RequestInfo, Snapshot, WorkerView
-from tandem.router.steps import (
-    Abort,
+from tandem.router.outcomes import (
     Aborted,
-    Action,
     Arrived,
-    DecodeOn,
-    Fail,
-    Failed,
-    Fault,
-    Finish,
+    CallFailed,
     Line,
-    Moved,
     Outcome,
     Prefilled,
-    PrefillOn,
-    Read,
     Rejected,
-    Wait,
     Waited,
-    Why,
-    charges,
 )
+from tandem.router.policies.base import RequestInfo, Snapshot, WorkerView
 from tandem.router.validation import check_prompt_tokens
 from tandem.router.worker_client import WorkerBusy, WorkerFailed
 
@@ -91,9 +93,9 @@ def _step(j: Journey, outcome: Outcome, snap: Snapshot) -> Action:
             return _fail(j, outcome.error)
         case Prefilled():
             return _prefilled(j, outcome)
-        case Failed() if j.phase is Phase.PREFILL:
+        case CallFailed() if j.phase is Phase.PREFILL:
             return _prefill_failed(j, outcome, snap)
-        case Failed():
+        case CallFailed():
             return _decode_failed(j, outcome, snap)
         case Aborted():
             return _after_abort(j, outcome, snap)
@@ -117,9 +119,9 @@ def _info(j: Journey) -> RequestInfo:
     return j.info
 
 
-def _fail(j: Journey, error: RouterError, **effects) -> Fail:
+def _fail(j: Journey, error: RouterError, **effects) -> EndWithError:
     j.phase = Phase.FAILED
-    return Fail(error=error, **effects)
+    return EndWithError(error=error, **effects)
 
 
 def _over_limit(j: Journey, prompt_tokens: int) -> RouterError | None:
@@ -200,12 +202,12 @@ def _prefill_on(j: Journey, worker: WorkerView, why: Why, **effects) -> PrefillO
     return PrefillOn(worker=worker, work=work, why=why, **effects)
 
 
-def _prefill_failed(j: Journey, o: Failed, snap: Snapshot) -> Action:
+def _prefill_failed(j: Journey, o: CallFailed, snap: Snapshot) -> Action:
     plan = j.plan
     assert plan is not None
     busy = isinstance(o.error, WorkerBusy)
     j.route = RouteReason.PREFILL_SATURATED if busy else RouteReason.PREFILL_FAILED
-    effects = {"fault": Fault(o.url, "prefill", o.error), "abort": () if busy else (o.url,)}
+    effects = {"blame": Blame(o.url, "prefill", o.error), "abort": () if busy else (o.url,)}
     j.prefill_tried.add(o.url)
     nxt = _rules(j).policy.retry_prefill(_info(j), plan, snap, frozenset(j.prefill_tried))
     if nxt is not None and j.prefill_attempts < _rules(j).max_prefill_attempts:
@@ -303,21 +305,21 @@ def _output(j: Journey, o: Line, ev: StreamEvent, snap: Snapshot) -> Action:
     return _finish(j, o.now, emit=tuple(emit), moved=moved)
 
 
-def _failure(o: Line, message: str) -> Failed:
-    return Failed(o.url, WorkerFailed(message, dead=False), now=o.now)
+def _failure(o: Line, message: str) -> CallFailed:
+    return CallFailed(o.url, WorkerFailed(message, dead=False), now=o.now)
 
 
-def _decode_failed(j: Journey, o: Failed, snap: Snapshot, **effects) -> Action:
-    fault = Fault(o.url, "decode", o.error)
+def _decode_failed(j: Journey, o: CallFailed, snap: Snapshot, **effects) -> Action:
+    blame = Blame(o.url, "decode", o.error)
     if isinstance(o.error, WorkerBusy):  # it refused before streaming: the KV lease is still there
         j.busy[o.url] = o.error.retry_after_s
-        return _after_busy(j, o, snap, fault=fault, **effects)
+        return _after_busy(j, o, snap, blame=blame, **effects)
     j.failures += 1
     j.failure = o.error
     if not o.error.dead:  # it may get the resume: its copy (same request id) must be gone first
-        return Abort(url=o.url, fault=fault, **effects)
+        return Abort(url=o.url, blame=blame, **effects)
     j.excluded.add(o.url)
-    return _after_abort(j, o, snap, fault=fault, abort=(o.url,), **effects)
+    return _after_abort(j, o, snap, blame=blame, abort=(o.url,), **effects)
 
 
 def _after_abort(j: Journey, o: Outcome, snap: Snapshot, **effects) -> Action:

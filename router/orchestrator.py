@@ -1,8 +1,8 @@
 """The driver of a request's journey: performs what `decide` (decide.py) asks, and nothing else.
 
 One request's state lives in its `Journey` (journey.py); what happens next is `decide`'s call,
-a pure step over the journey, an outcome (steps.py) and a snapshot this driver takes of the
-worker set (`WorkerSet.snapshot`). This driver does the I/O around it: it calls workers through a
+a pure step over the journey, an outcome (outcomes.py) and a snapshot this driver takes of the
+worker set (`WorkerSet.snapshot`), giving an action (actions.py). This driver does the I/O around it: it calls workers through a
 `WorkerClient` (worker_client.py, an in-process fake in the tests), hands the worker set what the
 journey now counts on each worker (`Journey.charges`) and the round-robin turns an action took,
 sleeps when told to wait, sends aborts, counts metrics and writes the log, and turns what happened
@@ -24,33 +24,35 @@ from dataclasses import dataclass, field
 
 from tandem.contracts import timing
 from tandem.contracts.protocol import StreamEvent
+from tandem.router.actions import (
+    Abort,
+    Action,
+    Blame,
+    DecodeOn,
+    EndWithError,
+    Finish,
+    Moved,
+    PrefillOn,
+    Read,
+    Wait,
+    Why,
+)
 from tandem.router.decide import decide
 from tandem.router.errors import RouterError
 from tandem.router.journey import Event, Journey, Rules
 from tandem.router.metrics import RouterMetrics
-from tandem.router.policies.base import RequestInfo, RoutingPolicy, Snapshot
-from tandem.router.steps import (
-    Abort,
+from tandem.router.outcomes import (
     Aborted,
-    Action,
     Arrived,
-    DecodeOn,
-    Fail,
-    Failed,
-    Fault,
-    Finish,
+    CallFailed,
     Line,
-    Moved,
     Outcome,
     Prefilled,
-    PrefillOn,
-    Read,
     Rejected,
-    Wait,
     Waited,
-    Why,
     may_choose,
 )
+from tandem.router.policies.base import RequestInfo, RoutingPolicy, Snapshot
 from tandem.router.validation import Limits, ParsedRequest
 from tandem.router.worker_client import WorkerBusy, WorkerClient, WorkerFailed
 from tandem.router.workers import WorkerSet
@@ -112,14 +114,14 @@ class Orchestrator:
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
-    def _failed(self, fault: Fault) -> None:
-        log.warning("%s", fault.error)
-        if isinstance(fault.error, WorkerBusy):
-            self.metrics.worker_busy.labels(fault.role).inc()
+    def _blamed(self, blame: Blame) -> None:
+        log.warning("%s", blame.error)
+        if isinstance(blame.error, WorkerBusy):
+            self.metrics.worker_busy.labels(blame.role).inc()
             return
-        self.metrics.worker_failures.labels(fault.role).inc()
-        if fault.error.dead:
-            self.workers.report_failure(fault.url, str(fault.error))
+        self.metrics.worker_failures.labels(blame.role).inc()
+        if blame.error.dead:
+            self.workers.report_failure(blame.url, str(blame.error))
 
     def _count_prefix(self, info: RequestInfo | None, action: Action) -> None:
         plan = action.plan
@@ -139,8 +141,8 @@ class Orchestrator:
 
     def _effects(self, j: Journey, action: Action) -> None:
         """What an action asks besides its next step, in the order the state machine did them."""
-        if action.fault is not None:
-            self._failed(action.fault)
+        if action.blame is not None:
+            self._blamed(action.blame)
         for level, message in action.notes:
             log.log(level, "%s", message)
         self._count_prefix(j.info, action)
@@ -180,7 +182,7 @@ class Orchestrator:
                 self._effects(j, action)
                 for ev in action.emit:
                     yield ev
-                if isinstance(action, Fail):
+                if isinstance(action, EndWithError):
                     raise action.error
                 if isinstance(action, Finish):
                     return
@@ -203,7 +205,7 @@ class Orchestrator:
         try:
             ev = await stream.next()
         except WorkerFailed as exc:
-            return self._outcome(Failed, stream.url, exc)
+            return self._outcome(CallFailed, stream.url, exc)
         except RouterError as err:
             return self._outcome(Rejected, err)
         return self._outcome(Line, stream.url, ev)
@@ -227,7 +229,7 @@ class Orchestrator:
         try:
             res = await self.client.prefill(url, j.worker_request(decode=False))
         except WorkerFailed as exc:
-            return self._outcome(Failed, url, exc)
+            return self._outcome(CallFailed, url, exc)
         except RouterError as err:
             return self._outcome(Rejected, err)
         return self._outcome(Prefilled, url, res)

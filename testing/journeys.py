@@ -5,11 +5,12 @@ snapshot of the workers given, with no event loop, no pool and no fake workers (
 from __future__ import annotations
 
 from tandem.contracts.names import Role
+from tandem.router.actions import Action
 from tandem.router.decide import decide
 from tandem.router.journey import Journey, Rules
+from tandem.router.outcomes import Arrived, CallFailed, Line, Prefilled
 from tandem.router.policies.base import Snapshot, WorkerView
 from tandem.router.policies.registry import create_policy
-from tandem.router.steps import Action, Arrived, Failed, Line, Prefilled
 from tandem.router.validation import Endpoint, Limits, ParsedRequest, parse_request
 from tandem.testing.fake_workers import prefilled
 
@@ -59,6 +60,6 @@ def feed(j: Journey, url: str, *items, workers: tuple[WorkerView, ...] = (), now
     """Stream lines (or a failure) from `url`, one decision each, over a snapshot of `workers`."""
     actions = []
     for item in items:
-        outcome = Failed(url, item, now=now) if isinstance(item, Exception) else Line(url, item, now=now)
+        outcome = CallFailed(url, item, now=now) if isinstance(item, Exception) else Line(url, item, now=now)
         actions.append(decide(j, outcome, Snapshot(workers)))
     return actions

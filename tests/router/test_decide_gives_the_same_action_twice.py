@@ -23,8 +23,19 @@ from tandem.contracts.handoff_parity import ParityState
 from tandem.contracts.kv_events import KVEventMessage, KVEventType
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import EventType, FinishReason, StreamEvent
+from tandem.router.actions import Abort, Action, DecodeOn, PrefillOn, Read, Wait
 from tandem.router.decide import decide
 from tandem.router.journey import Journey, Rules
+from tandem.router.outcomes import (
+    Aborted,
+    Arrived,
+    CallFailed,
+    Line,
+    Outcome,
+    Prefilled,
+    Rejected,
+    Waited,
+)
 from tandem.router.policies.base import (
     PairedPolicy,
     PolicySettings,
@@ -35,22 +46,6 @@ from tandem.router.policies.base import (
 from tandem.router.policies.prefix_aware import PrefixAware
 from tandem.router.policies.registry import POLICIES, create_policy
 from tandem.router.prefix_index import PrefixIndex
-from tandem.router.steps import (
-    Abort,
-    Aborted,
-    Action,
-    Arrived,
-    DecodeOn,
-    Failed,
-    Line,
-    Outcome,
-    Prefilled,
-    PrefillOn,
-    Read,
-    Rejected,
-    Wait,
-    Waited,
-)
 from tandem.router.validation import Endpoint, Limits, parse_request
 from tandem.router.workers import WorkerSet
 from tandem.testing.fake_workers import (
@@ -176,8 +171,8 @@ def next_outcome(draw: st.DrawFn, j: Journey, action: Action, now: float) -> Out
         return draw(st.sampled_from([
             Prefilled(url, prefilled(url, ids, 7, "A"), now=now),
             Prefilled(url, prefilled(url, ids, 7, "A", FinishReason.STOP), now=now),
-            Failed(url, died(), now=now), Failed(url, busy(), now=now),
-            Failed(url, fail(503, "not_ready", type_="service_unavailable"), now=now),
+            CallFailed(url, died(), now=now), CallFailed(url, busy(), now=now),
+            CallFailed(url, fail(503, "not_ready", type_="service_unavailable"), now=now),
             Rejected(fail(400, "invalid_value", "max_tokens"), now=now)]))
     if isinstance(action, DecodeOn | Read):
         return decode_line(draw, j, now)
@@ -198,8 +193,8 @@ def decode_line(draw: st.DrawFn, j: Journey, now: float) -> Outcome:
         Line(url, finish(), now=now), Line(url, finish(FinishReason.ABORT), now=now),
         Line(url, StreamEvent(EventType.ERROR, error=error), now=now),
         Line(url, migrate(url, list(j.generated), 5 + n, with_kv=draw(st.booleans())), now=now),
-        Failed(url, died(), now=now), Failed(url, busy(429, "2"), now=now),
-        Failed(url, fail(400, "kv_mismatch", "kv_source"), now=now)]))
+        CallFailed(url, died(), now=now), CallFailed(url, busy(429, "2"), now=now),
+        CallFailed(url, fail(400, "kv_mismatch", "kv_source"), now=now)]))
 
 
 # --- the property -------------------------------------------------------------------------------

@@ -11,25 +11,12 @@ import pytest
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import EventType, FinishReason, StreamEvent
 from tandem.contracts.routing import RouteReason
+from tandem.router.actions import Abort, DecodeOn, EndWithError, Finish, PrefillOn, Read, Wait, Why
 from tandem.router.decide import decide
 from tandem.router.errors import RouterError
 from tandem.router.journey import Finished, Phase, Started, Tokens
+from tandem.router.outcomes import Aborted, CallFailed, Prefilled, Rejected, Waited
 from tandem.router.policies.base import Snapshot
-from tandem.router.steps import (
-    Abort,
-    Aborted,
-    DecodeOn,
-    Fail,
-    Failed,
-    Finish,
-    Prefilled,
-    PrefillOn,
-    Read,
-    Rejected,
-    Wait,
-    Waited,
-    Why,
-)
 from tandem.router.validation import Limits
 from tandem.router.worker_client import WorkerBusy, WorkerFailed, classify
 from tandem.testing.fake_workers import busy, died, fail, finish, prefilled, start, token
@@ -69,10 +56,10 @@ def test_the_handoff_streams_every_token_once():
 def test_prefill_fails_retries_elsewhere_then_falls_back_to_decode_side_prefill():
     workers = pool("p1", "p2", "d1")
     j, first = arrive(workers)
-    retry = decide(j, Failed(first.worker.url, died()), Snapshot(workers))
+    retry = decide(j, CallFailed(first.worker.url, died()), Snapshot(workers))
     assert isinstance(retry, PrefillOn) and retry.why is Why.RETRY and retry.worker.url == "p2"
-    assert retry.abort == ("p1",) and retry.fault.error.dead and retry.fault.role == "prefill"
-    fallback = decide(j, Failed("p2", fail(503, "not_ready", type_="service_unavailable")), Snapshot(workers))
+    assert retry.abort == ("p1",) and retry.blame.error.dead and retry.blame.role == "prefill"
+    fallback = decide(j, CallFailed("p2", fail(503, "not_ready", type_="service_unavailable")), Snapshot(workers))
     assert isinstance(fallback, DecodeOn) and fallback.why is Why.FALLBACK and fallback.worker.url == "d1"
     assert fallback.abort == ("p2",) and fallback.route is RouteReason.PREFILL_FAILED
     assert fallback.queued == 13, "the prompt waits on the decode worker until its first token"
@@ -84,7 +71,7 @@ def test_prefill_fails_retries_elsewhere_then_falls_back_to_decode_side_prefill(
 def test_prefill_attempts_are_bounded():
     workers = pool("p1", "p2", "d1")
     j, first = arrive(workers, r=rules(max_prefill_attempts=1))
-    fallback = decide(j, Failed("p1", died()), Snapshot(workers))
+    fallback = decide(j, CallFailed("p1", died()), Snapshot(workers))
     assert isinstance(fallback, DecodeOn) and fallback.why is Why.FALLBACK and j.touched == ["p1", "d1"]
 
 
@@ -93,7 +80,7 @@ def test_a_client_4xx_from_prefill_passes_through_unchanged():
     assert isinstance(refusal, RouterError)
     j, _ = arrive(pool("p1", "p2", "d1"))
     action = decide(j, Rejected(refusal), Snapshot())
-    assert isinstance(action, Fail) and action.error is refusal and action.route is None
+    assert isinstance(action, EndWithError) and action.error is refusal and action.route is None
     assert j.phase is Phase.FAILED and j.touched == ["p1"]  # no retry, no decode
 
 
@@ -106,7 +93,7 @@ def test_worker_side_4xx_codes_are_worker_failures(status, code):
     assert isinstance(failure, WorkerFailed) and not failure.dead
     workers = pool("p1", "p2", "d1")
     j, _ = arrive(workers)
-    assert decide(j, Failed("p1", failure), Snapshot(workers)).worker.url == "p2"
+    assert decide(j, CallFailed("p1", failure), Snapshot(workers)).worker.url == "p2"
 
 
 def test_failures_are_classified_by_status_code_and_param():
@@ -138,7 +125,7 @@ def test_decode_dies_mid_stream_and_resumes_elsewhere_with_the_tokens_so_far():
     *_, resume = feed(j, "d1", start(5), token(8, "B"), token(9, ""), died(), workers=workers)
     assert isinstance(resume, DecodeOn) and resume.why is Why.RESUME and resume.worker.url == "d2"
     # p1's lease too: d1 may have died before it pulled the KV
-    assert resume.abort == ("d1", "p1") and resume.fault.error.dead and "d1" in j.excluded
+    assert resume.abort == ("d1", "p1") and resume.blame.error.dead and "d1" in j.excluded
     greq = j.worker_request(decode=True)
     assert greq.kv_source is None and (greq.generated_token_ids, greq.emitted_chars) == ([7, 8, 9], 2)
     assert greq.prompt_token_ids == IDS
@@ -151,7 +138,7 @@ def test_a_finish_that_says_abort_is_a_failure_after_its_tokens():
     j, _ = handed_off(workers)
     line = StreamEvent(EventType.FINISH, token_ids=[8], text="B", finish_reason=FinishReason.ABORT)
     (action,) = feed(j, "d1", line, workers=workers)
-    assert isinstance(action, Abort) and action.emit == (Tokens([8], "B", offset=1),) and not action.fault.error.dead
+    assert isinstance(action, Abort) and action.emit == (Tokens([8], "B", offset=1),) and not action.blame.error.dead
 
 
 def test_resumes_are_bounded_then_a_502():
@@ -159,7 +146,7 @@ def test_resumes_are_bounded_then_a_502():
     j, _ = handed_off(workers, r=rules(max_resumes=1))
     (resume,) = feed(j, "d1", died(), workers=workers)
     (gave_up,) = feed(j, resume.worker.url, died(), workers=workers)
-    assert isinstance(gave_up, Fail) and gave_up.error.status == 502
+    assert isinstance(gave_up, EndWithError) and gave_up.error.status == 502
     assert gave_up.error.body["error"]["code"] == "worker_failed" and j.phase is Phase.FAILED
 
 
@@ -168,7 +155,7 @@ def test_no_worker_left_to_resume_on_is_a_502():
     j, _ = handed_off(workers)
     feed(j, "d1", start(5))
     (action,) = feed(j, "d1", died(), workers=workers)
-    assert isinstance(action, Fail) and "no other could resume" in action.error.message
+    assert isinstance(action, EndWithError) and "no other could resume" in action.error.message
 
 
 def test_a_worker_that_dies_after_its_last_token_is_finished_not_resumed():
@@ -191,23 +178,23 @@ def test_max_prompt_tokens_is_checked_as_soon_as_the_size_is_exact():
     limits = Limits(max_prompt_tokens=4)
     # token ids from the client (or the router's tokenizer): before any worker
     j, action = arrive(pool("p1", "d1"), request(limits=limits, prompt=IDS), rules(limits=limits))
-    assert isinstance(action, Fail) and action.error.body["error"]["code"] == "context_length_exceeded"
+    assert isinstance(action, EndWithError) and action.error.body["error"]["code"] == "context_length_exceeded"
     assert j.touched == []
     # a prefill worker tokenized it: refused with its lease token known, so the end frees it
     j, action = handed_off(pool("p1", "d1"), request(limits=limits), rules(limits=limits))
-    assert isinstance(action, Fail) and action.error.status == 400 and action.route is not None
+    assert isinstance(action, EndWithError) and action.error.status == 400 and action.route is not None
     assert j.lease_tokens == {"p1": "token-of-p1"}
     # a decode-side prefill: the decode worker's START carries the count
     j, _ = arrive(pool("d1"), request(limits=limits), rules(limits=limits))
     (action,) = feed(j, "d1", start(5))
-    assert isinstance(action, Fail) and action.error.body["error"]["code"] == "context_length_exceeded"
+    assert isinstance(action, EndWithError) and action.error.body["error"]["code"] == "context_length_exceeded"
 
 
 def test_a_worker_refusing_the_request_before_any_token_is_the_clients_400():
     bad = {"message": "stop is too long", "type": "invalid_request_error", "param": "stop", "code": None}
     j, _ = arrive(pool("d1"))
     (action,) = feed(j, "d1", StreamEvent(EventType.ERROR, error=bad))
-    assert isinstance(action, Fail) and action.error.status == 400 and action.error.body == {"error": bad}
+    assert isinstance(action, EndWithError) and action.error.status == 400 and action.error.body == {"error": bad}
     j, _ = handed_off(pool("p1", "d1"))  # once the client has tokens it is the worker's failure
     (action,) = feed(j, "d1", StreamEvent(EventType.ERROR, error=bad))
     assert isinstance(action, Abort)
@@ -215,7 +202,7 @@ def test_a_worker_refusing_the_request_before_any_token_is_the_clients_400():
 
 def test_no_ready_decode_worker_is_a_503():
     j, action = arrive(pool("p1"))
-    assert isinstance(action, Fail) and action.error.status == 503 and action.error.headers["Retry-After"]
+    assert isinstance(action, EndWithError) and action.error.status == 503 and action.error.headers["Retry-After"]
     assert j.touched == []
 
 
@@ -241,7 +228,7 @@ def test_the_client_never_sees_a_worker_address():
     j, _ = arrive(workers)
     decide(j, Prefilled(p, prefilled(p, IDS, 7, "A")), Snapshot(workers))
     (action,) = feed(j, d, died(f"generate on {d} failed: connection reset"), workers=workers)
-    assert isinstance(action, Fail) and action.error.status == 502
+    assert isinstance(action, EndWithError) and action.error.status == 502
     assert "10.1.2.3" not in str(action.error.body) and "10.4.5.6" not in str(action.error.body)
 
 
@@ -258,12 +245,12 @@ def test_429_and_503_with_retry_after_are_busy_not_dead():
 def test_busy_prefill_workers_fall_back_to_decode_side_prefill_as_saturated():
     workers = pool("p1", "p2", "d1")
     j, _ = arrive(workers)
-    retry = decide(j, Failed("p1", busy()), Snapshot(workers))
-    fallback = decide(j, Failed("p2", busy(503, "2")), Snapshot(workers))
+    retry = decide(j, CallFailed("p1", busy()), Snapshot(workers))
+    fallback = decide(j, CallFailed("p2", busy(503, "2")), Snapshot(workers))
     assert retry.worker.url == "p2" and isinstance(fallback, DecodeOn) and fallback.worker.url == "d1"
     assert fallback.route is RouteReason.PREFILL_SATURATED
     assert retry.abort == fallback.abort == (), "they refused it: nothing to abort"
-    assert all(isinstance(a.fault.error, WorkerBusy) for a in (retry, fallback))
+    assert all(isinstance(a.blame.error, WorkerBusy) for a in (retry, fallback))
 
 
 def test_a_busy_decode_worker_passes_the_same_handoff_to_another():
@@ -281,7 +268,7 @@ def test_every_decode_worker_busy_before_any_token_is_a_503_with_retry_after():
     j, _ = arrive(workers)
     (other,) = feed(j, "d1", busy(429, "4"), workers=workers)
     (action,) = feed(j, other.worker.url, busy(503, "2"), workers=workers)
-    assert isinstance(action, Fail) and action.error.status == 503 and action.error.headers["Retry-After"] == "2"
+    assert isinstance(action, EndWithError) and action.error.status == 503 and action.error.headers["Retry-After"] == "2"
     assert action.error.body["error"]["code"] == "server_overloaded" and j.phase is Phase.FAILED
 
 
@@ -300,7 +287,7 @@ def test_a_started_stream_gives_up_on_busy_workers_after_busy_wait_s():
     (wait,) = feed(j, "d1", busy(429, "2"), workers=workers, now=100.0)
     decide(j, Waited(now=102.0), Snapshot(workers))
     (action,) = feed(j, "d1", busy(429, "2"), workers=workers, now=102.0)
-    assert isinstance(wait, Wait) and isinstance(action, Fail) and action.error.status == 503
+    assert isinstance(wait, Wait) and isinstance(action, EndWithError) and action.error.status == 503
     assert "stayed busy" in action.error.message
 
 

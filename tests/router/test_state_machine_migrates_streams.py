@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pytest
 from tandem.contracts.protocol import FinishReason
+from tandem.router.actions import Abort, DecodeOn, EndWithError, Finish, Moved, Read, Why
 from tandem.router.decide import decide
 from tandem.router.journey import Finished, Tokens
+from tandem.router.outcomes import Aborted
 from tandem.router.policies.base import Snapshot
-from tandem.router.steps import Abort, Aborted, DecodeOn, Fail, Finish, Moved, Read, Why
 from tandem.testing.fake_workers import fail, finish, migrate, start, token
 from tandem.testing.journeys import feed, handed_off, pool
 
@@ -30,7 +31,7 @@ def leaving(*decode: str, with_kv: bool = True, listed: list[int] | None = None)
 def test_migrate_moves_the_stream_and_its_kv_to_another_decode_worker():
     j, move, workers = leaving("d1", "d2")
     assert isinstance(move, DecodeOn) and move.why is Why.MIGRATE and move.worker.url == "d2"
-    assert move.abort == () and move.fault is None, "not a failure: the pull frees the lease"
+    assert move.abort == () and move.blame is None, "not a failure: the pull frees the lease"
     req = j.worker_request(decode=True)
     assert req.kv_source is not None and req.kv_source.url == "d1" and req.kv_source.num_tokens == 7
     assert req.generated_token_ids == [7, 8, 9] and req.emitted_chars == 3 and req.migrated_from == "d1"
@@ -78,7 +79,7 @@ def test_the_same_generation_is_preferred_for_the_kv():
 
 def test_no_decode_worker_left_is_a_502_and_frees_the_lease():
     j, action, _ = leaving("d1")
-    assert isinstance(action, Fail) and action.error.status == 502 and action.abort == ("d1",)
+    assert isinstance(action, EndWithError) and action.error.status == 502 and action.abort == ("d1",)
     assert j.touched == ["p1", "d1"], "never back to the worker that is leaving"
     assert j.move is not None, "the driver counts it as a failed migration"
 

@@ -1,0 +1,111 @@
+"""A name retired because it meant two things (issue 32, "one meaning per name") stays retired: the
+product source is read with `ast` for the old classes, functions and modules, and each failure says
+what the name became. Add a rename here when you make one."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCT = ("bench", "cli", "contracts", "operator", "planning", "router", "testing", "worker")
+
+# class name -> (what it became, the one file still allowed to define a class of that name, if any)
+RETIRED_CLASSES: dict[str, tuple[str, str | None]] = {
+    "Sequence": ("worker/engine/sequence.py: EngineSequence (Sequence is collections.abc's)", None),
+    "Prefilled": ("worker/engine/async_engine.py: PrefillOutput (Prefilled is the router's outcome)",
+                  "router/outcomes.py"),
+    "Failed": ("router/outcomes.py: CallFailed (the outcome: a call to a worker failed)", None),
+    "Fail": ("router/actions.py: EndWithError (the action: end the request with an error)", None),
+    "Fault": ("router/actions.py: Blame (the effect: the worker a failure is counted against)", None),
+}
+
+# module-level function name -> (what it became, the one file still allowed to define it, if any)
+RETIRED_FUNCTIONS: dict[str, tuple[str, str | None]] = {
+    "decide": ("operator/autoscaling/autoscaler.py: autoscale (decide is the router's pure step)",
+               "router/decide.py"),
+    "kv_release": ("worker/server/kv_peer.py: release", None),
+    "kv_check": ("worker/server/kv_peer.py: check", None),
+    "kv_metadata": ("worker/server/kv_peer.py: metadata", None),
+    "kv_health": ("worker/server/kv_peer.py: health", None),
+}
+
+# module -> what it became
+RETIRED_MODULES: dict[str, str] = {
+    "tandem.router.steps": "tandem.router.outcomes (what happened) and tandem.router.actions (what next)",
+    "tandem.worker.kv.pulling": "tandem.worker.kv.pull_transport (the engine's PULLING stage is "
+                                "tandem.worker.engine.kv_pull)",
+    "tandem.router.parity_checker": "tandem.router.parity.checker",
+    "tandem.router.parity_probe": "tandem.router.parity.probe",
+}
+
+# the worker's prefill module serves /internal/prefill only: abort is abort.py, /internal/kv/* kv_peer.py
+PREFILL_ROUTES = ROOT / "worker/server/prefill.py"
+
+
+@functools.cache
+def product_files() -> tuple[Path, ...]:
+    return tuple(sorted(p for top in PRODUCT for p in (ROOT / top).rglob("*.py")
+                        if ".venv" not in p.parts and "results" not in p.parts))
+
+
+@functools.cache
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def _imported_modules(tree: ast.Module) -> set[str]:
+    """Every module a file imports, `from a.b import c` counted as both a.b and a.b.c."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_retired_classes_and_functions_are_not_defined_again():
+    found = []
+    for path in product_files():
+        rel = path.relative_to(ROOT).as_posix()
+        tree = _parse(path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name in RETIRED_CLASSES:
+                became, allowed = RETIRED_CLASSES[node.name]
+                if rel != allowed:
+                    found.append(f"{rel}:{node.lineno}: class {node.name} is retired; it became {became}")
+        for node in tree.body:  # module level: a method named like a retired function is another thing
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in RETIRED_FUNCTIONS:
+                became, allowed = RETIRED_FUNCTIONS[node.name]
+                if rel != allowed:
+                    found.append(f"{rel}:{node.lineno}: def {node.name} is retired; it became {became}")
+    assert found == []
+
+
+@pytest.mark.parametrize("module", sorted(RETIRED_MODULES))
+def test_a_retired_module_is_neither_there_nor_imported(module: str):
+    parts = module.split(".")[1:]
+    assert not (ROOT.joinpath(*parts[:-1]) / f"{parts[-1]}.py").exists(), \
+        f"{module} is retired; it became {RETIRED_MODULES[module]}"
+    importers = [path.relative_to(ROOT).as_posix() for path in product_files() + tuple(sorted((ROOT / "tests").rglob("*.py")))
+                 if any(m == module or m.startswith(module + ".") for m in _imported_modules(_parse(path)))]
+    assert importers == [], f"{module} is retired; it became {RETIRED_MODULES[module]}"
+
+
+def test_the_prefill_module_serves_prefill_only():
+    functions = {node.name for node in _parse(PREFILL_ROUTES).body
+                 if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
+    assert functions == {"prefill"}, \
+        "abort lives in worker/server/abort.py and every /internal/kv/* route in kv_peer.py (or kv_events.py)"
+
+
+def test_the_checks_see_what_they_check():
+    """The scan reads the modules the renames went to, so an empty finding means something."""
+    files = {p.relative_to(ROOT).as_posix() for p in product_files()}
+    assert {"router/outcomes.py", "router/actions.py", "router/parity/checker.py", "worker/kv/pull_transport.py",
+            "worker/server/kv_peer.py", "worker/server/abort.py", "worker/engine/sequence.py"} <= files
