@@ -21,6 +21,8 @@ RETIRED_CLASSES: dict[str, tuple[str, str | None]] = {
     "Failed": ("router/outcomes.py: CallFailed (the outcome: a call to a worker failed)", None),
     "Fail": ("router/actions.py: EndWithError (the action: end the request with an error)", None),
     "Fault": ("router/actions.py: Blame (the effect: the worker a failure is counted against)", None),
+    "GroupLeader": ("worker/engine/parallel/rank_zero.py: RankZero (a leader is the operator's elected "
+                    "replica)", None),
 }
 
 # module-level function name -> (what it became, the one file still allowed to define it, if any)
@@ -40,6 +42,8 @@ RETIRED_MODULES: dict[str, str] = {
                                 "tandem.worker.engine.kv_pull)",
     "tandem.router.parity_checker": "tandem.router.parity.checker",
     "tandem.router.parity_probe": "tandem.router.parity.probe",
+    "tandem.worker.engine.parallel.leader": "tandem.worker.engine.parallel.rank_zero (tandem.operator.leader "
+                                            "is the Lease election)",
 }
 
 # the worker's prefill module serves /internal/prefill only: abort is abort.py, /internal/kv/* kv_peer.py

@@ -47,7 +47,7 @@ async def start_serving(state: WorkerState, engine: Engine, *, stall_s: float, k
     """Run `engine` for `state`: its step thread, the KV transport (unless "none") with the engine
     as its lease keeper, the worker's metrics fed through constructor callbacks; then mark the
     worker ready. StartupError when the transport cannot start. `group`: a tensor-parallel
-    worker's rank 0 side (engine/parallel/leader.py), which waits for its other ranks to serve and
+    worker's rank 0 side (engine/parallel/rank_zero.py), which waits for its other ranks to serve and
     makes the transport the group's."""
     from tandem.worker.engine.async_engine import AsyncEngine
     from tandem.worker.engine.heap import freeze_startup_heap
@@ -110,7 +110,7 @@ class WorkerRuntime:
         self._advertise_url = advertise_url
         self._runner: web.AppRunner | None = None
         self._stop_requested = asyncio.Event()
-        self._group: Any = None  # tensor parallelism: rank 0's side of the group (engine/parallel/leader.py)
+        self._group: Any = None  # tensor parallelism: rank 0's side of the group (engine/parallel/rank_zero.py)
 
     async def boot(self) -> None:
         """Listen for HTTP and for the stop signals."""
@@ -133,9 +133,9 @@ class WorkerRuntime:
         load = self._load_engine
         try:
             if cfg.tensor_parallel > 1:  # its other ranks start now, on this (the main) thread
-                from tandem.worker.engine.parallel.leader import GroupLeader
+                from tandem.worker.engine.parallel.rank_zero import RankZero
 
-                self._group = GroupLeader(cfg, state.settings.engine_id, state.settings.advertise_url)
+                self._group = RankZero(cfg, state.settings.engine_id, state.settings.advertise_url)
                 self._group.start()
                 load = self._group.load_engine
             engine = await asyncio.to_thread(load, cfg, state.metrics.observe_step)

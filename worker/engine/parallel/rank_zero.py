@@ -29,7 +29,7 @@ log = logging.getLogger("tandem.worker.engine.parallel")
 _WATCH_S = 0.5
 
 
-class GroupLeader:
+class RankZero:
     def __init__(self, cfg: Any, engine_id: str, leader_url: str):
         self.cfg = cfg
         self.leader_url = leader_url  # rank 0's HTTP API: the ranks ask it about leases
