@@ -12,7 +12,7 @@ import logging
 import os
 
 from tandem.operator.config import DEFAULT_RESYNC_SECONDS, OperatorConfig, split_image
-from tandem.operator.lease import ElectionConfig
+from tandem.operator.election import ElectionConfig
 from tandem.operator.policy import POLICY_ENV, Policy, PolicyError
 
 

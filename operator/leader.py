@@ -1,5 +1,5 @@
 """Leader election between operator replicas: acquire, renew, release one Lease (the I/O; what to
-write, and until when this replica leads, is decided in tandem.operator.lease).
+write, and until when this replica leads, is decided in tandem.operator.election).
 
 `tandem operator --leader-election` waits as a standby (serving its liveness endpoint, doing
 nothing else) until it holds the Lease, then runs kopf and renews the Lease every retry period.
@@ -32,7 +32,7 @@ import uuid
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tandem.operator.api_client import request
-from tandem.operator.lease import (
+from tandem.operator.election import (
     ElectionConfig,
     Record,
     Renewal,

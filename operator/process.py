@@ -17,8 +17,8 @@ import signal
 from typing import Any
 
 from tandem.operator import endpoints
+from tandem.operator.election import ElectionConfig
 from tandem.operator.leader import LeaderElector, LeadershipLost
-from tandem.operator.lease import ElectionConfig
 from tandem.operator.metrics import METRICS
 
 log = logging.getLogger(__name__)

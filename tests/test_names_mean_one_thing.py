@@ -44,6 +44,7 @@ RETIRED_MODULES: dict[str, str] = {
     "tandem.router.parity_probe": "tandem.router.parity.probe",
     "tandem.worker.engine.parallel.leader": "tandem.worker.engine.parallel.rank_zero (tandem.operator.leader "
                                             "is the Lease election)",
+    "tandem.operator.lease": "tandem.operator.election (a lease in the worker is a KV lease)",
 }
 
 # the worker's prefill module serves /internal/prefill only: abort is abort.py, /internal/kv/* kv_peer.py

@@ -16,8 +16,8 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 from kubernetes import client, config
+from tandem.operator.election import ElectionConfig
 from tandem.operator.leader import LeaderElector, LeadershipLost
-from tandem.operator.lease import ElectionConfig
 from tandem.testing.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

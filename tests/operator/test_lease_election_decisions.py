@@ -1,4 +1,4 @@
-"""Leader election's decisions on a Lease (tandem.operator.lease). Pure: the clock is passed in.
+"""Leader election's decisions on a Lease (tandem.operator.election). Pure: the clock is passed in.
 What they do against a real API server made slow or unreachable: test_leader_stops_by_its_renew_deadline.py."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 
 import pytest
-from tandem.operator.lease import (
+from tandem.operator.election import (
     ElectionConfig,
     Record,
     Renewal,
