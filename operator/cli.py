@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.verbose:
         # Every event runs a handler that only queues work; one "succeeded" line each is noise.
         logging.getLogger("kopf.objects").addFilter(
-            lambda record: not record.getMessage().startswith(("Handler 'child_changed'",
+            lambda record: not record.getMessage().startswith(("Handler 'changed_",  # handlers.child_changed
                                                                 "Handler 'service_changed'"))
         )
     memo = kopf.Memo(config=operator_config(args), workers=max(1, args.workers))
