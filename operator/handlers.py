@@ -46,12 +46,28 @@ CHILD_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_SERVICE}"
 SERVICES_INDEX = "seen_inferenceservices"
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff-base: kopf builds one per event (a deep copy of the object) for handlers that react to
+    changes of fields; the operator has only event and index handlers, and that copy was a sixth of
+    its CPU while 100 services were created."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
+        return None
+
+    def fetch(self, *, body: kopf.Body) -> None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+        return None
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **indexes: Any) -> None:
     """Connect, and start the work queue's workers over kopf's indexes (empty until kopf has listed
     every watched kind: no other handler runs before that)."""
     # Our own Events say what the operator did; kopf posts only its warnings and errors.
     settings.posting.level = logging.WARNING
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.server_timeout = 270
     settings.watching.client_timeout = 300
     for kind in WATCHED:
@@ -90,13 +106,14 @@ async def service_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **
     memo.controller.service_event(type, dict(body))
 
 
+# Index handlers are coroutines: kopf runs a plain function in a thread, a hop per event.
 @kopf.index(GROUP, VERSION, PLURAL, id=SERVICES_INDEX)
-def index_service(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict:
+async def index_service(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict:
     return {(namespace, name): dict(body)}
 
 
 def _indexer(kind: Kind) -> Any:
-    def index_child(body: kopf.Body, **_: Any) -> dict:
+    async def index_child(body: kopf.Body, **_: Any) -> dict:
         return {service_key(body): kept(body, kind)}
 
     return index_child
