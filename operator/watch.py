@@ -32,6 +32,7 @@ class Kind:
     kind: str
     status: bool = False  # its changes refresh the service's status (else only drift matters)
     applied: bool = True  # the operator applies objects of this kind (its events may be drift)
+    whole: bool = False  # a pass reads its spec and status too (else only its metadata is kept)
 
     @property
     def api_version(self) -> str:
@@ -43,13 +44,13 @@ class Kind:
         return f"seen_{self.plural}"
 
 
-LWS = Kind("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet", status=True)
+LWS = Kind("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet", status=True, whole=True)
 WATCHED: tuple[Kind, ...] = (
-    Kind("apps", "v1", "deployments", "Deployment", status=True),
+    Kind("apps", "v1", "deployments", "Deployment", status=True, whole=True),
     LWS,
-    Kind("", "v1", "pods", "Pod", status=True, applied=False),
+    Kind("", "v1", "pods", "Pod", status=True, applied=False, whole=True),
     Kind("apps", "v1", "replicasets", "ReplicaSet", applied=False),  # the pods' owner chain
-    Kind("batch", "v1", "jobs", "Job", status=True),
+    Kind("batch", "v1", "jobs", "Job", status=True, whole=True),
     Kind("", "v1", "services", "Service", status=True),
     Kind("", "v1", "configmaps", "ConfigMap"),
     Kind("", "v1", "serviceaccounts", "ServiceAccount"),
@@ -60,8 +61,8 @@ WATCHED: tuple[Kind, ...] = (
     Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
 )
 BY_KIND = {k.kind: k for k in WATCHED}
-# Kept without managedFields: nothing reads them there, and pods are the most numerous objects.
-LEAN = ("Pod", "ReplicaSet")
+# managedFields are kept only where a pass reads them: who owns a workload's replicas.
+MANAGED = ("Deployment", "LeaderWorkerSet")
 
 
 def ref(obj: Mapping[str, Any]) -> str:
@@ -75,11 +76,13 @@ def service_key(body: Mapping[str, Any]) -> Key:
 
 def kept(body: Mapping[str, Any], kind: Kind) -> dict[str, Any]:
     """The object as an index keeps it: a plain dict with its kind (a listed item has none of its
-    own), pods and ReplicaSets without managedFields."""
-    obj = {**body, "apiVersion": kind.api_version, "kind": kind.kind}
-    if kind.kind in LEAN and "managedFields" in obj["metadata"]:
-        obj["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
-    return obj
+    own); its metadata alone unless a pass reads more (memory grows with every child of every
+    service), managedFields only for workloads."""
+    meta = body["metadata"]
+    if kind.kind not in MANAGED and "managedFields" in meta:
+        meta = {k: v for k, v in meta.items() if k != "managedFields"}
+    rest = {k: v for k, v in body.items() if k != "metadata"} if kind.whole else {}
+    return {**rest, "apiVersion": kind.api_version, "kind": kind.kind, "metadata": meta}
 
 
 @dataclass
