@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.contracts.names import LABEL_SERVICE
+from tandem.operator.config import FIELD_MANAGER, HANDOVER_MANAGER
 
 Key = tuple[str, str]  # (namespace, InferenceService name)
 
@@ -76,13 +77,22 @@ def service_key(body: Mapping[str, Any]) -> Key:
 
 def kept(body: Mapping[str, Any], kind: Kind) -> dict[str, Any]:
     """The object as an index keeps it: a plain dict with its kind (a listed item has none of its
-    own); its metadata alone unless a pass reads more (memory grows with every child of every
-    service), managedFields only for workloads."""
-    meta = body["metadata"]
-    if kind.kind not in MANAGED and "managedFields" in meta:
-        meta = {k: v for k, v in meta.items() if k != "managedFields"}
-    rest = {k: v for k, v in body.items() if k != "metadata"} if kind.whole else {}
-    return {**rest, "apiVersion": kind.api_version, "kind": kind.kind, "metadata": meta}
+    own), and no more than a pass reads, since memory grows with every child of every service: its
+    metadata alone, but for pods and Jobs (whole) and workloads (their replicas, group size and
+    status, and who of the operator's field managers owns what: not their pod template)."""
+    meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
+    if kind.kind in MANAGED:
+        meta["managedFields"] = [f for f in body["metadata"].get("managedFields") or []
+                                 if f.get("manager") in (FIELD_MANAGER, HANDOVER_MANAGER)]
+    obj: dict[str, Any] = {"apiVersion": kind.api_version, "kind": kind.kind, "metadata": meta}
+    if kind.whole:
+        obj |= {k: v for k, v in body.items() if k not in ("metadata", "apiVersion", "kind")}
+    if kind.kind in MANAGED and isinstance(obj.get("spec"), dict):
+        spec = {k: v for k, v in obj["spec"].items() if k not in ("template", "leaderWorkerTemplate")}
+        if "leaderWorkerTemplate" in obj["spec"]:
+            spec["leaderWorkerTemplate"] = {"size": (obj["spec"]["leaderWorkerTemplate"] or {}).get("size")}
+        obj["spec"] = spec
+    return obj
 
 
 @dataclass

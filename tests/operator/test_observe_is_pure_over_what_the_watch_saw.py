@@ -6,7 +6,7 @@ and what an apply just returned stands in for the watch's older copy (Seen.overl
 from __future__ import annotations
 
 from tandem.operator.observe import download, learn_owners, missing_owners, observe
-from tandem.operator.watch import Seen
+from tandem.operator.watch import BY_KIND, Seen, kept
 
 UID = "is-uid"
 
@@ -76,3 +76,23 @@ def test_a_failed_download_names_only_the_pods_its_job_controls() -> None:
     found, pods = download(Seen({"Job": [job], "Pod": [mine, copied]}), "svc-dl-1")
     assert found is job and pods == [mine]
     assert download(Seen({}), "svc-dl-1") == (None, [])
+
+
+def test_an_index_keeps_no_more_than_a_pass_reads() -> None:
+    fields = [{"manager": "tandem-operator", "operation": "Apply", "fieldsV1": {"f:spec": {"f:replicas": {}}}},
+              {"manager": "kube-controller-manager", "operation": "Update", "subresource": "status"}]
+    deploy = {"metadata": {"name": "d", "uid": "d1", "managedFields": fields},
+              "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "w"}]}}},
+              "status": {"readyReplicas": 1}}
+    kept_deploy = kept(deploy, BY_KIND["Deployment"])
+    assert kept_deploy["kind"] == "Deployment" and kept_deploy["spec"] == {"replicas": 2}
+    assert kept_deploy["status"] == {"readyReplicas": 1} and kept_deploy["metadata"]["managedFields"] == fields[:1]
+    config = kept({"metadata": {"name": "c", "managedFields": fields}, "data": {"k": "v" * 1000}},
+                  BY_KIND["ConfigMap"])
+    assert config == {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
+    group = kept({"metadata": {"name": "g"}, "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 2, "workerTemplate": {}}}},
+                 BY_KIND["LeaderWorkerSet"])
+    assert group["spec"] == {"replicas": 1, "leaderWorkerTemplate": {"size": 2}}
+    pod = kept({"metadata": {"name": "p", "managedFields": fields}, "spec": {"containers": []}, "status": {"podIP": "x"}},
+               BY_KIND["Pod"])
+    assert "managedFields" not in pod["metadata"] and pod["status"] == {"podIP": "x"} and "spec" in pod
