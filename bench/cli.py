@@ -56,6 +56,10 @@ ARCHIVED: dict[str, tuple[str, str]] = {
     "parity_probe": ("371d5ce", "The handoff parity probe: its cost, and the noise it must tolerate"),
     "kv_handoff": ("eec828c", "Cost against work: curves (the transports against the machine's bound)"),
     "kv_verify": ("eec828c", "Earlier measurements (the cost itself: worker/kv/README.md, 'Cost')"),
+    "autoscale_sim": ("c54fddf", "Autoscaling: the planner against a fixed fleet and a ratio policy (with bench/simulator/)"),
+    "calibrate": ("c54fddf", "What one replica can do (measured); tandem plan --save-calibration measures the same"),
+    "tensor_parallel": ("c54fddf", "Tensor parallelism (issue 18)"),
+    "loadgen": ("c54fddf", "Earlier measurements (a tool: bench/lib/loadgen.py drives every load)"),
 }
 
 

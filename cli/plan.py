@@ -19,7 +19,7 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("the capacity of one worker (one of)")
-    src.add_argument("--calibration", type=Path, help="a calibration file (--save-calibration, python -m bench calibrate)")
+    src.add_argument("--calibration", type=Path, help="a calibration file (--save-calibration)")
     src.add_argument("--model", help="measure this model folder now, in this process (minutes)")
     src.add_argument("--dtype", default="auto", help="the dtype to measure in (default: the worker's choice, auto)")
     src.add_argument("--threads", type=int, default=1, help="compute threads of the measured worker (default 1)")

@@ -1,7 +1,7 @@
 """What one worker can do, as measured: prefill time per prompt, decode step time per batch size.
 
-The figures come from a calibration file (`tandem plan --model DIR --save-calibration FILE`, or
-`python -m bench calibrate`: Tandem's engine in-process, pinned threads). Decode steps are
+The figures come from a calibration file (`tandem plan --model DIR --save-calibration FILE`: Tandem's engine
+in-process, pinned threads). Decode steps are
 interpolated between the measured batch sizes and extended past the largest with the last slope;
 where a smaller batch measured slower than a bigger one (others' load on a shared machine only ever
 adds time, never removes it) the smaller takes the bigger one's time. A step that carries a prompt

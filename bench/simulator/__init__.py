@@ -1,1 +1,0 @@
-"""Discrete-event simulation of the autoscaling planner against a day of traffic (issue 14)."""
