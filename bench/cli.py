@@ -59,6 +59,7 @@ ARCHIVED: dict[str, tuple[str, str]] = {
     "autoscale_sim": ("c54fddf", "Autoscaling: the planner against a fixed fleet and a ratio policy (with bench/simulator/)"),
     "calibrate": ("c54fddf", "What one replica can do (measured); tandem plan --save-calibration measures the same"),
     "tensor_parallel": ("c54fddf", "Tensor parallelism (issue 18)"),
+    "disagg_path": ("882b042", "The first gap after a handoff (issue 23 point 3): what it is made of, not changed"),
     "loadgen": ("c54fddf", "Earlier measurements (a tool: bench/lib/loadgen.py drives every load)"),
 }
 
