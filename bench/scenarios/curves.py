@@ -1,6 +1,6 @@
 """How cost grows with work (issue 23 point 5): TTFT against prompt length, ITL p50/p99 and output
 throughput against concurrency (the batch a decode worker runs), for Tandem disaggregated, Tandem
-colocated and vLLM; and the KV handoff's time and bytes against prompt length beside the loopback bound.
+colocated, vLLM and Tandem on vLLM (disaggregated, colocated); and the KV handoff's time and bytes against prompt length beside the loopback bound.
 
     python -m bench curves [--grid full|reduced] [--arms disagg-bf16 colo2-c128-bf16 vllm-bf16]
 
@@ -101,7 +101,7 @@ async def concurrency_curve(url: str, model: str, count, levels: tuple[int, ...]
 
 async def measure_arm(spec, args: argparse.Namespace, model_dir: Path, count, grid) -> dict:
     lens, levels, reps = grid
-    extra = () if spec.peer else (*TANDEM_WORKER_ARGS, *args.worker_arg)
+    extra = () if spec.runtime == "vllm" else (*TANDEM_WORKER_ARGS, *args.worker_arg)  # vLLM's own defaults
     arm = Arm(spec.with_args(tuple(extra)), model_dir, Path(args.out_dir) / "logs")
     t0 = time.monotonic()
     arm.start()
@@ -153,8 +153,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grid", choices=sorted(GRIDS), default="full",
                    help="full: prompts 128-8k by powers of 2, 1-128 streams by powers of 2, 3 TTFT reps; "
                         "reduced: prompts 128/512/2k/8k, 1/4/16/64/128 streams, 2 reps (8k: 8,000 tokens)")
-    p.add_argument("--arms", nargs="+", default=["disagg-bf16", "colo2-c128-bf16", "vllm-bf16"], choices=list(CATALOG),
-                   metavar="ARM")
+    p.add_argument("--arms", nargs="+", default=["disagg-bf16", "colo2-c128-bf16", "vllm-bf16", "tandem-vllm-disagg-bf16",
+                                                 "tandem-vllm-colo-bf16"], choices=list(CATALOG), metavar="ARM")
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--worker-arg", action="append", default=[], help="an extra `tandem worker` flag")
     p.add_argument("--ready-timeout-s", type=float, default=1800.0)

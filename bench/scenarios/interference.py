@@ -63,7 +63,7 @@ class Bench:
         base = QUICK if args.quick else INTERFERENCE
         self.workload = WorkloadSpec(**{**asdict(base), "num_requests": args.requests or base.num_requests})
         self.runs: list[dict[str, Any]] = []
-        self.reference: dict[tuple[int, str, bool], dict[int, str]] = {}
+        self.reference: dict[tuple[int, str, str], dict[int, str]] = {}
         self.skipped: list[str] = []
         self.profiles: dict[str, Any] = {}
         self.host = host_info()
@@ -117,7 +117,7 @@ class Bench:
             est = max(est, time.monotonic() - t)
             # Greedy: an arm streams the text the first arm of its dtype streamed. Required in fp32;
             # in bf16 a different batch mix may flip a near-tie, so there it is reported only.
-            ref = self.reference.setdefault((rep, spec.dtype, spec.peer), {})  # a peer's numerics are its own
+            ref = self.reference.setdefault((rep, spec.dtype, spec.runtime), {})  # vLLM's numerics are its own
             run["text_mismatches"] = text_mismatches(run["records"], ref)
             self.runs.append(run)
             sm = summarize(run["records"])
@@ -175,7 +175,7 @@ class Bench:
             sm["text_mismatches"] = len(run["text_mismatches"])
             runs_out.append({k: v for k, v in run.items() if k != "records"}
                             | {"summary": sm, "records": [r.to_dict() for r in recs]})
-        arms = {s.name: {"layout": s.layout, "dtype": s.dtype, "chunk": s.chunk, "peer": s.peer,
+        arms = {s.name: {"layout": s.layout, "dtype": s.dtype, "chunk": s.chunk, "peer": s.peer, "runtime": s.runtime,
                          "disaggregated": s.disaggregated, "description": s.describe()} for s in self.specs}
         return {
             "started_utc": self.stamp, "wall_s": self.elapsed(), "quick": self.args.quick,
@@ -185,8 +185,15 @@ class Bench:
                       "kv_bytes_per_token": {d: kv_bytes_per_token(ISSUE_MODEL, d) for d in ("float32", "bfloat16")}},
             "workload": asdict(self.workload), "reps": self.args.reps, "budget_s": self.args.budget_s,
             "skipped_for_budget": self.skipped, "skipped_arms": self.skipped_arms, "arms": arms, "runs": runs_out,
-            "comparison": compare(runs_out, arms), "profiles": self.profiles,
+            "comparison": by_runtime(runs_out, arms), "profiles": self.profiles,
         }
+
+
+def by_runtime(runs: list[dict[str, Any]], arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """compare() within each runtime: a disaggregated arm against the colocated arms of its own engine,
+    and against the peer (vLLM) in every runtime."""
+    return {k: v for rt in sorted({m["runtime"] for m in arms.values()})
+            for k, v in compare(runs, {a: m for a, m in arms.items() if m["runtime"] == rt or m["peer"]}).items()}
 
 
 def kv_moved(arm: Arm, d: Counters) -> dict[str, float]:
@@ -214,7 +221,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from bench.lib.interference_report import summary_json, write_outputs
+    from bench.lib.interference_report import all_targets, summary_json, write_outputs
     from bench.lib.tables import fmt_ratio
 
     result = asyncio.run(Bench(args).main())
@@ -224,4 +231,7 @@ def run(args: argparse.Namespace) -> dict:
     print("disaggregated / best colocated of the same dtype (median [range] over repetitions):")
     for dtype, d in result["comparison"].items():
         print(f"  {dtype}: " + ", ".join(f"{m} {fmt_ratio(d['ratios'][m])}" for m in ("ttft.p50", "itl.p50", "itl.p99")))
+    for t in all_targets(result):
+        if "Tandem-on-vLLM" in t["target"]:
+            print(f"  {t['arm']}: {t['target']} {t['measured']:.2f} (bound {t['bound']:g}, {'met' if t['met'] else 'missed'})")
     return summary_json(result)
