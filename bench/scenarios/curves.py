@@ -101,7 +101,8 @@ async def concurrency_curve(url: str, model: str, count, levels: tuple[int, ...]
 
 async def measure_arm(spec, args: argparse.Namespace, model_dir: Path, count, grid) -> dict:
     lens, levels, reps = grid
-    extra = () if spec.runtime == "vllm" else (*TANDEM_WORKER_ARGS, *args.worker_arg)  # vLLM's own defaults
+    # vLLM keeps its own limits; --worker-arg reaches every `tandem worker` (Tandem on vLLM's too: --vllm-arg=...)
+    extra = (*(() if spec.runtime == "vllm" else TANDEM_WORKER_ARGS), *(() if spec.peer else args.worker_arg))
     arm = Arm(spec.with_args(tuple(extra)), model_dir, Path(args.out_dir) / "logs")
     t0 = time.monotonic()
     arm.start()

@@ -58,3 +58,11 @@ def test_each_runtime_is_compared_within_itself_and_the_vllm_arm_has_issue_29s_t
     ttft = ours["ttft.p50 Tandem-on-vLLM disaggregated / vllm-bf16"]
     assert not ttft["met"] and ttft["bound"] == 1.3 and ttft["measured"] == pytest.approx(0.5 / 0.3)
     assert ("disagg-bf16", "itl.p99 disaggregated / vllm-bf16") in rows  # issue 23's, unchanged
+
+
+def test_a_named_vllm_executable_runs_the_vllm_arms_without_the_cpu_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("TANDEM_VLLM", "/opt/vllm/bin/vllm")  # bench/gpu/run_vllm.sh's VLLM
+    monkeypatch.setattr(peers, "cpu_available", lambda: pytest.fail("the CPU build was looked for"))
+    assert peers.available() is None
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 2048}')
+    assert peers.vllm_process(tmp_path, tmp_path / "vllm.log").cmd[:2] == ["/opt/vllm/bin/vllm", "serve"]
