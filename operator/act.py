@@ -5,7 +5,10 @@ the Created/Updated/DriftCorrected events. Runs in a thread, called by tandem.op
 What the watch has seen (tandem.operator.watch) stands in for reading the children; when nothing
 watched changed since a pass found every child as rendered (`Memory.settled`), the children are not
 rendered again, and only the internal Secret, which the operator never reads and so cannot watch, is
-created if absent.
+created if absent: on such a settled pass once every SECRET_CHECK_RESYNCS resyncs (its POST was the
+idle pass's only API call and most of its CPU), on every other pass always. A deleted Secret harms
+no running pod (it read the value at start); a pod that starts changes what the watch has seen, so
+its pass checks the Secret before anything else.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from tandem.operator.work import Work
 from tandem.planning.autoscaling.planner import Decision
 
 log = logging.getLogger(__name__)
+SECRET_CHECK_RESYNCS = 10  # a settled pass makes sure the internal Secret exists this often (in resyncs)
 
 
 @dataclass
@@ -116,6 +120,13 @@ def _apply_phase(api: client.ApiClient, body: dict, spec: InferenceServiceSpec |
     return result, secret, model
 
 
+def secret_due(memory: Memory, resync_seconds: float, now_s: float) -> bool:
+    """Whether a settled pass makes sure the internal Secret exists: the first time, and then once
+    every SECRET_CHECK_RESYNCS resyncs."""
+    last = memory.secret_checked
+    return last is None or now_s - last >= SECRET_CHECK_RESYNCS * resync_seconds
+
+
 def _model_event(api: client.ApiClient, body: dict, model: model_check.ModelFinding) -> None:
     """A Warning when the model cannot be served, once per distinct message (not per pass)."""
     old = condition_of(body.get("status"), model_check.TYPE)
@@ -154,7 +165,10 @@ def _apply(api: client.ApiClient, plan: _Apply, memory: Memory) -> tuple[api_cli
     meta, old = plan.body["metadata"], plan.body.get("status") or {}
     t0 = time.monotonic()
     secret = internal_secret(meta)
+    if plan.settled and not secret_due(memory, plan.config.resync_seconds, t0):
+        return api_client.ApplyResult(), old.get("internalSecret") or memory.secret  # as the last check found it
     result, uid = api_client.ensure_internal_secret(api, secret)
+    memory.secret_checked = t0
     record, refused = secret_record(secret["metadata"]["name"], uid, old)
     if uid is not None:
         memory.secret = record

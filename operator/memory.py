@@ -22,6 +22,9 @@ class Memory:
     # status.internalSecret as this process created it: a pass that fails after creating the Secret
     # (before its status write) must not find it "created by someone else" next time
     secret: dict[str, str] | None = None
+    # time.monotonic() when a pass last made sure the internal Secret exists (create-if-absent): a
+    # settled pass does so only every SECRET_CHECK_RESYNCS resyncs (act.secret_due)
+    secret_checked: float | None = None
     version: str | None = None  # the InferenceService's resourceVersion as the last pass read or wrote it
     # (the InferenceService's resourceVersion, watch.Seen.fingerprint) when a pass last found every
     # child as rendered: while both hold, nothing needs rendering again
