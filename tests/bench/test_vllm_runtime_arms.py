@@ -66,3 +66,19 @@ def test_a_named_vllm_executable_runs_the_vllm_arms_without_the_cpu_install(monk
     assert peers.available() is None
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 2048}')
     assert peers.vllm_process(tmp_path, tmp_path / "vllm.log").cmd[:2] == ["/opt/vllm/bin/vllm", "serve"]
+
+
+def test_the_curves_show_tandem_on_vllm_over_vllm_at_every_point():
+    from bench.lib.curves_report import results_markdown
+    from tests.bench.test_curves_report import _arm, _result
+
+    r = _result()
+    r["arms"]["vllm-bf16"] = _arm("vLLM", {128: 0.04, 8192: 10.0}, {1: (0.010, 0.02, 80.0, 0), 128: (0.1, 1.0, 500.0, 0)})
+    r["arms"]["tandem-vllm-disagg-bf16"] = _arm("Tandem on vLLM", {128: 0.05, 8192: 12.0},
+                                                {1: (0.011, 0.01, 80.0, 0), 128: (0.1, 0.5, 500.0, 0)})
+    md = results_markdown(r, "20260102-000000", "python -m bench curves")
+    assert "**tandem-vllm-disagg-bf16** / **vllm-bf16** (issue 29: ITL p99 ≤ 0.7, ITL p50 ≤ 1.1, TTFT ≤ 1.3)" in md
+    assert "| 128 | 1.25 |" in md and "| 8192 | 1.20 |" in md  # TTFT p50 ratios
+    assert "| 1 | 1.10 | 0.50 |" in md and "| 128 | 1.00 | 0.50 |" in md  # ITL p50, p99 ratios
+    del r["arms"]["vllm-bf16"]
+    assert "issue 29" not in results_markdown(r, "20260102-000000", "python -m bench curves")
