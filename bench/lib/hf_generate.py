@@ -1,5 +1,5 @@
 """transformers' `generate` as a baseline: greedy tokens of a batch and their seconds, in this
-process (engine_decode, gpu_engine) or on one thread in a child process pinned to the core a Tandem
+process (engine_decode, gpu) or on one thread in a child process pinned to the core a Tandem
 worker would use (engine_http)."""
 
 from __future__ import annotations

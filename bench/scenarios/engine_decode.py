@@ -33,12 +33,12 @@ def best_of(fn, repeats: int = 7) -> float:
     return best
 
 
-def measure_bandwidth(torch, nbytes: int = 512 * 2**20) -> dict[str, float]:
-    """Bytes per second one thread reads (sum) and moves (copy: read + write counted)."""
-    src = torch.ones(nbytes // 4, dtype=torch.float32)
+def measure_bandwidth(torch, nbytes: int = 512 * 2**20, device: str = "cpu", sync=lambda: None) -> dict[str, float]:
+    """Bytes per second one thread (or a device) reads (sum) and moves (copy: read + write counted)."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    return {"read_bytes_per_s": nbytes / best_of(src.sum),
-            "copy_bytes_per_s": 2 * nbytes / best_of(lambda: dst.copy_(src))}
+    return {"read_bytes_per_s": nbytes / best_of(lambda: (src.sum(), sync())),
+            "copy_bytes_per_s": 2 * nbytes / best_of(lambda: (dst.copy_(src), sync()))}
 
 
 def tandem_step(drv, prompts: list[list[int]], new_tokens: int, tag: str) -> dict:
@@ -49,8 +49,8 @@ def tandem_step(drv, prompts: list[list[int]], new_tokens: int, tag: str) -> dic
     from tandem.testing.engine_helpers import tokens_of
 
     engine = drv.engine
-    kernels = engine.runner.kernels
-    graph, graph_cpu = kernels.decode_step, [0.0]
+    kernels = getattr(engine.runner, "kernels", None)  # None on a path without a compiled step (CUDA)
+    graph, graph_cpu = getattr(kernels, "decode_step", None), [0.0]
 
     def timed_graph(*a):
         c = time.thread_time()
@@ -71,7 +71,8 @@ def tandem_step(drv, prompts: list[list[int]], new_tokens: int, tag: str) -> dic
                 cpus.append(time.thread_time() - c)
                 graphs.append(graph_cpu[0])
     finally:
-        kernels.decode_step = graph
+        if graph is not None:
+            kernels.decode_step = graph
     assert all(len(tokens_of(o)) == new_tokens for o in outs) and engine.allocator.num_used == 0
     return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus),
             "host_share": 1 - sum(graphs) / sum(cpus) if graph is not None else None}
