@@ -55,15 +55,14 @@ async def concurrent_streams(url: str, n: int, plen: int, new: int, seed: int) -
 async def openai_streams(url: str, model: str, n: int, plen: int, new: int, seed: int) -> dict:
     """The same n streams through an OpenAI server's /v1/completions (token-id prompts, greedy,
     ignore_eos): how a peer such as vLLM is measured beside a worker."""
-    from bench.lib.loadgen import stream_into
+    from bench.lib.loadgen import greedy_body, stream_into
     from bench.lib.metrics import RequestRecord
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
         t0 = time.perf_counter()
-        recs = await asyncio.gather(*(stream_into(
-            s, f"{url}/v1/completions", {"model": model, "prompt": p, "max_tokens": new, "temperature": 0.0,
-                                         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}},
-            RequestRecord(i, plen, new), t0, 600.0) for i, p in enumerate(prompts_for(n, plen, seed))))
+        recs = await asyncio.gather(*(stream_into(s, f"{url}/v1/completions", greedy_body(model, new, prompt=p),
+                                                  RequestRecord(i, plen, new), t0, 600.0)
+                                      for i, p in enumerate(prompts_for(n, plen, seed))))
     if bad := [r.error for r in recs if not r.ok or r.output_tokens != new]:
         raise RuntimeError(f"{len(bad)} of {n} streams failed or came short: {bad[:2]}")
     return stream_figures([r.chunk_times_s for r in recs], n, new)

@@ -21,17 +21,15 @@ from bench.lib.metrics import RequestRecord
 from bench.lib.workload import PlannedRequest, WorkloadSpec
 
 
+def greedy_body(model: str, max_tokens: int, **prompt: Any) -> dict[str, Any]:
+    """A streamed greedy OpenAI request of exactly max_tokens (`prompt=` or `messages=`): a
+    random-weight model may sample EOS early, and every arm must produce the same length."""
+    return {"model": model, **prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True}
+
+
 def request_body(model: str, req: PlannedRequest) -> dict[str, Any]:
-    return {
-        "model": model,
-        "prompt": req.prompt,
-        "max_tokens": req.max_tokens,
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        # A random-weight model may sample EOS early; every arm must produce the same length.
-        "ignore_eos": True,
-    }
+    return greedy_body(model, req.max_tokens, prompt=req.prompt)
 
 
 async def stream_one(

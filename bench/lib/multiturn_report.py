@@ -13,7 +13,7 @@ from typing import Any
 
 from bench.lib.compare import arm_median
 from bench.lib.metrics import distribution, pooled_itl
-from bench.lib.tables import Section, fmt_num, fmt_s, md_table, without_records, write_full
+from bench.lib.tables import Section, fmt_num, fmt_pct, fmt_s, md_table, without_records, write_full
 
 SECTION = Section("multiturn", "python -m bench multiturn", "## Multi-turn chat and the prefix cache (issue 15)")
 FIGURE = "bench/figures/multiturn.png"
@@ -73,7 +73,7 @@ def results_markdown(result: dict[str, Any]) -> str:
         mib = lambda x: "–" if math.isnan(x) else f"{x / 2**20:.2f} MiB"  # noqa: E731
         rows.append([a, fmt_s(g("ttft_first.p50")), fmt_s(g("ttft_first.p90")), fmt_s(g("ttft_later.p50")),
                      fmt_s(g("ttft_later.p90")), fmt_s(g("itl.p50")), fmt_s(g("itl.p99")),
-                     "–" if math.isnan(g("hit_rate")) else f"{100 * g('hit_rate'):.0f}%",
+                     fmt_pct(g("hit_rate")),
                      mib(g("kv_bytes_per_request")), mib(g("kv_saved_bytes_per_request")),
                      fmt_num(g("cached_prefix_routes"), 0), fmt_num(g("errors"), 0), fmt_num(g("text_mismatches"), 0)])
     h = headline(result)

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any
 
 from bench.lib.compare import PEER_TARGETS
 from bench.lib.interference_report import RUNTIME_TARGETS
-from bench.lib.tables import fmt_num, fmt_s, md_table, median_range
+from bench.lib.tables import fmt_num, fmt_s, fmt_s_range, md_table, median_range
 
 DISAGG, COLO, PEER, VLLM_DISAGG = "disagg-bf16", "colo2-c128-bf16", "vllm-bf16", "tandem-vllm-disagg-bf16"
 
@@ -133,16 +132,8 @@ def arms_table(env: dict | None) -> str:
     rows = []
     for arm in dict.fromkeys(r["arm"] for r in runs):
         cells = [median_range(runs, arm, p) for p in ("ttft.p50", "itl.p50", "itl.p99", "itl.max")]
-        rows.append([arm, *(_range(c) for c in cells)])
+        rows.append([arm, *(fmt_s_range(c) for c in cells)])
     return md_table(["arm (2 cores)", "TTFT p50", "ITL p50", "ITL p99", "ITL max"], rows)
-
-
-def _range(s: dict[str, Any]) -> str:
-    if not s["n"]:
-        return "–"
-    if s["n"] == 1 or s["min"] == s["max"]:
-        return fmt_s(s["median"])
-    return f"{fmt_s(s['median'])} [{fmt_s(s['min'])}–{fmt_s(s['max'])}]"
 
 
 def _met(row: Row) -> str:

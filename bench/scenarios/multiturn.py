@@ -30,7 +30,7 @@ import aiohttp
 
 from bench.lib.arms import Arm, ArmSpec, rotated
 from bench.lib.chat_workload import ChatPlan, ChatSpec, messages_for, plan_chat
-from bench.lib.loadgen import stream_into, token_counter
+from bench.lib.loadgen import greedy_body, stream_into, token_counter
 from bench.lib.metrics import RequestRecord, text_mismatches
 from bench.lib.models import MULTITURN_MODEL as MODEL
 from bench.lib.models import bench_model_dir, model_params
@@ -81,9 +81,7 @@ async def run_chat(url: str, model: str, plan: ChatPlan, timeout_s: float) -> tu
             for t in range(spec.turns):
                 if t:
                     await asyncio.sleep(conv.think_s[t])
-                body = {"model": model, "messages": messages_for(plan, conv, answers),
-                        "max_tokens": spec.output_len, "temperature": 0.0, "stream": True,
-                        "stream_options": {"include_usage": True}, "ignore_eos": True}
+                body = greedy_body(model, spec.output_len, messages=messages_for(plan, conv, answers))
                 i = plan.request_index(conv.index, t)
                 rec = RequestRecord(i, 0, spec.output_len, scheduled_s=time.perf_counter() - t0)
                 await stream_into(session, f"{url}/v1/chat/completions", body, rec, t0, timeout_s)

@@ -60,7 +60,7 @@ def test_section_names_every_run_and_what_was_not_run():
     text = section(RESULTS)
     assert "`interference` | `20261202-000000`" in text
     assert "`plan_check` | not run" in text
-    assert "| disagg-bf16 | 350 ms [300 ms–400 ms] | 20 ms |" in text
+    assert "| disagg-bf16 | 350 ms [300–400] | 20 ms |" in text
     assert "**met**" in text and "missed" in text
 
 
