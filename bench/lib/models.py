@@ -4,7 +4,7 @@ ENGINE_MODEL is issue 13's ~42M-parameter Llama (8 layers, hidden 512, 8 heads /
 vocabulary, tied embeddings): the engine scenarios use it as built (transformers' generate and vLLM
 were measured on this shape), and the serving scenarios use it with its output head restricted to
 tokens that decode to text (bench_model_dir); CURVES_MODEL is the same with an 8k context. MULTITURN_MODEL is the ~40M model with a 512-token
-vocabulary of the multi-turn, disagg_path and calibrate scenarios.
+vocabulary of the multi-turn and chaos scenarios.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tandem.worker.local.cache import cache_root as product_cache_root
+from tandem.worker.local.cache import cache_root
 
 ENGINE_MODEL = dict(num_layers=8, hidden_size=512, num_heads=8, num_kv_heads=4, intermediate_size=1536,
                     vocab_size=32000, max_position_embeddings=4096, seed=0, tie_word_embeddings=True)
@@ -29,10 +29,6 @@ MULTITURN_MODEL = dict(num_layers=8, hidden_size=512, num_heads=8, num_kv_heads=
 def model_context(model_dir: Path) -> int:
     """The context length a model folder declares (config.json's max_position_embeddings)."""
     return int(json.loads((Path(model_dir) / "config.json").read_text())["max_position_embeddings"])
-
-
-def cache_root() -> Path:
-    return product_cache_root()
 
 
 def engine_model_dir(max_positions: int | None = None) -> Path:

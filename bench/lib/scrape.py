@@ -45,16 +45,6 @@ def by_label(text: str, name: str, label: str) -> dict[str, float]:
     return out
 
 
-def delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
-    return after.get(name, 0.0) - before.get(name, 0.0)
-
-
-def mean_delta(before: dict[str, float], after: dict[str, float], histogram: str) -> float | None:
-    """A histogram's mean over the interval between two scrapes (None when nothing was observed)."""
-    n = delta(before, after, f"{histogram}_count")
-    return delta(before, after, f"{histogram}_sum") / n if n else None
-
-
 async def scrape_text(session: aiohttp.ClientSession, url: str) -> str:
     """The /metrics text of one process; empty when it does not answer (never fails a run)."""
     try:
