@@ -45,11 +45,7 @@ def classify(rec: RequestRecord, expected: str) -> Outcome:
 def error_kind(rec: RequestRecord) -> str:
     """A clean error's kind for the report: 'HTTP 503', 'stream error', 'ClientPayloadError', ..."""
     err = rec.error or ""
-    if err.startswith("HTTP "):
-        return err.split(":", 1)[0]
-    if err.startswith("stream error"):
-        return "stream error event"
-    return err.split(":", 1)[0]
+    return "stream error event" if err.startswith("stream error") else err.split(":", 1)[0]
 
 
 def tally(records: list[RequestRecord], expected: dict[int, str]) -> dict:

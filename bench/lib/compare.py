@@ -38,47 +38,42 @@ def _best(values: list[tuple[float, str]], metric: str) -> tuple[float, str] | N
     return (max if metric in HIGHER_IS_BETTER else min)(values)
 
 
+def ratios_to_best(runs: list[dict[str, Any]], arm: str, against: list[str]) -> tuple[dict, dict]:
+    """Per metric, the arm's value over the best of `against` in the same repetition (one arm: that
+    arm's), and which arm was the best each time."""
+    ratios: dict[str, list[float]] = {m: [] for m in METRICS}
+    best_by: dict[str, list[str]] = {m: [] for m in METRICS}
+    for rep in sorted({r["rep"] for r in runs}):
+        mine = next((r for r in runs if r["arm"] == arm and r["rep"] == rep), None)
+        theirs = [r for r in runs if r["arm"] in against and r["rep"] == rep]
+        if mine is None or not theirs:
+            continue
+        for m in METRICS:
+            best = _best([(get_path(r["summary"], m), r["arm"]) for r in theirs], m)
+            if best is not None:
+                ratios[m].append(ratio(get_path(mine["summary"], m), best[0]))
+                best_by[m].append(best[1])
+    return ratios, best_by
+
+
 def compare(runs: list[dict[str, Any]], arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """For every disaggregated arm: per metric, the ratio to the best colocated arm of its dtype in
-    the same repetition (median and range over repetitions), and which arm was best how often."""
+    the same repetition (median and range over repetitions), and which arm was best how often; and
+    the ratio to each peer (vLLM) of its dtype."""
     out: dict[str, Any] = {}
-    reps = sorted({r["rep"] for r in runs})
     for name, meta in arms.items():
         if not meta["disaggregated"]:
             continue
         colo = [a for a, m in arms.items()
                 if not m["disaggregated"] and not m.get("peer") and m["dtype"] == meta["dtype"]]
-        ratios: dict[str, list[float]] = {m: [] for m in METRICS}
-        best_by: dict[str, list[str]] = {m: [] for m in METRICS}
-        for rep in reps:
-            mine = next((r for r in runs if r["arm"] == name and r["rep"] == rep), None)
-            theirs = [r for r in runs if r["arm"] in colo and r["rep"] == rep]
-            if mine is None or not theirs:
-                continue
-            for m in METRICS:
-                best = _best([(get_path(r["summary"], m), r["arm"]) for r in theirs], m)
-                if best is not None:
-                    ratios[m].append(ratio(get_path(mine["summary"], m), best[0]))
-                    best_by[m].append(best[1])
+        ratios, best_by = ratios_to_best(runs, name, colo)
+        peers = [p for p, pm in arms.items() if pm.get("peer") and pm["dtype"] == meta["dtype"]]
         out[name] = {"dtype": meta["dtype"], "against": colo,
                      "ratios": {m: spread(v) for m, v in ratios.items()},
                      "best_colocated": {m: statistics.mode(v) if v else None for m, v in best_by.items()},
-                     "peers": {p: peer_ratios(runs, name, p, reps) for p, pm in arms.items()
-                               if pm.get("peer") and pm["dtype"] == meta["dtype"]}}
+                     "peers": {p: {m: spread(v) for m, v in ratios_to_best(runs, name, [p])[0].items()}
+                               for p in peers}}
     return out
-
-
-def peer_ratios(runs: list[dict[str, Any]], arm: str, peer: str, reps: list[int]) -> dict[str, Any]:
-    """Per metric, the arm's value over the peer's in the same repetition (median and range)."""
-    ratios: dict[str, list[float]] = {m: [] for m in METRICS}
-    for rep in reps:
-        mine = next((r for r in runs if r["arm"] == arm and r["rep"] == rep), None)
-        theirs = next((r for r in runs if r["arm"] == peer and r["rep"] == rep), None)
-        if mine is None or theirs is None:
-            continue
-        for m in METRICS:
-            ratios[m].append(ratio(get_path(mine["summary"], m), get_path(theirs["summary"], m)))
-    return {m: spread(v) for m, v in ratios.items()}
 
 
 def _ratio_row(arm: str, target: str, bound: float, s: dict[str, float]) -> dict[str, Any]:
