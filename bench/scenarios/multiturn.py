@@ -33,8 +33,7 @@ from bench.lib.chat_workload import ChatPlan, ChatSpec, messages_for, plan_chat
 from bench.lib.loadgen import greedy_body, stream_into, token_counter
 from bench.lib.metrics import RequestRecord, text_mismatches
 from bench.lib.models import MULTITURN_MODEL as MODEL
-from bench.lib.models import bench_model_dir, model_params
-from bench.lib.models import kv_bytes_per_token as kv_bytes
+from bench.lib.models import bench_model_dir, kv_bytes_per_token, model_params
 from bench.lib.ready import served_model
 from bench.lib.results import ROOT, host_info
 from bench.lib.scrape import read_counters
@@ -43,6 +42,7 @@ from bench.lib.scrape import read_counters
 # router's short-prompt bypass; with prefix-aware routing, the `cached_prefix` route). The same
 # in every disaggregated arm.
 SHORT_PROMPT = 128
+KV_BYTES_PER_TOKEN = kv_bytes_per_token(MODEL, "float32")  # K and V of every layer for one token
 
 
 def arm_spec(name: str, layout: str, cache: bool, policy: str) -> ArmSpec:
@@ -95,11 +95,6 @@ async def run_chat(url: str, model: str, plan: ChatPlan, timeout_s: float) -> tu
     return sorted(records, key=lambda r: r.index), turns
 
 
-def kv_bytes_per_token() -> int:
-    """K and V of every layer for one token of the benchmark model (fp32)."""
-    return kv_bytes(MODEL, "float32")
-
-
 WORKER_COUNTERS = ("tandem_worker_prefix_cache_query_tokens_total", "tandem_worker_prefix_cache_hit_tokens_total",
                    "tandem_kv_transfer_bytes_total", "tandem_worker_kv_pull_saved_bytes_total",
                    "tandem_worker_prompt_tokens_total")
@@ -131,7 +126,7 @@ class MultiTurn:
         counters = {p.name: {"role": p.role, **{k: d.metrics[p.name].get(k, 0.0) for k in WORKER_COUNTERS}}
                     for p in arm.workers}
         return {"arm": arm.spec.name, "rep": rep, "records": records, "turns": turns, "workers": counters,
-                "kv_bytes_per_token": kv_bytes_per_token(), "routes": d.routes, "cpu_s": d.cpu_s,
+                "kv_bytes_per_token": KV_BYTES_PER_TOKEN, "routes": d.routes, "cpu_s": d.cpu_s,
                 "machine_busy_cpu_s": d.busy_s}
 
     async def main(self) -> dict[str, Any]:
@@ -199,7 +194,7 @@ class MultiTurn:
             "started_utc": self.stamp, "wall_s": self.elapsed(), "quick": self.args.quick,
             "host": {**self.host, "loadavg_at_start": self.host["loadavg"], "loadavg_at_end": host_info()["loadavg"]},
             "model": {"params": model_params(MODEL), **MODEL, "dtype": "float32",
-                      "kv_bytes_per_token": kv_bytes_per_token()},
+                      "kv_bytes_per_token": KV_BYTES_PER_TOKEN},
             "workload": asdict(self.chat), "short_prompt_threshold": SHORT_PROMPT,
             "arms": [a.name for a in self.arms], "arm_specs": {s.name: asdict(s) for s in self.specs},
             "skipped_reps": self.skipped, "runs": runs,
