@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The GPU benchmark, for one H200 (python -m bench gpu): Tandem's own workers and router, colocated
-# against disaggregated, then the engine's CUDA parity and decode step against the HBM bound. A
-# random-init Llama-3.1-8B shape in bf16 is built on the device (nothing downloaded). The result
-# goes to OUTDIR/gpu/<run-id>.json, the log to OUTDIR/gpu.log.
+# The GPU benchmark, for one H200: Tandem's own workers and router, colocated against disaggregated,
+# and the engine's CUDA parity (python -m bench gpu), then the decode step against the HBM bound
+# (python -m bench engine_decode --device cuda). A random-init Llama-3.1-8B shape in bf16 is built
+# on the device once, in OUTDIR/model (nothing downloaded). The results go to
+# OUTDIR/{gpu,engine_decode}/<run-id>.json, logs to OUTDIR/*.log.
 #   bench/gpu/run_h200.sh OUTDIR            (PYTHON=/path/to/python3: an env with `pip install .[worker]`
 #                                            and nixl-cu12, i.e. what `make venv` builds)
 set -euo pipefail
@@ -23,5 +24,9 @@ if torch.cuda.is_available():
     print(f"GPU: {p.name}, {p.total_memory / 2**30:.0f} GiB")
 PY
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true
-# A hard stop inside a 10-minute device slot: Tandem's arms first (the headline), then the engine.
-PYTHONUNBUFFERED=1 timeout 570 $PYTHON -m bench gpu --results-dir "$OUTDIR" "${@:2}" 2>&1 | tee "$OUTDIR/gpu.log"
+# Hard stops well inside a 10-minute device slot: Tandem's arms first (the headline), then the engine.
+PYTHONUNBUFFERED=1 timeout 420 $PYTHON -m bench gpu --model-dir "$OUTDIR/model" --results-dir "$OUTDIR" "${@:2}" \
+  2>&1 | tee "$OUTDIR/gpu.log"
+PYTHONUNBUFFERED=1 timeout 150 $PYTHON -m bench engine_decode --device cuda --model-dir "$OUTDIR/model" \
+  --dtypes bfloat16 --batches 1,8,32 --prompt-len 256 --new-tokens 32 --reps 2 --results-dir "$OUTDIR" \
+  2>&1 | tee "$OUTDIR/engine_decode.log"

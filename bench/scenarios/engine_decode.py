@@ -3,6 +3,7 @@ memory-bandwidth bound, and at batch N against transformers' generate; fp32 and 
 against the matmul rate: the prefill scenario).
 
     python -m bench engine_decode [--dtypes float32,bfloat16] [--batches 1,32] [--reps 3]
+        [--device cuda --model-dir DIR]   # on a GPU (bench/gpu/run_h200.sh: the gpu scenario's model)
 
 Model: issue 13's random ~42M-parameter Llama (bench/lib/models.py's ENGINE_MODEL). A decode step must read
 every weight once (the tied embedding/output matrix once) and the KV of every context token,
@@ -78,19 +79,19 @@ def tandem_step(drv, prompts: list[list[int]], new_tokens: int, tag: str) -> dic
             "host_share": 1 - sum(graphs) / sum(cpus) if graph is not None else None}
 
 
-def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict) -> dict:
+def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict, sync) -> dict:
     from tandem.testing.engine_helpers import OfflineEngine
     from transformers import AutoModelForCausalLM
 
     batches = [int(b) for b in args.batches.split(",")]
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(args.device).eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())  # tied: counted once
     drv = OfflineEngine(model=str(model_dir), dtype=dtype, num_blocks=max(batches) * 12 + 16, max_num_seqs=max(batches),
-                        max_batched_tokens=max(batches) * args.prompt_len, compile=args.compile)
+                        max_batched_tokens=max(batches) * args.prompt_len, compile=args.compile, device=args.device)
     gen = torch.Generator().manual_seed(0)
     rand = lambda b: [torch.randint(3, 600, (args.prompt_len,), generator=gen).tolist() for _ in range(b)]  # noqa: E731
     tandem_step(drv, rand(min(2, max(batches))), 4, "warm")
-    step_seconds(torch, hf, rand(2), 3)
+    step_seconds(torch, hf, rand(2), 3, sync)
     out: dict = {"weight_bytes": weight_bytes, "kv_bytes_per_token": drv.engine.layout.bytes_per_token, "batches": {}}
     for b in batches:
         rows = []
@@ -98,7 +99,7 @@ def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict) -> dict
             prompts = rand(b)
             pair = {}
             for arm in (("hf", "tandem") if rep % 2 == 0 else ("tandem", "hf")):
-                pair[arm] = (step_seconds(torch, hf, prompts, args.new_tokens) if arm == "hf"
+                pair[arm] = (step_seconds(torch, hf, prompts, args.new_tokens, sync) if arm == "hf"
                              else tandem_step(drv, prompts, args.new_tokens, f"{dtype}-{b}-{rep}"))
             pair["load_avg"] = os.getloadavg()[0]
             rows.append(pair)
@@ -127,6 +128,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--compile", default="auto", choices=("auto", "on", "off"))
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: the bound is then the device's bandwidth")
+    ap.add_argument("--model-dir", default=None, help="another model folder (default: issue 13's model)")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -135,13 +138,14 @@ def run(args: argparse.Namespace) -> dict:
     from bench.lib.models import engine_model_dir
 
     torch.set_num_threads(1)
-    model_dir = engine_model_dir()
-    bandwidth = measure_bandwidth(torch)
-    print(f"one thread: read {bandwidth['read_bytes_per_s'] / 1e9:.1f} GB/s, copy (read + write) "
+    model_dir = Path(args.model_dir) if args.model_dir else engine_model_dir()
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    bandwidth = measure_bandwidth(torch, device=args.device, sync=sync)
+    print(f"{args.device}: read {bandwidth['read_bytes_per_s'] / 1e9:.1f} GB/s, copy (read + write) "
           f"{bandwidth['copy_bytes_per_s'] / 1e9:.1f} GB/s", flush=True)
-    results = {"bandwidth": bandwidth, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+    results = {"device": args.device, "bandwidth": bandwidth, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
                "compile": args.compile, "dtypes": {}}
     for dtype in args.dtypes.split(","):
-        results["dtypes"][dtype] = run_dtype(torch, dtype, model_dir, args, bandwidth)
-    results["bandwidth_after"] = measure_bandwidth(torch)
+        results["dtypes"][dtype] = run_dtype(torch, dtype, model_dir, args, bandwidth, sync)
+    results["bandwidth_after"] = measure_bandwidth(torch, device=args.device, sync=sync)
     return results

@@ -1,4 +1,4 @@
-"""Tandem on one GPU: its own workers and router, colocated against disaggregated, then its engine's CUDA parity and decode step against the HBM bound.
+"""Tandem on one GPU: its own workers and router, colocated against disaggregated, then its engine's parity on CUDA.
 
 Two parts (--parts), one result, on a random-initialised Llama built on the device in Hugging Face
 format (no download; --shape llama-3.1-8b: 8.0B parameters, 128 KiB of bf16 KV per token):
@@ -10,12 +10,13 @@ format (no download; --shape llama-3.1-8b: 8.0B parameters, 128 KiB of bf16 KV p
            decode (32 streams in flight, 256 in, 256 out). The two disaggregated processes
            time-slice the same SMs and HBM: this measures Tandem's scheduling, handoff and
            streaming on real hardware, not a two-pool cluster.
-  engine   (CUDA only) parity: the toy Llama in fp32 (TF32 off), Tandem's paged engine batched
-           against transformers' greedy generate, token for token; then the model above in-process:
-           decode step at batch 1/8/32 under Tandem and transformers against the bound (weight
-           bytes / measured device copy bandwidth), and prefill of 2k and 8k tokens.
+  parity   (CUDA only) the toy Llama in fp32 (TF32 off), Tandem's paged engine batched against
+           transformers' greedy generate, token for token.
 
-    python -m bench gpu                                             (bench/gpu/run_h200.sh)
+The decode step of the model built here against the HBM bound is engine_decode's, on the device:
+`python -m bench engine_decode --device cuda --model-dir DIR` (bench/gpu/run_h200.sh runs both).
+
+    python -m bench gpu [--model-dir DIR]                            (bench/gpu/run_h200.sh)
     python -m bench gpu --shape tiny --device cpu --dtype float32 --kv-backend tcp  (a CPU smoke run of the arms)
 """
 
@@ -32,8 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib.arms import Arm, ArmSpec
-from bench.lib.hf_generate import generate, step_seconds
-from bench.scenarios.engine_decode import measure_bandwidth, tandem_step
+from bench.lib.hf_generate import generate
 
 SHAPES: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
@@ -65,7 +65,7 @@ def run_arm(name: str, a: argparse.Namespace, model: Path, out: Path, loads: dic
     from bench.lib.loadgen import run_workload, token_counter
     from bench.lib.metrics import summarize
     from bench.lib.ready import served_model
-    from bench.lib.scrape import mean_delta, parse_prometheus
+    from bench.lib.scrape import read_counters
     from bench.lib.workload import plan
 
     layout, fraction = ("gpu-colocated", 0.8) if name == "colocated" else ("gpu-disagg", 0.35)
@@ -83,10 +83,10 @@ def run_arm(name: str, a: argparse.Namespace, model: Path, out: Path, loads: dic
             print(f"  {name}: {load} ...", flush=True)
             records = asyncio.run(run_workload(arm.url, served, spec, plan(spec, token_counter(model)), timeout_s=600))
             result[load] = summarize(records) | {"texts": {r.index: r.text for r in records if r.ok}}
-        metrics = {w.name: parse_prometheus(w.get_text("/metrics")) for w in arm.workers}
+        counted = asyncio.run(read_counters(arm.workers))
         result["steps"] = {n: {"steps": m.get("tandem_worker_step_seconds_count", 0.0),
-                               "mean_step_s": mean_delta({}, m, "tandem_worker_step_seconds") or float("nan")}
-                           for n, m in metrics.items()}
+                               "mean_step_s": counted.mean(n, "tandem_worker_step_seconds") or float("nan")}
+                           for n, m in counted.metrics.items()}
     finally:
         arm.stop()
     return result
@@ -135,44 +135,8 @@ def parity(torch) -> dict[str, Any]:
             "all_equal": all(r["equal"] for r in rows), "blocks_leaked": engine.engine.allocator.num_used}
 
 
-def engine_part(torch, model: Path, dtype: str) -> dict[str, Any]:
-    from tandem.testing.engine_helpers import OfflineEngine
-    from tandem.worker.engine.loader import load_model
-
-    out: dict[str, Any] = {"device_name": torch.cuda.get_device_name(0), "parity": parity(torch)}
-    print("parity on CUDA:", json.dumps(out["parity"]), flush=True)
-    loaded = load_model(str(model), dtype=dtype, device="cuda")
-    hf = loaded.model
-    engine = OfflineEngine(loaded=loaded, model=str(model), num_blocks=8192, block_size=16, max_num_seqs=32,
-                           max_batched_tokens=8192)
-    weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())
-    bw = measure_bandwidth(torch, 4 * 2**30, "cuda", torch.cuda.synchronize)["copy_bytes_per_s"]
-    bound = weight_bytes / bw
-    gen = torch.Generator().manual_seed(0)
-    rand = lambda b, n: [torch.randint(3, 1000, (n,), generator=gen).tolist() for _ in range(b)]  # noqa: E731
-    generate(torch, hf, rand(1, 64), 4, torch.cuda.synchronize)
-    engine.generate(rand(1, 64), 4, "warm")
-    res: dict[str, Any] = {"weight_bytes": weight_bytes, "copy_bandwidth_bytes_per_s": bw,
-                           "bandwidth_bound_step_s": bound, "batches": {}, "prefill": {}}
-    for b in (1, 8, 32):
-        prompts = rand(b, 256)
-        hf_s, td_s = step_seconds(torch, hf, prompts, 32, torch.cuda.synchronize), tandem_step(engine, prompts, 32, f"b{b}")["wall_s"]
-        res["batches"][str(b)] = {"hf_decode_step_s": hf_s, "tandem_decode_step_s": td_s,
-                                  "tandem_over_hf": td_s / hf_s, "tandem_over_bound": td_s / bound}
-        print(f"batch {b:2d}: decode step transformers {hf_s * 1e3:7.2f} ms, tandem {td_s * 1e3:7.2f} ms "
-              f"(bound {bound * 1e3:.2f} ms)", flush=True)
-    for n in (2048, 8192):
-        p = rand(1, n)
-        hf_s = generate(torch, hf, p, 1, torch.cuda.synchronize)[1]
-        t0 = time.perf_counter()
-        engine.generate(p, 1, f"pf{n}")
-        res["prefill"][str(n)] = {"hf_s": hf_s, "tandem_s": time.perf_counter() - t0}
-    res["blocks_leaked"] = engine.engine.allocator.num_used
-    return out | res
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--parts", default="arms,engine", help="arms, engine (CUDA only), or both")
+    p.add_argument("--parts", default="arms,parity", help="arms, parity (CUDA only), or both")
     p.add_argument("--model-dir", type=Path, default=None, help="where the random model is built "
                    "(default: the run's bench/out folder)")
     p.add_argument("--shape", default="llama-3.1-8b", choices=sorted(SHAPES))
@@ -198,13 +162,14 @@ def run(a: argparse.Namespace) -> dict:
     parts = a.parts.split(",")
     if "arms" in parts:
         out |= arms_part(a, model, Path(a.out_dir))
-    if "engine" in parts and not torch.cuda.is_available():
-        print("gpu: no CUDA device: the engine part is skipped", file=sys.stderr)
-        out["engine_error"] = "no CUDA device"
-    elif "engine" in parts:
+    if "parity" in parts and not torch.cuda.is_available():
+        print("gpu: no CUDA device: parity is skipped", file=sys.stderr)
+        out["parity_error"] = "no CUDA device"
+    elif "parity" in parts:
         try:  # recorded, so that the arms' figures are still saved
-            out["engine"] = engine_part(torch, model, a.dtype)
+            out["parity"] = parity(torch)
+            print("parity on CUDA:", json.dumps(out["parity"]), flush=True)
         except Exception as e:  # noqa: BLE001
-            out["engine_error"] = repr(e)
-            print(f"engine part failed: {e!r}", file=sys.stderr, flush=True)
+            out["parity_error"] = repr(e)
+            print(f"parity failed: {e!r}", file=sys.stderr, flush=True)
     return out | {"wall_s": time.monotonic() - t0}
