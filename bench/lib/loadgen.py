@@ -4,7 +4,7 @@ Open loop (requests sent at planned Poisson times, whatever the server's state) 
 (a fixed number in flight). Records, per request, when every streamed chunk arrived, the usage
 the server reported and the text, so TTFT, every inter-token gap, TPOT and end-to-end latency
 follow (bench/lib/metrics.py). Greedy sampling (temperature 0) makes the text comparable across
-arms. `python -m bench loadgen` points it at any server.
+arms.
 """
 
 from __future__ import annotations
