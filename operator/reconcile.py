@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 
 import aiohttp
 from kubernetes import client
 from tandem.contracts.runtimes import DEFAULT_RUNTIME
 from tandem.operator import api_client, probe, router_parity
-from tandem.operator.act import act
+from tandem.operator.act import act, secret_due
 from tandem.operator.autoscaling.autoscaler import Planning, autoscale
 from tandem.operator.conclude import conclude, parse_spec
 from tandem.operator.config import OperatorConfig
@@ -40,6 +41,7 @@ from tandem.operator.observe import Owners, learn_owners, missing_owners, observ
 from tandem.operator.spec import WORKER_ROLES, InferenceServiceSpec
 from tandem.operator.watch import Key, Seen, Watched
 from tandem.operator.work import Trigger, Work
+from tandem.planning.autoscaling.planner import Decision
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +104,9 @@ async def run_pass(ctx: PassContext, key: Key, work: Work, state: ServiceState) 
         decision, kv = await autoscale(state.planning, uid, spec, before, ctx.config, ctx.session)
         if decision is not None:
             ctx.metrics.decided(*key, decision, state.planning.snapshot)
-    acted = await asyncio.to_thread(act, ctx.api, body, ctx.config, work, memory, decision, before, seen)
+    act_args = (ctx.api, body, ctx.config, work, memory, decision, before, seen)
+    acted = act(*act_args) if _acts_offline(body, ctx.config, memory, decision, seen) else \
+        await asyncio.to_thread(act, *act_args)
     obs = before
     if not acted.unchanged:  # what the apply returned is newer than what the watch has seen yet
         seen = seen.overlaid(acted.result.stored, gone=acted.result.pruned)
@@ -117,6 +121,16 @@ async def run_pass(ctx: PassContext, key: Key, work: Work, state: ServiceState) 
         log.info("%s/%s: generation %s reconciled%s", *key, body["metadata"].get("generation"),
                  f" ({acted.result.error})" if acted.result.error else "")
     return Outcome(spec, spec_error, acted.result)
+
+
+def _acts_offline(body: dict, config: OperatorConfig, memory: Memory, decision: Decision | None, seen: Seen) -> bool:
+    """Whether `act` will call nothing, so it runs on the event loop rather than a thread (the hop
+    was a good part of an idle pass): a pass with no decision to act on, whose service and children
+    are as a pass found every child rendered (Memory.settled: the same resourceVersion, so the same
+    status and model finding), with the internal Secret's check not due."""
+    fingerprint = (body["metadata"].get("resourceVersion"), seen.fingerprint())
+    return (decision is None and memory.settled == fingerprint
+            and not secret_due(memory, config.resync_seconds, time.monotonic()))
 
 
 async def read_service(ctx: PassContext, key: Key, memory: Memory) -> dict | None:
