@@ -63,12 +63,6 @@ def median_range(runs: list[dict], arm: str, path: str) -> dict[str, float]:
     return spread([get_path(r["summary"], path) for r in runs if r["arm"] == arm])
 
 
-def markers(name: str, writer: str) -> tuple[str, str]:
-    """The BEGIN/END comments around a generated section of BENCHMARKS.md."""
-    return (f"<!-- bench:{name}:begin (written by `{writer}`; edit outside these markers) -->",
-            f"<!-- bench:{name}:end -->")
-
-
 def replace_section(doc: str, section: str, begin: str, end: str, heading: str) -> str:
     """Put the generated section between the markers (appended under `heading` when the document
     has none yet), keeping everything else as written."""
@@ -89,7 +83,9 @@ class Section:
 
     @property
     def markers(self) -> tuple[str, str]:
-        return markers(self.name, self.writer)
+        """The BEGIN/END comments around it."""
+        return (f"<!-- bench:{self.name}:begin (written by `{self.writer}`; edit outside these markers) -->",
+                f"<!-- bench:{self.name}:end -->")
 
     def write(self, text: str, markdown: Path = ROOT / "BENCHMARKS.md") -> Path:
         doc = markdown.read_text() if markdown.exists() else "# Benchmarks\n"
