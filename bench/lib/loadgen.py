@@ -122,20 +122,14 @@ async def run_open_loop(url: str, model: str, reqs: list[PlannedRequest],
 async def run_closed_loop(url: str, model: str, reqs: list[PlannedRequest], concurrency: int,
                           timeout_s: float = 300.0) -> list[RequestRecord]:
     """Keep `concurrency` requests in flight until the list is exhausted."""
-    queue: asyncio.Queue[PlannedRequest] = asyncio.Queue()
-    for r in reqs:
-        queue.put_nowait(r)
+    pending = iter(reqs)  # shared by the clients: each request is taken by one
     records: list[RequestRecord] = []
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn) as session:
         t0 = time.perf_counter()
 
         async def client() -> None:
-            while True:
-                try:
-                    req = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
+            for req in pending:
                 records.append(await stream_one(session, url, model, req, t0, timeout_s))
 
         await asyncio.gather(*(client() for _ in range(concurrency)))
