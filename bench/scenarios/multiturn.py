@@ -34,6 +34,7 @@ from bench.lib.loadgen import greedy_body, stream_into, token_counter
 from bench.lib.metrics import RequestRecord, text_mismatches
 from bench.lib.models import MULTITURN_MODEL as MODEL
 from bench.lib.models import bench_model_dir, kv_bytes_per_token, model_params
+from bench.lib.multiturn_report import summarize_run, summary_json, write_outputs
 from bench.lib.ready import served_model
 from bench.lib.results import ROOT, host_info
 from bench.lib.scrape import read_counters
@@ -171,8 +172,6 @@ class MultiTurn:
                 # Greedy: every arm must stream the text the first arm to run it streamed.
                 run["text_mismatches"] = text_mismatches(run["records"], reference)
                 self.runs.append(run)
-                from bench.lib.multiturn_report import summarize_run
-
                 sm = summarize_run(run)
                 print(f"[{self.elapsed():5.0f}s] rep {rep} {arm.name}: TTFT first p50 "
                       f"{sm['ttft_first']['p50']:.3f}s later p50 {sm['ttft_later']['p50']:.3f}s, ITL p50 "
@@ -182,8 +181,6 @@ class MultiTurn:
             took = time.monotonic() - t
 
     def assemble(self) -> dict[str, Any]:
-        from bench.lib.multiturn_report import summarize_run
-
         runs = []
         for run in self.runs:
             recs = run["records"]
@@ -212,8 +209,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from bench.lib.multiturn_report import summary_json, write_outputs
-
     result = asyncio.run(MultiTurn(args).main())
     markdown = None if (args.no_markdown or args.quick) else ROOT / "BENCHMARKS.md"
     for path in write_outputs(result, Path(args.out_dir), markdown):
