@@ -39,12 +39,13 @@ import psutil
 
 from bench.lib.arms import Arm, ArmSpec
 from bench.lib.chaos_outcomes import FAILURES, tally
+from bench.lib.chaos_report import publish
 from bench.lib.loadgen import request_body, run_closed_loop, stream_into, token_counter
 from bench.lib.metrics import RequestRecord
 from bench.lib.models import MULTITURN_MODEL, bench_model_dir
 from bench.lib.processes import BenchProcess
 from bench.lib.ready import served_model, wait_ready
-from bench.lib.results import scenario_settings
+from bench.lib.results import ROOT, scenario_settings
 from bench.lib.scrape import get_json, scrape
 from bench.lib.workload import PlannedRequest, WorkloadSpec, plan
 
@@ -324,8 +325,5 @@ def run(args: argparse.Namespace) -> dict:
           + f"; errors by kind {res['errors_by_kind']}; kills {len(res['events'])}; "
           f"left at the end {res['left']['final']} (clean: {res['left']['clean']})", flush=True)
     if not args.no_markdown:
-        from bench.lib.chaos_report import publish
-        from bench.lib.results import ROOT
-
         print(f"wrote {publish(res, args.run_id, ' '.join(['python -m bench', *sys.argv[1:]]), ROOT / 'BENCHMARKS.md')}")
     return res
