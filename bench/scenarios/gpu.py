@@ -34,6 +34,11 @@ from typing import Any
 
 from bench.lib.arms import Arm, ArmSpec
 from bench.lib.hf_generate import generate
+from bench.lib.loadgen import run_workload, token_counter
+from bench.lib.metrics import ratio, summarize
+from bench.lib.ready import served_model
+from bench.lib.scrape import read_counters
+from bench.lib.workload import WorkloadSpec, plan
 
 SHAPES: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
@@ -62,12 +67,6 @@ def build_model(path: Path, shape: str, device: str, dtype: str) -> Path:
 
 
 def run_arm(name: str, a: argparse.Namespace, model: Path, out: Path, loads: dict[str, Any]) -> dict[str, Any]:
-    from bench.lib.loadgen import run_workload, token_counter
-    from bench.lib.metrics import summarize
-    from bench.lib.ready import served_model
-    from bench.lib.scrape import read_counters
-    from bench.lib.workload import plan
-
     layout, fraction = ("gpu-colocated", 0.8) if name == "colocated" else ("gpu-disagg", 0.35)
     gpu = a.device != "cpu"  # a GPU worker takes a share of the free HBM; a CPU smoke run a small fixed pool
     flags = ("--device", a.device, "--max-num-seqs", "64", *(("--kv-memory-fraction", str(fraction)) if gpu else ()))
@@ -93,9 +92,6 @@ def run_arm(name: str, a: argparse.Namespace, model: Path, out: Path, loads: dic
 
 
 def arms_part(a: argparse.Namespace, model: Path, out: Path) -> dict[str, Any]:
-    from bench.lib.metrics import ratio
-    from bench.lib.workload import WorkloadSpec
-
     os.environ.setdefault("TANDEM_INTERNAL_SECRET", "gpu-bench-" + "s" * 24)  # the arms run with a service secret
     loads = {"interference": WorkloadSpec("interference", "poisson", a.requests, tuple(a.prompt_len), 128, rate=a.rate),
              "decode": WorkloadSpec("decode", "closed", 2 * a.streams, (256, 256), 256, concurrency=a.streams)}
