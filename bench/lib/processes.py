@@ -94,11 +94,6 @@ class BenchProcess(ManagedProcess):
             pass
         return total
 
-    def thread_cpu(self) -> dict[int, float]:
-        """CPU seconds of each thread, by thread id (the process id: the main thread, its event loop)."""
-        p = self.ps()
-        return {t.id: t.user_time + t.system_time for t in p.threads()} if p else {}
-
     def placement(self) -> dict:
         """Where it may run and how many threads it has."""
         p = self.ps()
