@@ -43,7 +43,7 @@ class ProbeResult:
 
     prefill: str  # worker URLs
     decode: str
-    generation: str
+    kv_compat: str
     outcome: ProbeOutcome
     max_abs_diff: float | None = None  # max over the continuation of |logprob(handoff) - logprob(alone)|
     tolerance: float = 0.0
@@ -71,7 +71,7 @@ class WorkerParity:
 
     url: str
     role: str
-    generation: str
+    kv_compat: str
     state: ParityState
     checking: bool = False  # a probe of it is running now
     last: ProbeResult | None = None
@@ -82,7 +82,7 @@ class WorkerParity:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> WorkerParity:
         last = d.get("last")
-        return cls(url=str(d["url"]), role=str(d["role"]), generation=str(d.get("generation", "")),
+        return cls(url=str(d["url"]), role=str(d["role"]), kv_compat=str(d.get("kv_compat", "")),
                    state=ParityState(d["state"]), checking=bool(d.get("checking", False)),
                    last=ProbeResult.from_dict(last) if isinstance(last, dict) else None)
 

@@ -40,10 +40,10 @@ class KVSource:
     # KV heads tandem.contracts.kv_layout.kv_heads_of_rank gives it; one lease (rank 0's, above)
     # covers every rank's blocks. Empty: one rank.
     ranks: list[KVRank] = field(default_factory=list)
-    # The tandem.dev/generation of the worker that leased the KV (a prefill worker, or a draining
-    # decode worker). A worker of another generation refuses it (400 kv_generation_mismatch): the
+    # The tandem.dev/kv-compat of the worker that leased the KV (a prefill worker, or a draining
+    # decode worker). A worker of another kv_compat refuses it (400 kv_compat_mismatch): the
     # same tokens through other weights are other KV, and must never reach its cache.
-    generation: str = ""
+    kv_compat: str = ""
     # One digest per block of block_ids and KV head of the model (digest_heads of them), block-major:
     # block i's head h at [i * digest_heads + h], of the bytes that head's part of the block holds
     # at the source (whichever rank holds it), taken once computed. Per head, so that a puller whose

@@ -19,7 +19,7 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_SERVICE = "tandem.dev/service"
 LABEL_ROLE = "tandem.dev/role"
-LABEL_GENERATION = "tandem.dev/generation"
+LABEL_KV_COMPAT = "tandem.dev/kv-compat"
 ANNOTATION_CONFIG_HASH = "tandem.dev/config-hash"
 MANAGED_BY = "tandem-operator"
 # A worker whose tensor-parallel group spans nodes is a LeaderWorkerSet group: its leader pod runs

@@ -213,7 +213,7 @@ class WorkerInfo:
     model: str  # served model name
     max_model_len: int
     engine_id: str  # "<pod or host>-<epoch>"
-    generation: str  # tandem.dev/generation: only equal generations are paired
+    kv_compat: str  # tandem.dev/kv-compat: only equal kv_compat values are paired
     kv_backend: str
     ready: bool
     running: int  # sequences in the running batch

@@ -10,7 +10,7 @@ class RouteReason(enum.StrEnum):
     DISAGGREGATED = "disaggregated"  # prefill worker, then a KV handoff to a decode worker
     NO_PREFILL_WORKER = "no_prefill_worker"  # none ready: the decode worker prefills itself
     SHORT_PROMPT = "short_prompt"  # below the threshold: cheaper to prefill on decode
-    NO_MATCHING_GENERATION = "no_matching_generation"  # no prefill/decode pair of one generation
+    NO_MATCHING_KV_COMPAT = "no_matching_kv_compat"  # no prefill/decode pair of one kv_compat
     PREFILL_FAILED = "prefill_failed"  # every prefill attempt failed: decode-side prefill
     PREFILL_SATURATED = "prefill_saturated"  # the prefill pool is busy, a decode worker has room
     CACHED_PREFIX = "cached_prefix"  # the decode worker holds all but a short tail of the prompt

@@ -19,7 +19,7 @@ from tandem.operator.handoff_condition import RouterParity
 from tandem.operator.memory import Memory
 from tandem.operator.observe import download
 from tandem.operator.ownership import REFUSED
-from tandem.operator.render import endpoint, generation_hash
+from tandem.operator.render import endpoint, kv_compat_hash
 from tandem.operator.render.weights import download_job_name
 from tandem.operator.spec import WORKER_ROLES, InferenceServiceSpec, SpecError
 from tandem.operator.status import KVProbe, Observation, compute_status, same_status
@@ -83,18 +83,18 @@ def _status(body: dict, spec: InferenceServiceSpec | None, config: OperatorConfi
     if generation is None:
         generation = old.get("observedGeneration")
     if model is not None:
-        spec = model.spec  # a hub model pinned to its commit: the generation the pods carry
+        spec = model.spec  # a hub model pinned to its commit: the kv_compat the pods carry
     if spec is None:  # what runs came from an earlier spec: keep what status said of it
-        url, label = old.get("endpoint"), old.get("generation")
+        url, kv_compat = old.get("endpoint"), old.get("kvCompat")
     elif (model is not None and model.blocking) or findings.get("apply_reason") == policy.DENIED:
         # nothing of this spec was applied: the pods are older
-        url, label = endpoint(meta["name"], meta["namespace"], spec), old.get("generation")
+        url, kv_compat = endpoint(meta["name"], meta["namespace"], spec), old.get("kvCompat")
     else:
-        url, label = endpoint(meta["name"], meta["namespace"], spec), generation_hash(spec, config)
+        url, kv_compat = endpoint(meta["name"], meta["namespace"], spec), kv_compat_hash(spec, config)
     stamp = now()
     scaling = scaling_status(spec, obs, old, stamp, decision)
     found = (model.status, model.condition) if model is not None else None
-    return compute_status(spec, obs, old, stamp, generation, url, label, scaling, found)
+    return compute_status(spec, obs, old, stamp, generation, url, kv_compat, scaling, found)
 
 
 def _model_finding(acted: Acted, service: str, obs: Observation, seen: Seen) -> model_check.ModelFinding | None:

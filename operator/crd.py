@@ -103,8 +103,9 @@ def status_schema() -> dict[str, Any]:
         "decode": component(),
         "router": component(),
         "endpoint": {"type": "string", "description": "In-cluster URL of the router."},
-        "generation": {"type": "string",
-                       "description": "tandem.dev/generation of the current prefill/decode pods."},
+        "kvCompat": {"type": "string",
+                     "description": "tandem.dev/kv-compat of the current prefill/decode pods: only pods "
+                     "with equal values hand KV to each other."},
         "model": {"type": "object", "description": "A hub model as the operator pinned and judged it "
                   "(tandem.operator.model_check): served at `commit` until model.hub or model.revision change.",
                   "properties": {

@@ -319,14 +319,14 @@ def compute_status(
     now: str,
     observed_generation: int | None,
     endpoint: str | None,
-    generation_label: str | None,
+    kv_compat: str | None,
     scaling: Scaling | None = None,
     model: tuple[dict[str, Any] | None, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The whole status object to write; equal to old_status when nothing changed.
 
     spec is None when the operator cannot read it (obs.spec_error says why); endpoint and
-    generation_label None leave those fields out; scaling is None without spec.autoscaling;
+    kv_compat (the pods' tandem.dev/kv-compat) None leave those fields out; scaling is None without spec.autoscaling;
     model is (status.model, the ModelReady condition) when known.
     """
     old_status = old_status or {}
@@ -353,8 +353,8 @@ def compute_status(
                 status[role]["lastScaleTime"] = sr.last_scale_time
     if obs.router_service and endpoint is not None:
         status["endpoint"] = endpoint
-    if generation_label is not None:
-        status["generation"] = generation_label
+    if kv_compat is not None:
+        status["kvCompat"] = kv_compat
     if model_status is not None:
         status["model"] = model_status
     return status

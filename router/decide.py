@@ -20,11 +20,11 @@ The rules, state by state:
   aborted, a lease nobody pulled is freed, and another worker resumes with every token so far
   (`max_resumes`), else a 502; a worker that died after the last token `max_tokens` allowed is
   finished here.
-- a decode worker is busy: another one of the KV's generation gets the same KV lease; none of
-  that generation free, another decode worker recomputes (the lease freed), so KV never reaches
-  another generation's model; every one busy is a 503 with Retry-After while the client has
+- a decode worker is busy: another one of the KV's kv_compat gets the same KV lease; none of
+  that kv_compat free, another decode worker recomputes (the lease freed), so KV never reaches
+  another kv_compat's model; every one busy is a 503 with Retry-After while the client has
   nothing, else a wait for the soonest Retry-After (`busy_wait_s` in all) and the same choice.
-- a decode worker leaves (a MIGRATE line): another ready decode worker of the same generation
+- a decode worker leaves (a MIGRATE line): another ready decode worker of the same kv_compat
   pulls the KV it leased, else any by recompute; not a failure, and timed until the next token.
 Handoff, resume and migration are one mechanism: the next worker gets the tokens so far and how
 many characters the client has (Journey.worker_request), so nothing here trims text.
@@ -139,15 +139,15 @@ def _resume_choice(j: Journey, snap: Snapshot, exclude: set[str]) -> WorkerView 
 
 
 def _kv_choice(j: Journey, snap: Snapshot, exclude: set[str]) -> WorkerView | None:
-    """A decode worker that may pull the journey's KV: only one of the generation that computed it
+    """A decode worker that may pull the journey's KV: only one of the kv_compat that computed it
     (another model's weights would read it as garbage, and cache it), never one a parity probe found
     disagreeing."""
-    pool = [w for w in snap.workers if w.generation == j.kv_generation and not w.parity_mismatch]
+    pool = [w for w in snap.workers if w.kv_compat == j.kv_compat and not w.parity_mismatch]
     return _resume_choice(j, snap.among(pool), exclude)
 
 
 def _next_decode(j: Journey, snap: Snapshot, exclude: set[str]) -> tuple[WorkerView | None, tuple]:
-    """The next decode worker and the aborts it takes: with the KV to one of its generation; else
+    """The next decode worker and the aborts it takes: with the KV to one of its kv_compat; else
     any by recompute, the lease nobody will pull then freed; None: none free (the KV kept)."""
     if j.kv is None:
         return _resume_choice(j, snap, exclude), ()
@@ -236,7 +236,7 @@ def _prefilled(j: Journey, o: Prefilled) -> Action:
     j.phase = Phase.DECODE
     if res.kv is not None:
         assert j.target is not None
-        j.kv, j.lease_holder, j.kv_generation = res.kv, o.url, j.target.generation
+        j.kv, j.lease_holder, j.kv_compat = res.kv, o.url, j.target.kv_compat
     return _decode_on(j, plan.decode, Why.PLANNED, emit=emit, route=j.route)
 
 
@@ -370,7 +370,7 @@ def _waited(j: Journey, o: Waited, snap: Snapshot) -> Action:
 
 def _migrate(j: Journey, o: Line, snap: Snapshot) -> Action:
     """Where a request goes when its decode worker leaves: another ready decode worker of the same
-    generation with the KV it leased, else any decode-capable one by recompute. No worker left is
+    kv_compat with the KV it leased, else any decode-capable one by recompute. No worker left is
     a 502 (the stream has started)."""
     source, kv, notes = o.url, o.event.kv, []
     assert j.target is not None
@@ -380,13 +380,13 @@ def _migrate(j: Journey, o: Line, snap: Snapshot) -> Action:
     if kv is not None:
         j.lease_tokens[source] = kv.lease_token  # an abort there (the request ends early) frees it
         if o.event.generated_token_ids == j.generated:
-            j.kv, j.lease_holder, j.kv_generation = kv, source, j.target.generation
+            j.kv, j.lease_holder, j.kv_compat = kv, source, j.target.kv_compat
         else:
             notes.append((WARNING, f"request {j.request_id}: MIGRATE from {source} lists "
                                    f"{len(o.event.generated_token_ids)} tokens, the client has "
                                    f"{len(j.generated)}: recomputing"))
     nxt, _ = _next_decode(j, snap, j.excluded)
-    # a lease there that nobody will pull (no worker, another generation, tokens that disagree): free it now
+    # a lease there that nobody will pull (no worker, another kv_compat, tokens that disagree): free it now
     abort = (source,) if kv is not None and (nxt is None or j.kv is None) else ()
     if nxt is None:
         return _fail(j, upstream_failed("the decode worker serving this request shut down and no other is "

@@ -132,7 +132,7 @@ class Journey:
     target: WorkerView | None = None  # the decode worker asked last
     kv: KVSource | None = None  # what the next decode worker pulls
     lease_holder: str | None = None  # the worker whose lease `kv` is
-    kv_generation: str | None = None  # the generation of the model that computed `kv`
+    kv_compat: str | None = None  # the kv_compat of the model that computed `kv`
     excluded: set[str] = field(default_factory=set)  # dead or leaving: never asked again
     failures: int = 0  # decode failures (a resume each)
     failure: Exception | None = None  # the failure being handled (its copy is being aborted)
@@ -158,7 +158,7 @@ class Journey:
         return ev
 
     def clear_kv(self) -> None:
-        self.kv = self.lease_holder = self.kv_generation = None
+        self.kv = self.lease_holder = self.kv_compat = None
 
     def worker_request(self, decode: bool) -> GenerateRequest:
         """The worker request: the client's prompt, or its token ids once a worker tokenized it, plus

@@ -131,7 +131,7 @@ class WorkerClient(Protocol):
 
     async def info(self, url: str, role: Role | None = None) -> WorkerInfo:
         """The worker's identity and load, polled every `poll_interval_s` (workers.py): role, served
-        model, max_model_len, engine_id (new on a restart), generation, ready, running, waiting,
+        model, max_model_len, engine_id (new on a restart), kv_compat, ready, running, waiting,
         kv_usage (0..1), outstanding_prompt_tokens, tokenizer_sha256, dtype. `role` is the one
         discovery knows (a pod label, a --prefill/--decode flag), for a runtime whose server cannot
         say its own. Raises WorkerFailed. Tandem: GET /internal/info. vLLM: `vllm:num_requests_running`,

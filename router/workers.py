@@ -1,7 +1,7 @@
 """The router's live view of its workers: who exists (from discovery) and how loaded each is.
 
 Discovery says which URLs exist and whether their pods are ready; a poll of each worker's
-/internal/info every `poll_interval_s` adds its role, generation and load. A request that fails
+/internal/info every `poll_interval_s` adds its role, kv_compat and load. A request that fails
 on a worker marks it unusable at once; the next successful poll brings it back. Between polls the
 set adds what this router's requests put on each worker (`account`: each journey's charges) and
 keeps the round-robin cursor; `snapshot` freezes all of it, with the prefix index's answer for one
@@ -34,7 +34,7 @@ class Target:
 
     url: str
     role: Role | None = None  # None: learn it from /internal/info
-    generation: str | None = None  # the tandem.dev/generation label, when discovery knows it
+    kv_compat: str | None = None  # the tandem.dev/kv-compat label, when discovery knows it
     ready: bool = True  # pod readiness (static discovery: always true)
 
 
@@ -55,11 +55,11 @@ class _Entry:
     def view(self, parity: Callable[[str], ParityState | None] | None = None) -> WorkerView:
         info = self.info
         role = info.role if info else self.target.role
-        gen = self.target.generation if self.target.generation is not None else (info.generation if info else "")
+        gen = self.target.kv_compat if self.target.kv_compat is not None else (info.kv_compat if info else "")
         return WorkerView(
             url=self.target.url,
             role=role if role is not None else Role.DECODE,
-            generation=gen,
+            kv_compat=gen,
             ready=bool(self.target.ready and info is not None and info.ready and not self.failed and role),
             first_seen=self.first_seen,
             running=info.running if info else 0,

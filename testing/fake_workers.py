@@ -94,9 +94,9 @@ class FakeWorkers:
     # url -> (set when a stream there is being closed, what the closing waits for)
     close_gates: dict[str, tuple[asyncio.Event, asyncio.Event]] = field(default_factory=dict)
 
-    def add(self, url: str, role: Role, generation: str = "g1") -> str:
+    def add(self, url: str, role: Role, kv_compat: str = "g1") -> str:
         self.infos[url] = WorkerInfo(role=role, model="toy", max_model_len=4096, engine_id=url + "-1",
-                                     generation=generation, kv_backend="tcp", ready=True, running=0,
+                                     kv_compat=kv_compat, kv_backend="tcp", ready=True, running=0,
                                      waiting=0, kv_usage=0.0, outstanding_prompt_tokens=0)
         return url
 

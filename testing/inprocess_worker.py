@@ -55,7 +55,7 @@ class InProcessWorkers:
 
     async def start(self, role: str = "colocated", kv_backend: str | None = None, lease_s: float = 30.0,
                     attach: bool = True, secret: str | None = None, stall_s: float = 120.0,
-                    serve_kv: bool | None = None, generation: str = "g1", **overrides: Any) -> Worker:
+                    serve_kv: bool | None = None, kv_compat: str = "g1", **overrides: Any) -> Worker:
         """`serve_kv`: whether the transport serves KV (default: every role but decode; a decode
         worker that migrates its sequences out serves them)."""
         from aiohttp.test_utils import TestClient, TestServer
@@ -68,7 +68,7 @@ class InProcessWorkers:
 
         engine_id = f"test-{role}-{uuid.uuid4().hex[:8]}"
         state = WorkerState(WorkerSettings(role=Role(role), advertise_url="", engine_id=engine_id,
-                                           generation=generation, reserve_wait_s=2.0, internal_secret=secret))
+                                           kv_compat=kv_compat, reserve_wait_s=2.0, internal_secret=secret))
         eng = Engine(EngineConfig(model=self.model_dir, **self.defaults | overrides), loaded=self.loaded,
                      lease_s=lease_s, on_step=state.metrics.observe_step)
         client = TestClient(TestServer(create_app(state)))

@@ -18,18 +18,18 @@ PROMPT = "a prompt long enough to be worth a prefill worker"
 IDS = [1, 2, 3, 4, 5]
 
 
-def worker(url: str, role: Role = Role.DECODE, generation: str = "g1", **load) -> WorkerView:
+def worker(url: str, role: Role = Role.DECODE, kv_compat: str = "g1", **load) -> WorkerView:
     """A ready worker as the pool would show it (`load`: running, waiting, kv_usage, ...)."""
-    return WorkerView(url=url, role=role, generation=generation, ready=True, **load)
+    return WorkerView(url=url, role=role, kv_compat=kv_compat, ready=True, **load)
 
 
-def pool(*urls: str, generation: str = "g1") -> tuple[WorkerView, ...]:
-    """Ready workers by name: p* prefill, c* colocated, others decode; "d2@g2" sets a generation."""
+def pool(*urls: str, kv_compat: str = "g1") -> tuple[WorkerView, ...]:
+    """Ready workers by name: p* prefill, c* colocated, others decode; "d2@g2" sets a kv_compat."""
     views = []
     for name in urls:
         url, _, gen = name.partition("@")
         role = {"p": Role.PREFILL, "c": Role.COLOCATED}.get(url[0], Role.DECODE)
-        views.append(worker(url, role, gen or generation))
+        views.append(worker(url, role, gen or kv_compat))
     return tuple(views)
 
 

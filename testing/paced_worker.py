@@ -40,7 +40,7 @@ class Paced:
 
     async def info(self, request: web.Request) -> web.Response:
         return web.json_response(WorkerInfo(
-            role=Role.DECODE, model=self.model, max_model_len=100_000, engine_id="paced-1", generation="",
+            role=Role.DECODE, model=self.model, max_model_len=100_000, engine_id="paced-1", kv_compat="",
             kv_backend="none", ready=True, running=self.stats["open"], waiting=0, kv_usage=0.0,
             outstanding_prompt_tokens=0).to_dict())
 

@@ -84,7 +84,7 @@ class ProcessGroup(Supervisor):
 
     def worker_for_pod(self, pod: dict[str, Any], model: Path, kv_backend: str = "tcp",
                        env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> ManagedProcess:
-        """`tandem worker` as the pod would run it: its role, IP, port, name and generation (`args`:
+        """`tandem worker` as the pod would run it: its role, IP, port, name and kv_compat (`args`:
         more flags, e.g. the engine settings its config file would give)."""
         meta, ip = pod["metadata"], pod["status"]["podIP"]
         role, port = meta["labels"]["tandem.dev/role"], pod_port(pod)
@@ -92,7 +92,7 @@ class ProcessGroup(Supervisor):
                 "--port", str(port), "--kv-backend", kv_backend, "--threads", "1", *args]
         full_env = os.environ | {
             "POD_IP": ip, "POD_NAME": meta["name"],
-            "TANDEM_GENERATION": meta["labels"].get("tandem.dev/generation", ""),
+            "TANDEM_KV_COMPAT": meta["labels"].get("tandem.dev/kv-compat", ""),
             "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "UCX_TLS": "tcp",
         } | self._secret_env(pod) | (env or {})
         return self.start(ManagedProcess(meta["name"], argv, full_env, url=f"http://{ip}:{port}", role=role))

@@ -33,6 +33,8 @@ RETIRED_FUNCTIONS: dict[str, tuple[str, str | None]] = {
     "kv_check": ("worker/server/kv_peer.py: check", None),
     "kv_metadata": ("worker/server/kv_peer.py: metadata", None),
     "kv_health": ("worker/server/kv_peer.py: health", None),
+    "generation_hash": ("operator/render/identity.py: kv_compat_hash (generation is metadata.generation)", None),
+    "pick_generation": ("router/policies/base.py: pick_kv_compat (generation is metadata.generation)", None),
 }
 
 # module -> what it became
@@ -45,6 +47,27 @@ RETIRED_MODULES: dict[str, str] = {
     "tandem.worker.engine.parallel.leader": "tandem.worker.engine.parallel.rank_zero (tandem.operator.leader "
                                             "is the Lease election)",
     "tandem.operator.lease": "tandem.operator.election (a lease in the worker is a KV lease)",
+}
+
+# "generation" is Kubernetes' metadata.generation (and text generation); what a prefill and a decode worker
+# must share to hand KV to each other is their kv-compat. string constant -> what it became
+RETIRED_STRINGS: dict[str, str] = {
+    "tandem.dev/generation": "tandem.dev/kv-compat (contracts/names.py LABEL_KV_COMPAT)",
+    "TANDEM_GENERATION": "TANDEM_KV_COMPAT",
+    "--generation": "--kv-compat (tandem worker)",
+    "kv_generation_mismatch": "kv_compat_mismatch",
+    "no_matching_generation": "no_matching_kv_compat (RouteReason.NO_MATCHING_KV_COMPAT)",
+}
+# a module-level name or a class field -> what it became; the fields are checked outside operator/, whose
+# `generation` fields are metadata.generation
+RETIRED_NAMES: dict[str, str] = {
+    "LABEL_GENERATION": "contracts/names.py: LABEL_KV_COMPAT",
+    "NO_MATCHING_GENERATION": "contracts/routing.py: RouteReason.NO_MATCHING_KV_COMPAT",
+}
+RETIRED_FIELDS: dict[str, str] = {
+    "generation": "kv_compat (WorkerInfo, KVSource, WorkerView, Target, the worker's config: only equal "
+                  "kv_compat values are paired)",
+    "kv_generation": "kv_compat (the journey's: the kv_compat of the worker that computed its KV)",
 }
 
 # the worker's prefill module serves /internal/prefill only: abort is abort.py, /internal/kv/* kv_peer.py
@@ -90,6 +113,38 @@ def test_retired_classes_and_functions_are_not_defined_again():
                 if rel != allowed:
                     found.append(f"{rel}:{node.lineno}: def {node.name} is retired; it became {became}")
     assert found == []
+
+
+def test_retired_strings_names_and_fields_are_not_used_again():
+    found = []
+    for path in product_files():
+        rel = path.relative_to(ROOT).as_posix()
+        tree = _parse(path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found += [f"{rel}:{node.lineno}: {old!r} is retired; it became {new}"
+                          for old, new in RETIRED_STRINGS.items() if old in node.value]
+            elif isinstance(node, ast.ClassDef) and not rel.startswith("operator/"):
+                found += [f"{rel}:{item.lineno}: field {item.target.id} of {node.name} is retired; it became "
+                          f"{RETIRED_FIELDS[item.target.id]}" for item in node.body
+                          if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                          and item.target.id in RETIRED_FIELDS]
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) else []
+            found += [f"{rel}:{node.lineno}: {t.id} is retired; it became {RETIRED_NAMES[t.id]}"
+                      for t in targets if isinstance(t, ast.Name) and t.id in RETIRED_NAMES]
+    assert found == []
+
+
+def test_the_kv_compat_label_is_the_documented_one():
+    from tandem.contracts.names import LABEL_KV_COMPAT
+    assert LABEL_KV_COMPAT == "tandem.dev/kv-compat"
+    docs = [p for p in (ROOT / "docs").rglob("*.md")] + sorted(ROOT.glob("*/README.md")) + sorted(
+        ROOT.glob("*/*/README.md"))
+    stale = [p.relative_to(ROOT).as_posix() for p in docs if "tandem.dev/generation" in p.read_text()
+             or "TANDEM_GENERATION" in p.read_text()]
+    assert stale == [], "the docs name tandem.dev/kv-compat and TANDEM_KV_COMPAT"
 
 
 @pytest.mark.parametrize("module", sorted(RETIRED_MODULES))

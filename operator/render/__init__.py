@@ -33,7 +33,7 @@ from tandem.operator.render.config_files import (
     worker_config,
 )
 from tandem.operator.render.group import LWS_API_VERSION, LWS_KIND, worker_group
-from tandem.operator.render.identity import generation_hash, image_ref, short_hash
+from tandem.operator.render.identity import image_ref, kv_compat_hash, short_hash
 from tandem.operator.render.objects import Manifest, disruption_budget, names
 from tandem.operator.render.router import endpoint, router_deployment, router_rbac, router_service
 from tandem.operator.render.trust import internal_secret, network_policy, with_secret_uid
@@ -45,7 +45,7 @@ __all__ = [
     "Manifest",
     "config_files",
     "endpoint",
-    "generation_hash",
+    "kv_compat_hash",
     "image_ref",
     "internal_secret",
     "names",
@@ -97,7 +97,7 @@ def worker_workload(meta: dict, spec: InferenceServiceSpec, role: str, config: O
     """A role's Deployment, or its LeaderWorkerSet when one worker's group spans nodes."""
     if not spec.role(role).parallelism.spans_nodes:
         return worker_deployment(meta, spec, role, config, config_hash, replicas, runtime)
-    pod = worker_pod_spec(meta["name"], spec, role, config, generation_hash(spec, config), runtime)
+    pod = worker_pod_spec(meta["name"], spec, role, config, kv_compat_hash(spec, config), runtime)
     return worker_group(meta, spec, role, config, config_hash, replicas, pod, runtime)
 
 

@@ -20,15 +20,15 @@ from typing import Any
 
 from tandem.contracts.names import (
     ANNOTATION_CONFIG_HASH,
-    LABEL_GENERATION,
     LABEL_GROUP_MEMBER,
+    LABEL_KV_COMPAT,
     LABEL_ROLE,
     RENDEZVOUS_PORT,
     RENDEZVOUS_PORT_NAME,
     GroupMember,
 )
 from tandem.operator.config import OperatorConfig
-from tandem.operator.render.identity import generation_hash
+from tandem.operator.render.identity import kv_compat_hash
 from tandem.operator.render.objects import Manifest, common_labels, metadata, names
 from tandem.operator.render.runtimes.registry import role_renderer
 from tandem.operator.spec import InferenceServiceSpec, Parallelism
@@ -49,7 +49,7 @@ def worker_group(meta: dict, spec: InferenceServiceSpec, role: str, config: Oper
     a leader and a follower run differently is the runtime's (runtimes/)."""
     par = spec.role(role).parallelism
     name = names(meta["name"])[role]
-    labels = common_labels(meta["name"], role) | {LABEL_ROLE: role, LABEL_GENERATION: generation_hash(spec, config)}
+    labels = common_labels(meta["name"], role) | {LABEL_ROLE: role, LABEL_KV_COMPAT: kv_compat_hash(spec, config)}
     group_pod, renderer = group_pod_spec(pod_spec, name, par), role_renderer(runtime or spec.runtime.name)
 
     def template(member: GroupMember) -> dict[str, Any]:

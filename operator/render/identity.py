@@ -1,4 +1,4 @@
-"""What identifies a rollout: the image reference, the generation label, the config hashes. Pure."""
+"""What identifies a rollout: the image reference, the kv_compat label, the config hashes. Pure."""
 
 from __future__ import annotations
 
@@ -49,11 +49,11 @@ def short_hash(obj: Any, length: int = 10) -> str:
     return hashlib.sha256(data).hexdigest()[:length]
 
 
-def generation_hash(spec: InferenceServiceSpec, config: OperatorConfig) -> str:
-    """tandem.dev/generation: what must match for a prefill worker to hand KV to a decode worker.
+def kv_compat_hash(spec: InferenceServiceSpec, config: OperatorConfig) -> str:
+    """tandem.dev/kv-compat: what must match for a prefill worker to hand KV to a decode worker.
 
     A hub model counts by its commit (the operator pins spec.model.revision to it before rendering):
-    two generations of one hub id at different commits never pair. A runtime other than tandem joins
+    two kv_compat values of one hub id at different commits never pair. A runtime other than tandem joins
     the hash with its extra args (they may change the KV's layout, e.g. --kv-cache-dtype): a prefill
     and a decode of different runtimes never pair. (Left out for tandem: existing pods keep their label.)"""
     model, kv, runtime = spec.model, spec.kv_transfer, spec.runtime

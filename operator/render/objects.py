@@ -36,7 +36,7 @@ def names(name: str) -> dict[str, str]:
 
 
 def selector_labels(name: str, component: str) -> dict[str, str]:
-    """A component's Deployment selector: immutable, so it never includes the generation."""
+    """A component's Deployment selector: immutable, so it never includes the kv_compat."""
     return {LABEL_SERVICE: name, LABEL_ROLE: component}
 
 

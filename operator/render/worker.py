@@ -12,7 +12,7 @@ from typing import Any
 from tandem.contracts.names import (
     KV_PORT,
     KV_PORT_NAME,
-    LABEL_GENERATION,
+    LABEL_KV_COMPAT,
     LABEL_ROLE,
     WORKER_PORT,
     WORKER_PORT_NAME,
@@ -20,7 +20,7 @@ from tandem.contracts.names import (
     Role,
 )
 from tandem.operator.config import OperatorConfig
-from tandem.operator.render.identity import generation_hash, image_ref
+from tandem.operator.render.identity import image_ref, kv_compat_hash
 from tandem.operator.render.objects import (
     CONFIG_DIR,
     Manifest,
@@ -52,14 +52,14 @@ def worker_deployment(meta: dict, spec: InferenceServiceSpec, role: str, config:
                       config_hash: str, replicas: int | None, runtime: str | None = None) -> Manifest:
     """The prefill or decode Deployment: never below the desired capacity during a rollout.
     `replicas` None leaves the field out (an external autoscaler owns it)."""
-    generation = generation_hash(spec, config)
-    pod_labels = common_labels(meta["name"], role) | {LABEL_ROLE: role, LABEL_GENERATION: generation}
+    kv_compat = kv_compat_hash(spec, config)
+    pod_labels = common_labels(meta["name"], role) | {LABEL_ROLE: role, LABEL_KV_COMPAT: kv_compat}
     # New pods come up before old ones go: a rollout needs room for one more pod in the pool.
     rollout = {
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
         "progressDeadlineSeconds": 3600,
     }
-    pod = worker_pod_spec(meta["name"], spec, role, config, generation, runtime)
+    pod = worker_pod_spec(meta["name"], spec, role, config, kv_compat, runtime)
     return deployment(meta, role, replicas, pod_labels, config_hash, pod, rollout)
 
 
@@ -76,7 +76,7 @@ def worker_service(meta: dict, spec: InferenceServiceSpec, role: str) -> Manifes
 
 
 def worker_pod_spec(name: str, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
-                    generation: str, runtime: str | None = None) -> dict[str, Any]:
+                    kv_compat: str, runtime: str | None = None) -> dict[str, Any]:
     """A worker pod: its container is the runtime's (runtimes/; None: spec.runtime.name's), the rest
     every runtime's."""
     role_spec = spec.role(role)
@@ -85,7 +85,7 @@ def worker_pod_spec(name: str, spec: InferenceServiceSpec, role: str, config: Op
         "automountServiceAccountToken": False,  # workers never talk to the API server
         "terminationGracePeriodSeconds": role_spec.termination_grace_period_seconds,
         **({"initContainers": init_containers} if init_containers else {}),
-        "containers": [role_renderer(runtime or spec.runtime.name).container(name, spec, role, config, generation,
+        "containers": [role_renderer(runtime or spec.runtime.name).container(name, spec, role, config, kv_compat,
                                                                             model_mounts)],
         "volumes": [
             config_volume(name, f"{role}.yaml"),
@@ -107,7 +107,7 @@ def worker_pod_spec(name: str, spec: InferenceServiceSpec, role: str, config: Op
 
 
 def worker_container(name: str, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
-                     generation: str, model_mounts: list[dict]) -> dict[str, Any]:
+                     kv_compat: str, model_mounts: list[dict]) -> dict[str, Any]:
     image, pull_policy = image_ref(spec, config)
     return {
         "name": "worker",
@@ -115,7 +115,7 @@ def worker_container(name: str, spec: InferenceServiceSpec, role: str, config: O
         "imagePullPolicy": pull_policy,
         "command": ["tandem", "worker", "--role", role, "--config", f"{CONFIG_DIR}/config.yaml"],
         "ports": worker_ports(spec, role),
-        "env": worker_env(name, spec, role, generation),
+        "env": worker_env(name, spec, role, kv_compat),
         "resources": worker_resources(spec.role(role), spec.kv_transfer),
         "volumeMounts": [config_mount(), {"name": "dshm", "mountPath": "/dev/shm"}, *model_mounts],
         "securityContext": security_context(spec.kv_transfer),
@@ -161,12 +161,12 @@ def worker_resources(role_spec: WorkerRole, kv: KVTransfer) -> dict[str, dict[st
     return resources(amounts)
 
 
-def worker_env(name: str, spec: InferenceServiceSpec, role: str, generation: str) -> list[dict[str, Any]]:
+def worker_env(name: str, spec: InferenceServiceSpec, role: str, kv_compat: str) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         *pod_identity_env(),
         # The KV transfer side channel advertises the pod IP.
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "TANDEM_GENERATION", "value": generation},
+        {"name": "TANDEM_KV_COMPAT", "value": kv_compat},
         {"name": "TANDEM_SERVICE", "value": name},
         internal_secret_env(name),
     ]

@@ -31,7 +31,7 @@ from tandem.operator.spec.router import Router
 from tandem.operator.spec.runtime import RuntimeSpec
 
 # Variables the operator sets in every worker itself; the CRD refuses them in a role's env.
-RESERVED_ENV = ("POD_IP", "POD_NAME", "TANDEM_GENERATION", SECRET_ENV)
+RESERVED_ENV = ("POD_IP", "POD_NAME", "TANDEM_KV_COMPAT", SECRET_ENV)
 # The worker roles an InferenceService runs (plain strings: they become labels and file names),
 # and its components: each a Deployment with a readiness condition and replicas in status.
 WORKER_ROLES: tuple[str, ...] = (Role.PREFILL.value, Role.DECODE.value)

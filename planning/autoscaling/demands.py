@@ -26,7 +26,7 @@ KV_TARGET = 0.8
 LATENCY_STEP = 1.25
 SEATS_CUT = LATENCY_STEP  # so the learned seats per decode pod drop by at most 1/1.25 a window
 SEATS_PROBE = 1.1  # a window well under it, at nearly those seats, raises them by 10%
-FALLBACK_ROUTES = ("no_prefill_worker", "prefill_saturated", "prefill_failed", "no_matching_generation")
+FALLBACK_ROUTES = ("no_prefill_worker", "prefill_saturated", "prefill_failed", "no_matching_kv_compat")
 
 
 class Reason(enum.StrEnum):

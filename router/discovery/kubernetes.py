@@ -1,7 +1,7 @@
 """Kubernetes discovery: watch the service's worker pods and follow readiness, scaling and restarts.
 
 Pods are selected by `tandem.dev/service=<service>`; `tandem.dev/role` says prefill, decode or
-colocated and `tandem.dev/generation` which pods may be paired. A pod counts as ready when its
+colocated and `tandem.dev/kv-compat` which pods may be paired. A pod counts as ready when its
 Ready condition is True, it has an IP and is not being deleted.
 
 Labels prove nothing (anyone who can create a pod can copy them), so a pod gets traffic only when
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tandem.contracts.names import (
-    LABEL_GENERATION,
+    LABEL_KV_COMPAT,
     LABEL_ROLE,
     LABEL_SERVICE,
     Role,
@@ -86,7 +86,7 @@ def pod_target(pod: dict[str, Any], default_port: int) -> Target | None:
     url = pod_url(pod, default_port)
     if url is None:
         return None
-    return Target(url=url, role=role, generation=labels.get(LABEL_GENERATION, ""), ready=pod_ready(pod))
+    return Target(url=url, role=role, kv_compat=labels.get(LABEL_KV_COMPAT, ""), ready=pod_ready(pod))
 
 
 def snapshot_targets(pods: dict[str, dict[str, Any]], default_port: int) -> list[Target]:

@@ -122,7 +122,7 @@ class ParityChecker:
                 result = await self._probe(pair)
             except Exception:  # a bug here must not end the checker: the pair counts as failed
                 log.exception("handoff parity probe of %s -> %s raised", pair.prefill.url, pair.decode.url)
-                result = ProbeResult(pair.prefill.url, pair.decode.url, pair.decode.generation, ProbeOutcome.ERROR,
+                result = ProbeResult(pair.prefill.url, pair.decode.url, pair.decode.kv_compat, ProbeOutcome.ERROR,
                                      message="the probe raised (see the router's log)", at_unix=time.time())
             self.table.finish(pair, result, time.monotonic())
             self._count()
@@ -154,8 +154,8 @@ class ParityChecker:
         level = logging.INFO if result.outcome is ProbeOutcome.MATCH else logging.WARNING
         what = {ProbeOutcome.MATCH: "agree", ProbeOutcome.MISMATCH: "DISAGREE: no KV handoff between them",
                 ProbeOutcome.ERROR: "could not be compared"}[result.outcome]
-        log.log(level, "handoff parity: prefill %s -> decode %s (generation %s) %s: %s (%.2f s)",
-                pair.prefill.url, pair.decode.url, pair.decode.generation or "-", what, result.message,
+        log.log(level, "handoff parity: prefill %s -> decode %s (kv_compat %s) %s: %s (%.2f s)",
+                pair.prefill.url, pair.decode.url, pair.decode.kv_compat or "-", what, result.message,
                 result.seconds)
         return result
 

@@ -10,7 +10,7 @@ worker alone, each teacher-forced through a fixed continuation, and the log prob
 continuation must agree within the tolerance for the workers' dtype.
 
 Per worker (tandem.contracts.handoff_parity.ParityState): a new worker is UNCHECKED until a probe
-with a worker of the other role in its generation agrees (VERIFIED). A probe that disagrees marks
+with a worker of the other role in its kv_compat agrees (VERIFIED). A probe that disagrees marks
 MISMATCH every worker in it that was not already proven by another probe: a verified partner
 isolates the odd one out; two new workers are both suspect, and a suspect is probed again as soon as
 a worker of the other role is VERIFIED (one broken pod at start-up must not shut its partner out for
@@ -105,7 +105,7 @@ def prefill_side(v: WorkerView) -> bool:
 
 @dataclass(frozen=True)
 class Pair:
-    """One probe to run: a prefill and a decode-capable worker of one generation, and which of them
+    """One probe to run: a prefill and a decode-capable worker of one kv_compat, and which of them
     the result speaks for (a partner already verified with another worker is not)."""
 
     prefill: WorkerView
@@ -116,7 +116,7 @@ class Pair:
 @dataclass
 class _Worker:
     role: Role
-    generation: str
+    kv_compat: str
     engine_id: str = ""  # "" until the worker answered /internal/info
     state: ParityState = ParityState.UNCHECKED
     checking: bool = False
@@ -142,15 +142,15 @@ class ParityTable:
 
     def update(self, views: Sequence[WorkerView]) -> None:
         """Follow the router's workers: new ones start UNCHECKED, gone ones are forgotten, and one
-        whose role, generation or engine changed (a restart, a new pod on an old address) starts over."""
+        whose role, kv_compat or engine changed (a restart, a new pod on an old address) starts over."""
         seen = {v.url: v for v in views if prefill_side(v) or v.serves_decode}
         for url in [u for u in self.workers if u not in seen]:
             del self.workers[url]
         for url, v in seen.items():
             w = self.workers.get(url)
-            if w is None or (w.role, w.generation) != (v.role, v.generation) or (
+            if w is None or (w.role, w.kv_compat) != (v.role, v.kv_compat) or (
                     v.engine_id and w.engine_id != v.engine_id):
-                self.workers[url] = _Worker(v.role, v.generation, v.engine_id)
+                self.workers[url] = _Worker(v.role, v.kv_compat, v.engine_id)
 
     def state(self, url: str) -> ParityState | None:
         w = self.workers.get(url)
@@ -169,17 +169,17 @@ class ParityTable:
         return w.state is ParityState.UNCHECKED or (self._waiting(w) and w.due <= now)
 
     def _partners(self, v: WorkerView, views: Sequence[WorkerView]) -> list[WorkerView]:
-        """Who `v` may be probed with: ready, of its generation, of the other role, not being probed;
+        """Who `v` may be probed with: ready, of its kv_compat, of the other role, not being probed;
         only VERIFIED ones for a worker in MISMATCH (another suspect could not clear it)."""
         verified_only = self.workers[v.url].state is ParityState.MISMATCH
-        return [p for p in views if p.ready and p.generation == v.generation and p.url in self.workers
+        return [p for p in views if p.ready and p.kv_compat == v.kv_compat and p.url in self.workers
                 and not self.workers[p.url].checking
                 and (p.serves_decode if prefill_side(v) else prefill_side(p))
                 and (not verified_only or self.workers[p.url].state is ParityState.VERIFIED)]
 
     def next_pair(self, views: Sequence[WorkerView], now: float) -> Pair | None:
         """The next probe: the most urgent due worker (new ones first) that has a ready partner of the
-        other role in its generation; None when there is nothing to probe now."""
+        other role in its kv_compat; None when there is nothing to probe now."""
         due = sorted((v for v in views if v.url in self.workers and self._due(v, now)),
                      key=lambda v: (_DUE_RANK[self.workers[v.url].state], v.first_seen, v.url))
         for v in due:
@@ -246,6 +246,6 @@ class ParityTable:
         return out
 
     def report(self, enabled: bool = True) -> ParityReport:
-        workers = [WorkerParity(url, w.role.value, w.generation, w.state, w.checking, w.last)
+        workers = [WorkerParity(url, w.role.value, w.kv_compat, w.state, w.checking, w.last)
                    for url, w in sorted(self.workers.items())]
         return ParityReport(enabled, workers, dict(self.totals))

@@ -99,7 +99,7 @@ async def run_probe(client: WorkerClient, pair: Pair, tolerance: float, timeout_
     tag = uuid.uuid4().hex[:16]
     seed = int(tag, 16) if seed is None else seed
     prompt, continuation = probe_tokens(seed)
-    result = ProbeResult(pair.prefill.url, pair.decode.url, pair.decode.generation, ProbeOutcome.ERROR,
+    result = ProbeResult(pair.prefill.url, pair.decode.url, pair.decode.kv_compat, ProbeOutcome.ERROR,
                          tolerance=tolerance, dtype=pair.decode.dtype, tokens=len(continuation), at_unix=at,
                          seed=seed)
     try:

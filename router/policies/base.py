@@ -12,7 +12,7 @@ request is the snapshot's `cached`.
 
 `PairedPolicy` holds the rules every policy here keeps and leaves the choice within a pool to
 its subclasses:
-- Pairing: prefill and decode workers are paired only within one `tandem.dev/generation`; when
+- Pairing: prefill and decode workers are paired only within one `tandem.dev/kv-compat`; when
   several are live (a rollout), the one whose newest worker appeared most recently and that has
   both a ready prefill and a ready decode worker wins, so new prefill never talks to old decode.
 - Conditional disaggregation: a prompt below `short_prompt_threshold` tokens goes straight to a
@@ -20,10 +20,10 @@ its subclasses:
   Token counts are exact when the router tokenized the prompt (or the client sent ids), else
   characters / 4 (about what BPE tokenizers average on English).
 - Proven pairings only: a worker takes part in a KV handoff only once the router's parity probe
-  verified it (router/parity/decisions.py; `handoff_allowed`); a generation with no proven pair is served by
+  verified it (router/parity/decisions.py; `handoff_allowed`); a kv_compat with no proven pair is served by
   decode-side prefill (route `parity_unverified`, or `parity_mismatch` when a probe disagreed).
 - Load-aware disaggregation (`prefill_saturated`): when every ready prefill worker of the paired
-  generation already has at least `prefill_saturated_tokens` prompt tokens queued, a
+  kv_compat already has at least `prefill_saturated_tokens` prompt tokens queued, a
   decode-capable worker with headroom prefills the prompt itself, in the small chunks its engine
   allows a decode worker. Headroom: fewer than `decode_headroom_sequences` sequences running or
   waiting, KV usage under DECODE_HEADROOM_KV, and fewer prompt tokens queued than the least
@@ -64,9 +64,9 @@ class WorkerView:
 
     url: str
     role: Role
-    generation: str = ""
+    kv_compat: str = ""
     ready: bool = False
-    first_seen: float = 0.0  # monotonic time the router first saw it (orders generations)
+    first_seen: float = 0.0  # monotonic time the router first saw it (orders kv_compat values)
     running: int = 0
     waiting: int = 0
     kv_usage: float = 0.0
@@ -209,15 +209,15 @@ def decode_load(w: WorkerView) -> tuple[int, float]:
     return (decode_seqs(w), w.kv_usage)
 
 
-def pick_generation(prefill: Iterable[WorkerView], decode: Iterable[WorkerView]) -> str | None:
-    """The generation to pair in: present in both ready pools, newest first; None if there is none."""
+def pick_kv_compat(prefill: Iterable[WorkerView], decode: Iterable[WorkerView]) -> str | None:
+    """The kv_compat to pair in: present in both ready pools, newest first; None if there is none."""
     prefill, decode = list(prefill), list(decode)
-    p_gens = {w.generation for w in prefill if w.ready}
-    d_gens = {w.generation for w in decode if w.ready}
+    p_compat = {w.kv_compat for w in prefill if w.ready}
+    d_compat = {w.kv_compat for w in decode if w.ready}
     newest: dict[str, float] = {}
     for w in [*prefill, *decode]:
-        if w.ready and w.generation in p_gens & d_gens:
-            newest[w.generation] = max(newest.get(w.generation, -math.inf), w.first_seen)
+        if w.ready and w.kv_compat in p_compat & d_compat:
+            newest[w.kv_compat] = max(newest.get(w.kv_compat, -math.inf), w.first_seen)
     if not newest:
         return None
     return max(newest, key=lambda g: (newest[g], g))
@@ -228,7 +228,7 @@ class PairedPolicy(RoutingPolicy):
 
     @abc.abstractmethod
     def pick_prefill(self, request: RequestInfo, candidates: list[WorkerView], snap: Snapshot) -> WorkerView:
-        """One of `candidates` (never empty): ready prefill workers of one generation."""
+        """One of `candidates` (never empty): ready prefill workers of one kv_compat."""
 
     @abc.abstractmethod
     def pick_decode(self, request: RequestInfo, candidates: list[WorkerView], snap: Snapshot) -> WorkerView:
@@ -244,23 +244,23 @@ class PairedPolicy(RoutingPolicy):
             return Plan(self.pick_decode(request, decode, snap), None, RouteReason.NO_PREFILL_WORKER)
         if request.prompt_tokens < self.settings.short_prompt_threshold:
             return Plan(self.pick_decode(request, decode, snap), None, RouteReason.SHORT_PROMPT)
-        gen = pick_generation(prefill, decode)
+        gen = pick_kv_compat(prefill, decode)
         if gen is None:
-            return Plan(self.pick_decode(request, decode, snap), None, RouteReason.NO_MATCHING_GENERATION)
-        proven = pick_generation([w for w in prefill if w.handoff_allowed], [w for w in decode if w.handoff_allowed])
+            return Plan(self.pick_decode(request, decode, snap), None, RouteReason.NO_MATCHING_KV_COMPAT)
+        proven = pick_kv_compat([w for w in prefill if w.handoff_allowed], [w for w in decode if w.handoff_allowed])
         if proven is None:  # no pairing the parity probe has proven (yet): as without a prefill pool
-            failed = any(w.parity_mismatch for w in [*prefill, *decode] if w.generation == gen)
+            failed = any(w.parity_mismatch for w in [*prefill, *decode] if w.kv_compat == gen)
             reason = RouteReason.PARITY_MISMATCH if failed else RouteReason.PARITY_UNVERIFIED
             return Plan(self.pick_decode(request, decode, snap), None, reason)
         gen = proven
         prefill = [w for w in prefill if w.handoff_allowed]
-        pool = [w for w in prefill if w.generation == gen]
+        pool = [w for w in prefill if w.kv_compat == gen]
         helper = self.saturated_helper(request, pool, decode, snap)
         if helper is not None:
             return Plan(helper, None, RouteReason.PREFILL_SATURATED)
         p = self.pick_prefill(request, pool, snap)
         # prefer a pure decode worker for the handoff: colocated ones are the fallback pool
-        paired = [w for w in decode if w.generation == gen and w.handoff_allowed]
+        paired = [w for w in decode if w.kv_compat == gen and w.handoff_allowed]
         pure = [w for w in paired if w.role is Role.DECODE]
         return Plan(self.pick_decode(request, pure or paired, snap), p, RouteReason.DISAGGREGATED)
 
@@ -283,7 +283,7 @@ class PairedPolicy(RoutingPolicy):
         pool = [
             w for w in snap.workers
             if w.ready and w.url not in exclude and w.role is Role.PREFILL
-            and w.generation == plan.decode.generation and w.handoff_allowed
+            and w.kv_compat == plan.decode.kv_compat and w.handoff_allowed
         ]
         return self.pick_prefill(request, pool, snap) if pool else None
 

@@ -82,7 +82,7 @@ def worker_info(m: Metrics, model: str, max_model_len: int, engine_id: str, role
                 tokenizer_sha256: str) -> WorkerInfo:
     dtype = _DTYPES.get(m.labels.get("cache_dtype", "auto"), "")
     return WorkerInfo(
-        role=role, model=model, max_model_len=max_model_len, engine_id=engine_id, generation="",
+        role=role, model=model, max_model_len=max_model_len, engine_id=engine_id, kv_compat="",
         kv_backend="nixl" if role in (Role.PREFILL, Role.DECODE) else "", ready=ready, running=m.running,
         waiting=m.waiting, kv_usage=m.kv_usage, outstanding_prompt_tokens=0, tokenizer_sha256=tokenizer_sha256,
         dtype=dtype)

@@ -3,11 +3,11 @@
 
 - a model the workers cannot serve (an unsupported architecture, a tensor size its heads do not
   divide) is refused from its config.json before anything is created: no pod, Job or claim;
-- a gated model's revision is pinned to its commit in status and the generation; one Job fills the
+- a gated model's revision is pinned to its commit in status and the kv_compat; one Job fills the
   shared claim through the fake hub with the token from its Secret (the test runs the Job's and the
   init container's own commands, as the kubelet would), the token shows up nowhere; a new revision
-  is a new commit, a new Job and a new generation;
-- a prefill worker of one commit's generation and a decode worker of the other's never exchange KV.
+  is a new commit, a new Job and a new kv_compat;
+- a prefill worker of one commit's kv_compat and a decode worker of the other's never exchange KV.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def rwx_volume(k8s, tmp_path):
             core.delete_persistent_volume(name)
 
 
-def test_a_gated_model_is_pinned_downloaded_once_and_its_commit_is_its_generation(
+def test_a_gated_model_is_pinned_downloaded_once_and_its_commit_is_its_kv_compat(
         k8s, api, operator, hub, namespace, rwx_volume, tmp_path, toy_model_dir, monkeypatch):
     client.CoreV1Api(api).create_namespaced_secret(namespace, {
         "metadata": {"name": "hf-token"}, "stringData": {"token": TOKEN}})
@@ -135,9 +135,9 @@ def test_a_gated_model_is_pinned_downloaded_once_and_its_commit_is_its_generatio
     assert commit_a in _cond(tis, "ModelReady")["message"]
     tis = wait_until(lambda: (t := _tis(api, namespace, "gated")) and _cond(t, "Ready").get("status") == "True" and t,
                      timeout=120, what="gated Ready")
-    generation_a = tis["status"]["generation"]
+    kv_compat_a = tis["status"]["kvCompat"]
     pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector="tandem.dev/role=decode").items
-    assert {p.metadata.labels["tandem.dev/generation"] for p in pods} == {generation_a}
+    assert {p.metadata.labels["tandem.dev/kv-compat"] for p in pods} == {kv_compat_a}
 
     claim = client.CoreV1Api(api).read_namespaced_persistent_volume_claim("gated-weights", namespace)
     assert claim.spec.access_modes == ["ReadWriteMany"] and claim.spec.volume_name == rwx_volume
@@ -165,32 +165,32 @@ def test_a_gated_model_is_pinned_downloaded_once_and_its_commit_is_its_generatio
         listed = k8s.kubectl("get", kind, "-n", namespace, "-o", "json").stdout
         assert TOKEN not in listed, kind
 
-    # Upstream moves on: revision v2 is another commit, another Job, another generation.
+    # Upstream moves on: revision v2 is another commit, another Job, another kv_compat.
     hub.repos["tiny/gated"] = Repo({**hub.repos["tiny/gated"].files, "README.md": b"v2\n"}, refs=("main", "v2"),
                                    token=TOKEN)
     commit_b = hub.repos["tiny/gated"].commit
     client.CustomObjectsApi(api).patch_namespaced_custom_object(
         *GVP[:2], namespace, GVP[2], "gated", {"spec": {"model": {"revision": "v2"}}})
     tis = wait_until(lambda: (t := _tis(api, namespace, "gated")) and t["status"].get("model", {}).get("commit") ==
-                     commit_b and t["status"]["generation"] != generation_a and t, timeout=90, what="commit B pinned")
-    generation_b = tis["status"]["generation"]
+                     commit_b and t["status"]["kvCompat"] != kv_compat_a and t, timeout=90, what="commit B pinned")
+    kv_compat_b = tis["status"]["kvCompat"]
     wait_until(lambda: len(client.BatchV1Api(api).list_namespaced_job(namespace).items) == 2, timeout=60,
                what="a download Job for commit B")
 
-    # The two generations never pair: a prefill worker of A and a decode worker of B exchange no KV.
-    _never_exchange_kv(toy_model_dir, generation_a, generation_b, monkeypatch)
+    # The two kv_compat values never pair: a prefill worker of A and a decode worker of B exchange no KV.
+    _never_exchange_kv(toy_model_dir, kv_compat_a, kv_compat_b, monkeypatch)
 
 
-def _never_exchange_kv(model: Path, prefill_generation: str, decode_generation: str, monkeypatch) -> None:
-    """A request through a router over one prefill and one decode worker: of different generations no
-    KV moves (decode prefills itself); of the same generation it does (the control)."""
+def _never_exchange_kv(model: Path, prefill_kv_compat: str, decode_kv_compat: str, monkeypatch) -> None:
+    """A request through a router over one prefill and one decode worker: of different kv_compat values no
+    KV moves (decode prefills itself); of the same kv_compat it does (the control)."""
     secret = secrets.token_urlsafe(32)
     monkeypatch.setenv(SECRET_ENV, secret)
     started = []
 
-    def serve(prefill: WorkerProcess, decode_generation: str) -> tuple[RouterProcess, WorkerProcess]:
+    def serve(prefill: WorkerProcess, decode_kv_compat: str) -> tuple[RouterProcess, WorkerProcess]:
         decode = WorkerProcess(model, "decode", "--kv-backend", "tcp", secret=secret,
-                               env={"TANDEM_GENERATION": decode_generation})
+                               env={"TANDEM_KV_COMPAT": decode_kv_compat})
         started.append(decode.start())
         router = RouterProcess("--prefill", prefill.url, "--decode", decode.url)
         started.append(router.start())
@@ -202,15 +202,15 @@ def _never_exchange_kv(model: Path, prefill_generation: str, decode_generation: 
 
     try:
         prefill = WorkerProcess(model, "prefill", "--kv-backend", "tcp", secret=secret,
-                                env={"TANDEM_GENERATION": prefill_generation})
+                                env={"TANDEM_KV_COMPAT": prefill_kv_compat})
         started.append(prefill.start())
-        router, decode = serve(prefill, decode_generation)
+        router, decode = serve(prefill, decode_kv_compat)
         assert router.metric('tandem_router_worker_requests_total{role="prefill"}') == 0, \
-            "a prefill worker of another generation got the prompt"
+            "a prefill worker of another kv_compat got the prompt"
         assert router.metric('tandem_router_worker_requests_total{role="decode"}') >= 1
         assert _total(prefill, "tandem_kv_transfer_bytes_total") == 0
         router.stop(), decode.stop()
-        router, _ = serve(prefill, prefill_generation)  # the control: one generation, disaggregated
+        router, _ = serve(prefill, prefill_kv_compat)  # the control: one kv_compat, disaggregated
         assert router.metric('tandem_router_worker_requests_total{role="prefill"}') >= 1
         assert _total(prefill, "tandem_kv_transfer_bytes_total") > 0
     finally:

@@ -205,16 +205,16 @@ def test_updates_roll_through_to_the_children(k8s, api, operator, namespace):
 
     def rolled():
         t = get_tis(api, namespace, name)
-        gens = {p.metadata.labels["tandem.dev/generation"] for role in ("prefill", "decode")
+        gens = {p.metadata.labels["tandem.dev/kv-compat"] for role in ("prefill", "decode")
                 for p in pods(api, namespace, name, role)}
         decode = pods(api, namespace, name, "decode")
         return (t["status"].get("decode", {}).get("summary") == "2/2"
                 and t["status"].get("observedGeneration") == 2
-                and gens == {t["status"]["generation"]} and len(decode) == 2
+                and gens == {t["status"]["kvCompat"]} and len(decode) == 2
                 and all(p.spec.containers[0].image == "registry.test/other:v2" for p in decode))
 
-    # prefill and decode pods all move to the new generation (the image is part of it)
-    wait_until(rolled, timeout=90, what="upd rolled out to the new generation")
+    # prefill and decode pods all move to the new kv-compat (the image is part of it)
+    wait_until(rolled, timeout=90, what="upd rolled out to the new kv-compat")
     assert wait_ready(api, namespace, name)
 
 

@@ -84,13 +84,13 @@ def test_a_topology_key_keeps_a_groups_pods_in_one_domain_beside_the_users_affin
                          "matchLabelKeys": [LWS_GROUP_KEY_LABEL], "topologyKey": "nvidia.com/gpu.clique"}]
 
 
-def test_generation_and_external_replicas_carry_over_to_groups(typed, meta):
+def test_kv_compat_and_external_replicas_carry_over_to_groups(typed, meta):
     spec = typed(_spec({"gpus": 1, "parallelism": {"tensor": 2, "nodes": 2}}))
     out = render(meta, spec, CONFIG, replicas={"decode": None})
     lws = _by(out, "LeaderWorkerSet", "llama-decode")
     assert "replicas" not in lws["spec"], "External mode: an HPA owns the LeaderWorkerSet's scale"
-    prefill_gen = _by(out, "Deployment", "llama-prefill")["spec"]["template"]["metadata"]["labels"]["tandem.dev/generation"]
-    leader_gen = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["labels"]["tandem.dev/generation"]
+    prefill_gen = _by(out, "Deployment", "llama-prefill")["spec"]["template"]["metadata"]["labels"]["tandem.dev/kv-compat"]
+    leader_gen = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["labels"]["tandem.dev/kv-compat"]
     assert leader_gen == prefill_gen, "prefill pairs with the groups' leaders as with any decode pod"
     # the NetworkPolicy selects workers by role: leaders and followers alike
     policy = _by(out, "NetworkPolicy", "llama-workers")

@@ -97,7 +97,7 @@ def test_the_router_runs_its_own_image(typed, meta):
     assert images({"image": {"tag": digest}}) == (f"reg/worker@{digest}", "reg/router:1.0", "IfNotPresent")
     a = render(meta, typed({"model": {"path": "/m"}}), config)
     b = render(meta, typed({"model": {"path": "/m"}, "router": {"image": {"tag": "9"}}}), config)
-    label = "tandem.dev/generation"
+    label = "tandem.dev/kv-compat"
     assert (_by(a, "Deployment", "llama-decode")["spec"]["template"]["metadata"]["labels"][label]
             == _by(b, "Deployment", "llama-decode")["spec"]["template"]["metadata"]["labels"][label]), \
         "a router image does not change what prefill and decode must share"

@@ -28,8 +28,8 @@ class OtherRenderer(TandemRoleRenderer):
     def config_file(self, name, role, spec):
         return {"other": role}
 
-    def container(self, name, spec, role, config, generation, model_mounts):
-        return super().container(name, spec, role, config, generation, model_mounts) | {"command": ["other", role]}
+    def container(self, name, spec, role, config, kv_compat, model_mounts):
+        return super().container(name, spec, role, config, kv_compat, model_mounts) | {"command": ["other", role]}
 
     def group_member(self, pod, member, parallelism):
         if member is GroupMember.FOLLOWER:

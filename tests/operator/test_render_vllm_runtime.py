@@ -2,7 +2,7 @@
 launcher (`tandem worker --runtime vllm`) with the worker's settings in the config file and the extra
 `vllm serve` flags as args; vLLM's ports, probes and environment beside the UCX settings and security
 every worker gets; headless followers in a group spanning nodes; a router that reads the model's
-tokenizer from the weights' own volume; a generation of its own; what the operator's policy, model
+tokenizer from the weights' own volume; a kv_compat of its own; what the operator's policy, model
 check and KV probe say for it."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tandem.operator.config import OperatorConfig
 from tandem.operator.model_check import checked_at, judge
 from tandem.operator.policy import Policy
 from tandem.operator.policy import judge as judge_policy
-from tandem.operator.render import generation_hash, render
+from tandem.operator.render import kv_compat_hash, render
 from tandem.operator.spec import InferenceServiceSpec, SpecError
 from tandem.operator.status import kv_condition
 
@@ -149,12 +149,12 @@ def test_tandems_router_and_pods_are_unchanged_by_the_runtime_field(typed, meta)
     assert all({"protocol": "TCP", "port": "kv-events"} not in r.get("ports", []) for r in policy)
 
 
-def test_the_runtime_and_its_args_join_the_generation(typed):
+def test_the_runtime_and_its_args_join_the_kv_compat(typed):
     base = vllm_spec()
-    gen = generation_hash(typed(base), CONFIG)
-    other_args = generation_hash(typed(vllm_spec(runtime={"name": "vllm", "args": ["--enforce-eager"]})), CONFIG)
+    gen = kv_compat_hash(typed(base), CONFIG)
+    other_args = kv_compat_hash(typed(vllm_spec(runtime={"name": "vllm", "args": ["--enforce-eager"]})), CONFIG)
     assert gen != other_args, "--kv-cache-dtype changes the KV layout: no pairing across it"
-    assert generation_hash(typed({**base, "decode": {"gpus": 2}}), CONFIG) == gen, "a role's own settings do not"
+    assert kv_compat_hash(typed({**base, "decode": {"gpus": 2}}), CONFIG) == gen, "a role's own settings do not"
 
 
 def test_args_that_set_what_tandem_sets_are_refused_by_the_parser_too():
@@ -168,7 +168,7 @@ def test_args_that_set_what_tandem_sets_are_refused_by_the_parser_too():
     with pytest.raises(SpecError, match="runtime.args are vllm serve flags: they apply to runtime vllm only"):
         InferenceServiceSpec.from_dict({"model": {"path": "/m"}, "runtime": {"args": ["--enforce-eager"]}})
     ok = InferenceServiceSpec.from_dict({"model": {"path": "/m"}, "runtime": {"name": "vllm", "args": [
-        "--gpu-memory-utilization", "0.85", "--override-generation-config={\"temperature\":0}"]}})
+        "--gpu-memory-utilization", "0.85", "--override-kv_compat-config={\"temperature\":0}"]}})
     assert len(ok.runtime.args) == 3
 
 

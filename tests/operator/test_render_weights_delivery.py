@@ -1,6 +1,6 @@
 """How the weights reach the workers, rendered (pure, no cluster): a hub model pinned to its commit
 in a shared claim filled by one download Job, a node-local cache, a bounded emptyDir, or an OCI
-image volume; the commit is part of the generation; the token reaches only the download steps."""
+image volume; the commit is part of the kv_compat; the token reaches only the download steps."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import yaml
 from tandem.operator.config import OperatorConfig
 from tandem.operator.model_check import judge, pinned
-from tandem.operator.render import generation_hash, render
+from tandem.operator.render import kv_compat_hash, render
 
 CONFIG = OperatorConfig(image_repository="registry.local/tandem", image_tag="1.2.3", pull_policy="IfNotPresent",
                         hub_endpoint="https://hub.mirror.example")
@@ -96,12 +96,12 @@ def test_an_oci_image_is_mounted_as_an_image_volume(typed, meta):
     assert "initContainers" not in pod
 
 
-def test_the_commit_and_the_image_are_part_of_the_generation(typed):
+def test_the_commit_and_the_image_are_part_of_the_kv_compat(typed):
     spec = typed({"model": {"hub": "org/tiny"}})
-    assert generation_hash(pinned(spec, "a" * 40), CONFIG) != generation_hash(pinned(spec, "b" * 40), CONFIG)
+    assert kv_compat_hash(pinned(spec, "a" * 40), CONFIG) != kv_compat_hash(pinned(spec, "b" * 40), CONFIG)
     image = typed({"model": {"image": {"reference": "r.io/m:1"}}})
     other = typed({"model": {"image": {"reference": "r.io/m:2"}}})
-    assert generation_hash(image, CONFIG) != generation_hash(other, CONFIG)
+    assert kv_compat_hash(image, CONFIG) != kv_compat_hash(other, CONFIG)
 
 
 def test_no_token_value_is_ever_rendered(typed, meta):

@@ -123,9 +123,9 @@ def test_labels_owner_reference_and_config_hash(typed, meta):
         assert labels["app.kubernetes.io/instance"] == "llama"
         assert labels["app.kubernetes.io/component"] == role
         assert labels["tandem.dev/role"] == role
-        gens.add(labels["tandem.dev/generation"])
+        gens.add(labels["tandem.dev/kv-compat"])
         assert len(_pod(out, role)["metadata"]["annotations"]["tandem.dev/config-hash"]) == 16
-    assert len(gens) == 1, "prefill and decode of one spec share a generation"
+    assert len(gens) == 1, "prefill and decode of one spec share a kv_compat"
 
 
 def test_engine_settings_land_in_the_role_config_file(typed, meta):
@@ -168,9 +168,9 @@ def test_changing_engine_settings_rolls_only_that_role(typed, meta):
     assert h(a, "prefill") == h(b, "prefill")
 
 
-def test_generation_changes_with_what_makes_prefill_and_decode_compatible(typed, meta):
+def test_kv_compat_changes_with_what_makes_prefill_and_decode_compatible(typed, meta):
     def gen(spec, config=CONFIG):
-        return _pod(render(meta, typed(spec), config), "prefill")["metadata"]["labels"]["tandem.dev/generation"]
+        return _pod(render(meta, typed(spec), config), "prefill")["metadata"]["labels"]["tandem.dev/kv-compat"]
 
     base = gen({"model": {"path": "/m"}})
     assert gen({"model": {"path": "/m"}, "prefill": {"replicas": 5}}) == base

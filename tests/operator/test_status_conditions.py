@@ -140,5 +140,5 @@ def test_an_unreadable_spec_is_ready_false_invalid_spec_judged_against_what_runs
     assert ready["message"] == obs.spec_error and ready["lastTransitionTime"] == T1
     assert _cond(st, "DecodeReady")["message"] == "1/3 decode pods ready"
     assert st["decode"] == {"replicas": 3, "currentReplicas": 3, "readyReplicas": 1, "summary": "1/3"}
-    assert "endpoint" not in st and "generation" not in st
+    assert "endpoint" not in st and "kvCompat" not in st
     assert _cond(st, "KVTransferReady")["reason"] == "NotProbed"

@@ -113,7 +113,7 @@ def test_a_vllm_service_becomes_ready_with_launcher_pods_and_a_vllm_router(k8s, 
         assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"] == {"fieldRef": {"apiVersion": "v1",
                                                                                 "fieldPath": "status.podIP"}}
         assert env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": f"{name}-internal", "key": "secret"}
-        assert pod["metadata"]["labels"]["tandem.dev/generation"] == tis["status"]["generation"]
+        assert pod["metadata"]["labels"]["tandem.dev/kv-compat"] == tis["status"]["kvCompat"]
     data = client.CoreV1Api(api).read_namespaced_config_map(f"{name}-config", namespace).data
     assert yaml.safe_load(data["decode.yaml"])["model"] == "/model-image/models"
     router_config = yaml.safe_load(data["router.yaml"])

@@ -139,7 +139,7 @@ LOADS = st.tuples(st.sampled_from(["g1", "g1", "g1", "g2"]), st.sampled_from([Tr
 
 @st.composite
 def snapshots(draw: st.DrawFn, prompt_tokens: int) -> Snapshot:
-    """Some of the workers, each with its generation, readiness, load and parity; what each caches
+    """Some of the workers, each with its kv_compat, readiness, load and parity; what each caches
     of the prompt; the round-robin cursor."""
     views, cached = [], {}
     for url in draw(st.lists(st.sampled_from(URLS), unique=True, min_size=2, max_size=len(URLS))):

@@ -43,7 +43,7 @@ def workers(toy_model_dir: Path, other_model_dir: Path):
         specs = {"prefill": (toy_model_dir, "prefill"), "decode": (toy_model_dir, "decode"),
                  "other": (other_model_dir, "decode")}
         procs = {name: sup.add(WorkerProcess(model, role, "--kv-backend", "tcp", "--served-name", "toy",
-                                             "--generation", "g1"))
+                                             "--kv-compat", "g1"))
                  for name, (model, role) in specs.items()}
         for p in procs.values():
             ManagedProcess.start(p)  # all three load at once

@@ -28,7 +28,7 @@ MODES = ["html", "echo_500", "echo_400", "json_400", "bytes_500", "bad_json", "b
 
 
 def hostile_info(role: Role = Role.DECODE) -> dict:
-    return WorkerInfo(role=role, model="toy", max_model_len=4096, engine_id="e-1", generation="g1",
+    return WorkerInfo(role=role, model="toy", max_model_len=4096, engine_id="e-1", kv_compat="g1",
                       kv_backend="tcp", ready=True, running=0, waiting=0, kv_usage=0.0,
                       outstanding_prompt_tokens=0, tokenizer_sha256="ab" * 32).to_dict()
 

@@ -68,7 +68,7 @@ async def loading_worker():
     """A worker that answers /internal/info as one still loading its model does."""
     async def info(request: web.Request) -> web.Response:
         return web.json_response(WorkerInfo(
-            role=Role.COLOCATED, model="", max_model_len=0, engine_id="w-1", generation="g", kv_backend="tcp",
+            role=Role.COLOCATED, model="", max_model_len=0, engine_id="w-1", kv_compat="g", kv_backend="tcp",
             ready=False, running=0, waiting=0, kv_usage=0.0, outstanding_prompt_tokens=0).to_dict())
 
     app = web.Application()

@@ -208,7 +208,7 @@ async def _info_worker(role: Role, ready: bool) -> AsyncIterator[tuple[str, dict
 
     async def info(request: web.Request) -> web.Response:
         return web.json_response(WorkerInfo(
-            role=role, model="toy", max_model_len=64, engine_id=f"{role.value}-1", generation="g", kv_backend="tcp",
+            role=role, model="toy", max_model_len=64, engine_id=f"{role.value}-1", kv_compat="g", kv_backend="tcp",
             ready=state["ready"], running=0, waiting=0, kv_usage=0.0, outstanding_prompt_tokens=0).to_dict())
 
     app = web.Application()

@@ -44,8 +44,8 @@ def inference_service(api, namespace: str, name: str) -> dict:
             "uid": created["metadata"]["uid"], "controller": True}
 
 
-def _template(service: str, role: str, generation: str) -> dict:
-    labels = {"tandem.dev/service": service, "tandem.dev/role": role, "tandem.dev/generation": generation}
+def _template(service: str, role: str, kv_compat: str) -> dict:
+    labels = {"tandem.dev/service": service, "tandem.dev/role": role, "tandem.dev/kv-compat": kv_compat}
     return {
         "metadata": {"labels": labels},
         "spec": {
@@ -57,10 +57,10 @@ def _template(service: str, role: str, generation: str) -> dict:
 
 
 def deployment(api, namespace: str, name: str, role: str, owner: dict | None, service: str = "svc",
-               generation: str = "g1", replicas: int = 1) -> None:
+               kv_compat: str = "g1", replicas: int = 1) -> None:
     from kubernetes import client
 
-    template = _template(service, role, generation)
+    template = _template(service, role, kv_compat)
     meta: dict = {"name": name, "labels": template["metadata"]["labels"]}
     if owner is not None:
         meta["ownerReferences"] = [owner]
@@ -118,18 +118,18 @@ async def test_discovery_follows_the_service_s_deployments(k8s, crd, namespace):
         try:
             view = await _until(views, lambda v: len(v) == 2 and all(t.ready for t in v), "two ready workers")
             assert {t.role.value for t in view} == {"prefill", "decode"}
-            assert all(t.generation == "g1" and t.url.endswith(":8123") for t in view)
+            assert all(t.kv_compat == "g1" and t.url.endswith(":8123") for t in view)
             (pod,) = _running_pods(api, namespace, **{"tandem.dev/role": "decode"})
             assert _by_role(view, "decode")[0].url == f"http://{pod.status.pod_ip}:8123"
 
-            # a new generation of decode (a rollout), then the old one scaled away
-            deployment(api, namespace, "svc-decode-g2", "decode", owner, generation="g2")
+            # a new kv_compat of decode (a rollout), then the old one scaled away
+            deployment(api, namespace, "svc-decode-g2", "decode", owner, kv_compat="g2")
             view = await _until(views, lambda v: len(_by_role(v, "decode")) == 2 and all(t.ready for t in v),
                                 "the g2 decode worker")
-            assert sorted(t.generation for t in _by_role(view, "decode")) == ["g1", "g2"]
+            assert sorted(t.kv_compat for t in _by_role(view, "decode")) == ["g1", "g2"]
             scale(api, namespace, "svc-decode", 0)
             view = await _until(views, lambda v: len(_by_role(v, "decode")) == 1, "the g1 decode pod gone")
-            assert _by_role(view, "decode")[0].generation == "g2" and len(_by_role(view, "prefill")) == 1
+            assert _by_role(view, "decode")[0].kv_compat == "g2" and len(_by_role(view, "prefill")) == 1
         finally:
             disc.stop()
 

@@ -12,10 +12,10 @@ from tandem.router.discovery.kubernetes import (
 from tandem.router.workers import Target
 
 
-def _pod(name: str, role: str, generation: str = "g1") -> dict:
+def _pod(name: str, role: str, kv_compat: str = "g1") -> dict:
     return {
         "metadata": {"name": name, "labels": {
-            "tandem.dev/service": "svc", "tandem.dev/role": role, "tandem.dev/generation": generation}},
+            "tandem.dev/service": "svc", "tandem.dev/role": role, "tandem.dev/kv-compat": kv_compat}},
         "spec": {"containers": [{"name": "worker", "ports": [{"name": "http", "containerPort": 8123}]}]},
     }
 
@@ -47,10 +47,10 @@ def test_pod_target_readiness_rules():
 def test_snapshot_keeps_the_ready_pod_when_an_ip_is_reused():
     old = _pod("old", "decode")
     old["status"] = {"phase": "Running", "podIP": "10.0.0.9", "conditions": [{"type": "Ready", "status": "False"}]}
-    new = _ready(_pod("new", "decode", generation="g2"), "10.0.0.9")
+    new = _ready(_pod("new", "decode", kv_compat="g2"), "10.0.0.9")
     for pods in ({"old": old, "new": new}, {"new": new, "old": old}):
         (t,) = snapshot_targets(pods, 80)
-        assert t.ready and t.generation == "g2"
+        assert t.ready and t.kv_compat == "g2"
 
 
 # --- trust: only the service's own Deployments' pods ---------------------------------------------

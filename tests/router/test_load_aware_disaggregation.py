@@ -1,5 +1,5 @@
 """Load-aware disaggregation (issue 13 item 5), the rule in PairedPolicy: when every ready prefill
-worker of the paired generation has `prefill_saturated_tokens` prompt tokens queued, a decode
+worker of the paired kv_compat has `prefill_saturated_tokens` prompt tokens queued, a decode
 worker with headroom prefills the prompt itself (route prefill_saturated); without headroom the
 prompt waits for prefill. Every policy keeps the rule; 0 turns it off."""
 
@@ -22,7 +22,7 @@ SETTINGS = PolicySettings(prefill_saturated_tokens=2000, decode_headroom_sequenc
 
 
 def W(url: str, role: Role, **kw) -> WorkerView:
-    return WorkerView(url=url, role=role, generation=kw.pop("gen", "g1"), ready=kw.pop("ready", True), **kw)
+    return WorkerView(url=url, role=role, kv_compat=kw.pop("gen", "g1"), ready=kw.pop("ready", True), **kw)
 
 
 def busy_prefill(queued: int = 2500) -> list[WorkerView]:
@@ -72,7 +72,7 @@ def test_prompt_tokens_this_router_sent_count_before_the_next_poll():
     assert create_policy("least-loaded", SETTINGS).plan(PROMPT, Snapshot(ws)).reason is RouteReason.DISAGGREGATED
 
 
-def test_only_the_paired_generations_prefill_pool_counts():
+def test_only_the_paired_kv_compats_prefill_pool_counts():
     ws = [W("p-old", Role.PREFILL, gen="old", first_seen=1),
           W("p-new", Role.PREFILL, gen="new", first_seen=5, outstanding_prompt_tokens=3000),
           W("d-new", Role.DECODE, gen="new", first_seen=6), W("d-old", Role.DECODE, gen="old", first_seen=1)]

@@ -28,7 +28,7 @@ def scored(*lps: float, tokens: list[int] = CONT) -> list[Scored]:
 
 
 def view(url: str, role: Role, gen: str = "g1", seen: float = 0.0, parity: ParityState | None = None) -> WorkerView:
-    return WorkerView(url, role, generation=gen, ready=True, first_seen=seen, dtype="float32", parity=parity)
+    return WorkerView(url, role, kv_compat=gen, ready=True, first_seen=seen, dtype="float32", parity=parity)
 
 
 def result(pair, outcome: ProbeOutcome, diff: float | None = None) -> ProbeResult:
@@ -88,7 +88,7 @@ def test_a_new_pairing_is_probed_and_verified_together():
     assert table.next_pair([p, d], 100.0) is None and table.settled([p, d], 1.0)
 
 
-def test_a_worker_without_a_partner_of_its_generation_waits():
+def test_a_worker_without_a_partner_of_its_kv_compat_waits():
     p, d = view("http://p", Role.PREFILL, gen="g1"), view("http://d", Role.DECODE, gen="g2")
     table = ParityTable()
     table.update([p, d])
@@ -250,7 +250,7 @@ def test_the_policy_hands_off_only_across_a_proven_pairing():
         assert plan.decode.url == "http://d"  # decode-side prefill still serves
 
 
-def test_the_policy_keeps_the_proven_decode_worker_and_an_older_proven_generation():
+def test_the_policy_keeps_the_proven_decode_worker_and_an_older_proven_kv_compat():
     policy = LeastLoaded()
     request = RequestInfo("r", prompt_tokens=500)
     workers = [view("http://p", Role.PREFILL, parity=ParityState.VERIFIED),

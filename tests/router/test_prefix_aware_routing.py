@@ -22,7 +22,7 @@ SALT = b"model-a"
 
 
 def W(url: str, role: Role = Role.DECODE, **kw) -> WorkerView:
-    return WorkerView(url=url, role=role, generation="g1", ready=True, **kw)
+    return WorkerView(url=url, role=role, kv_compat="g1", ready=True, **kw)
 
 
 def ids(seed: int, n: int) -> list[int]:

@@ -215,10 +215,10 @@ async def test_a_migration_with_nowhere_to_go_is_a_failed_migration_and_frees_th
     assert metric(orch, "tandem_router_migrations_total", outcome="failed") == 1
 
 
-async def test_a_busy_handoff_never_sends_kv_to_a_decode_worker_of_another_generation(fake):
+async def test_a_busy_handoff_never_sends_kv_to_a_decode_worker_of_another_kv_compat(fake):
     fake.add("p1", Role.PREFILL)
     fake.add("d1", Role.DECODE)
-    fake.add("d2", Role.DECODE, generation="g2")
+    fake.add("d2", Role.DECODE, kv_compat="g2")
     fake.on_prefill("p1", prefilled("p1", IDS, 7, "A"))
     fake.on_generate("d1", [busy()])
     fake.on_generate("d2", [start(5), token(8, "B"), finish()])

@@ -291,10 +291,10 @@ def test_a_started_stream_gives_up_on_busy_workers_after_busy_wait_s():
     assert "stayed busy" in action.error.message
 
 
-# --- KV of one generation never reaches another (issue 21, defect 1) -----------------------------
+# --- KV of one kv_compat never reaches another (issue 21, defect 1) -----------------------------
 
 
-def test_a_busy_decode_worker_hands_the_lease_only_to_the_prefill_workers_generation():
+def test_a_busy_decode_worker_hands_the_lease_only_to_the_prefill_workers_kv_compat():
     workers = pool("p1", "d1", "d2@g2", "d3")
     j, handoff = handed_off(workers)
     (retry,) = feed(j, handoff.worker.url, busy(), workers=workers)
@@ -302,22 +302,22 @@ def test_a_busy_decode_worker_hands_the_lease_only_to_the_prefill_workers_genera
     assert j.worker_request(decode=True).kv_source.url == "p1"
 
 
-def test_a_busy_decode_worker_with_only_another_generation_free_is_recomputed_there():
+def test_a_busy_decode_worker_with_only_another_kv_compat_free_is_recomputed_there():
     workers = pool("p1", "d1", "d2@g2")
     j, _ = handed_off(workers)
     (retry,) = feed(j, "d1", busy(), workers=workers)
-    assert isinstance(retry, DecodeOn) and retry.worker.url == "d2" and retry.worker.generation == "g2"
+    assert isinstance(retry, DecodeOn) and retry.worker.url == "d2" and retry.worker.kv_compat == "g2"
     greq = j.worker_request(decode=True)
     assert greq.kv_source is None and greq.generated_token_ids == [7] and greq.emitted_chars == 1
     assert retry.abort == ("p1",), "nobody will pull that lease: freed at once"
     assert retry.queued == 0, "the client has its first token: no prompt queued as a prefill there"
 
 
-def test_after_a_busy_wait_the_lease_still_goes_only_to_its_generation():
+def test_after_a_busy_wait_the_lease_still_goes_only_to_its_kv_compat():
     workers = pool("p1", "d1")
     j, _ = handed_off(workers)
     (wait,) = feed(j, "d1", busy(429, "1"), workers=workers, now=100.0)
     assert isinstance(wait, Wait) and j.kv is not None
-    later = pool("p1", "d9@g2")  # d1 left meanwhile; only another generation is ready
+    later = pool("p1", "d9@g2")  # d1 left meanwhile; only another kv_compat is ready
     again = decide(j, Waited(now=101.0), Snapshot(later))
     assert isinstance(again, DecodeOn) and again.worker.url == "d9" and j.kv is None and again.abort == ("p1",)

@@ -1,4 +1,4 @@
-"""Routing policies: load balancing, conditional disaggregation, fallback, generation pairing, the
+"""Routing policies: load balancing, conditional disaggregation, fallback, kv_compat pairing, the
 retry and resume targets, round-robin turns, and the registry that names them."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tandem.router.policies.base import (
     Snapshot,
     WorkerView,
     estimate_tokens,
-    pick_generation,
+    pick_kv_compat,
 )
 from tandem.router.policies.least_loaded import LeastLoaded
 from tandem.router.policies.registry import POLICIES, create_policy
@@ -26,17 +26,17 @@ LONG = RequestInfo("r", prompt_tokens=1000)
 
 def P(url, **kw):
     kw.setdefault("ready", True)
-    return WorkerView(url=url, role=Role.PREFILL, generation=kw.pop("gen", "g1"), **kw)
+    return WorkerView(url=url, role=Role.PREFILL, kv_compat=kw.pop("gen", "g1"), **kw)
 
 
 def D(url, **kw):
     kw.setdefault("ready", True)
-    return WorkerView(url=url, role=Role.DECODE, generation=kw.pop("gen", "g1"), **kw)
+    return WorkerView(url=url, role=Role.DECODE, kv_compat=kw.pop("gen", "g1"), **kw)
 
 
 def C(url, **kw):
     kw.setdefault("ready", True)
-    return WorkerView(url=url, role=Role.COLOCATED, generation=kw.pop("gen", "g1"), **kw)
+    return WorkerView(url=url, role=Role.COLOCATED, kv_compat=kw.pop("gen", "g1"), **kw)
 
 
 def test_prefill_by_least_outstanding_prompt_tokens_decode_by_least_running():
@@ -70,13 +70,13 @@ def test_no_decode_capable_worker_means_no_plan():
     assert LeastLoaded().plan(LONG, Snapshot([])) is None
 
 
-def test_retry_and_resume_targets_skip_excluded_workers_and_keep_the_generation():
+def test_retry_and_resume_targets_skip_excluded_workers_and_keep_the_kv_compat():
     policy = LeastLoaded()
     ws = [P("p1"), P("p2", outstanding_prompt_tokens=900), P("p3", gen="g2"), D("d1"), D("d2", running=5)]
     plan = policy.plan(LONG, Snapshot(ws))
     assert plan.prefill.url == "p1"
     assert policy.retry_prefill(LONG, plan, Snapshot(ws), frozenset({"p1"})).url == "p2"
-    assert policy.retry_prefill(LONG, plan, Snapshot(ws), frozenset({"p1", "p2"})) is None  # p3 is another generation
+    assert policy.retry_prefill(LONG, plan, Snapshot(ws), frozenset({"p1", "p2"})) is None  # p3 is another kv_compat
     assert policy.resume_decode(LONG, Snapshot(ws), frozenset({"d1"})).url == "d2"
     assert policy.resume_decode(LONG, Snapshot(ws), frozenset({"d1", "d2"})) is None
     assert policy.resume_decode(LONG, Snapshot([*ws, C("c1", ready=False)]), frozenset({"d1", "d2"})) is None
@@ -87,22 +87,22 @@ def test_colocated_serves_decode_side_but_pure_decode_is_preferred_for_handoff()
     assert LeastLoaded().plan(LONG, Snapshot([C("c1")])).decode.url == "c1"
 
 
-def test_only_the_same_generation_is_paired_newest_first():
+def test_only_the_same_kv_compat_is_paired_newest_first():
     ws = [P("p-old", gen="old", first_seen=1), D("d-old", gen="old", first_seen=1),
           P("p-new", gen="new", first_seen=5), D("d-new", gen="new", first_seen=6, running=0),
           D("d-old2", gen="old", first_seen=2, running=0)]
-    assert pick_generation([w for w in ws if w.role is Role.PREFILL], [w for w in ws if w.role is Role.DECODE]) == "new"
+    assert pick_kv_compat([w for w in ws if w.role is Role.PREFILL], [w for w in ws if w.role is Role.DECODE]) == "new"
     plan = LeastLoaded().plan(LONG, Snapshot(ws))
     assert (plan.prefill.url, plan.decode.url) == ("p-new", "d-new")
 
 
-def test_generation_without_a_partner_is_not_paired():
-    # new prefill is up but no new decode yet: stay on the old generation
+def test_kv_compat_without_a_partner_is_not_paired():
+    # new prefill is up but no new decode yet: stay on the old kv_compat
     plan = LeastLoaded().plan(LONG, Snapshot([P("p-new", gen="new", first_seen=9), P("p-old", gen="old"), D("d-old", gen="old")]))
     assert (plan.prefill.url, plan.decode.url) == ("p-old", "d-old")
     # nothing pairs at all: decode-side prefill rather than a mismatched pair
     plan = LeastLoaded().plan(LONG, Snapshot([P("p-new", gen="new"), D("d-old", gen="old")]))
-    assert plan.prefill is None and plan.reason is RouteReason.NO_MATCHING_GENERATION
+    assert plan.prefill is None and plan.reason is RouteReason.NO_MATCHING_KV_COMPAT
 
 
 def test_round_robin_takes_turns_whatever_the_load():
@@ -116,7 +116,7 @@ def test_round_robin_takes_turns_whatever_the_load():
     again = Snapshot(ws, turns={Role.PREFILL: 1, Role.DECODE: 2})
     assert {(p.prefill.url, p.decode.url) for p in (policy.plan(LONG, again) for _ in range(3))} == {("p2", "d3")}
     # the shared rules hold for it too
-    assert RoundRobin().plan(LONG, Snapshot([P("p", gen="x"), D("d")])).reason is RouteReason.NO_MATCHING_GENERATION
+    assert RoundRobin().plan(LONG, Snapshot([P("p", gen="x"), D("d")])).reason is RouteReason.NO_MATCHING_KV_COMPAT
 
 
 def test_route_reasons_are_single_words_safe_as_label_values():

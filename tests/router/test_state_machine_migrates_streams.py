@@ -1,7 +1,7 @@
 """The MIGRATE transition as a pure decision: a decode worker that leaves hands the stream to another
-decode worker of its generation with its KV lease, the client's events run on without a gap in
+decode worker of its kv_compat with its KV lease, the client's events run on without a gap in
 tokens or text, and it is a migration (timed to the next token), not a failure; without usable
-KV (none, another generation, a token list that disagrees, a pull that fails) the stream is
+KV (none, another kv_compat, a token list that disagrees, a pull that fails) the stream is
 recomputed and the lease freed; with no worker left it is a 502 and the lease is freed. The
 driver's side (metrics, aborts on the wire) is in test_request_driver.py."""
 
@@ -55,11 +55,11 @@ def test_failed_pull_falls_back_to_recompute_and_frees_the_lease():
     assert first.moved == Moved("d1", "recompute", 1.0)
 
 
-@pytest.mark.parametrize("case", ["no_kv", "other_generation", "tokens_disagree"])
+@pytest.mark.parametrize("case", ["no_kv", "other_kv_compat", "tokens_disagree"])
 def test_without_usable_kv_the_stream_is_recomputed(case):
     if case == "no_kv":
         j, move, _ = leaving("d1", "d2", with_kv=False)
-    elif case == "other_generation":  # KV of one generation's model must never reach another's
+    elif case == "other_kv_compat":  # KV of one kv_compat's model must never reach another's
         j, move, _ = leaving("d1", "d2@g2")
     else:
         j, move, _ = leaving("d1", "d2", listed=[7, 8])
@@ -72,9 +72,9 @@ def test_without_usable_kv_the_stream_is_recomputed(case):
     assert first.moved.outcome == "recompute" and first.emit == (Tokens([10], "D", offset=3),)
 
 
-def test_the_same_generation_is_preferred_for_the_kv():
+def test_the_same_kv_compat_is_preferred_for_the_kv():
     j, move, _ = leaving("d1", "d2@g2", "d3")
-    assert move.worker.url == "d3" and j.kv is not None and j.kv_generation == "g1"
+    assert move.worker.url == "d3" and j.kv is not None and j.kv_compat == "g1"
 
 
 def test_no_decode_worker_left_is_a_502_and_frees_the_lease():

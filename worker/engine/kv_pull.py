@@ -77,7 +77,7 @@ class KVEndpoint:
     transport: KVTransport
     url: str  # where peers reach its HTTP API
     engine_id: str
-    generation: str = ""
+    kv_compat: str = ""
     reserve_wait_s: float = timing.KV_RESERVE_WAIT_S  # a handoff waits this long for blocks to receive its KV
     verify: bool = True  # digest the blocks handed out, check the blocks pulled (worker/kv/verify.py)
     on_verdict: Callable[[Verdict, float], None] = lambda verdict, seconds: None  # each pull's, for metrics
@@ -109,7 +109,7 @@ class KVEndpoint:
         algorithm, heads, values = digests
         return KVSource(url=self.url, engine_id=self.engine_id, backend=t.name, block_ids=block_ids,
                         num_tokens=num_tokens, lease_token=lease_token, extra=t.source_extra(),
-                        ranks=t.source_ranks(), generation=self.generation, digest_algorithm=algorithm,
+                        ranks=t.source_ranks(), kv_compat=self.kv_compat, digest_algorithm=algorithm,
                         digest_heads=heads, block_digests=values)
 
 
@@ -119,18 +119,18 @@ def _mismatch(message: str, code: str | None = "kv_mismatch", param: str = "kv_s
 
 def check_source(endpoint: KVEndpoint | None, src: KVSource, seq: EngineSequence, layout: KVLayout) -> None:
     """RequestError (400) when the KV source cannot belong to this request on this worker: it must
-    come from a worker of this worker's generation, over its backend, and hold the KV of every token
+    come from a worker of this worker's kv_compat, over its backend, and hold the KV of every token
     but the last generated one (a handoff: the prompt). Checked before any block is reserved."""
     if not seq.output_ids:
         raise _mismatch("kv_source needs the tokens generated so far: generated_token_ids (a handoff: "
                         "the prefill worker's first token, or first_token_id)", None, "generated_token_ids")
     if endpoint is None:
         raise _mismatch("this worker has no KV transport (--kv-backend none)", "kv_backend_mismatch")
-    if src.generation != endpoint.generation:
-        raise _mismatch(f"kv_source holds KV of generation {src.generation!r}, this worker serves "
-                        f"{endpoint.generation!r}: its weights may differ, so that KV is not for it "
-                        "(recompute the request here, or pull on a worker of that generation)",
-                        "kv_generation_mismatch")
+    if src.kv_compat != endpoint.kv_compat:
+        raise _mismatch(f"kv_source holds KV of kv_compat {src.kv_compat!r}, this worker serves "
+                        f"{endpoint.kv_compat!r}: its weights may differ, so that KV is not for it "
+                        "(recompute the request here, or pull on a worker of that kv_compat)",
+                        "kv_compat_mismatch")
     if src.backend != endpoint.transport.name:
         raise _mismatch(f"kv_source.backend is {src.backend!r}, this worker uses "
                         f"{endpoint.transport.name!r}", "kv_backend_mismatch")

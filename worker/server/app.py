@@ -80,7 +80,7 @@ async def info(request: web.Request) -> web.Response:
         model=(eng.served_name if eng else s.served_name) or "",
         max_model_len=eng.max_model_len if eng else 0,
         engine_id=s.engine_id,
-        generation=s.generation,
+        kv_compat=s.kv_compat,
         kv_backend=s.kv_backend,
         ready=state.ready and state.engine_problem() is None,
         running=eng.num_running if eng else 0,

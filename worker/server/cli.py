@@ -2,7 +2,7 @@
 
 The HTTP server starts first (so /health answers while a large model loads), then the model and
 the KV transport; /ready turns 200 when both are up. Settings come from flags, a YAML file whose
-keys mirror the flags (`--config`, mounted by the operator), and POD_NAME / POD_IP / TANDEM_GENERATION;
+keys mirror the flags (`--config`, mounted by the operator), and POD_NAME / POD_IP / TANDEM_KV_COMPAT;
 the internal secret from $TANDEM_INTERNAL_SECRET or --internal-secret-file, never from a flag.
 Imports nothing heavy at module level.
 """
@@ -106,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "the group (default 60)")
     a("--threads", type=int, default=None, help="torch.set_num_threads")
     a("--served-name", default=None, help="model name in /v1/models (default: the folder's name)")
-    a("--generation", default=None, help="tandem.dev/generation (default $TANDEM_GENERATION)")
+    a("--kv-compat", default=None, help="tandem.dev/kv-compat (default $TANDEM_KV_COMPAT)")
     a("--log-format", choices=("text", "json"), default=None)
     a("--log-level", default=None, choices=("debug", "info", "warning", "error"))
     vllm_launch.add_arguments(parser)  # --runtime vllm and its own few flags

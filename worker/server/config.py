@@ -77,7 +77,7 @@ class WorkerConfig:
     kv_extra: dict[str, Any] = field(default_factory=dict)  # backend options (UCX settings, limits)
     kv_port: int = KV_PORT  # tcp backend: where prefill serves KV (0: any free port)
     kv_verify: bool = True  # digest each KV block handed out, check each pull against them (worker/kv/verify.py)
-    generation: str | None = None  # default $TANDEM_GENERATION
+    kv_compat: str | None = None  # default $TANDEM_KV_COMPAT
     drain_s: float = 30.0
     # On SIGTERM, hand running sequences to other decode workers (their KV leased here for the
     # pull) instead of waiting for them to finish. None: on for decode, off for the other roles.
@@ -104,8 +104,8 @@ class WorkerConfig:
         if self.migrate_on_drain and (self.role is Role.PREFILL or self.kv_backend is KVBackend.NONE):
             raise ValueError("migrate_on_drain needs a decode or colocated worker with a kv_backend "
                              f"(this one: role {self.role.value}, kv_backend {self.kv_backend.value})")
-        if self.generation is None:
-            self.generation = os.environ.get("TANDEM_GENERATION", "")
+        if self.kv_compat is None:
+            self.kv_compat = os.environ.get("TANDEM_KV_COMPAT", "")
         if not 0 <= self.kv_port <= 65535:
             raise ValueError(f"kv_port must be a TCP port (0-65535), got {self.kv_port}")
         if self.internal_secret is None:

@@ -102,7 +102,7 @@ _KV_SOURCE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "num_tokens": (_count, "a non-negative integer"),
     "extra": (lambda v: isinstance(v, dict), "an object"),
     "lease_token": (lambda v: isinstance(v, str), "a string"),
-    "generation": (lambda v: isinstance(v, str), "a string"),
+    "kv_compat": (lambda v: isinstance(v, str), "a string"),
     "ranks": (lambda v: isinstance(v, list) and all(map(_kv_rank, v)),
               "a list of objects with a url, an engine_id and an optional extra object"),
     "digest_algorithm": (lambda v: isinstance(v, str), "a string"),

@@ -72,7 +72,7 @@ async def start_serving(state: WorkerState, engine: Engine, *, stall_s: float, k
             transport.verify = s.kv_verify  # the ranks check their heads of each pull too
     if transport is not None:
         s.kv_backend = transport.name
-        endpoint = KVEndpoint(transport, s.advertise_url, s.engine_id, s.generation, s.reserve_wait_s,
+        endpoint = KVEndpoint(transport, s.advertise_url, s.engine_id, s.kv_compat, s.reserve_wait_s,
                               verify=s.kv_verify, on_verdict=state.metrics.observe_verify)
     frozen = freeze_startup_heap()
     log.info("froze the start-up heap (%d objects) out of the garbage collector's walks", frozen)
@@ -102,7 +102,7 @@ class WorkerRuntime:
         the base URL peers reach this worker at, once its port is known."""
         self.cfg = cfg
         self.state = WorkerState(WorkerSettings(
-            role=cfg.role, advertise_url="", engine_id=engine_id, generation=cfg.generation or "",
+            role=cfg.role, advertise_url="", engine_id=engine_id, kv_compat=cfg.kv_compat or "",
             kv_backend=str(cfg.kv_backend), served_name=cfg.served_name, reserve_wait_s=cfg.kv_reserve_wait_s,
             prefill_queue_s=cfg.prefill_queue_s, internal_secret=cfg.internal_secret,
             heartbeat_s=cfg.heartbeat_s, kv_verify=cfg.kv_verify))

@@ -21,7 +21,7 @@ class WorkerSettings:
     role: Role
     advertise_url: str  # base URL peers and the router use to reach this worker
     engine_id: str  # "<pod or host>-<epoch>"
-    generation: str = ""
+    kv_compat: str = ""
     kv_backend: str = "none"
     served_name: str | None = None
     # A handoff waits this long at most for free blocks to receive its KV, then answers 503 with

@@ -4,7 +4,7 @@ Everything else about a worker pod is every runtime's and rendered once: the wei
 init containers (weights.py), resources, the security context, placement and spread (worker.py),
 the Deployment or the LeaderWorkerSet and its group placement (worker.py, group.py), the headless
 Service, the PodDisruptionBudget, the internal Secret and the NetworkPolicy (objects.py, trust.py),
-and the generation label that pairs prefill with decode (identity.py). docs/request-lifecycle.md
+and the kv_compat label that pairs prefill with decode (identity.py). docs/request-lifecycle.md
 says what the `tandem` renderer gives at each point and what a vLLM one (issue 29) will.
 """
 
@@ -26,9 +26,9 @@ class RoleRenderer(Protocol):
         ...
 
     def container(self, name: str, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
-                  generation: str, model_mounts: list[dict]) -> dict[str, Any]:
+                  kv_compat: str, model_mounts: list[dict]) -> dict[str, Any]:
         """The worker container: image, command and args, ports (one named `http`: the router,
-        discovery, the probes and the operator's scrapes reach it there), env (the generation, the
+        discovery, the probes and the operator's scrapes reach it there), env (the kv_compat, the
         internal secret, UCX), resources, the config, /dev/shm and weights mounts, security, and
         the probes on the runtime's own health endpoints."""
         ...

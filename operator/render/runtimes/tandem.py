@@ -18,8 +18,8 @@ class TandemRoleRenderer:
         return worker_config(name, role, spec)
 
     def container(self, name: str, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
-                  generation: str, model_mounts: list[dict]) -> dict[str, Any]:
-        return worker_container(name, spec, role, config, generation, model_mounts)
+                  kv_compat: str, model_mounts: list[dict]) -> dict[str, Any]:
+        return worker_container(name, spec, role, config, kv_compat, model_mounts)
 
     def group_member(self, pod: dict[str, Any], member: GroupMember, parallelism: Parallelism
                      ) -> dict[str, Any]:

@@ -74,10 +74,10 @@ def vllm_args(spec: InferenceServiceSpec, role: str) -> list[str]:
     return [f"--vllm-arg={a}" for a in (*engine_args(spec, role), *(spec.runtime.args or ()))]
 
 
-def vllm_env(name: str, spec: InferenceServiceSpec, role: str, generation: str) -> list[dict[str, Any]]:
-    """Tandem's worker env (the pod's identity, the generation, the internal secret, UCX/RDMA, the
+def vllm_env(name: str, spec: InferenceServiceSpec, role: str, kv_compat: str) -> list[dict[str, Any]]:
+    """Tandem's worker env (the pod's identity, the kv_compat, the internal secret, UCX/RDMA, the
     user's env last) with vLLM's: the NIXL side channel on the pod IP, the API key."""
-    env = worker_env(name, spec, role, generation)
+    env = worker_env(name, spec, role, kv_compat)
     user = [e for e in env if e["name"] in {v.name for v in spec.role(role).env or ()}]
     own = [e for e in env if e not in user]
     side = serve_env(side_channel_port=NIXL_SIDE_CHANNEL_PORT)
@@ -111,7 +111,7 @@ class VllmRoleRenderer:
         return config_file(name, spec, role)
 
     def container(self, name: str, spec: InferenceServiceSpec, role: str, config: OperatorConfig,
-                  generation: str, model_mounts: list[dict]) -> dict[str, Any]:
+                  kv_compat: str, model_mounts: list[dict]) -> dict[str, Any]:
         image, pull_policy = image_ref(spec, config)
         return {
             "name": "worker",
@@ -120,7 +120,7 @@ class VllmRoleRenderer:
             "command": [*LAUNCHER, "--role", role, "--config", f"{CONFIG_DIR}/config.yaml"],
             "args": vllm_args(spec, role),
             "ports": vllm_ports(),
-            "env": vllm_env(name, spec, role, generation),
+            "env": vllm_env(name, spec, role, kv_compat),
             "resources": worker_resources(spec.role(role), spec.kv_transfer),
             "volumeMounts": [config_mount(), {"name": "dshm", "mountPath": "/dev/shm"}, *model_mounts],
             "securityContext": security_context(spec.kv_transfer),

@@ -56,7 +56,7 @@ async def _pull(eng, first: int, payload: torch.Tensor, digests_of: torch.Tensor
     """A handoff of PROMPT (its first token `first`) whose source's digests are those of
     `digests_of`'s blocks, and whose transfer delivers `payload`."""
     src = KVSource(url="http://prefill", engine_id="prefill-1", backend="memory", block_ids=[4, 5, 6],
-                   num_tokens=len(PROMPT), lease_token="t", generation="g1", digest_algorithm="crc32",
+                   num_tokens=len(PROMPT), lease_token="t", kv_compat="g1", digest_algorithm="crc32",
                    digest_heads=eng.layout.num_kv_heads,
                    block_digests=block_digests(digests_of, [0, 1, 2], "crc32"))
     endpoint = KVEndpoint(Delivers(eng.pool, payload), "http://decode", "decode-1", "g1", verify=verify)

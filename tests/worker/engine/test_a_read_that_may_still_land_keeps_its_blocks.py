@@ -46,7 +46,7 @@ async def test_blocks_a_failed_read_may_still_write_stay_out_of_use_until_it_sto
     landing = asyncio.get_running_loop().create_future()
     endpoint = KVEndpoint(StuckRead(landing), "http://decode", "decode-1", "g1")
     src = KVSource(url="http://prefill", engine_id="prefill-1", backend="memory", block_ids=[4, 5, 6],
-                   num_tokens=len(PROMPT), lease_token="t", generation="g1")
+                   num_tokens=len(PROMPT), lease_token="t", kv_compat="g1")
     req = GenerateRequest(request_id="h", prompt_token_ids=PROMPT, sampling=greedy(4), kv_source=src,
                           generated_token_ids=[7])
     seq = eng.make_sequence(req)

@@ -31,7 +31,7 @@ async def test_ready_only_after_the_engine_is_attached(start_worker):
 async def test_info_models_and_metrics(start_worker):
     w = await start_worker(role="decode", served_name="toy")
     info = WorkerInfo.from_dict(await (await w.client.get("/internal/info")).json())
-    assert info.role == "decode" and info.model == "toy" and info.ready and info.generation == "g1"
+    assert info.role == "decode" and info.model == "toy" and info.ready and info.kv_compat == "g1"
     assert info.engine_id == w.state.settings.engine_id and info.kv_usage == 0.0
     models = await (await w.client.get("/v1/models")).json()
     assert models["data"][0]["id"] == "toy"

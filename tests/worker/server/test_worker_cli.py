@@ -55,7 +55,7 @@ def test_worker_process_serves_and_stops(toy_model_dir: Path, tmp_path: Path):
     cfg.write_text("model: tandem-test/toy-llama\nrole: colocated\nnum-blocks: 64\nblock_size: 8\n"
                    "threads: 1\nmax_num_seqs: 4\nmax_batched_tokens: 64\nserved_name: toy-from-config\n")
     log = (tmp_path / "worker.log").open("w+")
-    env = dict(os.environ, POD_NAME="pod-a", TANDEM_GENERATION="gen-7", HF_HOME=str(tmp_path / "hf"),
+    env = dict(os.environ, POD_NAME="pod-a", TANDEM_KV_COMPAT="kv-7", HF_HOME=str(tmp_path / "hf"),
                HF_HUB_OFFLINE="1")
     env.pop("TANDEM_INTERNAL_SECRET", None)
     proc = subprocess.Popen(
@@ -71,7 +71,7 @@ def test_worker_process_serves_and_stops(toy_model_dir: Path, tmp_path: Path):
         assert _get(f"{base}/health") == 200
         with urllib.request.urlopen(f"{base}/internal/info", timeout=5) as r:
             info = json.load(r)
-        assert info["model"] == "toy-from-config" and info["generation"] == "gen-7"
+        assert info["model"] == "toy-from-config" and info["kv_compat"] == "kv-7"
         assert info["engine_id"].startswith("pod-a-") and info["kv_blocks_total"] == 64
         req = urllib.request.Request(
             f"{base}/internal/generate", method="POST",
