@@ -64,7 +64,7 @@ class HeadSlice:
     count: int
 
 
-def pull_plan(num_kv_heads: int, source_tp: int, dest_tp: int, dest_rank: int) -> list[HeadSlice]:
+def pull_slices(num_kv_heads: int, source_tp: int, dest_tp: int, dest_rank: int) -> list[HeadSlice]:
     """Where rank `dest_rank` of a group of `dest_tp` finds each KV head it holds in a group of
     `source_tp` that computed them: consecutive heads read from one source rank form one slice.
     A head replicated on several source ranks is read from the one matching the destination rank

@@ -4,7 +4,7 @@ worker (at start) and the operator (when an InferenceService is applied), with t
 A rank holds num_heads / tp query heads, so tp must divide the attention heads; its KV heads are
 an equal share of the model's (tp divides them) or one head replicated (tp a multiple of them),
 as vLLM shards them. Any two sizes that pass can hand KV over: every decode rank reads each of
-its heads from a prefill rank that holds it (tandem.contracts.kv_layout.pull_plan). Torch-free.
+its heads from a prefill rank that holds it (tandem.contracts.kv_layout.pull_slices). Torch-free.
 """
 
 from __future__ import annotations

@@ -17,14 +17,14 @@ from tandem.contracts.names import Role
 from tandem.contracts.routing import RouteReason
 from tandem.router.errors import RouterError
 from tandem.router.journey import Charge, Event, Tokens
-from tandem.router.policies.base import Plan, WorkerView
+from tandem.router.policies.base import Route, WorkerView
 from tandem.router.worker_client import WorkerFailed
 
 
 class Why(enum.StrEnum):
     """Why a worker is asked: the first time, or which recovery."""
 
-    PLANNED = "planned"  # the plan's worker
+    ROUTED = "routed"  # the route's worker
     RETRY = "retry"  # another worker after a failed or busy one, the same KV lease if any
     FALLBACK = "fallback"  # decode-side prefill: the prefill pool failed or was full
     RESUME = "resume"  # after a decode failure, every token so far replayed (counted as a resume)
@@ -54,8 +54,8 @@ class Action:
     emit: tuple[Event, ...] = ()  # to the client, in order
     abort: tuple[str, ...] = ()  # fire-and-forget aborts there, each with the journey's lease token
     blame: Blame | None = None  # a worker failure to count
-    plan: Plan | None = None  # a new plan: count its prefix cache hits
-    route: RouteReason | None = None  # the request's route is known: count it (once per request)
+    route: Route | None = None  # a new route: count its prefix cache hits
+    route_reason: RouteReason | None = None  # the request's route is known: count it (once per request)
     moved: Moved | None = None
     turns: tuple[Role, ...] = ()  # the pools (Role.PREFILL, Role.DECODE) where the policy chose: the cursor moves on
     notes: tuple[tuple[int, str], ...] = ()  # (logging level, message)
@@ -67,7 +67,7 @@ class PrefillOn(Action):
 
     worker: WorkerView
     work: int
-    why: Why = Why.PLANNED
+    why: Why = Why.ROUTED
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class DecodeOn(Action):
 
     worker: WorkerView
     queued: int
-    why: Why = Why.PLANNED
+    why: Why = Why.ROUTED
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class Finish(Action):
 
 def charges(action: Action, held: dict[str, Charge], planned: str | None) -> dict[str, Charge]:
     """What a request counts on each worker while `action` is under way (`held`: before it; `planned`:
-    its plan's decode worker), the load the workers' polls do not show yet: a prefill call and its
+    its route's decode worker), the load the workers' polls do not show yet: a prefill call and its
     prompt there, and a sequence on the planned decode worker from then on (a burst planned during
     one prefill spreads); a decode call, and a prompt it prefills itself until its first token;
     nothing once the call is over."""

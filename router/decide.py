@@ -11,7 +11,7 @@ test_state_machine_migrates_streams.py).
 
 The rules, state by state:
 - arrived: a prompt of known size over `maxPromptTokens` fails (400) before any worker computes;
-  the policy plans; nothing ready is a 503.
+  the policy routes; nothing ready is a 503.
 - prefill fails before the first token: another prefill worker the policy picks
   (`max_prefill_attempts` in all), then decode-side prefill (route `prefill_failed`); a busy one
   (429, or 503 with Retry-After) is not failed: route `prefill_saturated`, nothing to abort.
@@ -81,7 +81,7 @@ def decide(j: Journey, outcome: Outcome, snap: Snapshot) -> Action:
     """The next action for journey `j` after `outcome`, choosing among `snap` (see the module
     docstring); `j.charges` then say what the request counts on each worker."""
     action = _step(j, outcome, snap)
-    j.charges = charges(action, j.charges, j.plan.decode.url if j.plan is not None else None)
+    j.charges = charges(action, j.charges, j.route.decode.url if j.route is not None else None)
     return action
 
 
@@ -180,64 +180,64 @@ def _arrived(j: Journey, o: Arrived, snap: Snapshot) -> Action:
         err = _over_limit(j, o.info.prompt_tokens)
         if err is not None:
             return _fail(j, err)
-    plan = o.rules.policy.plan(o.info, snap)
-    if plan is None:
+    route = o.rules.policy.route(o.info, snap)
+    if route is None:
         return _fail(j, no_worker("no worker is ready to serve this request; retry shortly."))
-    j.plan, j.route = plan, plan.reason
-    if plan.prefill is not None:
+    j.route, j.route_reason = route, route.reason
+    if route.prefill is not None:
         j.phase = Phase.PREFILL
-        return _prefill_on(j, plan.prefill, Why.PLANNED, plan=plan, turns=(Role.PREFILL, Role.DECODE))
+        return _prefill_on(j, route.prefill, Why.ROUTED, route=route, turns=(Role.PREFILL, Role.DECODE))
     j.phase = Phase.DECODE
-    return _decode_on(j, plan.decode, Why.PLANNED, plan=plan, route=j.route, turns=(Role.DECODE,))
+    return _decode_on(j, route.decode, Why.ROUTED, route=route, route_reason=j.route_reason, turns=(Role.DECODE,))
 
 
 def _prefill_on(j: Journey, worker: WorkerView, why: Why, **effects) -> PrefillOn:
-    plan = j.plan
-    assert plan is not None
+    route = j.route
+    assert route is not None
     j.prefill_attempts += 1
     j.target = worker
     j.touch(worker.url)
     j.prefill_url = worker.url
-    work = _info(j).prompt_tokens - (plan.cached_prefill_tokens if worker is plan.prefill else 0)
+    work = _info(j).prompt_tokens - (route.cached_prefill_tokens if worker is route.prefill else 0)
     return PrefillOn(worker=worker, work=work, why=why, **effects)
 
 
 def _prefill_failed(j: Journey, o: CallFailed, snap: Snapshot) -> Action:
-    plan = j.plan
-    assert plan is not None
+    route = j.route
+    assert route is not None
     busy = isinstance(o.error, WorkerBusy)
-    j.route = RouteReason.PREFILL_SATURATED if busy else RouteReason.PREFILL_FAILED
+    j.route_reason = RouteReason.PREFILL_SATURATED if busy else RouteReason.PREFILL_FAILED
     effects = {"blame": Blame(o.url, "prefill", o.error), "abort": () if busy else (o.url,)}
     j.prefill_tried.add(o.url)
-    nxt = _rules(j).policy.retry_prefill(_info(j), plan, snap, frozenset(j.prefill_tried))
+    nxt = _rules(j).policy.retry_prefill(_info(j), route, snap, frozenset(j.prefill_tried))
     if nxt is not None and j.prefill_attempts < _rules(j).max_prefill_attempts:
         note = (INFO, f"request {j.request_id}: retrying prefill on {nxt.url} (attempt {j.prefill_attempts + 1})")
         return _prefill_on(j, nxt, Why.RETRY, notes=(note,), turns=(Role.PREFILL,), **effects)
     j.prefill_url = None
     j.phase = Phase.DECODE
-    return _decode_on(j, plan.decode, Why.FALLBACK, route=j.route, **effects)
+    return _decode_on(j, route.decode, Why.FALLBACK, route_reason=j.route_reason, **effects)
 
 
 def _prefilled(j: Journey, o: Prefilled) -> Action:
-    plan, res = j.plan, o.result
-    assert plan is not None
-    j.route = plan.reason
+    route, res = j.route, o.result
+    assert route is not None
+    j.route_reason = route.reason
     if res.kv is not None:  # freeing that lease early (an abort) needs its token
         j.lease_tokens[o.url] = res.kv.lease_token
     j.prompt_ids, j.prompt_tokens = res.prompt_token_ids, len(res.prompt_token_ids)
     err = _over_limit(j, j.prompt_tokens)
     if err is not None:
-        return _fail(j, err, route=j.route)
+        return _fail(j, err, route_reason=j.route_reason)
     first_lp = [res.first_token_logprobs] if res.first_token_logprobs else None
     emit = (Started(j.prompt_tokens), j.tokens([res.first_token_id], res.first_token_text, first_lp))
     if res.finish_reason is not None:
         j.phase = Phase.FINISHED
-        return Finish(emit=(*emit, Finished(res.finish_reason.value, j.prompt_tokens, 1)), route=j.route)
+        return Finish(emit=(*emit, Finished(res.finish_reason.value, j.prompt_tokens, 1)), route_reason=j.route_reason)
     j.phase = Phase.DECODE
     if res.kv is not None:
         assert j.target is not None
         j.kv, j.lease_holder, j.kv_compat = res.kv, o.url, j.target.kv_compat
-    return _decode_on(j, plan.decode, Why.PLANNED, emit=emit, route=j.route)
+    return _decode_on(j, route.decode, Why.ROUTED, emit=emit, route_reason=j.route_reason)
 
 
 # --- decode ------------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from tandem.contracts.kv_source import KVSource
 from tandem.contracts.protocol import FinishReason, GenerateRequest
 from tandem.contracts.routing import RouteReason
 from tandem.router.policies.base import (
-    Plan,
     RequestInfo,
+    Route,
     RoutingPolicy,
     WorkerView,
     estimate_tokens,
@@ -58,7 +58,7 @@ Event = Started | Tokens | Finished
 class Phase(enum.StrEnum):
     """Where a request is; logged when it ends, so an early end says where it happened."""
 
-    PLAN = "plan"
+    ROUTE = "route"
     PREFILL = "prefill"
     DECODE = "decode"
     FINISHED = "finished"  # the client got a finish: nothing to abort
@@ -108,8 +108,8 @@ class Journey:
     """One client request from arrival to its end (see the module docstring)."""
 
     request_id: str
-    phase: Phase = Phase.PLAN
-    route: RouteReason | None = None
+    phase: Phase = Phase.ROUTE
+    route_reason: RouteReason | None = None
     touched: list[str] = field(default_factory=list)  # every worker it reached: aborted if it ends early
     prefill_url: str | None = None
     decode_url: str | None = None
@@ -118,7 +118,7 @@ class Journey:
     request: ParsedRequest | None = None
     rules: Rules | None = None
     info: RequestInfo | None = None
-    plan: Plan | None = None
+    route: Route | None = None
     # what the client has, across prefill, decode, resumes and migrations
     prompt_ids: list[int] | None = None
     prompt_tokens: int | None = None
@@ -206,5 +206,5 @@ class ClientRequest:
 
 
 def _where(j: Journey) -> dict[str, object]:
-    return {"route": j.route and str(j.route), "phase": str(j.phase), "prefill": j.prefill_url,
+    return {"route": j.route_reason and str(j.route_reason), "phase": str(j.phase), "prefill": j.prefill_url,
             "decode": j.decode_url}

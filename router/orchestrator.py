@@ -124,13 +124,13 @@ class Orchestrator:
             self.workers.report_failure(blame.url, str(blame.error))
 
     def _count_prefix(self, info: RequestInfo | None, action: Action) -> None:
-        plan = action.plan
-        if plan is None or info is None or info.prompt_token_ids is None:
+        route = action.route
+        if route is None or info is None or info.prompt_token_ids is None:
             return
         self.metrics.routed_prompt_tokens.inc(info.prompt_tokens)
-        if plan.prefill is not None:
-            self.metrics.prefix_cached_tokens.labels("prefill").inc(plan.cached_prefill_tokens)
-        self.metrics.prefix_cached_tokens.labels("decode").inc(plan.cached_decode_tokens)
+        if route.prefill is not None:
+            self.metrics.prefix_cached_tokens.labels("prefill").inc(route.cached_prefill_tokens)
+        self.metrics.prefix_cached_tokens.labels("decode").inc(route.cached_decode_tokens)
 
     def _moved(self, j: Journey, moved: Moved) -> None:
         self.metrics.migrations.labels(moved.outcome).inc()
@@ -146,8 +146,8 @@ class Orchestrator:
         for level, message in action.notes:
             log.log(level, "%s", message)
         self._count_prefix(j.info, action)
-        if action.route is not None:
-            self.metrics.routes.labels(action.route).inc()
+        if action.route_reason is not None:
+            self.metrics.routes.labels(action.route_reason).inc()
         if action.moved is not None:
             self._moved(j, action.moved)
         if action.abort:

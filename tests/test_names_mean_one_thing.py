@@ -23,6 +23,8 @@ RETIRED_CLASSES: dict[str, tuple[str, str | None]] = {
     "Fault": ("router/actions.py: Blame (the effect: the worker a failure is counted against)", None),
     "GroupLeader": ("worker/engine/parallel/rank_zero.py: RankZero (a leader is the operator's elected "
                     "replica)", None),
+    "Plan": ("router/policies/base.py: Route (the policy's choice of workers); router/runtimes/vllm_request.py: "
+             "DecodeCall (a plan is capacity: tandem plan's recommendation)", "planning/recommend.py"),
 }
 
 # module-level function name -> (what it became, the one file still allowed to define it, if any)
@@ -35,7 +37,16 @@ RETIRED_FUNCTIONS: dict[str, tuple[str, str | None]] = {
     "kv_health": ("worker/server/kv_peer.py: health", None),
     "generation_hash": ("operator/render/identity.py: kv_compat_hash (generation is metadata.generation)", None),
     "pick_generation": ("router/policies/base.py: pick_kv_compat (generation is metadata.generation)", None),
+    "decode_plan": ("router/runtimes/vllm_request.py: decode_call", None),
+    "pull_plan": ("contracts/kv_layout.py: pull_slices", None),
+    "_plan": ("worker/engine/hf/tensor_parallel.py: _tp_styles", None),
 }
+
+# "plan" is capacity (tandem plan, the autoscaler's planner): in the router and the worker nothing is called
+# plan. -> what each became
+PLAN_IN = ("router", "worker")
+PLAN_BECAME = ("the routing policy's route(); worker/local/up.py and worker/vllm/local.py processes(); "
+               "worker/vllm/launch.py launch_for(); worker/kv/pull_transport.py slices()")
 
 # module -> what it became
 RETIRED_MODULES: dict[str, str] = {
@@ -112,6 +123,20 @@ def test_retired_classes_and_functions_are_not_defined_again():
                 became, allowed = RETIRED_FUNCTIONS[node.name]
                 if rel != allowed:
                     found.append(f"{rel}:{node.lineno}: def {node.name} is retired; it became {became}")
+    assert found == []
+
+
+def test_nothing_in_the_router_or_the_worker_is_a_plan():
+    found = []
+    for path in product_files():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.split("/")[0] not in PLAN_IN:
+            continue
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.name.lower() == "plan":
+                found.append(f"{rel}:{node.lineno}: {node.name} is retired here; it became {PLAN_BECAME}")
+            elif isinstance(node, ast.Attribute) and node.attr == "plan":
+                found.append(f"{rel}:{node.lineno}: .plan is retired here; it became {PLAN_BECAME}")
     assert found == []
 
 

@@ -44,7 +44,7 @@ def tandem_vllm_processes(workers: tuple[tuple[str, str, int | None], ...], mode
     """Tandem on vLLM, not started: worker/vllm/local.py's plan (`tandem up --runtime vllm`) for the
     layout's workers (name, role, core), each server pinned to its core, and Tandem's router in vLLM
     mode last, on free ports; the served name is the model folder's, as the peer's."""
-    from tandem.worker.vllm.local import plan
+    from tandem.worker.vllm.local import processes as plan
 
     roles = [role for _, role, _ in workers]
     args = argparse.Namespace(

@@ -1,5 +1,5 @@
 """The routing policy interface: what a policy sees (one request's info, a `Snapshot`) and what it
-decides (a plan, a prefill retry target, a decode resume target).
+decides (a route, a prefill retry target, a decode resume target).
 
 A policy only decides, from its inputs alone: the same request and snapshot give the same choice
 (tests/router/test_decide_gives_the_same_action_twice.py). The request state machine (decide.py)
@@ -119,7 +119,7 @@ class RequestInfo:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Route:
     """The route for one request: prefill on `prefill` (None: decode-side prefill), then `decode`."""
 
     decode: WorkerView
@@ -176,14 +176,14 @@ class RoutingPolicy(abc.ABC):
         self.settings = settings or PolicySettings()
 
     @abc.abstractmethod
-    def plan(self, request: RequestInfo, snap: Snapshot) -> Plan | None:
+    def route(self, request: RequestInfo, snap: Snapshot) -> Route | None:
         """The route for a new request; None when no decode-capable worker is ready."""
 
     @abc.abstractmethod
     def retry_prefill(
-        self, request: RequestInfo, plan: Plan, snap: Snapshot, exclude: frozenset[str]
+        self, request: RequestInfo, route: Route, snap: Snapshot, exclude: frozenset[str]
     ) -> WorkerView | None:
-        """Another prefill worker for `plan` after a failure; None: fall back to decode-side prefill."""
+        """Another prefill worker for `route` after a failure; None: fall back to decode-side prefill."""
 
     @abc.abstractmethod
     def resume_decode(
@@ -234,35 +234,35 @@ class PairedPolicy(RoutingPolicy):
     def pick_decode(self, request: RequestInfo, candidates: list[WorkerView], snap: Snapshot) -> WorkerView:
         """One of `candidates` (never empty): ready decode-capable workers."""
 
-    def plan(self, request: RequestInfo, snap: Snapshot) -> Plan | None:
+    def route(self, request: RequestInfo, snap: Snapshot) -> Route | None:
         usable = [w for w in snap.workers if w.ready]
         prefill = [w for w in usable if w.role is Role.PREFILL]
         decode = [w for w in usable if w.serves_decode]
         if not decode:
             return None
         if not prefill:
-            return Plan(self.pick_decode(request, decode, snap), None, RouteReason.NO_PREFILL_WORKER)
+            return Route(self.pick_decode(request, decode, snap), None, RouteReason.NO_PREFILL_WORKER)
         if request.prompt_tokens < self.settings.short_prompt_threshold:
-            return Plan(self.pick_decode(request, decode, snap), None, RouteReason.SHORT_PROMPT)
+            return Route(self.pick_decode(request, decode, snap), None, RouteReason.SHORT_PROMPT)
         gen = pick_kv_compat(prefill, decode)
         if gen is None:
-            return Plan(self.pick_decode(request, decode, snap), None, RouteReason.NO_MATCHING_KV_COMPAT)
+            return Route(self.pick_decode(request, decode, snap), None, RouteReason.NO_MATCHING_KV_COMPAT)
         proven = pick_kv_compat([w for w in prefill if w.handoff_allowed], [w for w in decode if w.handoff_allowed])
         if proven is None:  # no pairing the parity probe has proven (yet): as without a prefill pool
             failed = any(w.parity_mismatch for w in [*prefill, *decode] if w.kv_compat == gen)
             reason = RouteReason.PARITY_MISMATCH if failed else RouteReason.PARITY_UNVERIFIED
-            return Plan(self.pick_decode(request, decode, snap), None, reason)
+            return Route(self.pick_decode(request, decode, snap), None, reason)
         gen = proven
         prefill = [w for w in prefill if w.handoff_allowed]
         pool = [w for w in prefill if w.kv_compat == gen]
         helper = self.saturated_helper(request, pool, decode, snap)
         if helper is not None:
-            return Plan(helper, None, RouteReason.PREFILL_SATURATED)
+            return Route(helper, None, RouteReason.PREFILL_SATURATED)
         p = self.pick_prefill(request, pool, snap)
         # prefer a pure decode worker for the handoff: colocated ones are the fallback pool
         paired = [w for w in decode if w.kv_compat == gen and w.handoff_allowed]
         pure = [w for w in paired if w.role is Role.DECODE]
-        return Plan(self.pick_decode(request, pure or paired, snap), p, RouteReason.DISAGGREGATED)
+        return Route(self.pick_decode(request, pure or paired, snap), p, RouteReason.DISAGGREGATED)
 
     def saturated_helper(
         self, request: RequestInfo, prefill: list[WorkerView], decode: list[WorkerView], snap: Snapshot
@@ -278,12 +278,12 @@ class PairedPolicy(RoutingPolicy):
         return self.pick_decode(request, room, snap) if room else None
 
     def retry_prefill(
-        self, request: RequestInfo, plan: Plan, snap: Snapshot, exclude: frozenset[str]
+        self, request: RequestInfo, route: Route, snap: Snapshot, exclude: frozenset[str]
     ) -> WorkerView | None:
         pool = [
             w for w in snap.workers
             if w.ready and w.url not in exclude and w.role is Role.PREFILL
-            and w.kv_compat == plan.decode.kv_compat and w.handoff_allowed
+            and w.kv_compat == route.decode.kv_compat and w.handoff_allowed
         ]
         return self.pick_prefill(request, pool, snap) if pool else None
 

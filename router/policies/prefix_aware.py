@@ -24,8 +24,8 @@ from tandem.contracts.names import Role
 from tandem.contracts.routing import RouteReason
 from tandem.router.policies.base import (
     PairedPolicy,
-    Plan,
     RequestInfo,
+    Route,
     Snapshot,
     WorkerView,
     decode_seqs,
@@ -49,17 +49,17 @@ class PrefixAware(PairedPolicy):
     def pick_decode(self, request: RequestInfo, candidates: list[WorkerView], snap: Snapshot) -> WorkerView:
         return min(candidates, key=lambda w: (self.decode_cost(request, w, snap), w.kv_usage))
 
-    def plan(self, request: RequestInfo, snap: Snapshot) -> Plan | None:
+    def route(self, request: RequestInfo, snap: Snapshot) -> Route | None:
         usable = [w for w in snap.workers if w.ready]
         decode = [w for w in usable if w.serves_decode]
         if decode and any(w.role is Role.PREFILL for w in usable):
             d = self.pick_decode(request, decode, snap)
             held = snap.cached_tokens(d)
             if held and request.prompt_tokens - held < self.settings.short_prompt_threshold:
-                return Plan(d, None, RouteReason.CACHED_PREFIX, cached_decode_tokens=held)
-        plan = super().plan(request, snap)
-        if plan is None:
+                return Route(d, None, RouteReason.CACHED_PREFIX, cached_decode_tokens=held)
+        route = super().route(request, snap)
+        if route is None:
             return None
         return dataclasses.replace(
-            plan, cached_decode_tokens=snap.cached_tokens(plan.decode),
-            cached_prefill_tokens=snap.cached_tokens(plan.prefill) if plan.prefill is not None else 0)
+            route, cached_decode_tokens=snap.cached_tokens(route.decode),
+            cached_prefill_tokens=snap.cached_tokens(route.prefill) if route.prefill is not None else 0)

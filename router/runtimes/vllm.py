@@ -43,7 +43,7 @@ from tandem.contracts.vllm_serve import BLOCK_SIZE, KV_EVENTS_TOPIC
 from tandem.router.config import RouterConfig, check_complete
 from tandem.router.runtimes.vllm_info import Metrics, parse_metrics, parse_models, worker_info
 from tandem.router.runtimes.vllm_kv_events import KVEventTranslator, decode_batch
-from tandem.router.runtimes.vllm_request import KV_TRANSFER_PARAMS, decode_plan, prefill_body, room
+from tandem.router.runtimes.vllm_request import KV_TRANSFER_PARAMS, decode_call, prefill_body, room
 from tandem.router.runtimes.vllm_stream import (
     DecodeStream,
     TokenMismatch,
@@ -195,12 +195,12 @@ class VllmWorkerClient:
         timeout = aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect_s, sock_read=self.timeouts.prefill_s)
         try:
             engine = await self._known(url)
-            plan = decode_plan(request, engine.model, engine.max_model_len)
-            unsent = unsent_text(self._tokenizer.decode, request.prompt_token_ids or [], plan.replayed,
-                                 plan.emitted_chars)
-            echo = prompt_echo(self._tokenizer.decode, request.prompt_token_ids or [], plan.replayed)
-            stream = DecodeStream(plan, self._text, request.sampling.logprobs, unsent, echo)
-            async with await self._post(url, plan.body, request.request_id, timeout) as resp:
+            call = decode_call(request, engine.model, engine.max_model_len)
+            unsent = unsent_text(self._tokenizer.decode, request.prompt_token_ids or [], call.replayed,
+                                 call.emitted_chars)
+            echo = prompt_echo(self._tokenizer.decode, request.prompt_token_ids or [], call.replayed)
+            stream = DecodeStream(call, self._text, request.sampling.logprobs, unsent, echo)
+            async with await self._post(url, call.body, request.request_id, timeout) as resp:
                 lines = aiter(resp.content)
                 while not stream.finished:
                     wait = self.timeouts.chunk_s if stream.started else self.timeouts.prefill_s

@@ -1,5 +1,5 @@
 """What the `vllm` runtime's client sends vLLM for a worker request, pure: the /v1/completions body
-of a prefill, and of a decode with what it must drop from vLLM's stream (`Plan`).
+of a prefill, and of a decode with what it must drop from vLLM's stream (`DecodeCall`).
 
 The prompt always travels as token ids (the router tokenizes with the model's files, the `tokenizer`
 folder), so prefill and decode see the same ids. How a decode continues after tokens the client
@@ -34,7 +34,7 @@ INT64 = 2**63
 
 
 @dataclass
-class Plan:
+class DecodeCall:
     """One decode call: the body to POST, and what of vLLM's stream the client already has."""
 
     body: dict[str, Any]
@@ -131,12 +131,12 @@ def prefill_body(req: GenerateRequest, model: str, max_model_len: int | None = N
     }
 
 
-def decode_plan(req: GenerateRequest, model: str, max_model_len: int | None = None) -> Plan:
+def decode_call(req: GenerateRequest, model: str, max_model_len: int | None = None) -> DecodeCall:
     """The decode (or a whole generation) and what of its stream the client already has."""
     prompt = _prompt(req)
     s = req.sampling
     done = list(req.generated_token_ids or ([req.first_token_id] if req.first_token_id is not None else []))
-    plan = Plan({}, prompt_tokens=len(prompt))
+    call = DecodeCall({}, prompt_tokens=len(prompt))
     body = _common(req, prompt) | _sampling_fields(s, req.request_id) | {
         "model": model, "stream": True, "stream_options": {"include_usage": True}}
     kv = req.kv_source.extra.get(KV_TRANSFER_PARAMS) if req.kv_source is not None else None
@@ -144,7 +144,7 @@ def decode_plan(req: GenerateRequest, model: str, max_model_len: int | None = No
         raise RouterError(400, "kv_source carries no vLLM kv_transfer_params: it was not leased by a vllm "
                           "prefill server.", "invalid_request_error", "kv_source", "kv_backend_mismatch")
     if kv is not None or (done and s.structured is not None):
-        plan.skip_tokens, plan.skip_chars = done, req.emitted_chars
+        call.skip_tokens, call.skip_chars = done, req.emitted_chars
         body |= {"max_tokens": room(s.max_tokens, len(prompt), max_model_len), "min_tokens": s.min_tokens}
         if kv is not None:
             body[KV_TRANSFER_PARAMS] = kv
@@ -155,6 +155,6 @@ def decode_plan(req: GenerateRequest, model: str, max_model_len: int | None = No
         full = prompt + done
         body |= {"prompt": full, "max_tokens": room(s.max_tokens - len(done), len(full), max_model_len),
                  "min_tokens": max(0, s.min_tokens - len(done))}
-        plan.replayed, plan.emitted_chars = done, req.emitted_chars
-    plan.body = body
-    return plan
+        call.replayed, call.emitted_chars = done, req.emitted_chars
+    call.body = body
+    return call

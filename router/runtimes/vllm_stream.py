@@ -3,7 +3,7 @@
 `DecodeStream` reads one chunk (a `data:` line's JSON) at a time: START before the first, TOKEN for
 new tokens (ids from `return_token_ids`, each token's logprobs named by id and given the text
 Tandem's workers give it), FINISH at the finish reason, ERROR for an error chunk. What the client
-already has (vllm_request.Plan) never goes out again: tokens vLLM regenerates are dropped, each
+already has (vllm_request.DecodeCall) never goes out again: tokens vLLM regenerates are dropped, each
 checked to be the one the client has (`TokenMismatch` otherwise), with the characters of text the
 client has of them; text of replayed tokens the client never got (a stop string or a partial
 character the dead worker held back) goes out first, and the prompt's text vLLM echoes when a
@@ -17,7 +17,7 @@ from typing import Any
 
 from tandem.contracts.protocol import EventType, FinishReason, StreamEvent
 from tandem.contracts.sampling import LOGPROB_FLOOR, TokenLogprobs
-from tandem.router.runtimes.vllm_request import Plan
+from tandem.router.runtimes.vllm_request import DecodeCall
 
 TOKEN_ID_PREFIX = "token_id:"  # how vLLM names a token with return_tokens_as_token_ids
 REPLACEMENT = "\ufffd"
@@ -78,16 +78,16 @@ def prompt_echo(decode: Callable[[list[int]], str], prompt: Sequence[int], repla
 class DecodeStream:
     """One decode call's stream, chunk by chunk."""
 
-    def __init__(self, plan: Plan, text: Callable[[int], str], top_k: int | None, unsent: str = "",
+    def __init__(self, call: DecodeCall, text: Callable[[int], str], top_k: int | None, unsent: str = "",
                  echo: str = "") -> None:
-        self.skip = list(plan.skip_tokens)
-        self.skip_chars = plan.skip_chars
-        self.prompt_tokens = plan.prompt_tokens
+        self.skip = list(call.skip_tokens)
+        self.skip_chars = call.skip_chars
+        self.prompt_tokens = call.prompt_tokens
         self.text, self.top_k = text, top_k
         self.unsent = unsent
         self.echo = echo  # prompt_echo: dropped from the first text when vLLM sends it
         self.started = False
-        self.tokens = len(plan.replayed)  # completion tokens so far, what the client has included
+        self.tokens = len(call.replayed)  # completion tokens so far, what the client has included
         self.finished = False
 
     def chunk(self, data: dict[str, Any]) -> list[StreamEvent]:

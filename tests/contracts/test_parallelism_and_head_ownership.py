@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from tandem.contracts.kv_layout import KVLayout, kv_heads_of_rank, pull_plan, ranks_holding
+from tandem.contracts.kv_layout import KVLayout, kv_heads_of_rank, pull_slices, ranks_holding
 from tandem.contracts.kv_source import KVRank, KVSource
 from tandem.contracts.parallelism import ParallelismError, check_parallelism
 
@@ -28,7 +28,7 @@ def test_every_decode_head_comes_from_a_prefill_rank_that_holds_it(kv, p, d):
         return
     for j in range(d):
         got = {}
-        for s in pull_plan(kv, p, d, j):
+        for s in pull_slices(kv, p, d, j):
             src = kv_heads_of_rank(kv, p, s.source_rank)
             for i in range(s.count):
                 got[s.dest_head + i] = src[s.source_head + i]
@@ -45,12 +45,12 @@ def check_problem(h, kv, p, d):
 
 def test_consecutive_heads_from_one_rank_are_one_slice():
     # decode 1 rank holds heads 0..7; prefill 2 ranks hold 0..3 and 4..7: two slices of four
-    plan = pull_plan(8, 2, 1, 0)
+    plan = pull_slices(8, 2, 1, 0)
     assert [(s.source_rank, s.source_head, s.dest_head, s.count) for s in plan] == [(0, 0, 0, 4), (1, 0, 4, 4)]
     # decode 2 ranks from one prefill rank: each reads its half from rank 0's pool
-    assert [(s.source_rank, s.source_head, s.dest_head, s.count) for s in pull_plan(8, 1, 2, 1)] == [(0, 4, 0, 4)]
+    assert [(s.source_rank, s.source_head, s.dest_head, s.count) for s in pull_slices(8, 1, 2, 1)] == [(0, 4, 0, 4)]
     # replicated prefill heads: decode ranks read different replicas
-    assert {pull_plan(1, 2, 2, j)[0].source_rank for j in range(2)} == {0, 1}
+    assert {pull_slices(1, 2, 2, j)[0].source_rank for j in range(2)} == {0, 1}
 
 
 def test_impossible_sizes_name_the_numbers():

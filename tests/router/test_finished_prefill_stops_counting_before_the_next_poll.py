@@ -48,8 +48,8 @@ async def test_a_finished_prefill_no_longer_saturates_the_pool_before_the_next_p
     assert queued_prompt_tokens(view(pool, PREFILL)) >= 2048
     pool.account("r0", {})  # the prefill returned; the worker's last report still says 2048
     assert queued_prompt_tokens(view(pool, PREFILL)) == 0
-    plan = create_policy("least-loaded", PolicySettings()).plan(RequestInfo("next", prompt_tokens=2048), pool.snapshot())
-    assert (plan.reason, plan.prefill.url) == (RouteReason.DISAGGREGATED, PREFILL)
+    route = create_policy("least-loaded", PolicySettings()).route(RequestInfo("next", prompt_tokens=2048), pool.snapshot())
+    assert (route.reason, route.prefill.url) == (RouteReason.DISAGGREGATED, PREFILL)
 
 
 async def test_the_next_poll_is_the_workers_word_again():
@@ -112,6 +112,6 @@ async def test_through_the_driver_the_next_long_prompt_is_disaggregated():
     async for _ in orch.run(request(prompt=list(IDS)), ctx):  # token ids: the router counts them exactly
         pass
     await orch.drain()
-    assert ctx.route is RouteReason.DISAGGREGATED and fake.infos[PREFILL].outstanding_prompt_tokens == len(IDS)
-    plan = create_policy("least-loaded", settings).plan(RequestInfo("next", prompt_tokens=len(IDS)), pool.snapshot())
-    assert (plan.reason, plan.prefill.url) == (RouteReason.DISAGGREGATED, PREFILL)
+    assert ctx.route_reason is RouteReason.DISAGGREGATED and fake.infos[PREFILL].outstanding_prompt_tokens == len(IDS)
+    route = create_policy("least-loaded", settings).route(RequestInfo("next", prompt_tokens=len(IDS)), pool.snapshot())
+    assert (route.reason, route.prefill.url) == (RouteReason.DISAGGREGATED, PREFILL)

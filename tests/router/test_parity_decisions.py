@@ -239,15 +239,15 @@ def test_a_gone_worker_is_forgotten_and_a_new_worker_on_its_address_starts_over(
 def test_the_policy_hands_off_only_across_a_proven_pairing():
     policy = LeastLoaded()
     request = RequestInfo("r", prompt_tokens=500)
-    for state, route in ((None, RouteReason.DISAGGREGATED), (ParityState.VERIFIED, RouteReason.DISAGGREGATED),
+    for state, reason in ((None, RouteReason.DISAGGREGATED), (ParityState.VERIFIED, RouteReason.DISAGGREGATED),
                          (ParityState.UNCHECKED, RouteReason.PARITY_UNVERIFIED),
                          (ParityState.FAILED, RouteReason.PARITY_UNVERIFIED),
                          (ParityState.MISMATCH, RouteReason.PARITY_MISMATCH)):
-        plan = policy.plan(request, Snapshot([view("http://p", Role.PREFILL, parity=state),
+        route = policy.route(request, Snapshot([view("http://p", Role.PREFILL, parity=state),
                                               view("http://d", Role.DECODE, parity=state)]))
-        assert plan.reason is route, state
-        assert (plan.prefill is not None) == (route is RouteReason.DISAGGREGATED)
-        assert plan.decode.url == "http://d"  # decode-side prefill still serves
+        assert route.reason is reason, state
+        assert (route.prefill is not None) == (reason is RouteReason.DISAGGREGATED)
+        assert route.decode.url == "http://d"  # decode-side prefill still serves
 
 
 def test_the_policy_keeps_the_proven_decode_worker_and_an_older_proven_kv_compat():
@@ -258,11 +258,11 @@ def test_the_policy_keeps_the_proven_decode_worker_and_an_older_proven_kv_compat
                view("http://good", Role.DECODE, parity=ParityState.VERIFIED)]
     workers[1].running = 0
     workers[2].running = 10  # busier, still the only one proven
-    plan = policy.plan(request, Snapshot(workers))
-    assert (plan.reason, plan.prefill.url, plan.decode.url) == (RouteReason.DISAGGREGATED, "http://p", "http://good")
+    route = policy.route(request, Snapshot(workers))
+    assert (route.reason, route.prefill.url, route.decode.url) == (RouteReason.DISAGGREGATED, "http://p", "http://good")
     rollout = [view("http://p1", Role.PREFILL, "old", 0, ParityState.VERIFIED),
                view("http://d1", Role.DECODE, "old", 0, ParityState.VERIFIED),
                view("http://p2", Role.PREFILL, "new", 9, ParityState.UNCHECKED),
                view("http://d2", Role.DECODE, "new", 9, ParityState.UNCHECKED)]
-    plan = policy.plan(request, Snapshot(rollout))
-    assert (plan.reason, plan.prefill.url, plan.decode.url) == (RouteReason.DISAGGREGATED, "http://p1", "http://d1")
+    route = policy.route(request, Snapshot(rollout))
+    assert (route.reason, route.prefill.url, route.decode.url) == (RouteReason.DISAGGREGATED, "http://p1", "http://d1")

@@ -12,7 +12,7 @@ from tandem.contracts.kv_events import KVEventMessage, KVEventType
 from tandem.contracts.names import Role
 from tandem.contracts.prefix import block_hashes
 from tandem.contracts.routing import RouteReason
-from tandem.router.policies.base import Plan, PolicySettings, RequestInfo, Snapshot, WorkerView
+from tandem.router.policies.base import PolicySettings, RequestInfo, Route, Snapshot, WorkerView
 from tandem.router.policies.prefix_aware import PrefixAware
 from tandem.router.policies.registry import create_policy
 from tandem.router.prefix_index import PrefixIndex
@@ -48,11 +48,11 @@ def update(seq: int, stored: list[int] = (), removed: list[int] = ()) -> KVEvent
     return KVEventMessage(KVEventType.UPDATE, seq, stored=hexes(list(stored)), removed=hexes(list(removed)))
 
 
-def route(index: PrefixIndex, request: RequestInfo, ws: list[WorkerView], **settings) -> Plan | None:
-    """The prefix-aware plan over a snapshot of `ws` holding what `index` says each caches of `request`
+def route_of(index: PrefixIndex, request: RequestInfo, ws: list[WorkerView], **settings) -> Route | None:
+    """The prefix-aware route over a snapshot of `ws` holding what `index` says each caches of `request`
     (as WorkerSet.snapshot takes it)."""
     snap = Snapshot(ws, index.cached(request, [w.url for w in ws]))
-    return create_policy("prefix-aware", PolicySettings(**settings)).plan(request, snap)
+    return create_policy("prefix-aware", PolicySettings(**settings)).route(request, snap)
 
 
 # --- the index ---------------------------------------------------------------------------------
@@ -142,10 +142,10 @@ def test_a_conversations_later_turns_go_to_the_workers_holding_it():
     convs = {c: ids(100 + c, 300) for c in range(6)}
     first = {}
     for c, prompt in convs.items():  # first turns: spread by load, as least-loaded would
-        plan = route(index, req(prompt), ws)
-        first[c] = (plan.prefill.url, plan.decode.url)
-        ws[[w.url for w in ws].index(plan.prefill.url)].outstanding_prompt_tokens += 300
-        ws[[w.url for w in ws].index(plan.decode.url)].running += 1
+        route = route_of(index, req(prompt), ws)
+        first[c] = (route.prefill.url, route.decode.url)
+        ws[[w.url for w in ws].index(route.prefill.url)].outstanding_prompt_tokens += 300
+        ws[[w.url for w in ws].index(route.decode.url)].running += 1
     assert len({p for p, _ in first.values()}) == 3 and len({d for _, d in first.values()}) == 3
     seq = dict.fromkeys((w.url for w in ws), 0)
     for c, prompt in convs.items():  # the workers report what they stored: the prompt, and + output
@@ -158,12 +158,12 @@ def test_a_conversations_later_turns_go_to_the_workers_holding_it():
         w.outstanding_prompt_tokens = w.running = 0
     for c, prompt in convs.items():
         turn2 = prompt + ids(200 + c, 40) + ids(300 + c, 50)
-        plan = route(index, req(turn2), ws)
-        assert (plan.prefill.url, plan.decode.url, plan.reason) == (*first[c], RouteReason.DISAGGREGATED)
-        assert plan.cached_prefill_tokens == 288 and plan.cached_decode_tokens == 336
+        route = route_of(index, req(turn2), ws)
+        assert (route.prefill.url, route.decode.url, route.reason) == (*first[c], RouteReason.DISAGGREGATED)
+        assert route.cached_prefill_tokens == 288 and route.cached_decode_tokens == 336
         # with a short-tail threshold the decode worker holding the history prefills the rest itself
-        plan = route(index, req(turn2), ws, short_prompt_threshold=64)
-        assert (plan.decode.url, plan.prefill, plan.reason) == (first[c][1], None, RouteReason.CACHED_PREFIX)
+        route = route_of(index, req(turn2), ws, short_prompt_threshold=64)
+        assert (route.decode.url, route.prefill, route.reason) == (first[c][1], None, RouteReason.CACHED_PREFIX)
 
 
 def test_a_hot_prefix_spreads_when_its_worker_is_loaded():
@@ -175,24 +175,24 @@ def test_a_hot_prefix_spreads_when_its_worker_is_loaded():
     for w in ("p2", "d2"):
         index.start(w, snapshot())
     prompt = req(system + ids(8, 100))
-    plan = route(index, prompt, ws)
-    assert (plan.prefill.url, plan.decode.url) == ("p1", "d1")
+    route = route_of(index, prompt, ws)
+    assert (route.prefill.url, route.decode.url) == ("p1", "d1")
     ws[0].outstanding_prompt_tokens = 511  # queued work there still costs less than the prefix saves
     ws[2].running = 1
-    assert (route(index, prompt, ws).prefill.url, route(index, prompt, ws).decode.url) == ("p1", "d1")
+    assert (route_of(index, prompt, ws).prefill.url, route_of(index, prompt, ws).decode.url) == ("p1", "d1")
     ws[0].outstanding_prompt_tokens = 513  # now it costs more: the prompt goes elsewhere
     ws[2].running = 3  # 3 x 256 tokens of load outweigh the 511 cached
-    plan = route(index, prompt, ws)
-    assert (plan.prefill.url, plan.decode.url) == ("p2", "d2")
-    assert plan.cached_prefill_tokens == plan.cached_decode_tokens == 0
+    route = route_of(index, prompt, ws)
+    assert (route.prefill.url, route.decode.url) == ("p2", "d2")
+    assert route.cached_prefill_tokens == route.cached_decode_tokens == 0
     # a burst of hot-prefix requests, each counted where it went: both workers of each pool serve it
     ws[0].outstanding_prompt_tokens, ws[2].running = 0, 0
     where = []
     for _ in range(8):
-        plan = route(index, prompt, ws)
-        next(w for w in ws if w is plan.prefill).router_prompt_tokens += 612 - plan.cached_prefill_tokens
-        next(w for w in ws if w is plan.decode).router_inflight += 1
-        where.append((plan.prefill.url, plan.decode.url))
+        route = route_of(index, prompt, ws)
+        next(w for w in ws if w is route.prefill).router_prompt_tokens += 612 - route.cached_prefill_tokens
+        next(w for w in ws if w is route.decode).router_inflight += 1
+        where.append((route.prefill.url, route.decode.url))
     assert {p for p, _ in where} == {"p1", "p2"} and {d for _, d in where} == {"d1", "d2"}
     assert [p for p, _ in where].count("p1") > [p for p, _ in where].count("p2")  # the holder takes more
 
@@ -202,8 +202,8 @@ def test_a_loaded_decode_worker_holding_the_history_is_not_asked_to_prefill_the_
     history = ids(1, 400)
     ws = [W("p1", Role.PREFILL), W("d1", running=6), W("d2")]
     index.start("d1", snapshot(history))
-    plan = route(index, req(history + ids(2, 20)), ws, short_prompt_threshold=64)
-    assert (plan.decode.url, plan.prefill.url, plan.reason) == ("d2", "p1", RouteReason.DISAGGREGATED)
+    route = route_of(index, req(history + ids(2, 20)), ws, short_prompt_threshold=64)
+    assert (route.decode.url, route.prefill.url, route.reason) == ("d2", "p1", RouteReason.DISAGGREGATED)
 
 
 def test_colocated_workers_keep_their_conversations():
@@ -212,8 +212,8 @@ def test_colocated_workers_keep_their_conversations():
     history = ids(1, 512)
     index.start("c1", snapshot())
     index.start("c2", snapshot(history))
-    plan = route(index, req(history + ids(2, 30)), ws)
-    assert (plan.decode.url, plan.reason, plan.cached_decode_tokens) == ("c2", RouteReason.NO_PREFILL_WORKER, 512)
+    route = route_of(index, req(history + ids(2, 30)), ws)
+    assert (route.decode.url, route.reason, route.cached_decode_tokens) == ("c2", RouteReason.NO_PREFILL_WORKER, 512)
 
 
 def test_without_token_ids_or_an_index_it_balances_load():
@@ -224,7 +224,7 @@ def test_without_token_ids_or_an_index_it_balances_load():
         index.start(w.url, snapshot(ids(1, 64)))
     assert index.cached(RequestInfo("r", 500), [w.url for w in ws]) == {}, "no ids: nothing to match"
     p = PrefixAware()
-    plan = p.plan(RequestInfo("r", 500), Snapshot(ws))
-    assert (plan.prefill.url, plan.decode.url) == ("p2", "d2")
-    assert p.retry_prefill(RequestInfo("r", 500), plan, Snapshot(ws), frozenset({"p2"})).url == "p1"
+    route = p.route(RequestInfo("r", 500), Snapshot(ws))
+    assert (route.prefill.url, route.decode.url) == ("p2", "d2")
+    assert p.retry_prefill(RequestInfo("r", 500), route, Snapshot(ws), frozenset({"p2"})).url == "p1"
     assert p.resume_decode(RequestInfo("r", 500), Snapshot(ws), frozenset({"d2"})).url == "d1"

@@ -81,7 +81,7 @@ async def test_a_handoff_reaches_the_client_as_one_stream(fake):
                       Finished("length", 5, 3)]
     (gen,) = fake.made("generate")
     assert gen.request.kv_source is not None and gen.request.generated_token_ids == [7]
-    assert ctx.route is RouteReason.DISAGGREGATED and ctx.phase is Phase.FINISHED
+    assert ctx.route_reason is RouteReason.DISAGGREGATED and ctx.phase is Phase.FINISHED
     assert metric(orch, "tandem_router_routes_total", route="disaggregated") == 1
     assert metric(orch, "tandem_router_worker_requests_total", role="prefill") == 1
     assert fake.aborts == [] and all(v.router_inflight == 0 for v in orch.workers.views())
@@ -97,7 +97,7 @@ async def test_failed_prefill_workers_are_aborted_and_the_dead_one_kept_out(fake
     ctx = Journey("r1")
     events = await run(orch, ctx)
     assert [c.url for c in fake.calls] == ["p1", "p2", "d1"] and events[-1] == Finished("stop", 5, 1)
-    assert ctx.route is RouteReason.PREFILL_FAILED
+    assert ctx.route_reason is RouteReason.PREFILL_FAILED
     assert metric(orch, "tandem_router_routes_total", route="prefill_failed") == 1
     assert metric(orch, "tandem_router_worker_failures_total", role="prefill") == 2
     assert {url for url, _ in fake.aborts} == {"p1", "p2"}

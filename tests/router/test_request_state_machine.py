@@ -37,10 +37,10 @@ def test_the_handoff_streams_every_token_once():
     workers = pool("p1", "d1")
     j, first = arrive(workers)
     assert isinstance(first, PrefillOn) and first.worker.url == "p1" and first.work == 13  # 49 chars / 4
-    assert j.phase is Phase.PREFILL and j.route is RouteReason.DISAGGREGATED and first.route is None
+    assert j.phase is Phase.PREFILL and j.route_reason is RouteReason.DISAGGREGATED and first.route_reason is None
     handoff = decide(j, Prefilled("p1", prefilled("p1", IDS, 7, "A")), Snapshot(workers))
     assert isinstance(handoff, DecodeOn) and handoff.worker.url == "d1" and handoff.queued == 0
-    assert handoff.emit == (Started(5), Tokens([7], "A")) and handoff.route is RouteReason.DISAGGREGATED
+    assert handoff.emit == (Started(5), Tokens([7], "A")) and handoff.route_reason is RouteReason.DISAGGREGATED
     # the decode worker replays the first token and continues after the text the client has
     greq = j.worker_request(decode=True)
     assert greq.kv_source is not None and greq.kv_source.url == "p1" and greq.generated_token_ids == [7]
@@ -61,7 +61,7 @@ def test_prefill_fails_retries_elsewhere_then_falls_back_to_decode_side_prefill(
     assert retry.abort == ("p1",) and retry.blame.error.dead and retry.blame.role == "prefill"
     fallback = decide(j, CallFailed("p2", fail(503, "not_ready", type_="service_unavailable")), Snapshot(workers))
     assert isinstance(fallback, DecodeOn) and fallback.why is Why.FALLBACK and fallback.worker.url == "d1"
-    assert fallback.abort == ("p2",) and fallback.route is RouteReason.PREFILL_FAILED
+    assert fallback.abort == ("p2",) and fallback.route_reason is RouteReason.PREFILL_FAILED
     assert fallback.queued == 13, "the prompt waits on the decode worker until its first token"
     greq = j.worker_request(decode=True)
     assert greq.kv_source is None and greq.generated_token_ids == [] and greq.prompt == PROMPT
@@ -80,7 +80,7 @@ def test_a_client_4xx_from_prefill_passes_through_unchanged():
     assert isinstance(refusal, RouterError)
     j, _ = arrive(pool("p1", "p2", "d1"))
     action = decide(j, Rejected(refusal), Snapshot())
-    assert isinstance(action, EndWithError) and action.error is refusal and action.route is None
+    assert isinstance(action, EndWithError) and action.error is refusal and action.route_reason is None
     assert j.phase is Phase.FAILED and j.touched == ["p1"]  # no retry, no decode
 
 
@@ -171,7 +171,7 @@ def test_the_first_token_can_finish_the_request():
     j, _ = arrive(workers)
     done = decide(j, Prefilled("p1", prefilled("p1", IDS, 7, "A", finish_reason=FinishReason.STOP)), Snapshot())
     assert isinstance(done, Finish) and done.emit == (Started(5), Tokens([7], "A"), Finished("stop", 5, 1))
-    assert done.route is RouteReason.DISAGGREGATED and j.done and j.touched == ["p1"]
+    assert done.route_reason is RouteReason.DISAGGREGATED and j.done and j.touched == ["p1"]
 
 
 def test_max_prompt_tokens_is_checked_as_soon_as_the_size_is_exact():
@@ -182,7 +182,7 @@ def test_max_prompt_tokens_is_checked_as_soon_as_the_size_is_exact():
     assert j.touched == []
     # a prefill worker tokenized it: refused with its lease token known, so the end frees it
     j, action = handed_off(pool("p1", "d1"), request(limits=limits), rules(limits=limits))
-    assert isinstance(action, EndWithError) and action.error.status == 400 and action.route is not None
+    assert isinstance(action, EndWithError) and action.error.status == 400 and action.route_reason is not None
     assert j.lease_tokens == {"p1": "token-of-p1"}
     # a decode-side prefill: the decode worker's START carries the count
     j, _ = arrive(pool("d1"), request(limits=limits), rules(limits=limits))
@@ -210,7 +210,7 @@ def test_the_configured_policy_is_the_one_asked():
     r = rules("round-robin")
     chosen = [arrive(pool("d1", "d2"), r=r, request_id=f"r{i}", turns={Role.DECODE: i})[1] for i in range(2)]
     assert [a.worker.url for a in chosen] == ["d1", "d2"], "the snapshot's cursor says whose turn it is"
-    assert {a.route for a in chosen} == {RouteReason.NO_PREFILL_WORKER}
+    assert {a.route_reason for a in chosen} == {RouteReason.NO_PREFILL_WORKER}
     assert all(a.turns == (Role.DECODE,) for a in chosen), "each choice moves the decode pool's cursor on"
 
 
@@ -248,7 +248,7 @@ def test_busy_prefill_workers_fall_back_to_decode_side_prefill_as_saturated():
     retry = decide(j, CallFailed("p1", busy()), Snapshot(workers))
     fallback = decide(j, CallFailed("p2", busy(503, "2")), Snapshot(workers))
     assert retry.worker.url == "p2" and isinstance(fallback, DecodeOn) and fallback.worker.url == "d1"
-    assert fallback.route is RouteReason.PREFILL_SATURATED
+    assert fallback.route_reason is RouteReason.PREFILL_SATURATED
     assert retry.abort == fallback.abort == (), "they refused it: nothing to abort"
     assert all(isinstance(a.blame.error, WorkerBusy) for a in (retry, fallback))
 

@@ -20,7 +20,7 @@ Protocol (the same for every backend; why it is this way):
   before a byte moves. Adjacent blocks that are adjacent on BOTH sides merge into
   one transfer (byte_ranges.py).
 - Tensor parallelism: each rank pulls the KV heads its pool holds straight from the
-  source rank(s) that hold them (KVSource.ranks, contracts/kv_layout.py pull_plan),
+  source rank(s) that hold them (KVSource.ranks, contracts/kv_layout.py pull_slices),
   a contiguous slice of each block; one lease, the source's rank 0's, covers every
   rank, and is released over HTTP once every rank has read (a released lease must
   have been live, so no rank read reused blocks).
@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from tandem.contracts.internal_auth import auth_headers
 from tandem.contracts.kv_health import KVHealth, TransportInfo
-from tandem.contracts.kv_layout import HeadSlice, KVLayout, pull_plan
+from tandem.contracts.kv_layout import HeadSlice, KVLayout, pull_slices
 from tandem.contracts.kv_source import KVRank, KVSource
 from tandem.contracts.protocol import REQUEST_ID_HEADER
 from tandem.worker.kv.base import (
@@ -244,10 +244,10 @@ class PullTransport(KVTransport):
         if any(not 0 <= b < self.layout.num_blocks for b in local_block_ids):
             raise KVTransferError(f"destination block ids outside this pool of {self.layout.num_blocks}")
 
-    def plan(self, source: KVSource) -> dict[int, list[HeadSlice]]:
+    def slices(self, source: KVSource) -> dict[int, list[HeadSlice]]:
         """Source rank -> the head slices this pool reads from it (tandem.contracts.kv_layout)."""
         by_rank: dict[int, list[HeadSlice]] = {}
-        for s in pull_plan(self.layout.num_kv_heads, source.tensor_parallel, self.layout.tp_size,
+        for s in pull_slices(self.layout.num_kv_heads, source.tensor_parallel, self.layout.tp_size,
                            self.layout.tp_rank):
             by_rank.setdefault(s.source_rank, []).append(s)
         return by_rank
@@ -268,7 +268,7 @@ class PullTransport(KVTransport):
                 raise KVTransferError(f"source backend {source.backend!r}, this worker {self.name!r}")
             async with asyncio.timeout(self.config.timeout_s):
                 reads = [self._read_rank(request_id, source, r, slices, local_block_ids, in_band, moving)
-                         for r, slices in self.plan(source).items()]
+                         for r, slices in self.slices(source).items()]
                 done = await all_or_none(reads)
                 if release and not in_band:
                     await self._release_lease(request_id, source)

@@ -92,14 +92,14 @@ def toy_model_dir() -> Path:
     return Path(make_toy_model(path, **DEFAULT_TOY))
 
 
-def plan(args: argparse.Namespace, model: Path, secret: str | None = None) -> list[ManagedProcess]:
+def processes(args: argparse.Namespace, model: Path, secret: str | None = None) -> list[ManagedProcess]:
     """The processes to start: pure, so the command lines are testable. Every child gets the same
     internal secret (from the environment, never argv): the workers accept only this router."""
     secret = secret or os.environ.get(SECRET_ENV) or secrets.token_urlsafe(32)
     if args.runtime == Runtime.VLLM:
         from tandem.worker.vllm import local as vllm_local
 
-        return vllm_local.plan(args, model, args.served_name or model.name, secret)
+        return vllm_local.processes(args, model, args.served_name or model.name, secret)
     exe = [sys.executable, "-m", "tandem.cli.main"]
     cpus = sorted(os.sched_getaffinity(0)) if args.pin_cpus else []
     children: list[ManagedProcess] = []
@@ -279,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
         _check_args(args)
         signal.signal(signal.SIGTERM, _raise_on_signal)
         model = _model(args)
-        children = plan(args, model)
+        children = processes(args, model)
         sup = Supervisor(children)
         t0 = time.monotonic()
         _start(args, model, sup, children)

@@ -169,7 +169,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def plan(cfg: object, args: argparse.Namespace, env: dict[str, str] | None = None) -> Launch:
+def launch_for(cfg: object, args: argparse.Namespace, env: dict[str, str] | None = None) -> Launch:
     """The `vllm serve` of this worker: the executable ($TANDEM_VLLM, else the cached CPU install,
     installed on first use), its arguments and environment. A CPU server (the cached build, or
     --device cpu) keeps its KV in a cpu buffer in 32-token blocks."""
@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     from tandem.worker.vllm.install import VllmUnavailable
 
     try:
-        launch = plan(resolve_settings(args), args)
+        launch = launch_for(resolve_settings(args), args)
     except (OSError, ValueError, VllmUnavailable) as e:
         print(f"tandem worker --runtime vllm: {e}", file=sys.stderr)
         return 2

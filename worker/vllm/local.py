@@ -53,7 +53,7 @@ class VllmServer(ManagedProcess):
         return f"vLLM: {startup_stage(self.log())}; log {self.log_path}"
 
 
-def plan(args: argparse.Namespace, model: Path, served: str, secret: str) -> list[ManagedProcess]:
+def processes(args: argparse.Namespace, model: Path, served: str, secret: str) -> list[ManagedProcess]:
     """The vLLM servers of `args.mode` and the router last; pure but for picking free ports."""
     exe = [sys.executable, "-m", "tandem.cli.main"]
     cpus = sorted(os.sched_getaffinity(0)) if args.pin_cpus else []

@@ -4,7 +4,7 @@ heads (prefill and decode with different tensor sizes) is one range per block.""
 from __future__ import annotations
 
 import pytest
-from tandem.contracts.kv_layout import HeadSlice, KVLayout, pull_plan
+from tandem.contracts.kv_layout import HeadSlice, KVLayout, pull_slices
 from tandem.worker.kv.byte_ranges import blocks_touched, head_ranges
 
 WHOLE = KVLayout(num_blocks=64, num_layers=2, block_size=4, num_kv_heads=4, head_dim=8, dtype="float32")
@@ -40,11 +40,11 @@ def test_lengths_must_match() -> None:
 def test_a_rank_reads_its_heads_as_one_range_per_block() -> None:
     half = KVLayout(num_blocks=64, num_layers=2, block_size=4, num_kv_heads=4, head_dim=8, dtype="float32",
                     tp_size=2, tp_rank=1)
-    (s,) = pull_plan(4, 1, 2, 1)  # decode rank 1 of 2 reads heads 2 and 3 from the single prefill rank
+    (s,) = pull_slices(4, 1, 2, 1)  # decode rank 1 of 2 reads heads 2 and 3 from the single prefill rank
     got = head_ranges(WHOLE, half, s, [4, 5], [0, 1])
     hb = WHOLE.head_bytes
     assert got == [(4 * BB + 2 * hb, 0, 2 * hb), (5 * BB + 2 * hb, half.block_bytes, 2 * hb)]
     # the other way: one decode rank reads both halves from two prefill ranks, whole blocks each
-    back = [head_ranges(half, WHOLE, s, [0, 1], [4, 5]) for s in pull_plan(4, 2, 1, 0)]
+    back = [head_ranges(half, WHOLE, s, [0, 1], [4, 5]) for s in pull_slices(4, 2, 1, 0)]
     assert back[1] == [(0, 4 * BB + 2 * hb, 2 * hb), (half.block_bytes, 5 * BB + 2 * hb, 2 * hb)]
     assert list(blocks_touched(4 * BB + BB - 1, 2, BB)) == [4, 5]

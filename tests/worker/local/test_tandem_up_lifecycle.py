@@ -23,7 +23,7 @@ def _args(**kw) -> argparse.Namespace:
 
 
 def test_plan_disaggregated_pins_workers_and_points_the_router_at_them(tmp_path):
-    children = up.plan(_args(prefill=1, decode=2, pin_cpus=True, kv_backend="tcp", threads=2), tmp_path)
+    children = up.processes(_args(prefill=1, decode=2, pin_cpus=True, kv_backend="tcp", threads=2), tmp_path)
     assert [c.name for c in children] == ["prefill-0", "decode-0", "decode-1", "router"]
     cores = sorted(os.sched_getaffinity(0))
     assert [c.cpu for c in children[:3]] == [cores[i % len(cores)] for i in range(3)]
@@ -38,7 +38,7 @@ def test_plan_disaggregated_pins_workers_and_points_the_router_at_them(tmp_path)
 
 
 def test_plan_colocated_has_no_prefill_and_no_kv_backend(tmp_path):
-    children = up.plan(_args(mode="colocated", decode=1, api_key="sekret"), tmp_path)
+    children = up.processes(_args(mode="colocated", decode=1, api_key="sekret"), tmp_path)
     assert [c.role for c in children] == ["colocated", "router"]
     assert "--kv-backend" not in children[0].argv and "--prefill" not in children[1].argv
     # the API key reaches the router through its environment, never its (world-readable) argv

@@ -24,12 +24,12 @@ def _tp(child) -> int:
 
 
 def test_each_role_gets_its_tensor_size(tmp_path):
-    children = up.plan(_args("--prefill-tp", "2", "--decode", "2", "--pin-cpus"), tmp_path)
+    children = up.processes(_args("--prefill-tp", "2", "--decode", "2", "--pin-cpus"), tmp_path)
     assert [(c.name, _tp(c)) for c in children[:3]] == [("prefill-0", 2), ("decode-0", 1), ("decode-1", 1)]
     assert children[0].cpu is None and children[1].cpu is not None  # a worker of two ranks needs two cores
-    both = up.plan(_args("--tp", "2", "--decode-tp", "4"), tmp_path)
+    both = up.processes(_args("--tp", "2", "--decode-tp", "4"), tmp_path)
     assert [_tp(c) for c in both[:2]] == [2, 4]
-    colocated = up.plan(_args("--mode", "colocated", "--tp", "2"), tmp_path)
+    colocated = up.processes(_args("--mode", "colocated", "--tp", "2"), tmp_path)
     assert _tp(colocated[0]) == 2 and "--tensor-parallel" not in colocated[-1].argv  # not the router
 
 

@@ -23,9 +23,9 @@ def _worker(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["worker", "--runtime", "vllm", *argv])
 
 
-def _plan(tmp_path: Path, *argv: str) -> launch.Launch:
+def _launch(tmp_path: Path, *argv: str) -> launch.Launch:
     args = _worker("--model", str(tmp_path), *argv)
-    return launch.plan(resolve_settings(args), args, {"TANDEM_VLLM": "/opt/vllm/bin/vllm", "PATH": "/bin"})
+    return launch.launch_for(resolve_settings(args), args, {"TANDEM_VLLM": "/opt/vllm/bin/vllm", "PATH": "/bin"})
 
 
 def _flag(argv: list[str], name: str) -> str:
@@ -34,7 +34,7 @@ def _flag(argv: list[str], name: str) -> str:
 
 def test_prefill_is_a_nixl_producer_with_tandems_ports_and_fixes(tmp_path, monkeypatch):
     monkeypatch.setenv("TANDEM_CACHE", str(tmp_path / "cache"))
-    got = _plan(tmp_path, "--role", "prefill", "--port", "9100", "--kv-port", "9101", "--kv-events-port", "9102",
+    got = _launch(tmp_path, "--role", "prefill", "--port", "9100", "--kv-port", "9101", "--kv-events-port", "9102",
                 "--served-name", "toy", "--vllm-arg=--enforce-eager")
     assert got.argv[:3] == ["/opt/vllm/bin/vllm", "serve", str(tmp_path)]
     assert _flag(got.argv, "--port") == "9100" and _flag(got.argv, "--served-model-name") == "toy"
@@ -86,7 +86,7 @@ def test_up_runs_one_vllm_server_per_role_on_its_own_core_and_tells_the_router(t
     p = argparse.ArgumentParser()
     up.add_arguments(p)
     args = p.parse_args(["--runtime", "vllm", "--pin-cpus", "--served-name", "toy"])
-    children = up.plan(args, tmp_path)
+    children = up.processes(args, tmp_path)
     assert [c.name for c in children] == ["prefill-0", "decode-0", "router"]
     prefill, decode, router = children
     assert isinstance(prefill, VllmServer) and prefill.ready_path == "/health"
@@ -112,7 +112,7 @@ def test_startup_is_described_from_the_furthest_step_in_the_log():
 def test_up_colocated_runs_servers_without_a_connector_behind_the_router(tmp_path):
     p = argparse.ArgumentParser()
     up.add_arguments(p)
-    children = up.plan(p.parse_args(["--runtime", "vllm", "--mode", "colocated", "--decode", "2"]), tmp_path)
+    children = up.processes(p.parse_args(["--runtime", "vllm", "--mode", "colocated", "--decode", "2"]), tmp_path)
     assert [c.role for c in children] == ["colocated", "colocated", "router"]
     r = children[-1].argv
     assert "--prefill" not in r and [r[i + 1] for i, a in enumerate(r) if a == "--decode"] == [c.url for c in children[:2]]
@@ -123,8 +123,8 @@ def test_up_colocated_runs_servers_without_a_connector_behind_the_router(tmp_pat
 
 def test_an_image_vllm_is_a_gpu_server_unless_the_device_says_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("TANDEM_CACHE", str(tmp_path / "cache"))
-    gpu = _plan(tmp_path, "--role", "decode")
+    gpu = _launch(tmp_path, "--role", "decode")
     assert _flag(gpu.argv, "--block-size") == "16" and "kv_buffer_device" not in _flag(gpu.argv, "--kv-transfer-config")
     assert "VLLM_CACHE_ROOT" not in gpu.env  # the image's vLLM keeps its own cache
-    cpu = _plan(tmp_path, "--role", "decode", "--device", "cpu")
+    cpu = _launch(tmp_path, "--role", "decode", "--device", "cpu")
     assert _flag(cpu.argv, "--block-size") == "32" and '"kv_buffer_device":"cpu"' in _flag(cpu.argv, "--kv-transfer-config")

@@ -36,7 +36,7 @@ class TensorParallelError(ValueError):
     """The model's plan cannot be split so that each rank's pool holds only its heads."""
 
 
-def _plan(model: Any) -> tuple[dict[str, str], dict[str, str]]:
+def _tp_styles(model: Any) -> tuple[dict[str, str], dict[str, str]]:
     cfg = model.config.get_text_config()
     tp = dict(getattr(cfg, "base_model_tp_plan", None) or {})
     ep = dict(getattr(cfg, "base_model_ep_plan", None) or {})
@@ -100,7 +100,7 @@ def shard_model(model: nn.Module, group: Any) -> int:
     modules were split. Raises TensorParallelError for a plan this cannot honour."""
     if group is None or group.size == 1:
         return 0
-    dense, experts = _plan(model)
+    dense, experts = _tp_styles(model)
     base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     swaps: list[tuple[str, nn.Module]] = []
     for name, module in base.named_modules():
