@@ -41,10 +41,10 @@ class VllmServerProcess(BenchProcess):
 def tandem_vllm_processes(workers: tuple[tuple[str, str, int | None], ...], model_dir: Path, log_dir: Path,
                           prefix: str, worker_args: tuple[str, ...] = (), router_args: tuple[str, ...] = (),
                           ) -> list[BenchProcess]:
-    """Tandem on vLLM, not started: worker/vllm/local.py's plan (`tandem up --runtime vllm`) for the
+    """Tandem on vLLM, not started: worker/vllm/local.py's processes (`tandem up --runtime vllm`) for the
     layout's workers (name, role, core), each server pinned to its core, and Tandem's router in vLLM
     mode last, on free ports; the served name is the model folder's, as the peer's."""
-    from tandem.worker.vllm.local import processes as plan
+    from tandem.worker.vllm.local import processes
 
     roles = [role for _, role, _ in workers]
     args = argparse.Namespace(
@@ -52,8 +52,8 @@ def tandem_vllm_processes(workers: tuple[tuple[str, str, int | None], ...], mode
         decode=len(roles) - roles.count("prefill"), tp=1, prefill_tp=None, decode_tp=None, threads=1,
         pin_cpus=False, worker_arg=list(worker_args),
         host="127.0.0.1", port=free_port(), short_prompt_threshold=None, router_arg=list(router_args), api_key=None)
-    *servers, router = plan(args, model_dir, model_dir.name, os.environ.get(SECRET_ENV) or secrets.token_urlsafe(32))
-    assert [s.role for s in servers] == roles, (roles, [s.role for s in servers])  # plan's order: prefill first
+    *servers, router = processes(args, model_dir, model_dir.name, os.environ.get(SECRET_ENV) or secrets.token_urlsafe(32))
+    assert [s.role for s in servers] == roles, (roles, [s.role for s in servers])  # prefill first
     procs: list[BenchProcess] = [
         VllmServerProcess(name, s.role, s.url, s.argv, cpu, log_dir / f"{prefix}-{name}.log",
                           s.env | {"VLLM_CPU_KVCACHE_SPACE": KV_GIB})
