@@ -71,14 +71,14 @@ def colliding_args(args: list[str]) -> list[str]:
 
 def kv_transfer_config(role: Role | str) -> dict | None:
     """vLLM's `--kv-transfer-config` for a role: the NixlConnector as producer (prefill) or
-    consumer (decode); None for a colocated server."""
+    consumer (decode); None for a colocated server. A decode whose KV load fails (the prefill's
+    blocks expired, the transfer broke) recomputes the prompt rather than ending the request with
+    finish_reason "error" (vLLM's default, `kv_load_failure_policy: fail`): slower, never lost."""
     if role == Role.PREFILL:
-        kv_role = "kv_producer"
-    elif role == Role.DECODE:
-        kv_role = "kv_consumer"
-    else:
-        return None
-    return {"kv_connector": "NixlConnector", "kv_role": kv_role}
+        return {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
+    if role == Role.DECODE:
+        return {"kv_connector": "NixlConnector", "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute"}
+    return None
 
 
 def kv_events_config(port: int = KV_EVENTS_PORT) -> dict:

@@ -128,3 +128,13 @@ def test_an_image_vllm_is_a_gpu_server_unless_the_device_says_cpu(tmp_path, monk
     assert "VLLM_CACHE_ROOT" not in gpu.env  # the image's vLLM keeps its own cache
     cpu = _launch(tmp_path, "--role", "decode", "--device", "cpu")
     assert _flag(cpu.argv, "--block-size") == "32" and '"kv_buffer_device":"cpu"' in _flag(cpu.argv, "--kv-transfer-config")
+
+
+def test_a_decode_recomputes_a_prompt_whose_kv_load_failed(tmp_path, monkeypatch):
+    """vLLM's default ends a request whose KV load failed with finish_reason "error"; Tandem's decode
+    servers recompute the prompt instead, so a client never loses the request to an expired lease."""
+    monkeypatch.setenv("TANDEM_CACHE", str(tmp_path / "cache"))
+    decode = json.loads(_flag(_launch(tmp_path, "--role", "decode").argv, "--kv-transfer-config"))
+    assert decode["kv_role"] == "kv_consumer" and decode["kv_load_failure_policy"] == "recompute"
+    prefill = json.loads(_flag(_launch(tmp_path, "--role", "prefill").argv, "--kv-transfer-config"))
+    assert "kv_load_failure_policy" not in prefill
