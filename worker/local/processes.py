@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,8 +26,36 @@ from typing import Any
 PR_SET_PDEATHSIG = 1
 
 
+# Ports handed out by free_port in this process: never twice, so servers started together differ.
+_HANDED_OUT: set[int] = set()
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _below_ephemeral() -> tuple[int, int] | None:
+    """Ports below the OS's ephemeral range (where it picks for bind(0) and connect()), or None."""
+    try:
+        low = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (max(1024, low - 12_000), low) if low - 1024 >= 2_000 else None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` right now (the OS picks it)."""
+    """A TCP port free on `host` right now, for a server to bind a moment later. Chosen below the
+    OS's ephemeral range: a port the OS picked (bind to 0) could be given to another process's own
+    socket before the server binds it (vLLM's ZMQ sockets took one: "Address already in use")."""
+    span = _below_ephemeral()
+    for _ in range(200 if span else 0):
+        port = random.randrange(*span)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

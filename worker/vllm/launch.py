@@ -19,7 +19,6 @@ import argparse
 import hashlib
 import os
 import shutil
-import socket
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from tandem.contracts.vllm_serve import (
     serve_args,
     serve_env,
 )
+from tandem.worker.local.processes import free_port as local_free_port
 
 PLUGIN = "tandem_vllm_cpu_fixes"  # the module name cpu_fixes.py has in vLLM's interpreter
 VLLM_ENV = "TANDEM_VLLM"  # the `vllm` executable to run (an image's); default: the cached CPU install
@@ -164,9 +164,7 @@ def plugin_dir(root: Path) -> Path:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    return local_free_port("")
 
 
 def launch_for(cfg: object, args: argparse.Namespace, env: dict[str, str] | None = None) -> Launch:
