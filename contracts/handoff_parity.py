@@ -1,5 +1,7 @@
-"""The handoff parity report: what a router serves at GET /internal/parity and the operator reads for
-the HandoffVerified condition. One definition for both sides.
+"""The router's report of its workers: what a router serves at GET /internal/parity and the operator
+reads, one router per service, for the HandoffVerified condition (the workers' parity standing) and
+KVTransferReady (their KV health as the router's last poll of /internal/info found it, so the operator
+never asks every worker itself). One definition for both sides.
 
 Each router checks every prefill/decode pairing it routes through (router/parity/decisions.py): a fixed probe
 goes through prefill-then-decode (the KV handed off over the real transport) and through the decode
@@ -13,6 +15,8 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any
+
+from tandem.contracts.kv_health import KVHealth
 
 PARITY_PATH = "/internal/parity"
 
@@ -90,11 +94,15 @@ class WorkerParity:
 @dataclass
 class ParityReport:
     """GET /internal/parity. `enabled` false: the router does not probe (every pairing is used
-    unchecked, as before the probe existed)."""
+    unchecked, as before the probe existed); it still reports its workers' KV health."""
 
     enabled: bool
     workers: list[WorkerParity] = field(default_factory=list)
     probes_total: dict[str, int] = field(default_factory=dict)  # by ProbeOutcome
+    # worker URL -> its KV health, from the router's last poll of it (workers of a runtime without
+    # one are absent); unreachable: worker URL -> why the router's last poll of it failed.
+    kv_health: dict[str, KVHealth] = field(default_factory=dict)
+    unreachable: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -106,5 +114,11 @@ class ParityReport:
         if not isinstance(d.get("enabled"), bool) or not isinstance(d.get("workers", []), list):
             raise ValueError("not a parity report")
         totals = d.get("probes_total") or {}
+        health = d.get("kv_health") or {}
+        unreachable = d.get("unreachable") or {}
+        if not isinstance(health, dict) or not isinstance(unreachable, dict):
+            raise ValueError("not a parity report")
         return cls(enabled=d["enabled"], workers=[WorkerParity.from_dict(w) for w in d.get("workers", [])],
-                   probes_total={str(k): int(v) for k, v in totals.items()})
+                   probes_total={str(k): int(v) for k, v in totals.items()},
+                   kv_health={str(url): KVHealth.from_dict(h) for url, h in health.items()},
+                   unreachable={str(url): str(why) for url, why in unreachable.items()})

@@ -1,5 +1,6 @@
-"""The KV transfer health document: what a worker serves at /internal/kv/health and the operator
-reads for KVTransferReady. One definition for both sides."""
+"""The KV transfer health document: what a worker serves at /internal/kv/health and in its
+/internal/info (WorkerInfo.kv_health), which its routers poll and pass on in their report
+(ParityReport.kv_health) for the operator's KVTransferReady. One definition for every side."""
 
 from __future__ import annotations
 

@@ -28,7 +28,8 @@ Endpoints every worker serves (aiohttp, see worker/server/):
   POST /internal/kv/check       {"request_id", "lease_token", "block_ids"} -> {"ok"}: may these blocks
                                 be read under that lease? Asked by the worker's own tensor-parallel
                                 ranks before they serve a read (the leases live on rank 0)
-  GET  /internal/kv/health      KV transfer health, read by the operator for KVTransferReady
+  GET  /internal/kv/health      KV transfer health (also in /internal/info: the routers pass it on
+                                to the operator, for KVTransferReady)
   GET  /internal/tokenizer      TokenizerFiles: the served model's tokenizer and chat template, so
                                 the router tokenizes as the workers do without a model volume
                                 (WorkerInfo.tokenizer_sha256 names them; equal digests, equal files)
@@ -63,6 +64,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.kv_source import KVSource
 from tandem.contracts.names import Role
 from tandem.contracts.sampling import SamplingParams
@@ -225,6 +227,10 @@ class WorkerInfo:
     # The KV cache's dtype ("float32", "bfloat16", ...; "" while loading): how closely two workers'
     # log probabilities can agree (the router's handoff parity probe, router/parity/decisions.py).
     dtype: str = ""
+    # The worker's KV transfer health, as at /internal/kv/health; None from a runtime without one
+    # (vLLM). Its routers report it (ParityReport.kv_health), so the operator asks one router per
+    # service instead of every worker.
+    kv_health: KVHealth | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -233,6 +239,8 @@ class WorkerInfo:
     def from_dict(cls, d: dict[str, Any]) -> WorkerInfo:
         d = dict(d)
         d["role"] = Role(d["role"])
+        health = d.get("kv_health")
+        d["kv_health"] = KVHealth.from_dict(health) if isinstance(health, dict) else None
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 

@@ -61,8 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--no-kv-probe", dest="kv_probe", action="store_false", default=None,
-        help="do not probe the workers' /internal/kv/health (KVTransferReady stays Unknown/NotProbed;"
-        " $TANDEM_KV_PROBE=0)",
+        help="do not read the routers' reports of their workers' KV health and handoff parity"
+        " (KVTransferReady stays Unknown/NotProbed; $TANDEM_KV_PROBE=0)",
     )
     parser.add_argument(
         "--kv-probe-timeout-seconds", type=float, default=None, metavar="S",

@@ -47,7 +47,7 @@ class OperatorConfig:
     vllm_tag: str = DEFAULT_IMAGE_TAG
     pull_policy: str = DEFAULT_PULL_POLICY
     resync_seconds: float = DEFAULT_RESYNC_SECONDS
-    kv_probe: bool = True  # GET each ready worker's /internal/kv/health for KVTransferReady
+    kv_probe: bool = True  # GET each ready router's report: the workers' KV health and parity
     kv_probe_timeout_s: float = DEFAULT_KV_PROBE_TIMEOUT_SECONDS
     metrics_timeout_s: float = DEFAULT_METRICS_TIMEOUT_SECONDS  # the planner's GET of one pod's /metrics
     # Annotate the pods a scale-down removes (pod-deletion-cost): needs `pods: patch` where they run.

@@ -1,8 +1,8 @@
 """One pass over one InferenceService (`run_pass`): read it, observe its children from the watch,
 (plan), `act` (the planner's decision, the model check, render, apply), observe again what the apply
-returned, probe the workers, `conclude` (status written once, events). `act` and `conclude` run in
-a thread (the Kubernetes client is synchronous); the work queue (tandem.operator.controller) runs
-one pass at a time per service: no lock.
+returned, read the routers' reports (handoff parity, the workers' KV health), `conclude` (status
+written once, events). `act` and `conclude` run in a thread (the Kubernetes client is synchronous);
+the work queue (tandem.operator.controller) runs one pass at a time per service: no lock.
 
 An idle pass costs no API call but the internal Secret's create-if-absent (the one child the
 operator does not watch, since it never reads a Secret): its children come from the watch
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from kubernetes import client
 from tandem.contracts.runtimes import DEFAULT_RUNTIME
-from tandem.operator import api_client, probe, router_parity
+from tandem.operator import api_client, router_parity
 from tandem.operator.act import act, secret_due
 from tandem.operator.autoscaling.autoscaler import Planning, autoscale
 from tandem.operator.conclude import conclude, parse_spec
@@ -85,7 +85,7 @@ class Outcome:
 
 
 async def run_pass(ctx: PassContext, key: Key, work: Work, state: ServiceState) -> Outcome | None:
-    """Read, observe, (plan), act, observe, probe, conclude. None when the InferenceService is gone
+    """Read, observe, (plan), act, observe, read the routers, conclude. None when the InferenceService is gone
     (or going: the garbage collector removes the children)."""
     memory = state.memory
     body = await read_service(ctx, key, memory)
@@ -99,9 +99,9 @@ async def run_pass(ctx: PassContext, key: Key, work: Work, state: ServiceState) 
     seen = ctx.watched.seen(key)
     await _complete_owners(ctx.api, key[0], seen, memory.owners)
     before = observe(seen, key[1], uid, memory.owners, groups)
-    decision = kv = None
+    decision = None
     if work.plan and spec is not None:
-        decision, kv = await autoscale(state.planning, uid, spec, before, ctx.config, ctx.session)
+        decision = await autoscale(state.planning, uid, spec, before, ctx.config, ctx.session)
         if decision is not None:
             ctx.metrics.decided(*key, decision, state.planning.snapshot)
     act_args = (ctx.api, body, ctx.config, work, memory, decision, before, seen)
@@ -111,10 +111,10 @@ async def run_pass(ctx: PassContext, key: Key, work: Work, state: ServiceState) 
     if not acted.unchanged:  # what the apply returned is newer than what the watch has seen yet
         seen = seen.overlaid(acted.result.stored, gone=acted.result.pruned)
         obs = observe(seen, key[1], uid, memory.owners, groups)
-    if kv is None:  # vLLM's servers have no KV health report: not asked (KVTransferReady NotApplicable)
-        runtime = spec.runtime.name if spec is not None else DEFAULT_RUNTIME
-        kv = await probe.probe_workers(obs, ctx.config, ctx.session, runtime)
     parity = await router_parity.read_routers(obs, ctx.config, ctx.session)
+    # vLLM's servers have no KV health report (KVTransferReady NotApplicable): none is looked for
+    tandem = spec is None or spec.runtime.name == DEFAULT_RUNTIME
+    kv = router_parity.worker_health(obs, parity) if tandem else None
     memory.version = await asyncio.to_thread(conclude, ctx.api, body, ctx.config, memory, acted, obs, decision, kv,
                                              parity, seen)
     if work.trigger is Trigger.SPEC:

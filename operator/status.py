@@ -6,8 +6,8 @@ Conditions (type, status, CamelCase reason, message, lastTransitionTime, observe
                                           scheduler's own message
   HandoffVerified                         from the routers' handoff parity probes
                                           (tandem.operator.handoff_condition)
-  KVTransferReady                         from probing every ready prefill/decode pod's
-                                          /internal/kv/health (kv_condition): True Healthy; False
+  KVTransferReady                         from every ready prefill/decode pod's KV health as
+                                          its routers report it (kv_condition): True Healthy; False
                                           TransferFailing / RDMAFallback / BandwidthBelowFloor;
                                           Unknown Unreachable / NoWorkers / NotProbed (probing off) /
                                           NotApplicable (runtime vllm: no such report)
@@ -76,12 +76,13 @@ def role_observation(workload: dict[str, Any], pods: list[dict[str, Any]]) -> Ro
 
 @dataclass
 class KVProbe:
-    """One worker pod's answer to GET /internal/kv/health (health None when it did not answer)."""
+    """One worker pod's KV health as its routers report it (tandem.operator.router_parity.worker_health;
+    health None when none did, `error` says why)."""
 
     pod: str
     role: str
     health: KVHealth | None = None
-    error: str | None = None  # why the probe got no answer
+    error: str | None = None  # why no router reported its health
 
 
 @dataclass
@@ -280,7 +281,7 @@ def kv_condition(spec: InferenceServiceSpec | None, probes: list[KVProbe] | None
                  + (p.error or "answered without a KV transport (still loading, or --kv-backend none)")
                  for p in unreachable]
         return condition(type_, "Unknown", "Unreachable",
-                         "cannot read /internal/kv/health of " + "; ".join(parts))
+                         "no KV transfer health for " + "; ".join(parts))
     paths: dict[str, int] = {}
     for p in answered:
         network = p.health.transport.network if p.health.transport else "unknown"

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tandem.contracts.handoff_parity import ParityState
+from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import WorkerInfo
 from tandem.router.journey import Charge
@@ -117,6 +118,15 @@ class WorkerSet:
 
     def views(self) -> list[WorkerView]:
         return [e.view(self.parity) for e in self._entries.values()]
+
+    def kv_health(self) -> tuple[dict[str, KVHealth], dict[str, str]]:
+        """Each worker's KV health as its last poll reported it (URL -> KVHealth), and why each worker
+        whose last poll failed could not be asked (URL -> error): the router's report passes both on
+        to the operator (ParityReport), which then never asks every worker itself."""
+        health = {url: e.info.kv_health for url, e in self._entries.items()
+                  if e.info is not None and e.info.kv_health is not None}
+        unreachable = {url: e.last_error for url, e in self._entries.items() if e.info is None and e.failed}
+        return health, unreachable
 
     def snapshot(self, request: RequestInfo | None = None) -> Snapshot:
         """Everything a policy may read, frozen now: the views, the prefix-cache tokens each worker

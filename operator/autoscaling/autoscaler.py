@@ -24,7 +24,6 @@ restart. A role in External mode needs no planning.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, replace
 
@@ -33,7 +32,7 @@ from tandem.contracts.names import pod_ready, pod_url
 from tandem.operator import probe
 from tandem.operator.config import OperatorConfig
 from tandem.operator.spec import COMPONENTS, AutoscalingSpec, InferenceServiceSpec
-from tandem.operator.status import KVProbe, Observation
+from tandem.operator.status import Observation
 from tandem.planning.autoscaling.planner import Decision, PlannerState, plan
 from tandem.planning.autoscaling.snapshot import MetricsWindow, ScrapeRound, Snapshot
 
@@ -52,25 +51,24 @@ class Planning:
 
 async def autoscale(planning: Planning, uid: str | None, spec: InferenceServiceSpec, obs: Observation,
                     config: OperatorConfig, session: aiohttp.ClientSession | None = None
-                    ) -> tuple[Decision | None, list[KVProbe] | None]:
-    """One decision for one service from its pods' metrics (None: nothing to decide), and the KV
-    probes taken alongside. Updates `planning` in place."""
+                    ) -> Decision | None:
+    """One decision for one service from its pods' metrics (None: nothing to decide). Updates
+    `planning` in place."""
     a = spec.autoscaling
     if a is None or not any(a.owns(role) for role in a.roles):
-        return None, None  # External only: status reports what the Deployments run
+        return None  # External only: status reports what the Deployments run
     if uid != planning.uid or (planning.window is not None and planning.window.window_s != a.window_s):
         planning.uid, planning.window, planning.state = uid, None, None
     if any(role not in obs.roles for role in a.roles):
-        return None, None  # the Deployments are not there yet: the apply creates them first
+        return None  # the Deployments are not there yet: the apply creates them first
     stamp = time.monotonic()
-    scrape, kv = await asyncio.gather(scrape_round(obs, stamp, config.metrics_timeout_s, session),
-                                      probe.probe_workers(obs, config, session))
+    scrape = await scrape_round(obs, stamp, config.metrics_timeout_s, session)
     planning.window = (planning.window or MetricsWindow(float(a.window_s))).add(scrape)
     current = {role: obs.roles[role].replicas for role in a.roles}
     seeded = _seeded(planning.state, a, current, stamp)
     planning.snapshot = planning.window.snapshot()
     decision, planning.state = plan(planning.snapshot, current, a, seeded, stamp)
-    return decision, kv
+    return decision
 
 
 def _seeded(state: PlannerState | None, spec: AutoscalingSpec, current: dict[str, int], stamp: float) -> PlannerState:

@@ -173,12 +173,15 @@ class ParityChecker:
 
 
 def add_routes(app: web.Application, router: Any) -> None:
-    """GET /internal/parity: every worker's standing (a ParityReport). Open, like /metrics: the
-    operator reads it for HandoffVerified without the service's secrets; it names workers, no data."""
+    """GET /internal/parity: every worker's standing and KV health (a ParityReport). Open, like
+    /metrics: the operator reads it for HandoffVerified and KVTransferReady without the service's
+    secrets; it names workers, no data."""
 
     async def report(request: web.Request) -> web.Response:
         checker: ParityChecker | None = router.parity
         doc = checker.report() if checker is not None else ParityReport(enabled=False)
+        if router.workers is not None:
+            doc.kv_health, doc.unreachable = router.workers.kv_health()
         return web.json_response(doc.to_dict())
 
     app.router.add_get(PARITY_PATH, report)

@@ -1,4 +1,5 @@
-"""KVTransferReady from the workers' /internal/kv/health answers: one test per reason, and the probe's I/O."""
+"""KVTransferReady from the workers' KV health, as their routers report it: one test per reason, how
+the routers' reports are combined, and the read's I/O."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import asyncio
 import socket
 
 from aiohttp import web
+from tandem.contracts.handoff_parity import PARITY_PATH, ParityReport
 from tandem.contracts.kv_health import KVHealth, TransportInfo
-from tandem.operator.probe import HEALTH_PATH, Target, probe_all, targets
+from tandem.operator.config import OperatorConfig
+from tandem.operator.handoff_condition import RouterParity
+from tandem.operator.router_parity import read_routers, worker_health
 from tandem.operator.spec import InferenceServiceSpec
 from tandem.operator.status import (
     KVProbe,
@@ -95,50 +99,93 @@ def _pod(name, role, ip, ready=True, port=8000):
             "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
-def test_targets_are_the_ready_worker_pods():
-    obs = Observation(roles={
-        "prefill": RoleObservation(pods=[_pod("p-a", "prefill", "127.50.0.2"),
-                                         _pod("p-b", "prefill", "127.50.0.3", ready=False)]),
-        "decode": RoleObservation(pods=[_pod("d-a", "decode", "127.50.0.4", port=9000)]),
-        "router": RoleObservation(pods=[_pod("r-a", "router", "127.50.0.5")]),
-    })
-    assert targets(obs) == [
-        Target("d-a", "decode", f"http://127.50.0.4:9000{HEALTH_PATH}"),
-        Target("p-a", "prefill", f"http://127.50.0.2:8000{HEALTH_PATH}"),
-    ]
+def _report(health: dict | None = None, unreachable: dict | None = None) -> ParityReport:
+    return ParityReport(enabled=True, kv_health=health or {}, unreachable=unreachable or {})
 
 
-async def test_probe_all_reports_answers_and_failures_concurrently():
-    async def health(_):
-        return web.json_response(_health().to_dict())
+OBS = Observation(roles={
+    "prefill": RoleObservation(pods=[_pod("p-a", "prefill", "127.50.0.2"),
+                                     _pod("p-b", "prefill", "127.50.0.3", ready=False)]),
+    "decode": RoleObservation(pods=[_pod("d-a", "decode", "127.50.0.4", port=9000),
+                                    _pod("d-b", "decode", "127.50.0.6")]),
+    "router": RoleObservation(pods=[_pod("r-a", "router", "127.50.0.5")]),
+})
+
+
+def test_worker_health_comes_from_the_routers_reports_of_owned_ready_pods():
+    """Each ready worker pod's health is what a router reported under its URL; a pod still starting
+    is not judged; a URL no owned pod has (a copied-label impostor the router found) is ignored."""
+    ok, bad = _health(), _health(healthy=False, failures_total={"pull": 2}, last_error="refused")
+    report = _report({"http://127.50.0.2:8000": ok, "http://127.50.0.4:9000": ok,
+                      "http://127.50.0.3:8000": bad, "http://127.50.0.99:8000": bad},
+                     {"http://127.50.0.6:8000": "connection refused"})
+    got = worker_health(OBS, [RouterParity("r-a", report)])
+    assert [(p.pod, p.role) for p in got] == [("d-a", "decode"), ("d-b", "decode"), ("p-a", "prefill")]
+    by_pod = {p.pod: p for p in got}
+    assert by_pod["p-a"].health is ok and by_pod["d-a"].health is ok
+    assert by_pod["d-b"].health is None and by_pod["d-b"].error == "its router cannot reach it: connection refused"
+    c = kv_condition(TCP, got)
+    assert (c["reason"], "d-b" in c["message"], "127.50.0.99" in c["message"]) == ("Unreachable", True, False)
+
+
+def test_the_unhealthy_report_wins_when_routers_disagree():
+    ok, bad = _health(), _health(healthy=False, failures_total={"pull": 1}, last_error="peer gone")
+    one = {"http://127.50.0.2:8000": ok, "http://127.50.0.4:9000": ok, "http://127.50.0.6:8000": ok}
+    two = dict(one) | {"http://127.50.0.4:9000": bad}
+    for order in ([RouterParity("r-a", _report(one)), RouterParity("r-b", _report(two))],
+                  [RouterParity("r-b", _report(two)), RouterParity("r-a", _report(one))]):
+        c = kv_condition(TCP, worker_health(OBS, order))
+        assert (c["reason"], "d-a" in c["message"], "peer gone" in c["message"]) == ("TransferFailing", True, True)
+
+
+def test_a_worker_no_router_reports_says_why():
+    assert worker_health(OBS, None) is None  # --no-kv-probe: routers not read
+    assert {p.error for p in worker_health(OBS, [])} == {"no router pod is ready to report it"}
+    unread = worker_health(OBS, [RouterParity("r-a", error="HTTP 302 from http://x: a redirect")])
+    assert {p.error for p in unread} == {"no router report names it (router pod r-a: HTTP 302 from http://x: a redirect)"}
+    fresh = worker_health(OBS, [RouterParity("r-a", _report())])
+    assert {p.error for p in fresh} == {"no router has polled it yet"}
+
+
+async def test_routers_are_read_concurrently_and_a_failure_says_why():
+    report = _report({"http://127.50.0.2:8000": _health()}).to_dict()
+
+    async def parity(_):
+        return web.json_response(report)
 
     async def slow(_):
-        await asyncio.sleep(5)
-        return web.json_response(_health().to_dict())
+        await asyncio.sleep(2.5)
+        return web.json_response(report)
 
     app = web.Application()
-    app.router.add_get(HEALTH_PATH, health)
-    app.router.add_get("/slow" + HEALTH_PATH, slow)
+    app.router.add_get(PARITY_PATH, parity)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
+    slow_app = web.Application()
+    slow_app.router.add_get(PARITY_PATH, slow)
+    slow_runner = web.AppRunner(slow_app)
+    await slow_runner.setup()
+    slow_site = web.TCPSite(slow_runner, "127.0.0.2", 0)
+    await slow_site.start()
+    slow_port = slow_site._server.sockets[0].getsockname()[1]
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("127.0.0.3", 0))
         closed = s.getsockname()[1]
+    obs = Observation(roles={"router": RoleObservation(pods=[
+        _pod("ok", "router", "127.0.0.1", port=port), _pod("slow", "router", "127.0.0.2", port=slow_port),
+        _pod("gone", "router", "127.0.0.3", port=closed)])})
     try:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        got = await probe_all([
-            Target("ok", "prefill", f"http://127.0.0.1:{port}{HEALTH_PATH}"),
-            Target("slow", "decode", f"http://127.0.0.1:{port}/slow{HEALTH_PATH}"),
-            Target("gone", "decode", f"http://127.0.0.1:{closed}{HEALTH_PATH}"),
-        ], timeout_s=1.0)
+        got = await read_routers(obs, OperatorConfig(kv_probe_timeout_s=1.0))
         assert loop.time() - t0 < 3
     finally:
         await runner.cleanup()
-    by_pod = {p.pod: p for p in got}
-    assert by_pod["ok"].health.healthy is True and by_pod["ok"].error is None
-    assert by_pod["slow"].health is None and "in time" in by_pod["slow"].error
-    assert by_pod["gone"].health is None and str(closed) in by_pod["gone"].error
+        await slow_runner.cleanup()
+    by_pod = {r.pod: r for r in got}
+    assert by_pod["ok"].report.kv_health["http://127.50.0.2:8000"].healthy is True and by_pod["ok"].error is None
+    assert by_pod["slow"].report is None and "in time" in by_pod["slow"].error
+    assert by_pod["gone"].report is None and str(closed) in by_pod["gone"].error

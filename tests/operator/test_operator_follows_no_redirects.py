@@ -1,5 +1,5 @@
 """The operator follows no redirect from a pod (issue 28 item 8): a tenant's pod that answers the
-KV health probe, the metrics scrape or the parity read with a 3xx could otherwise point the shared
+metrics scrape or the router report's read (handoff parity and the workers' KV health) with a 3xx could otherwise point the shared
 operator at any address it can reach, and that address's answer would land in the service's status.
 A redirect is a failure that says so, and the address it names is never asked. Real HTTP servers on
 loopback, no cluster."""
@@ -12,12 +12,13 @@ from tandem.contracts.handoff_parity import PARITY_PATH, ParityReport
 from tandem.contracts.kv_health import KVHealth
 from tandem.operator.config import OperatorConfig
 from tandem.operator.metrics import METRICS
-from tandem.operator.probe import HEALTH_PATH, Target, probe_all, read_metrics
+from tandem.operator.probe import read_metrics
 from tandem.operator.router_parity import read_routers
 from tandem.operator.status import Observation, RoleObservation
 from tandem.testing.pod_http import worker_metrics
 
-HEALTHY = KVHealth(backend="tcp", healthy=True).to_dict()
+HEALTHY = KVHealth(backend="tcp", healthy=True)
+WORKER = "http://127.50.0.2:8000"  # a worker the healthy report vouches for
 
 
 class Server:
@@ -47,8 +48,9 @@ class Server:
 
 def healthy_target() -> Server:
     """What an address elsewhere answers: everything the operator asks, healthy."""
-    answers = {HEALTH_PATH: lambda: web.json_response(HEALTHY), "/metrics": lambda: web.Response(body=worker_metrics()),
-               PARITY_PATH: lambda: web.json_response(ParityReport(enabled=True).to_dict())}
+    report = ParityReport(enabled=True, kv_health={WORKER: HEALTHY})
+    answers = {"/metrics": lambda: web.Response(body=worker_metrics()),
+               PARITY_PATH: lambda: web.json_response(report.to_dict())}
 
     async def answer(request: web.Request) -> web.Response:
         return answers[request.path]()
@@ -85,26 +87,26 @@ async def test_the_healthy_address_answers_when_asked_directly():
     """The control: without the redirect, the same probes would count that address as healthy."""
     target = healthy_target()
     async with target as url:
-        (kv,) = await probe_all([Target("p-0", "prefill", url + HEALTH_PATH)], timeout_s=5)
+        obs = Observation(roles={"router": RoleObservation(True, 1, 1, [router_pod(url)])})
+        (parity,) = await read_routers(obs, OperatorConfig(kv_probe_timeout_s=5))
         (scrape,) = await read_metrics([("d-0", "decode", True, url + "/metrics")], timeout_s=5)
-    assert kv.error is None and kv.health.healthy and scrape.error is None
+    assert parity.error is None and parity.report.kv_health[WORKER].healthy and scrape.error is None
 
 
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
 async def test_a_redirecting_pod_fails_every_probe_and_the_target_is_never_asked(status):
     target = healthy_target()
-    before = redirect_failures("kv_health"), redirect_failures("metrics")
+    before = redirect_failures("router_report"), redirect_failures("metrics")
     async with target as elsewhere:
         pod = redirecting_pod(elsewhere, status)
         async with pod as url:
-            (kv,) = await probe_all([Target("p-0", "prefill", url + HEALTH_PATH)], timeout_s=5)
             (scrape,) = await read_metrics([("d-0", "decode", True, url + "/metrics")], timeout_s=5)
             obs = Observation(roles={"router": RoleObservation(True, 1, 1, [router_pod(url)])})
             (parity,) = await read_routers(obs, OperatorConfig(kv_probe_timeout_s=5))
     assert target.hits == [], f"the operator followed the redirect to {target.hits}"
-    assert sorted(pod.hits) == sorted([HEALTH_PATH, "/metrics", PARITY_PATH])
-    for error in (kv.error, scrape.error, parity.error):
+    assert sorted(pod.hits) == sorted(["/metrics", PARITY_PATH])
+    for error in (scrape.error, parity.error):
         assert f"HTTP {status} from {url}" in error and "does not follow" in error, error
         assert elsewhere not in error, "the redirect's target is not echoed into status"
-    assert kv.health is None and scrape.reading is None and parity.report is None
-    assert redirect_failures("kv_health") == before[0] + 1 and redirect_failures("metrics") == before[1] + 1
+    assert scrape.reading is None and parity.report is None
+    assert redirect_failures("router_report") == before[0] + 1 and redirect_failures("metrics") == before[1] + 1

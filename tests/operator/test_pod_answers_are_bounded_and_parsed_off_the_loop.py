@@ -1,5 +1,5 @@
 """What a pod answers the shared operator is bounded (issue 21.2): an InferenceService author chooses
-the image, so a pod may answer the KV probe or the metrics scrape with gigabytes, or a gzip bomb.
+the image, so a pod may answer the router report's read or the metrics scrape with gigabytes, or a gzip bomb.
 The operator reads at most a fixed number of bytes, never inflates a compressed answer, and parses
 metrics off its event loop. Real HTTP servers on loopback, no cluster."""
 
@@ -12,13 +12,8 @@ import json
 from aiohttp import web
 from tandem.contracts.kv_health import KVHealth
 from tandem.operator import probe
-from tandem.operator.probe import (
-    HEALTH_MAX_BYTES,
-    METRICS_MAX_BYTES,
-    Target,
-    probe_all,
-    read_metrics,
-)
+from tandem.operator.probe import METRICS_MAX_BYTES, get_all, read_metrics
+from tandem.operator.router_parity import PARITY_MAX_BYTES
 
 HEALTHY = KVHealth(backend="tcp", healthy=True).to_dict()
 BIG = 64 * 1024 * 1024
@@ -47,12 +42,12 @@ class Hostile:
         return resp
 
     async def bomb(self, _: web.Request) -> web.Response:
-        # A valid health document followed by 64 MiB of whitespace: ~64 KiB on the wire.
+        # A valid document followed by 64 MiB of whitespace: ~64 KiB on the wire.
         body = gzip.compress(json.dumps(HEALTHY).encode() + b" " * BIG, compresslevel=9)
         return web.Response(body=body, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
 
     async def announced(self, _: web.Request) -> web.Response:
-        return web.Response(body=b" " * (HEALTH_MAX_BYTES + 1), content_type="application/json")
+        return web.Response(body=b" " * (PARITY_MAX_BYTES + 1), content_type="application/json")
 
     async def __aenter__(self) -> str:
         self.runner = web.AppRunner(self.app)
@@ -75,14 +70,14 @@ async def test_an_endless_metrics_page_is_cut_at_the_limit():
 
 async def test_a_gzip_bomb_is_refused_not_inflated():
     async with Hostile() as url:
-        (kv,) = await probe_all([Target("p-0", "prefill", url + "/bomb")], timeout_s=30)
-    assert kv.health is None and "Content-Encoding gzip" in kv.error, kv
+        ((body, error),) = await get_all([url + "/bomb"], 30, PARITY_MAX_BYTES)
+    assert body is None and "Content-Encoding gzip" in error, error
 
 
 async def test_an_announced_oversize_answer_is_refused_before_reading():
     async with Hostile() as url:
-        (kv,) = await probe_all([Target("p-0", "prefill", url + "/announced")], timeout_s=30)
-    assert kv.health is None and f"more than {HEALTH_MAX_BYTES} bytes" in kv.error, kv
+        ((body, error),) = await get_all([url + "/announced"], 30, PARITY_MAX_BYTES)
+    assert body is None and f"more than {PARITY_MAX_BYTES} bytes" in error, error
 
 
 def _large_page(series: int) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from tandem.contracts.handoff_parity import ParityReport, ParityState, ProbeOutcome
+from tandem.testing.cluster import free_port
 from tandem.testing.router_process import RouterProcess
 from tandem.testing.scraped import scrape, value
 from tandem.testing.worker_process import WorkerProcess
@@ -93,6 +94,20 @@ def test_a_good_pairing_is_proven_exactly_and_handed_off(workers):
         assert value(m, "tandem_router_routes_total", route="disaggregated") == 1
         assert value(m, "tandem_router_parity_probes_total", outcome="match") == 1
         assert value(m, "tandem_router_parity_workers", state="verified") == 2
+        # the same report passes on each worker's KV health from its /internal/info (for the operator's
+        # KVTransferReady, which then asks the routers, not every worker)
+        report = parity(r.url)
+        assert sorted(report.kv_health) == sorted([workers["prefill"], workers["decode"]]), report.kv_health
+        assert {(h.backend, h.healthy) for h in report.kv_health.values()} == {("tcp", True)}
+        assert report.unreachable == {}
+
+
+def test_the_report_says_which_worker_the_router_cannot_reach(workers):
+    gone = f"http://127.0.0.1:{free_port()}"
+    with router("--prefill", workers["prefill"], "--decode", workers["decode"], "--decode", gone) as r:
+        report = parity(r.url)
+        assert sorted(report.kv_health) == sorted([workers["prefill"], workers["decode"]])
+        assert list(report.unreachable) == [gone] and gone in report.unreachable[gone], report.unreachable
 
 
 def test_a_decode_worker_with_other_weights_is_caught_and_gets_no_kv(workers):
@@ -120,7 +135,9 @@ def test_without_the_probe_the_same_pairing_serves_mixed_text(workers):
     """The control: the broken pairing really is broken (what the probe keeps clients from)."""
     alone = direct_answer(workers["other"])
     with router("--prefill", workers["prefill"], "--decode", workers["other"], "--no-parity-probe") as r:
-        assert parity(r.url) == ParityReport(enabled=False)
+        report = parity(r.url)
+        assert (report.enabled, report.workers, sorted(report.kv_health)) == (
+            False, [], sorted([workers["prefill"], workers["other"]])), "no verdicts; the KV health still passed on"
         assert complete(r.url) != alone
         assert value(scrape(r.url + "/metrics"), "tandem_router_routes_total", route="disaggregated") == 1
 

@@ -12,7 +12,7 @@ from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.names import KVBackend
 from tandem.worker.server.http_errors import error_response
 from tandem.worker.server.parsing import request_id_body
-from tandem.worker.server.state import STATE_KEY
+from tandem.worker.server.state import STATE_KEY, WorkerState
 
 log = logging.getLogger("tandem.worker.server")
 
@@ -44,8 +44,10 @@ async def metadata(request: web.Request) -> web.Response:
     return web.json_response(state.transport.metadata())
 
 
+def kv_health(state: WorkerState) -> KVHealth:
+    """The worker's KV transfer health: GET /internal/kv/health, and WorkerInfo.kv_health."""
+    return KVHealth(backend=KVBackend.NONE) if state.transport is None else state.transport.health()
+
+
 async def health(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
-    if state.transport is None:
-        return web.json_response(KVHealth(backend=KVBackend.NONE).to_dict())
-    return web.json_response(state.transport.health().to_dict())
+    return web.json_response(kv_health(request.app[STATE_KEY]).to_dict())
