@@ -29,6 +29,6 @@ class Memory:
     # (the InferenceService's resourceVersion, watch.Seen.fingerprint) when a pass last found every
     # child as rendered: while both hold, nothing needs rendering again
     settled: tuple[str | None, frozenset] | None = None
-    # (the spec as stored, serialized; the typed spec or None; why it cannot be used): a spec is
-    # parsed once, not every pass (parsing costs milliseconds, an idle pass less)
+    # (what names the spec as stored, conclude._spec_key; the typed spec or None; why it cannot be
+    # used): a spec is parsed once, not every pass (parsing costs milliseconds, an idle pass less)
     parsed: tuple[str, Any, str | None] | None = None

@@ -1,9 +1,11 @@
 """KVTransferReady on the real control plane, with real workers standing in for the pods.
 
 The scheduler places the InferenceService's pods on KWOK nodes, KWOK gives them loopback IPs, and
-a real `tandem worker` runs at each pod's IP and rendered port. The operator (a subprocess) probes
-them for KVTransferReady; a real `tandem router --kubernetes` finds them through the API server and
-serves a streaming chat request that hands KV from prefill to decode over TCP.
+a real `tandem worker` runs at each worker pod's IP and rendered port, a real `tandem router
+--kubernetes` at the router pod's: it finds the workers through the API server, polls their
+/internal/info (which carries their KV health) and serves a streaming chat request that hands KV
+from prefill to decode over TCP. The operator (a subprocess) reads the router's report for
+KVTransferReady, never the workers themselves.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import re
 import openai
 import pytest
 from kubernetes import client
-from tandem.testing.cluster import free_port, wait_until
+from tandem.testing.cluster import wait_until
 from tandem.testing.k8s_events import wait_events
 from tandem.testing.kube_nodes import POOL_LABEL
+from tandem.testing.pod_workers import ready_pods
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 
@@ -76,6 +79,11 @@ def worker_pods(api, namespace: str, name: str) -> dict[str, dict]:
     return wait_until(found, timeout=60, what=f"{name}'s prefill and decode pods Ready with an IP")
 
 
+def router_pod(api, namespace: str, name: str) -> dict:
+    return wait_until(lambda: ready_pods(api, namespace, name, "router") or None, timeout=60,
+                      what=f"{name}'s router pod Ready")[0]
+
+
 def kv_condition(api, namespace: str, name: str) -> dict:
     tis = client.CustomObjectsApi(api).get_namespaced_custom_object(*GVP[:2], namespace, GVP[2], name)
     conditions = (tis.get("status") or {}).get("conditions") or []
@@ -111,12 +119,15 @@ def test_tcp_workers_are_healthy_serve_through_the_router_and_a_dead_one_is_unre
     assert all(p["status"]["podIP"].startswith(prefix) for p in pods.values()), k8s.pod_cidr
     workers = {role: procs.worker_for_pod(pod, toy_model_dir) for role, pod in pods.items()}
     procs.wait_ready(list(workers.values()))
+    c = wait_kv(api, namespace, name, "Unknown", "Unreachable",
+                naming=tuple(p["metadata"]["name"] for p in pods.values()))
+    assert "no router has polled it yet" in c["message"] or "no router report names it" in c["message"], c
 
-    c = wait_kv(api, namespace, name, "True", "Healthy")
-    assert c["message"] == "2 workers report tcp over tcp"
-
-    router = procs.router(namespace, name, free_port(), k8s.kubeconfig)
+    router = procs.router_for_pod(router_pod(api, namespace, name), k8s.kubeconfig)
     procs.wait_ready([router])
+    c = wait_kv(api, namespace, name, "True", "Healthy")
+    # (and, once the router's parity probe has handed KV off, what that transfer measured)
+    assert c["message"].split("; ")[0] == "2 workers report tcp over tcp", c
     oai = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     model = oai.models.list().data[0].id
     stream = oai.chat.completions.create(
@@ -136,18 +147,19 @@ def test_tcp_workers_are_healthy_serve_through_the_router_and_a_dead_one_is_unre
 
     workers["decode"].kill()
     c = wait_kv(api, namespace, name, "Unknown", "Unreachable", timeout=10)
-    assert pods["decode"]["metadata"]["name"] in c["message"]
+    assert pods["decode"]["metadata"]["name"] in c["message"] and "its router cannot reach it" in c["message"], c
     assert pods["prefill"]["metadata"]["name"] not in c["message"]
 
 
 def test_rdma_spec_served_over_tcp_is_an_rdma_fallback_with_a_warning(
-    api, operator, namespace, procs, toy_model_dir
+    k8s, api, operator, namespace, procs, toy_model_dir
 ):
     name = "roce"
     apply_service(api, namespace, name, gpu_roce_spec(str(toy_model_dir)))
     pods = worker_pods(api, namespace, name)
     # The workers cannot reach RDMA (no device here): they move KV over TCP.
     workers = [procs.worker_for_pod(pod, toy_model_dir, kv_backend="tcp") for pod in pods.values()]
+    workers.append(procs.router_for_pod(router_pod(api, namespace, name), k8s.kubeconfig))
     procs.wait_ready(workers)
 
     c = wait_kv(api, namespace, name, "False", "RDMAFallback",
