@@ -15,6 +15,21 @@ from prometheus_client.registry import Collector
 from tandem.worker.kv.health import KVTransferMetrics
 
 
+def _model_server_protocol(eng: Any) -> Iterator[Any]:
+    """What the Gateway API Inference Extension's model-server protocol asks of a model server beyond
+    its queue (tandem_worker_waiting_sequences, TotalQueuedRequests) and its running requests
+    (tandem_worker_running_sequences, TotalRunningRequests): KVCacheUtilization as one gauge, and the
+    block size as a label (docs/gateway.md names them for an endpoint picker's flags)."""
+    total = eng.allocator.num_blocks
+    yield GaugeMetricFamily("tandem_worker_kv_cache_usage_perc", "KV cache usage, 0 to 1 (blocks in use / "
+                            "blocks): the model-server protocol's KVCacheUtilization, as vLLM's kv_cache_usage_perc",
+                            value=eng.allocator.num_used / total if total else 0.0)
+    info = GaugeMetricFamily("tandem_worker_cache_config_info", "The KV cache's configuration, in its labels "
+                             "(the model-server protocol's BlockSize)", labels=["block_size", "num_blocks", "cache_dtype"])
+    info.add_metric([str(eng.layout.block_size), str(total), str(eng.layout.dtype)], 1)
+    yield info
+
+
 class EngineCollector(Collector):
     def __init__(self, get_engine: Callable[[], Any], get_problem: Callable[[], str | None] = lambda: None):
         self.get_engine = get_engine  # returns the Engine, or None while the model loads
@@ -39,6 +54,7 @@ class EngineCollector(Collector):
                                 "holds are free)", value=eng.allocator.num_used)
         yield GaugeMetricFamily("tandem_worker_kv_blocks_total", "KV pool blocks", value=eng.allocator.num_blocks)
         yield GaugeMetricFamily("tandem_worker_kv_block_size_tokens", "Tokens per KV block", value=eng.layout.block_size)
+        yield from _model_server_protocol(eng)
         yield CounterMetricFamily("tandem_worker_prompt_tokens", "Prompt tokens admitted", value=s.prompt_tokens_total)
         yield CounterMetricFamily("tandem_worker_generation_tokens", "Tokens generated", value=s.generation_tokens_total)
         yield CounterMetricFamily("tandem_worker_preemptions", "Sequences preempted for recompute",
