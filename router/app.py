@@ -8,10 +8,12 @@ that ends early for any reason has every worker it touched told to abort it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -22,8 +24,9 @@ from tandem.contracts.names import Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER
 from tandem.router import tokenize_api
 from tandem.router.chat_fields import decode_echo
-from tandem.router.config import RouterConfig
+from tandem.router.config import RouterConfig, flow_config
 from tandem.router.errors import RouterError, bad_request, no_worker
+from tandem.router.flow_control import FlowController, FlowRefused, flow_of
 from tandem.router.journey import ClientRequest
 from tandem.router.kv_feed import KVEventFeed
 from tandem.router.metrics import RouterMetrics
@@ -96,6 +99,7 @@ class Router:
             max_stop_chars=config.max_stop_chars, tool_call_parser=config.tool_call_parser,
         )
         self.discovery = discovery  # None: static targets from config
+        self.flow = FlowController(flow_config(config))  # off unless max_concurrent_requests is set
         self.created = int(time.time())
         self.session: aiohttp.ClientSession | None = None
         self.workers: WorkerSet | None = None
@@ -203,6 +207,31 @@ class Router:
             await self.session.close()
 
     # --- small endpoints ----------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, request: web.Request) -> AsyncIterator[None]:
+        """The request's turn at the flow control gate, held until its answer is sent (a no-op when
+        flow control is off)."""
+        if not self.flow.config.enabled:
+            yield
+            return
+        token = request.headers.get("Authorization", "").partition(" ")[2].strip() or None
+        flow, priority = flow_of(request.headers, token, self.flow.config)
+        t0 = time.monotonic()
+        self.metrics.flow_waiting.inc()
+        waiting = True
+        try:
+            async with self.flow.admit(flow, priority):
+                waiting = False
+                self.metrics.flow_waiting.dec()
+                self.metrics.flow_wait.observe(time.monotonic() - t0)
+                yield
+        except FlowRefused as refused:
+            self.metrics.flow_refused.labels(refused.reason).inc()
+            raise
+        finally:
+            if waiting:  # refused, or gone before its turn
+                self.metrics.flow_waiting.dec()
 
     def _check_auth(self, request: web.Request) -> None:
         key = self.config.api_key
@@ -336,12 +365,13 @@ class Router:
                     endpoint, request_id, parsed.model, int(time.time()), parsed.include_usage
                 )
                 assert self.responder is not None
-                if parsed.stream:
-                    resp, status = await self.responder.stream(request, parsed, shape, record, t0)
-                else:
-                    resp = await self.responder.complete(parsed, shape, record, t0)
-                    status = "200"
-                    self.metrics.e2e.observe(time.monotonic() - t0)
+                async with self._turn(request):
+                    if parsed.stream:
+                        resp, status = await self.responder.stream(request, parsed, shape, record, t0)
+                    else:
+                        resp = await self.responder.complete(parsed, shape, record, t0)
+                        status = "200"
+                        self.metrics.e2e.observe(time.monotonic() - t0)
                 return resp
             except RouterError as err:
                 status = str(err.status)

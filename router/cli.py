@@ -21,6 +21,7 @@ _FLAGS = (
     "log_level", "max_stop_chars", "tool_call_parser", "busy_wait_s", "write_timeout_s", "stream_send_buffer_bytes",
     "shutdown_grace_s", "prefill_saturated_tokens", "decode_headroom_sequences", "prefix_sequence_cost_tokens",
     "tokenizer", "parity_probe", "parity_tolerance", "parity_recheck_s", "kv_events_port",
+    "max_concurrent_requests", "flow_band_capacity", "flow_ttl_s",
 )
 
 
@@ -104,6 +105,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shutdown-grace-s", type=float, default=None,
                         help="on SIGTERM: stop being ready, then let streams finish for this long "
                         f"(default {d.shutdown_grace_s})")
+    parser.add_argument("--max-concurrent-requests", type=int, default=None, metavar="N",
+                        help="flow control: at most N requests go on to the workers at once, the rest wait "
+                        "in one queue per flow (fairness id x priority) and take turns (default "
+                        f"{d.max_concurrent_requests}: off)")
+    parser.add_argument("--flow-band-capacity", type=int, default=None, metavar="N",
+                        help="flow control: requests waiting per priority band before a new one gets 429 "
+                        f"(default {d.flow_band_capacity})")
+    parser.add_argument("--flow-ttl-s", type=float, default=None, metavar="S",
+                        help=f"flow control: a request waits at most this long, then gets 429 (default {d.flow_ttl_s:g})")
+    parser.add_argument("--objective", action="append", default=[], metavar="NAME=PRIORITY",
+                        help="flow control: requests naming objective NAME (x-gateway-inference-objective) "
+                        "have this integer priority; higher goes first, others 0 (repeatable)")
     parser.add_argument("--no-parity-probe", dest="parity_probe", action="store_false", default=None,
                         help="hand KV across every pairing unchecked (default: only across pairings the "
                         "handoff parity probe proved)")
@@ -128,6 +141,19 @@ def _endpoints(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def _objectives(items: list[str]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        name, sep, priority = item.partition("=")
+        try:
+            if not (sep and name.strip()):
+                raise ValueError
+            out[name.strip()] = int(priority)
+        except ValueError:
+            raise SystemExit(f"tandem router: --objective takes NAME=PRIORITY (an integer), got {item!r}") from None
+    return out
+
+
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
     """Defaults < --config file < env TANDEM_API_KEY < flags; the internal secret from
     $TANDEM_INTERNAL_SECRET only."""
@@ -141,6 +167,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         values["kubernetes"] = True
     if args.kv_events:
         values["kv_events_endpoints"] = _endpoints(args.kv_events)
+    if args.objective:
+        values["objectives"] = {**config.objectives, **_objectives(args.objective)}
     if "api_key" not in values and os.environ.get("TANDEM_API_KEY"):
         values["api_key"] = os.environ["TANDEM_API_KEY"]
     config = apply(config, values, "flags")

@@ -22,6 +22,7 @@ from tandem.contracts.routing import (
 )
 from tandem.contracts.runtimes import DEFAULT_RUNTIME, Runtime
 from tandem.contracts.vllm_serve import KV_EVENTS_PORT
+from tandem.router.flow_control import FlowConfig
 from tandem.router.policies.registry import check_policy
 from tandem.router.runtimes.registry import check_runtime
 
@@ -83,6 +84,12 @@ class RouterConfig:
     parity_probe_timeout_s: float = 30.0
     log_format: str = "text"
     log_level: str = "info"
+    # Flow control (router/flow_control.py): requests past the router's gate at once (0: off), waiting
+    # requests per priority band, how long one may wait, objective name -> priority.
+    max_concurrent_requests: int = 0
+    flow_band_capacity: int = 256
+    flow_ttl_s: float = 30.0
+    objectives: dict[str, int] = field(default_factory=dict)
 
 
 _SECTIONS = {"limits", "routing", "timeouts", "discovery", "server", "router"}
@@ -123,6 +130,7 @@ def apply(config: RouterConfig, values: dict[str, Any], source: str) -> RouterCo
         check_policy(out.policy)
         _check_routing(out)
         _check_kv_events(out)
+        _check_flow(out)
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
     return out
@@ -137,6 +145,24 @@ def _check_kv_events(c: RouterConfig) -> None:
     if not isinstance(c.kv_events_endpoints, dict) or bad:
         raise ValueError("kv_events_endpoints maps a worker URL (http://...) to a ZMQ endpoint (tcp://HOST:PORT), "
                          f"got {bad or c.kv_events_endpoints!r}")
+
+
+def _check_flow(c: RouterConfig) -> None:
+    for name, least in (("max_concurrent_requests", 0), ("flow_band_capacity", 1)):
+        value = getattr(c, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    if not isinstance(c.flow_ttl_s, int | float) or isinstance(c.flow_ttl_s, bool) or not 0 < c.flow_ttl_s < float("inf"):
+        raise ValueError(f"flow_ttl_s must be a number of seconds > 0, got {c.flow_ttl_s!r}")
+    bad = {k: v for k, v in (c.objectives or {}).items()
+           if not (isinstance(k, str) and k and isinstance(v, int) and not isinstance(v, bool))} \
+        if isinstance(c.objectives, dict) else c.objectives
+    if bad:
+        raise ValueError(f"objectives maps an objective's name to an integer priority, got {bad!r}")
+
+
+def flow_config(c: RouterConfig) -> FlowConfig:
+    return FlowConfig(c.max_concurrent_requests, c.flow_band_capacity, float(c.flow_ttl_s), dict(c.objectives))
 
 
 def _check_routing(c: RouterConfig) -> None:

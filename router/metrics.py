@@ -36,6 +36,20 @@ class RouterMetrics:
         self.in_flight = Gauge(
             "tandem_requests_in_flight", "Generation requests being served now.", registry=r
         )
+        self.flow_waiting = Gauge(
+            "tandem_router_flow_waiting", "Requests waiting at the flow control gate for their turn.", registry=r
+        )
+        self.flow_wait = Histogram(
+            "tandem_router_flow_wait_seconds", "How long a request waited at the flow control gate.",
+            registry=r, buckets=_LATENCY_BUCKETS,
+        )
+        self.flow_refused = Counter(
+            "tandem_router_flow_refused",
+            "Requests refused by flow control (429): their band was full, or they waited past the TTL.",
+            ["reason"], registry=r,
+        )
+        for reason in ("band_full", "ttl"):
+            self.flow_refused.labels(reason)
         self.requests = Counter(
             "tandem_requests",
             "Generation requests by outcome: the HTTP status, 499 for a client that went away, "

@@ -89,7 +89,7 @@ async def info(request: web.Request) -> web.Response:
         outstanding_prompt_tokens=eng.outstanding_prompt_tokens() if eng else 0,
         tokenizer_sha256=tokenizer_files.digest(request.app),
         dtype=eng.layout.dtype if eng else "",
-        kv_health=kv_peer.kv_health(state),
+        kv_health=kv_peer.transfer_health(state),
     ).to_dict()
     if eng is not None:
         doc |= {"kv_blocks_free": eng.allocator.num_free, "kv_blocks_total": eng.allocator.num_blocks,

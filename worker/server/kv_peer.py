@@ -44,10 +44,10 @@ async def metadata(request: web.Request) -> web.Response:
     return web.json_response(state.transport.metadata())
 
 
-def kv_health(state: WorkerState) -> KVHealth:
+def transfer_health(state: WorkerState) -> KVHealth:
     """The worker's KV transfer health: GET /internal/kv/health, and WorkerInfo.kv_health."""
     return KVHealth(backend=KVBackend.NONE) if state.transport is None else state.transport.health()
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.json_response(kv_health(request.app[STATE_KEY]).to_dict())
+    return web.json_response(transfer_health(request.app[STATE_KEY]).to_dict())
