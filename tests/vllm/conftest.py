@@ -85,7 +85,7 @@ def vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_toy_model(tmp_path_factory.getbasetemp() / "vllm-toy-llama", **DEFAULT_TOY)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm_servers(vllm_installed: Path, vllm_model: Path, tmp_path_factory: pytest.TempPathFactory):
     port = free_port()
     colocated = ManagedProcess(
