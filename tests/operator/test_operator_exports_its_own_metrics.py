@@ -43,16 +43,16 @@ def test_reconciles_errors_queue_and_scrape_failures_are_counted(api, start_oper
         m = scrape(operator)
         return m if (value(m, "tandem_operator_reconciles_total", trigger="resync") >= 2
                      and value(m, "tandem_operator_reconcile_errors_total", reason="ApplyFailed") >= 1
-                     and value(m, "tandem_operator_scrape_failures_total", kind="kv_health") >= 1) else None
+                     and value(m, "tandem_operator_scrape_failures_total", kind="router_report") >= 1) else None
 
-    m = wait_until(counted, timeout=90, what="resyncs, an ApplyFailed and a failed KV probe counted")
+    m = wait_until(counted, timeout=90, what="resyncs, an ApplyFailed and a failed read of a router's report counted")
     assert value(m, "tandem_operator_reconciles_total", trigger="spec") >= 2
     assert value(m, "tandem_operator_reconciles_total", trigger="child") >= 1
     passes = value(m, "tandem_operator_reconciles_total")
     assert value(m, "tandem_operator_reconcile_duration_seconds_count") >= passes - 8, "every finished pass timed"
     assert value(m, "tandem_operator_queue_wait_seconds_count") >= passes - 8
-    assert value(m, "tandem_operator_scrape_failures_total", kind="kv_health", reason="refused") >= 1, \
-        "the pods' IPs answer nothing: connection refused"
+    assert value(m, "tandem_operator_scrape_failures_total", kind="router_report", reason="refused") >= 1, \
+        "the router pods' IPs answer nothing: connection refused"
     assert ("tandem_operator_queue_depth", ()) in m and ("tandem_operator_queue_active", ()) in m
 
     # The operator keeps state for exactly the InferenceServices that exist (all namespaces: other
