@@ -25,7 +25,7 @@ class FakeEngine:
         self.num_running, self.num_waiting = running, waiting
         self.leases = dict.fromkeys(range(leases))
         self.allocator = SimpleNamespace(num_used=used, num_blocks=total)
-        self.layout = SimpleNamespace(block_size=16)
+        self.layout = SimpleNamespace(block_size=16, dtype="float32")
         self.outstanding = outstanding
 
     def outstanding_prompt_tokens(self) -> int:
