@@ -147,6 +147,17 @@ def test_a_worker_no_router_reports_says_why():
     assert {p.error for p in fresh} == {"no router has polled it yet"}
 
 
+async def _serve(ip: str, handler) -> tuple[web.AppRunner, int]:
+    """A router's report served by `handler` at ip, on a free port: (its runner, the port)."""
+    app = web.Application()
+    app.router.add_get(PARITY_PATH, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, ip, 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]
+
+
 async def test_routers_are_read_concurrently_and_a_failure_says_why():
     report = _report({"http://127.50.0.2:8000": _health()}).to_dict()
 
@@ -157,20 +168,8 @@ async def test_routers_are_read_concurrently_and_a_failure_says_why():
         await asyncio.sleep(2.5)
         return web.json_response(report)
 
-    app = web.Application()
-    app.router.add_get(PARITY_PATH, parity)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    slow_app = web.Application()
-    slow_app.router.add_get(PARITY_PATH, slow)
-    slow_runner = web.AppRunner(slow_app)
-    await slow_runner.setup()
-    slow_site = web.TCPSite(slow_runner, "127.0.0.2", 0)
-    await slow_site.start()
-    slow_port = slow_site._server.sockets[0].getsockname()[1]
+    runner, port = await _serve("127.0.0.1", parity)
+    slow_runner, slow_port = await _serve("127.0.0.2", slow)
     with socket.socket() as s:
         s.bind(("127.0.0.3", 0))
         closed = s.getsockname()[1]
