@@ -16,6 +16,9 @@ class RouteReason(enum.StrEnum):
     CACHED_PREFIX = "cached_prefix"  # the decode worker holds all but a short tail of the prompt
     PARITY_UNVERIFIED = "parity_unverified"  # no pair the handoff parity probe has proven yet
     PARITY_MISMATCH = "parity_mismatch"  # the handoff parity probe found the pair disagreeing
+    # behind a gateway (contracts/gateway.py), the decode pod's sidecar follows the picker's choice:
+    GATEWAY_DECODE = "gateway_decode"  # the picker named no prefill worker: the decode worker prefills
+    GATEWAY_PREFILL_UNUSABLE = "gateway_prefill_unusable"  # none it named may hand KV to this decode worker
 
 
 class RoutingPolicy(enum.StrEnum):

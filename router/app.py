@@ -13,12 +13,13 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tandem.contracts import gateway
 from tandem.contracts.json_body import BodyError, decode_json
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER
@@ -33,7 +34,7 @@ from tandem.router.metrics import RouterMetrics
 from tandem.router.orchestrator import Orchestrator
 from tandem.router.parity import checker as parity_checker
 from tandem.router.parity.checker import ParityChecker
-from tandem.router.policies.base import PolicySettings, RoutingPolicy
+from tandem.router.policies.base import Pinned, PolicySettings, RoutingPolicy
 from tandem.router.policies.registry import policy_class
 from tandem.router.prefix_index import PrefixIndex
 from tandem.router.responses import Responder
@@ -51,11 +52,20 @@ from tandem.router.validation import (
 from tandem.router.worker_client import WorkerClient
 from tandem.router.workers import Target, WorkerSet
 
+if TYPE_CHECKING:
+    from tandem.router.picker import PickerServer
+
 log = logging.getLogger("tandem.router")
 
 ROUTER_KEY: web.AppKey[Router] = web.AppKey("router")
 TOKENIZER_START_WAIT_S = 10.0  # at start-up, how long a tokenizer fetch from a ready worker may delay serving
 PARITY_START_WAIT_S = 10.0  # at start-up, how long proving the ready pairings may delay serving
+
+
+def _bearer(headers: Mapping[str, str]) -> str | None:
+    """The API key of `Authorization: Bearer KEY` (None without one)."""
+    scheme, _, token = headers.get("Authorization", headers.get("authorization", "")).partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
 
 
 def _error_response(err: RouterError, request_id: str | None = None) -> web.Response:
@@ -109,6 +119,7 @@ class Router:
         self.index: PrefixIndex | None = None  # only for a policy that routes by prefix
         self.feed: KVEventFeed | None = None
         self.parity: ParityChecker | None = None  # the handoff parity probe (parity/checker.py)
+        self.picker: PickerServer | None = None  # the endpoint picker (picker.py), with --ext-proc-port
         self._poller: asyncio.Task | None = None
         self.draining = False  # SIGTERM: not ready, new requests refused, streams finish
         self._active = 0  # generation requests being served
@@ -160,6 +171,11 @@ class Router:
         await asyncio.gather(self.tokens.wait_loaded(TOKENIZER_START_WAIT_S),
                              self.parity.settle(PARITY_START_WAIT_S) if self.parity else asyncio.sleep(0))
         self._poller = asyncio.create_task(self.workers.run())
+        if self.config.ext_proc_port:
+            from tandem.router.picker import PickerServer
+
+            self.picker = PickerServer(self, self.config.host, self.config.ext_proc_port)
+            await self.picker.start()
 
     def _policy(self, client: WorkerClient) -> RoutingPolicy:
         """The configured policy; for one that routes by prefix, the index the workers' KV events feed
@@ -192,6 +208,8 @@ class Router:
             return False
 
     async def stop(self, app: web.Application) -> None:
+        if self.picker is not None:
+            await self.picker.stop()
         if self.discovery is not None:
             self.discovery.stop()
         if self._poller is not None:
@@ -209,14 +227,13 @@ class Router:
     # --- small endpoints ----------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _turn(self, request: web.Request) -> AsyncIterator[None]:
+    async def turn(self, headers: Mapping[str, str]) -> AsyncIterator[None]:
         """The request's turn at the flow control gate, held until its answer is sent (a no-op when
-        flow control is off)."""
+        flow control is off); `headers` are the request's (its flow, its objective)."""
         if not self.flow.config.enabled:
             yield
             return
-        token = request.headers.get("Authorization", "").partition(" ")[2].strip() or None
-        flow, priority = flow_of(request.headers, token, self.flow.config)
+        flow, priority = flow_of(headers, _bearer(headers), self.flow.config)
         t0 = time.monotonic()
         self.metrics.flow_waiting.inc()
         waiting = True
@@ -233,13 +250,12 @@ class Router:
             if waiting:  # refused, or gone before its turn
                 self.metrics.flow_waiting.dec()
 
-    def _check_auth(self, request: web.Request) -> None:
+    def check_auth(self, headers: Mapping[str, str]) -> None:
         key = self.config.api_key
         if not key:
             return
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        token = _bearer(headers)
+        if token is None or not hmac.compare_digest(token.encode(), key.encode()):
             raise RouterError(
                 401,
                 "Missing or incorrect API key: send 'Authorization: Bearer <key>'.",
@@ -268,7 +284,7 @@ class Router:
         return web.json_response({"status": status, "workers": self._counts()}, status=200 if ok else 503)
 
     async def models(self, request: web.Request) -> web.Response:
-        self._check_auth(request)
+        self.check_auth(request.headers)
         assert self.workers is not None
         model = self.workers.listed_model()
         data = [] if model is None else [
@@ -310,7 +326,15 @@ class Router:
         except BodyError as exc:
             raise RouterError(exc.status, str(exc), "invalid_request_error", exc.param, exc.code) from None
 
-    async def _tokenize(self, parsed: ParsedRequest) -> None:
+    async def _pin(self, parsed: ParsedRequest, headers: Mapping[str, str]) -> None:
+        """Behind a gateway, as a decode pod's sidecar (`gateway_decode`): the request decodes on this
+        pod's worker, prefilled on the worker the gateway's picker named (contracts/gateway.py), which
+        the policy checks against the workers this router knows (policies/base.py `pinned_route`)."""
+        decode = self.config.gateway_decode
+        if decode:
+            parsed.pinned = Pinned(decode.rstrip("/"), tuple(gateway.parse_endpoints(headers.get(gateway.PREFILL_HEADER))))
+
+    async def tokenize(self, parsed: ParsedRequest) -> None:
         """Replace the prompt or messages by their token ids when the router tokenizes (tokenizer_sync.py)."""
         assert self.tokens is not None
         try:
@@ -350,7 +374,7 @@ class Router:
             try:
                 if self.draining:
                     raise no_worker("this router is shutting down; retry (another replica serves).", 1)
-                self._check_auth(request)
+                self.check_auth(request.headers)
                 body = await self._read_body(request)
                 parsed = parse_request(body, endpoint, self.limits)
                 served = self.workers.model()
@@ -359,13 +383,14 @@ class Router:
                 check_model(parsed.model, served)
                 if parsed.echo_ids:
                     parsed.echo = decode_echo(self.tokens, parsed.prompt_token_ids or [])
-                await self._tokenize(parsed)
+                await self._pin(parsed, request.headers)
+                await self.tokenize(parsed)
                 self._default_max_tokens(parsed)
                 shape = ResponseShape(
                     endpoint, request_id, parsed.model, int(time.time()), parsed.include_usage
                 )
                 assert self.responder is not None
-                async with self._turn(request):
+                async with self.turn(request.headers):
                     if parsed.stream:
                         resp, status = await self.responder.stream(request, parsed, shape, record, t0)
                     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from tandem.contracts import gateway
 from tandem.contracts.internal_auth import load_secret
 from tandem.router.config import RouterConfig, apply, check_complete, load_yaml
 from tandem.router.policies.registry import POLICIES
@@ -21,7 +22,8 @@ _FLAGS = (
     "log_level", "max_stop_chars", "tool_call_parser", "busy_wait_s", "write_timeout_s", "stream_send_buffer_bytes",
     "shutdown_grace_s", "prefill_saturated_tokens", "decode_headroom_sequences", "prefix_sequence_cost_tokens",
     "tokenizer", "parity_probe", "parity_tolerance", "parity_recheck_s", "kv_events_port",
-    "max_concurrent_requests", "flow_band_capacity", "flow_ttl_s",
+    "max_concurrent_requests", "flow_band_capacity", "flow_ttl_s", "ext_proc_port", "gateway_port",
+    "gateway_decode",
 )
 
 
@@ -117,6 +119,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--objective", action="append", default=[], metavar="NAME=PRIORITY",
                         help="flow control: requests naming objective NAME (x-gateway-inference-objective) "
                         "have this integer priority; higher goes first, others 0 (repeatable)")
+    parser.add_argument("--ext-proc-port", type=int, default=None, metavar="PORT",
+                        help="also serve as a Gateway API Inference Extension endpoint picker: Envoy's "
+                        "ext_proc (and gRPC health) on PORT, picking with this router's policy "
+                        f"(default {d.ext_proc_port}: off; the extension's port is {gateway.PICKER_PORT})")
+    parser.add_argument("--gateway-port", type=int, default=None, metavar="PORT",
+                        help="picker: the port of the decode pods' sidecars the picked endpoint names "
+                        "(default: the worker's own port)")
+    parser.add_argument("--gateway-endpoint", action="append", default=[], metavar="URL=HOST:PORT",
+                        help="picker: the endpoint the gateway reaches the decode worker at URL through "
+                        "(repeatable; several pods on one host)")
+    parser.add_argument("--gateway-decode", default=None, metavar="URL",
+                        help="serve as a decode pod's sidecar behind a gateway: every request decodes on the "
+                        f"worker at URL, its prompt prefilled on the worker the picker names ({gateway.PREFILL_HEADER})")
     parser.add_argument("--no-parity-probe", dest="parity_probe", action="store_false", default=None,
                         help="hand KV across every pairing unchecked (default: only across pairings the "
                         "handoff parity probe proved)")
@@ -130,13 +145,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default=None)
 
 
-def _endpoints(pairs: list[str]) -> dict[str, str]:
-    """--kv-events URL=ENDPOINT flags as a mapping (the URL itself holds no '=')."""
+def _endpoints(pairs: list[str], flag: str = "--kv-events") -> dict[str, str]:
+    """URL=ENDPOINT flags as a mapping (the URL itself holds no '=')."""
     out = {}
     for pair in pairs:
         url, sep, endpoint = pair.partition("=")
         if not sep:
-            raise SystemExit(f"tandem router: --kv-events wants URL=ENDPOINT, got {pair!r}")
+            raise SystemExit(f"tandem router: {flag} wants URL=ENDPOINT, got {pair!r}")
         out[url.rstrip("/")] = endpoint
     return out
 
@@ -167,6 +182,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         values["kubernetes"] = True
     if args.kv_events:
         values["kv_events_endpoints"] = _endpoints(args.kv_events)
+    if args.gateway_endpoint:
+        values["gateway_endpoints"] = _endpoints(args.gateway_endpoint, "--gateway-endpoint")
     if args.objective:
         values["objectives"] = {**config.objectives, **_objectives(args.objective)}
     if "api_key" not in values and os.environ.get("TANDEM_API_KEY"):

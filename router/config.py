@@ -90,6 +90,15 @@ class RouterConfig:
     flow_band_capacity: int = 256
     flow_ttl_s: float = 30.0
     objectives: dict[str, int] = field(default_factory=dict)
+    # Behind a gateway (contracts/gateway.py). The endpoint picker: Envoy's ext_proc over gRPC on this
+    # port (0: off); it names a decode worker's pod by its sidecar: per worker URL an endpoint
+    # (several on one host), else the worker's host at gateway_port (0: the worker's own port).
+    ext_proc_port: int = 0
+    gateway_port: int = 0
+    gateway_endpoints: dict[str, str] = field(default_factory=dict)
+    # A decode pod's sidecar: every request decodes on this worker (its URL), prefilled on the worker
+    # the picker named in x-gateway-prefill-endpoints (None: not a sidecar)
+    gateway_decode: str | None = None
 
 
 _SECTIONS = {"limits", "routing", "timeouts", "discovery", "server", "router"}
@@ -131,6 +140,7 @@ def apply(config: RouterConfig, values: dict[str, Any], source: str) -> RouterCo
         _check_routing(out)
         _check_kv_events(out)
         _check_flow(out)
+        _check_gateway(out)
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
     return out
@@ -159,6 +169,22 @@ def _check_flow(c: RouterConfig) -> None:
         if isinstance(c.objectives, dict) else c.objectives
     if bad:
         raise ValueError(f"objectives maps an objective's name to an integer priority, got {bad!r}")
+
+
+def _check_gateway(c: RouterConfig) -> None:
+    for name in ("ext_proc_port", "gateway_port"):
+        value = getattr(c, name)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 65536:
+            raise ValueError(f"{name} must be a port number (0: off), got {value!r}")
+    bad = [f"{k}={v}" for k, v in (c.gateway_endpoints or {}).items()
+           if not (isinstance(k, str) and k.startswith(("http://", "https://")) and isinstance(v, str)
+                   and re.fullmatch(r"[^\s,/]+:\d+", v))]
+    if not isinstance(c.gateway_endpoints, dict) or bad:
+        raise ValueError("gateway_endpoints maps a decode worker URL (http://...) to the endpoint the gateway "
+                         f"reaches its pod at (HOST:PORT), got {bad or c.gateway_endpoints!r}")
+    if c.gateway_decode is not None and not (isinstance(c.gateway_decode, str)
+                                             and c.gateway_decode.startswith(("http://", "https://"))):
+        raise ValueError(f"gateway_decode is the URL of the pod's decode worker (http://...), got {c.gateway_decode!r}")
 
 
 def flow_config(c: RouterConfig) -> FlowConfig:

@@ -99,8 +99,8 @@ def request_info(req: ParsedRequest, request_id: str) -> RequestInfo:
     """What the policy sees of a request: its size (exact for token ids, else estimated)."""
     if req.prompt_token_ids is not None:
         return RequestInfo(request_id, len(req.prompt_token_ids), list(req.prompt_token_ids),
-                           cache_salt=req.cache_salt)
-    return RequestInfo(request_id, estimate_tokens(req.prompt_chars()), cache_salt=req.cache_salt)
+                           cache_salt=req.cache_salt, pinned=req.pinned)
+    return RequestInfo(request_id, estimate_tokens(req.prompt_chars()), cache_salt=req.cache_salt, pinned=req.pinned)
 
 
 @dataclass

@@ -50,6 +50,25 @@ class RouterMetrics:
         )
         for reason in ("band_full", "ttl"):
             self.flow_refused.labels(reason)
+        # the endpoint picker (picker.py), when the router serves ext_proc
+        self.picker_picks = Counter(
+            "tandem_router_picker_picks", "Requests the endpoint picker routed, by route reason.", ["route"], registry=r,
+        )
+        self.picker_refused = Counter(
+            "tandem_router_picker_refused",
+            "Requests the endpoint picker answered itself (a 4xx, 429 from flow control, 503), by HTTP status.",
+            ["status"], registry=r,
+        )
+        self.picker_served = Counter(
+            "tandem_router_picker_served",
+            "Responses whose gateway reported the endpoint that served them: followed=true when it is the "
+            "one the picker chose.", ["followed"], registry=r,
+        )
+        self.picker_seconds = Histogram(
+            "tandem_router_picker_seconds",
+            "From a request's body to the picker's answer: reading, tokenizing, the flow control turn, routing.",
+            registry=r, buckets=_LATENCY_BUCKETS,
+        )
         self.requests = Counter(
             "tandem_requests",
             "Generation requests by outcome: the HTTP status, 499 for a client that went away, "

@@ -71,7 +71,7 @@ async def detokenize(router: Any, body: Any) -> dict[str, Any]:
 
 def add_routes(app: web.Application, router: Any) -> None:
     async def tokenize_route(request: web.Request) -> web.Response:
-        router._check_auth(request)
+        router.check_auth(request.headers)
         body = await router._read_body(request)
         check = body.get("model") if isinstance(body, dict) else None
         if check is not None:
@@ -81,7 +81,7 @@ def add_routes(app: web.Application, router: Any) -> None:
         return web.json_response(await tokenize(router, body, router.limits))
 
     async def detokenize_route(request: web.Request) -> web.Response:
-        router._check_auth(request)
+        router.check_auth(request.headers)
         body = await router._read_body(request)
         return web.json_response(await detokenize(router, body))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tandem.contracts import request_limits as defaults
 from tandem.contracts.json_body import INT_MAX, INT_MIN
@@ -24,6 +24,9 @@ from tandem.router.sampling_fields import is_int as _is_int
 from tandem.router.sampling_fields import is_number as _is_number
 from tandem.router.sampling_fields import is_token_id, parse_controls
 from tandem.router.tools import ToolRequest, arguments_as_objects, parse_tools
+
+if TYPE_CHECKING:
+    from tandem.router.policies.base import Pinned
 
 __all__ = ["Endpoint", "Limits", "ParsedRequest", "check_model", "check_prompt_tokens", "parse_messages",
            "parse_request"]
@@ -67,6 +70,7 @@ class ParsedRequest:
     tools: ToolRequest | None = None  # tools.py
     max_tokens_given: bool = True  # False: the default applies (the rest of the context, app.py)
     cache_salt: str | None = None  # the tenant's prefix-cache salt (vLLM's name): shares KV only with the same salt
+    pinned: Pinned | None = None  # behind a gateway: the workers its picker chose (set by app.py, not the body)
 
     def prompt_chars(self) -> int:
         """Size of the prompt in characters, for an estimate when its tokens are unknown (policies.base)."""

@@ -40,6 +40,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from tandem.contracts import gateway
 from tandem.contracts.handoff_parity import ParityState
 from tandem.contracts.names import Role
 from tandem.contracts.prefix import block_hashes, request_salt
@@ -98,6 +99,16 @@ class WorkerView:
 
 
 @dataclass(frozen=True)
+class Pinned:
+    """The workers a gateway's endpoint picker chose (contracts/gateway.py), which the decode pod's
+    sidecar follows: decode on `decode` (a worker URL), prefill on the first usable worker of
+    `prefill` (endpoints `host:port`; none: the decode worker prefills the prompt itself)."""
+
+    decode: str
+    prefill: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class RequestInfo:
     """What a policy knows about one request."""
 
@@ -105,6 +116,7 @@ class RequestInfo:
     prompt_tokens: int  # exact when the token ids are known, else estimate_tokens(characters)
     prompt_token_ids: list[int] | None = None  # the router tokenized it, or the client sent ids
     cache_salt: str | None = None  # the tenant's salt: its blocks are named apart (contracts.prefix)
+    pinned: Pinned | None = None  # behind a gateway: the workers its picker chose
     _hashes: dict[tuple[int, bytes], list[bytes]] = field(default_factory=dict, compare=False, repr=False)
 
     def block_hashes(self, block_size: int, salt: bytes = b"") -> list[bytes]:
@@ -223,6 +235,29 @@ def pick_kv_compat(prefill: Iterable[WorkerView], decode: Iterable[WorkerView]) 
     return max(newest, key=lambda g: (newest[g], g))
 
 
+def pinned_route(request: RequestInfo, snap: Snapshot) -> Route | None:
+    """The route a gateway's picker chose for `request`, checked against what this router knows: decode
+    on the pinned worker, prefill on the first named worker that may hand it KV (a ready prefill
+    worker of its kv_compat, both proven by the parity probe where it runs), else on the decode
+    worker itself. None when nothing is pinned or the pinned decode worker is not ready here (the
+    policy then routes as without a gateway)."""
+    pin = request.pinned
+    if pin is None:
+        return None
+    decode = next((w for w in snap.workers if w.url == pin.decode and w.ready and w.serves_decode), None)
+    if decode is None:
+        return None
+    if not pin.prefill:
+        return Route(decode, None, RouteReason.GATEWAY_DECODE)
+    by_endpoint = {gateway.endpoint_of(w.url): w for w in snap.workers}
+    for endpoint in pin.prefill:
+        w = by_endpoint.get(endpoint)
+        if (w is not None and w.ready and w.role is Role.PREFILL and w.kv_compat == decode.kv_compat
+                and w.handoff_allowed and decode.handoff_allowed):
+            return Route(decode, w, RouteReason.DISAGGREGATED)
+    return Route(decode, None, RouteReason.GATEWAY_PREFILL_UNUSABLE)
+
+
 class PairedPolicy(RoutingPolicy):
     """Generation pairing and conditional disaggregation; subclasses pick one worker from a pool."""
 
@@ -235,6 +270,9 @@ class PairedPolicy(RoutingPolicy):
         """One of `candidates` (never empty): ready decode-capable workers."""
 
     def route(self, request: RequestInfo, snap: Snapshot) -> Route | None:
+        pinned = pinned_route(request, snap)
+        if pinned is not None:
+            return pinned
         usable = [w for w in snap.workers if w.ready]
         prefill = [w for w in usable if w.role is Role.PREFILL]
         decode = [w for w in usable if w.serves_decode]
@@ -285,6 +323,8 @@ class PairedPolicy(RoutingPolicy):
             if w.ready and w.url not in exclude and w.role is Role.PREFILL
             and w.kv_compat == route.decode.kv_compat and w.handoff_allowed
         ]
+        if request.pinned is not None and route.reason is RouteReason.DISAGGREGATED:  # the picker's others
+            pool = [w for w in pool if gateway.endpoint_of(w.url) in request.pinned.prefill]
         return self.pick_prefill(request, pool, snap) if pool else None
 
     def resume_decode(

@@ -52,7 +52,7 @@ class PrefixAware(PairedPolicy):
     def route(self, request: RequestInfo, snap: Snapshot) -> Route | None:
         usable = [w for w in snap.workers if w.ready]
         decode = [w for w in usable if w.serves_decode]
-        if decode and any(w.role is Role.PREFILL for w in usable):
+        if request.pinned is None and decode and any(w.role is Role.PREFILL for w in usable):
             d = self.pick_decode(request, decode, snap)
             held = snap.cached_tokens(d)
             if held and request.prompt_tokens - held < self.settings.short_prompt_threshold:
