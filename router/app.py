@@ -162,7 +162,8 @@ class Router:
             send_buffer_bytes=self.config.stream_send_buffer_bytes,
         )
         if self.discovery is None:
-            self.set_targets(static_targets(self.config.prefill, self.config.decode))
+            decode = [*self.config.decode, *([self.config.gateway_decode] if self.config.gateway_decode else [])]
+            self.set_targets(static_targets(self.config.prefill, list(dict.fromkeys(u.rstrip("/") for u in decode))))
         else:
             self.discovery.on_change = self.set_targets
             self.discovery.start(asyncio.get_running_loop())

@@ -23,7 +23,7 @@ _FLAGS = (
     "shutdown_grace_s", "prefill_saturated_tokens", "decode_headroom_sequences", "prefix_sequence_cost_tokens",
     "tokenizer", "parity_probe", "parity_tolerance", "parity_recheck_s", "kv_events_port",
     "max_concurrent_requests", "flow_band_capacity", "flow_ttl_s", "ext_proc_port", "gateway_port",
-    "gateway_decode",
+    "gateway_decode", "prefill_dns",
 )
 
 
@@ -132,6 +132,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gateway-decode", default=None, metavar="URL",
                         help="serve as a decode pod's sidecar behind a gateway: every request decodes on the "
                         f"worker at URL, its prompt prefilled on the worker the picker names ({gateway.PREFILL_HEADER})")
+    parser.add_argument("--prefill-dns", default=None, metavar="HOST[:PORT]",
+                        help="discover the prefill workers as the addresses HOST resolves to (a headless "
+                        "Service), at PORT (default --worker-port); with --decode / --gateway-decode")
     parser.add_argument("--no-parity-probe", dest="parity_probe", action="store_false", default=None,
                         help="hand KV across every pairing unchecked (default: only across pairings the "
                         "handoff parity probe proved)")
@@ -203,7 +206,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
                 raise SystemExit("tandem router: --kubernetes needs --namespace outside a pod")
             with open(ns_file) as f:
                 config.namespace = f.read().strip()
-    elif not (config.prefill or config.decode):
+    elif not (config.prefill or config.decode or config.gateway_decode):
         raise SystemExit("tandem router: give --decode URL (and --prefill URL), or --kubernetes")
     return config
 
@@ -230,6 +233,13 @@ def run(args: argparse.Namespace) -> int:
             default_port=config.worker_port, request_timeout_s=config.kube_request_timeout_s,
             watch_timeout_s=config.watch_timeout_s, watch_stall_s=config.watch_stall_s,
         )
+    elif config.prefill_dns:
+        from tandem.router.discovery.dns import DnsDiscovery, parse_host
+
+        host, port = parse_host(config.prefill_dns, config.worker_port)
+        decode = [*config.decode, *([config.gateway_decode] if config.gateway_decode else [])]
+        discovery = DnsDiscovery(host, port, list(dict.fromkeys(u.rstrip("/") for u in decode)),
+                                 interval_s=max(1.0, config.poll_interval_s))
     return asyncio.run(serve(config, discovery))
 
 

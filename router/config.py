@@ -99,6 +99,8 @@ class RouterConfig:
     # A decode pod's sidecar: every request decodes on this worker (its URL), prefilled on the worker
     # the picker named in x-gateway-prefill-endpoints (None: not a sidecar)
     gateway_decode: str | None = None
+    # Prefill workers by DNS (HOST[:PORT], a headless Service: the sidecar, which has no API access)
+    prefill_dns: str | None = None
 
 
 _SECTIONS = {"limits", "routing", "timeouts", "discovery", "server", "router"}

@@ -15,6 +15,7 @@ from tandem.contracts.names import Role
 from tandem.contracts.vllm_serve import BLOCK_SIZE, CPU_BLOCK_SIZE
 from tandem.operator.spec.autoscaling import AutoscalingSpec
 from tandem.operator.spec.fields import FreeForm, Quantity, Rule, api_field, parse, to_json
+from tandem.operator.spec.gateway import GATEWAY_RULES, GatewaySpec
 from tandem.operator.spec.model import Model, api_type
 from tandem.operator.spec.parallelism import Parallelism, gpus_rule
 from tandem.operator.spec.pod import (
@@ -316,6 +317,9 @@ class InferenceServiceSpec:
         "(docs/runtimes.md).")
     network_policy: NetworkPolicySpec = api_field(
         "networkPolicy", default={}, description="Who may reach the worker pods.")
+    gateway: GatewaySpec = api_field(
+        "gateway", default={}, description="Behind a gateway of the Gateway API Inference Extension: an "
+        "InferencePool and Tandem's endpoint picker (docs/gateway.md).")
     autoscaling: AutoscalingSpec | None = api_field(
         "autoscaling", description="Scale prefill and decode apart against latency targets (the operator's "
         "planner, or an external autoscaler per role). A role left out keeps its fixed replicas.")
@@ -331,6 +335,7 @@ class InferenceServiceSpec:
         Rule("!has(self.kvTransfer.rdma) || (self.prefill.gpus > 0 && self.decode.gpus > 0)",
              "kvTransfer.rdma needs GPU workers: prefill.gpus and decode.gpus must be at least 1"),
         *VLLM_RULES,
+        *GATEWAY_RULES,
     )
 
     @classmethod

@@ -2,7 +2,7 @@
 
 The data plane is tandem.testing.gateway (Envoy's ext_proc messages from `xds-protos`; no Envoy can be
 built here). Real workers of the toy model: one prefill, two decode. The picker is `tandem router
---ext-proc-port` over all three; each decode worker has its sidecar (`tandem router --gateway-decode`),
+--ext-proc-port` over all three; each decode worker has its sidecar (`tandem router --gateway-decode`, the prefill workers by DNS),
 and the gateway's pool is the two sidecars, as an InferencePool of the decode pods would be.
 
 The conformance cases of the protocol each have a test: the gateway follows the picker's choice (the
@@ -49,8 +49,10 @@ def pool(toy_model_dir: Path):
         targets = [a for u in prefill for a in ("--prefill", u)] + [a for u in decode for a in ("--decode", u)]
         sidecars, procs = {}, []
         try:
-            for url in decode:
-                s = RouterProcess(*targets, "--gateway-decode", url, "--no-parity-probe", env=env).start()
+            (prefill_port,) = {int(u.rpartition(":")[2]) for u in prefill}
+            for url in decode:  # as in a decode pod: the prefill workers by DNS, no API access
+                s = RouterProcess("--gateway-decode", url, "--prefill-dns", f"localhost:{prefill_port}",
+                                  "--no-parity-probe", env=env).start()
                 procs.append(s)
                 sidecars[url] = s
             grpc_port = free_port()
