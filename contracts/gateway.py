@@ -30,6 +30,8 @@ EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 HEALTH_LIVENESS = "liveness"
 HEALTH_READINESS = "readiness"
 
+PICKER = "picker"  # the picker's component and tandem.dev/role (operator)
+SIDECAR_PORT_NAME = "gateway"  # the decode pod's sidecar container and its port
 PICKER_PORT = 9002  # the picker's gRPC port (ext_proc and health), as the extension's own picker
 SIDECAR_PORT = 8200  # the decode pod's OpenAI port behind a gateway (the InferencePool's targetPort)
 

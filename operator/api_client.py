@@ -56,6 +56,9 @@ PATHS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles/{name}",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings/{name}",
     ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{name}",
+    ("inference.networking.k8s.io/v1", "InferencePool"):
+        "/apis/inference.networking.k8s.io/v1/namespaces/{namespace}/inferencepools/{name}",
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/httproutes/{name}",
 }
 
 
@@ -199,6 +202,10 @@ def missing_kind_hint(manifest: dict, e: ApiException) -> str:
     if e.status == 404 and manifest["kind"] == "LeaderWorkerSet":
         return ("; the LeaderWorkerSet API (sigs.k8s.io/lws) is not installed in this cluster: install it "
                 "to run groups that span nodes (parallelism.nodes > 1), see docs/parallelism.md")
+    if e.status == 404 and manifest["kind"] in ("InferencePool", "HTTPRoute"):
+        return (f"; the {manifest['kind']} API ({manifest['apiVersion']}) is not installed in this cluster: "
+                "spec.gateway needs the Gateway API and its Inference Extension CRDs, which come with your "
+                "gateway (Tandem's chart does not install them), see docs/gateway.md")
     return ""
 
 

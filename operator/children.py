@@ -80,8 +80,9 @@ def _reader() -> ThreadPoolExecutor:
     return _READS
 
 
-# Applied after everything else has been: what runs pods (their ConfigMap, Secret and RBAC first).
-LAST_KINDS = (*SCALED_KINDS, "Job")
+# Applied after everything else has been: what runs pods (their ConfigMap, Secret and RBAC first), and
+# the gateway's kinds (spec.gateway), whose CRDs may be missing: that refusal leaves the rest applied.
+LAST_KINDS = (*SCALED_KINDS, "Job", "InferencePool", "HTTPRoute")
 
 
 @dataclass

@@ -22,6 +22,10 @@ Conditions (type, status, CamelCase reason, message, lastTransitionTime, observe
   Autoscaling                             only with spec.autoscaling (tandem.operator.autoscaling.status):
                                           Active / LimitedByMax / LimitedByMin / MetricsUnavailable /
                                           CollectingMetrics / External
+  GatewayReady                            only with spec.gateway.enabled (gateway_condition): True
+                                          PickerReady; False GatewayAPIMissing (the gateway's CRDs
+                                          are not installed) / PickerMissing / PickerNotReady or a
+                                          picker pod's problem (Unschedulable, ...)
 lastTransitionTime changes only when a condition's status changes.
 
 Per component status says the desired pods (`replicas`), what its Deployment asks for now
@@ -34,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.contracts.gateway import PICKER
 from tandem.contracts.kv_health import KVHealth
 from tandem.contracts.names import Role, serves_requests
 from tandem.contracts.runtimes import Runtime
@@ -177,6 +182,29 @@ def role_condition(role: str, obs: RoleObservation, desired: int) -> dict[str, s
                      f"0/{desired} {role} {unit} ready (starting or loading the model)")
 
 
+def gateway_condition(spec: InferenceServiceSpec | None, obs: Observation) -> list[dict[str, str]]:
+    """`GatewayReady` with spec.gateway (none without): the InferencePool and the picker applied, and a
+    picker pod ready. Where the cluster lacks the gateway's CRDs the apply says so (InferencePool's
+    or HTTPRoute's API not installed: `GatewayAPIMissing`)."""
+    if spec is None or not spec.gateway.enabled:
+        return []
+    type_ = "GatewayReady"
+    error = obs.apply_error or ""
+    if ("InferencePool" in error or "HTTPRoute" in error) and "is not installed" in error:
+        return [condition(type_, "False", "GatewayAPIMissing", error)]
+    picker = obs.roles.get(PICKER, RoleObservation())
+    desired = spec.gateway.picker_replicas
+    if not picker.exists:
+        return [condition(type_, "False", "PickerMissing", "the endpoint picker's Deployment does not exist yet")]
+    if picker.ready == 0:
+        problem = _pod_problem(picker.pods)
+        reason, message = problem or ("PickerNotReady", f"0/{desired} endpoint picker pods ready (a picker is "
+                                      "ready once it can route to a decode worker)")
+        return [condition(type_, "False", reason, message)]
+    return [condition(type_, "True", "PickerReady",
+                      f"InferencePool applied, {picker.ready}/{desired} endpoint picker pods ready")]
+
+
 # Ready's reason when several roles fail: the first of these that applies; others in between.
 URGENCY = ("Unschedulable", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",
            "CreateContainerConfigError", "CrashLoopBackOff")
@@ -225,7 +253,7 @@ def compute_conditions(spec: InferenceServiceSpec | None, obs: Observation,
             ready = condition("Ready", "False", reason, "; ".join(c["message"] for c in failing))
     autoscaling = [scaling.condition] if scaling is not None else []
     return [ready, *roles, kv_condition(spec, obs.kv_probes), handoff_condition(obs, obs.parity),
-            *([model] if model else []), *autoscaling]
+            *([model] if model else []), *autoscaling, *gateway_condition(spec, obs)]
 
 
 def _plural(n: int, word: str) -> str:

@@ -60,6 +60,9 @@ WATCHED: tuple[Kind, ...] = (
     Kind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
     Kind("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
     Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
+    # spec.gateway: kinds the user's gateway installs (watched once their CRDs exist)
+    Kind("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool"),
+    Kind("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute"),
 )
 BY_KIND = {k.kind: k for k in WATCHED}
 # managedFields are kept only where a pass reads them: who owns a workload's replicas.

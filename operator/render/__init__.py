@@ -12,6 +12,8 @@ defaulted) and returns every child, all in the CR's namespace, in apply order:
   Deployment  <name>-prefill/-decode  the workers (GPU, RDMA, probes, spread)  worker.py
    or LeaderWorkerSet                 a role whose groups span nodes           group.py
   Deployment  <name>-router           the OpenAI-compatible router            router.py
+  Service, Deployment <name>-picker, InferencePool <name>, HTTPRoute <name>: spec.gateway,
+                                      and a sidecar in each decode pod        gateway.py
   NetworkPolicy <name>-workers        only the service's pods reach workers   trust.py
   PodDisruptionBudget <name>-<component>  a drain takes maxUnavailable at once  objects.py
   (Secret     <name>-internal         the router's and workers' shared secret: created once by
@@ -25,10 +27,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tandem.contracts.names import Role
 from tandem.operator.config import OperatorConfig
+from tandem.operator.render import gateway
 from tandem.operator.render.config_files import (
     config_files,
     configmap,
+    dump,
     router_config,
     worker_config,
 )
@@ -70,8 +75,12 @@ def render(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig,
     runtime = runtime or spec.runtime.name
     counts = {role: spec.role(role).replicas for role in WORKER_ROLES} | dict(replicas or {})
     files = config_files(meta["name"], meta["namespace"], spec, runtime)
+    if gateway.enabled(spec):  # the decode pods' sidecar reads a file of its own
+        files[gateway.SIDECAR_CONFIG] = dump(gateway.sidecar_config(meta["name"], meta["namespace"], spec))
     # Each pod template carries the hash of its own file: a change rolls that component only.
     hashes = {key: short_hash(text, 16) for key, text in files.items()}
+    if gateway.enabled(spec):
+        hashes["decode.yaml"] = short_hash(files["decode.yaml"] + files[gateway.SIDECAR_CONFIG], 16)
     policy = [network_policy(meta, spec, config)] if spec.network_policy.enabled else []
     return with_secret_uid(secret_uid, [
         configmap(meta, files),
@@ -84,6 +93,7 @@ def render(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig,
         *(worker_workload(meta, spec, role, config, hashes[f"{role}.yaml"], counts[role], runtime)
           for role in WORKER_ROLES),
         router_deployment(meta, spec, config, hashes[f"{ROUTER}.yaml"]),
+        *gateway.gateway_children(meta, spec, config, hashes[f"{ROUTER}.yaml"]),
     ])
 
 
@@ -96,7 +106,11 @@ def worker_workload(meta: dict, spec: InferenceServiceSpec, role: str, config: O
                     config_hash: str, replicas: int | None, runtime: str | None = None) -> Manifest:
     """A role's Deployment, or its LeaderWorkerSet when one worker's group spans nodes."""
     if not spec.role(role).parallelism.spans_nodes:
-        return worker_deployment(meta, spec, role, config, config_hash, replicas, runtime)
+        made = worker_deployment(meta, spec, role, config, config_hash, replicas, runtime)
+        if role == Role.DECODE.value and gateway.enabled(spec):
+            template = made["spec"]["template"]
+            template["spec"] = gateway.with_sidecar(template["spec"], meta["name"], spec, config)
+        return made
     pod = worker_pod_spec(meta["name"], spec, role, config, kv_compat_hash(spec, config), runtime)
     return worker_group(meta, spec, role, config, config_hash, replicas, pod, runtime)
 

@@ -120,7 +120,7 @@ def runtime_settings(spec: InferenceServiceSpec) -> dict[str, Any]:
             "parity_probe": False}
 
 
-def _dump(cfg: dict) -> str:
+def dump(cfg: dict) -> str:
     return yaml.safe_dump(cfg, sort_keys=True)
 
 
@@ -129,8 +129,8 @@ def config_files(name: str, namespace: str, spec: InferenceServiceSpec,
     """ConfigMap data: `<component>.yaml` per component, a worker role's from its runtime's renderer
     (None: spec.runtime.name's)."""
     renderer = role_renderer(runtime or spec.runtime.name)
-    files = {f"{role}.yaml": _dump(renderer.config_file(name, role, spec)) for role in WORKER_ROLES}
-    return files | {f"{ROUTER}.yaml": _dump(router_config(name, namespace, spec))}
+    files = {f"{role}.yaml": dump(renderer.config_file(name, role, spec)) for role in WORKER_ROLES}
+    return files | {f"{ROUTER}.yaml": dump(router_config(name, namespace, spec))}
 
 
 def configmap(meta: dict, files: dict[str, str]) -> Manifest:

@@ -29,6 +29,7 @@ def names(name: str) -> dict[str, str]:
         "prefill": f"{name}-prefill",
         "decode": f"{name}-decode",
         "router": f"{name}-router",
+        "picker": f"{name}-picker",  # spec.gateway: the endpoint picker (render/gateway.py)
         "workers": f"{name}-workers",  # the NetworkPolicy in front of the worker pods
         "internal": f"{name}-internal",  # the Secret the service's router and workers share
         "weights": f"{name}-weights",  # a hub model's shared cache (claim; its download Jobs add the commit)

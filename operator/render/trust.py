@@ -13,6 +13,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from tandem.contracts.gateway import PICKER, SIDECAR_PORT_NAME
 from tandem.contracts.internal_auth import SECRET_ENV
 from tandem.contracts.names import LABEL_ROLE, LABEL_SERVICE, RENDEZVOUS_PORT, WORKER_PORT_NAME
 from tandem.contracts.runtimes import Runtime
@@ -75,6 +76,16 @@ def _worker_rules(name: str, spec: InferenceServiceSpec, workers: dict[str, Any]
          "ports": rendezvous} for r in grouped]
 
 
+def _gateway_rules(own: dict[str, str], spec: InferenceServiceSpec, http: list[dict]) -> list[dict[str, Any]]:
+    """spec.gateway: the picker reaches the workers as the router does; the decode pods' sidecar port
+    is open to any peer (the gateway's pods, wherever they run: the sidecar asks for the API key as the
+    router does, and reaches its own worker over loopback)."""
+    if not spec.gateway.enabled:
+        return []
+    return [{"from": [{"podSelector": {"matchLabels": own | {LABEL_ROLE: PICKER}}}], "ports": http},
+            {"ports": [{"protocol": "TCP", "port": SIDECAR_PORT_NAME}]}]
+
+
 def network_policy(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig) -> Manifest:
     """Ingress to the worker pods: the service's own workers (_worker_rules), its router and the
     operator on http."""
@@ -87,6 +98,7 @@ def network_policy(meta: dict, spec: InferenceServiceSpec, config: OperatorConfi
     ingress: list[dict[str, Any]] = [
         *_worker_rules(name, spec, workers),
         {"from": [{"podSelector": {"matchLabels": own | {LABEL_ROLE: ROUTER}}}], "ports": http + events},
+        *_gateway_rules(own, spec, http),
     ]
     if config.namespace and config.pod_labels:
         operator_peer = {"namespaceSelector": {"matchLabels": {

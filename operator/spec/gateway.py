@@ -40,8 +40,8 @@ class GatewaySpec:
         "pickerReplicas", minimum=1, maximum=16, default=1,
         description="Endpoint picker pods. Each routes by its own view of the workers, as routers do; "
         "readiness (gRPC health) says whether one can serve.")
-    parent_refs: tuple[ParentRef, ...] = api_field(
-        "parentRefs", default=(), max_items=16,
+    parent_refs: tuple[ParentRef, ...] | None = api_field(
+        "parentRefs", max_items=16,
         description="Gateways to attach an HTTPRoute to (every path to the InferencePool); none: no HTTPRoute "
         "is rendered (docs/gateway.md has one to adapt).")
 
@@ -49,6 +49,9 @@ class GatewaySpec:
 SIDECAR_PORT = gateway.SIDECAR_PORT
 PICKER_PORT = gateway.PICKER_PORT
 GATEWAY_RULES = (
+    Rule("!has(self.gateway) || !self.gateway.enabled || self.decode.parallelism.nodes == 1",
+         "gateway.enabled: the InferencePool's decode pods each serve the OpenAI API through their sidecar; a "
+         "decode group that spans nodes (decode.parallelism.nodes > 1) cannot be behind a gateway yet"),
     Rule("!has(self.gateway) || !self.gateway.enabled || !has(self.runtime) || self.runtime.name != 'vllm'",
          "gateway.enabled works with runtime tandem: the decode pods' sidecar and the picker route Tandem "
          "workers (a vLLM pool behind a gateway is llm-d's or the extension's own picker)"),

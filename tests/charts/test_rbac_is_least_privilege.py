@@ -26,6 +26,9 @@ EXPECTED = {
     ("rbac.authorization.k8s.io", "rolebindings"): {"get", "list", "watch", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch"},
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch"},
+    # spec.gateway: the pool and its route (kinds of the user's gateway, watched once they exist)
+    ("inference.networking.k8s.io", "inferencepools"): {"get", "list", "watch", "create", "patch"},
+    ("gateway.networking.k8s.io", "httproutes"): {"get", "list", "watch", "create", "patch"},
     # a hub model's shared cache; a model.pvc claim read to judge its access modes
     ("", "persistentvolumeclaims"): {"get", "list", "watch", "create", "patch"},
     # its download, once per commit; watched: ModelReady follows the Job

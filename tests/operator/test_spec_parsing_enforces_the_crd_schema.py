@@ -58,6 +58,8 @@ FULL = {
     "runtime": {"name": "vllm", "image": {"repository": "reg.io/vllm", "tag": "1.0", "pullPolicy": "Always"},
                 "args": ["--enforce-eager"]},
     "networkPolicy": {"enabled": False, "metricsFrom": [{"podSelector": {}}]},
+    "gateway": {"enabled": False, "failureMode": "FailClose", "pickerReplicas": 2,
+                "parentRefs": [{"name": "gw", "namespace": "infra", "sectionName": "http"}]},
     "autoscaling": {
         "intervalSeconds": 10, "windowSeconds": 30, "tolerance": 0.2,
         "targets": {"ttft": {"seconds": 1.5, "percentile": 95}, "itl": {"seconds": 0.05, "percentile": 99}},

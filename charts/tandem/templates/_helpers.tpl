@@ -133,6 +133,14 @@ InferenceService through owner references and the garbage collector.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# spec.gateway: the InferencePool of the decode pods and an HTTPRoute to it. Their CRDs come with
+# the user's gateway (Gateway API Inference Extension); without them kopf does not watch these.
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["httproutes"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # A hub model's shared cache (model.cache.pvc): its claim and the download Job per commit (watched:
 # ModelReady follows it); a model.pvc claim is read (get) to check it exists and mounts on every node.
 - apiGroups: [""]
