@@ -104,8 +104,18 @@ def router_config(name: str, namespace: str, spec: InferenceServiceSpec | Mappin
         "shutdown_grace_s": ROUTER_SHUTDOWN_GRACE_S,
         "parity_recheck_s": RECHECK_S,
         "log_format": "json",
+        **flow_settings(router),
         **runtime_settings(spec),
     }
+
+
+def flow_settings(router: Any) -> dict[str, Any]:
+    """router.flowControl as the router's keys; nothing when it is off (the file stays as it was)."""
+    flow = router.flow_control
+    if not flow.max_concurrent_requests:
+        return {}
+    return {"max_concurrent_requests": flow.max_concurrent_requests, "flow_band_capacity": flow.band_capacity,
+            "flow_ttl_s": flow.ttl_seconds, "objectives": dict(flow.objectives or {})}
 
 
 def runtime_settings(spec: InferenceServiceSpec) -> dict[str, Any]:

@@ -66,6 +66,27 @@ class SecretKeyRef:
 
 
 @api_type
+class FlowControl:
+    """The router's (and the endpoint picker's) flow control: a queue per tenant and priority
+    (router/flow_control.py). Off unless maxConcurrentRequests is set."""
+
+    max_concurrent_requests: int = api_field(
+        "maxConcurrentRequests", minimum=0, maximum=1000000, default=0,
+        description="Requests each router pod lets on to the workers at once; the rest wait in one queue per "
+        "flow (the x-gateway-inference-fairness-id header, else the API key) and take turns (0: off).")
+    band_capacity: int = api_field(
+        "bandCapacity", minimum=1, maximum=1000000, default=256,
+        description="Requests waiting per priority before a new one is refused with 429 and Retry-After.")
+    ttl_seconds: float = api_field(
+        "ttlSeconds", exclusive_minimum=0, maximum=3600, default=30.0,
+        description="How long a request may wait for its turn before a 429.")
+    objectives: dict[str, int] | None = api_field(
+        "objectives", max_properties=64, values={"minimum": -1000000, "maximum": 1000000},
+        description="Objective name (x-gateway-inference-objective) -> integer priority; higher goes first; "
+        "a request naming none, or another, is priority 0.")
+
+
+@api_type
 class Router:
     """The OpenAI-compatible router in front of the workers."""
 
@@ -93,6 +114,7 @@ class Router:
         description="prefix-aware: how many prompt tokens one sequence running on a decode worker weighs "
         "against the prefix it holds (higher spreads a hot prefix sooner).")
     limits: RouterLimits = api_field("limits", default={})
+    flow_control: FlowControl = api_field("flowControl", default={})
     api_key_secret_ref: SecretKeyRef | None = api_field(
         "apiKeySecretRef", description="A Secret holding the API key clients must send as a Bearer token.")
     image: Image | None = api_field(
