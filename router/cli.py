@@ -22,7 +22,7 @@ _FLAGS = (
     "log_level", "max_stop_chars", "tool_call_parser", "busy_wait_s", "write_timeout_s", "stream_send_buffer_bytes",
     "shutdown_grace_s", "prefill_saturated_tokens", "decode_headroom_sequences", "prefix_sequence_cost_tokens",
     "tokenizer", "parity_probe", "parity_tolerance", "parity_recheck_s", "kv_events_port",
-    "max_concurrent_requests", "flow_band_capacity", "flow_ttl_s", "ext_proc_port", "gateway_port",
+    "max_concurrent_requests", "flow_band_capacity", "flow_ttl_s", "flow_headroom", "ext_proc_port", "gateway_port",
     "gateway_decode", "prefill_dns",
 )
 
@@ -116,6 +116,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"(default {d.flow_band_capacity})")
     parser.add_argument("--flow-ttl-s", type=float, default=None, metavar="S",
                         help=f"flow control: a request waits at most this long, then gets 429 (default {d.flow_ttl_s:g})")
+    parser.add_argument("--flow-headroom", type=int, default=None, metavar="N",
+                        help="flow control: places of --max-concurrent-requests one flow never takes, so another "
+                        f"tenant's request starts at once instead of after a flood's request ends (default {d.flow_headroom})")
     parser.add_argument("--objective", action="append", default=[], metavar="NAME=PRIORITY",
                         help="flow control: requests naming objective NAME (x-gateway-inference-objective) "
                         "have this integer priority; higher goes first, others 0 (repeatable)")

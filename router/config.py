@@ -89,6 +89,7 @@ class RouterConfig:
     max_concurrent_requests: int = 0
     flow_band_capacity: int = 256
     flow_ttl_s: float = 30.0
+    flow_headroom: int = 1  # places one flow never takes: another tenant's request starts at once
     objectives: dict[str, int] = field(default_factory=dict)
     # Behind a gateway (contracts/gateway.py). The endpoint picker: Envoy's ext_proc over gRPC on this
     # port (0: off); it names a decode worker's pod by its sidecar: per worker URL an endpoint
@@ -160,7 +161,7 @@ def _check_kv_events(c: RouterConfig) -> None:
 
 
 def _check_flow(c: RouterConfig) -> None:
-    for name, least in (("max_concurrent_requests", 0), ("flow_band_capacity", 1)):
+    for name, least in (("max_concurrent_requests", 0), ("flow_band_capacity", 1), ("flow_headroom", 0)):
         value = getattr(c, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
@@ -190,7 +191,8 @@ def _check_gateway(c: RouterConfig) -> None:
 
 
 def flow_config(c: RouterConfig) -> FlowConfig:
-    return FlowConfig(c.max_concurrent_requests, c.flow_band_capacity, float(c.flow_ttl_s), dict(c.objectives))
+    return FlowConfig(max_concurrent=c.max_concurrent_requests, band_capacity=c.flow_band_capacity,
+                      ttl_s=float(c.flow_ttl_s), headroom=c.flow_headroom, objectives=dict(c.objectives))
 
 
 def _check_routing(c: RouterConfig) -> None:

@@ -9,7 +9,10 @@ comes from the request's objective (`x-gateway-inference-objective`, looked up i
 go first; within a priority band, flows take turns (round-robin), each flow first in, first out.
 
 At most `max_concurrent` requests are past the gate at once (0 turns flow control off: every request
-goes on at once, as before). A request that finds no room waits in its flow's queue for at most
+goes on at once, as before), and one flow at most `max_concurrent - headroom` of them: the last
+`headroom` places are never all one flow's, so another tenant's request starts at once instead of
+waiting for a flood's request to end (a gate is not preemptive: without it, a newcomer waits for a
+whole request of the flood to finish). A request that finds no room waits in its flow's queue for at most
 `ttl_s`; one whose band already holds `band_capacity` waiting requests is refused at once. Both are
 429 with Retry-After, OpenAI's `rate_limit_exceeded`: the service is there, it is full for this flow.
 """
@@ -19,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Mapping
+from collections import Counter, OrderedDict, deque
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
 from tandem.router.errors import RouterError
@@ -36,10 +39,16 @@ class FlowConfig:
     band_capacity: int = 256  # requests waiting per priority band before a new one is refused
     ttl_s: float = 30.0  # how long a request may wait for its turn
     objectives: Mapping[str, int] = field(default_factory=dict)  # objective name -> priority
+    headroom: int = 1  # places one flow never takes (while it would hold all of them)
 
     @property
     def enabled(self) -> bool:
         return self.max_concurrent > 0
+
+    @property
+    def per_flow(self) -> int:
+        """The most places one flow holds at once."""
+        return max(1, self.max_concurrent - self.headroom)
 
 
 def flow_of(headers: Mapping[str, str], api_key: str | None, config: FlowConfig) -> tuple[str, int]:
@@ -72,17 +81,20 @@ class _Band:
         self.flows.setdefault(flow, deque()).append(waiter)
         self.size += 1
 
-    def pop(self) -> asyncio.Future[None] | None:
-        """The next flow's oldest request; that flow goes to the back of the turns."""
-        while self.flows:
-            flow, queue = next(iter(self.flows.items()))
+    def pop(self, eligible: Callable[[str], bool]) -> tuple[str, asyncio.Future[None]] | None:
+        """The oldest request of the next flow in turn that may take a place; that flow goes to the
+        back of the turns (a flow that may not keeps its turn)."""
+        for flow in list(self.flows):
+            if not eligible(flow):
+                continue
+            queue = self.flows[flow]
             waiter = queue.popleft()
             self.size -= 1
             if queue:
                 self.flows.move_to_end(flow)
             else:
                 del self.flows[flow]
-            return waiter
+            return flow, waiter
         return None
 
     def remove(self, flow: str, waiter: asyncio.Future[None]) -> None:
@@ -100,6 +112,7 @@ class FlowController:
     def __init__(self, config: FlowConfig) -> None:
         self.config = config
         self.in_flight = 0
+        self.held: Counter[str] = Counter()  # flow -> places it holds
         self._bands: dict[int, _Band] = {}
         self.refused: dict[str, int] = {"band_full": 0, "ttl": 0}
 
@@ -116,14 +129,14 @@ class FlowController:
         if not self.config.enabled:
             yield
             return
-        if self.in_flight < self.config.max_concurrent and not self.waiting():
-            self.in_flight += 1
+        if self.in_flight < self.config.max_concurrent and self._may_take(flow) and not self.waiting():
+            self._take(flow)
         else:
             await self._wait(flow, priority)
         try:
             yield
         finally:
-            self._release()
+            self._release(flow)
 
     async def _wait(self, flow: str, priority: int) -> None:
         band = self._bands.setdefault(priority, _Band())
@@ -133,6 +146,7 @@ class FlowController:
                               self.config.ttl_s)
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         band.push(flow, waiter)
+        self._dispatch()  # a place this flow may take may be free (others wait at their limit)
         try:
             async with asyncio.timeout(self.config.ttl_s):  # (3.11's wait_for can swallow a cancel)
                 await asyncio.shield(waiter)
@@ -146,23 +160,38 @@ class FlowController:
         except asyncio.CancelledError:  # the client went away while waiting
             band.remove(flow, waiter)
             if waiter.done() and not waiter.cancelled():
-                self._release()  # it had been let in: pass the place on
+                self._release(flow)  # it had been let in: pass the place on
             waiter.cancel()
             raise
 
-    def _release(self) -> None:
+    def _may_take(self, flow: str) -> bool:
+        return self.held[flow] < self.config.per_flow
+
+    def _take(self, flow: str) -> None:
+        self.in_flight += 1
+        self.held[flow] += 1
+
+    def _release(self, flow: str) -> None:
         self.in_flight -= 1
+        self.held[flow] -= 1
+        if not self.held[flow]:
+            del self.held[flow]
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Free places to the waiting requests: higher priorities first, flows in turn, none past its limit."""
         while self.in_flight < self.config.max_concurrent:
-            waiter = self._next()
-            if waiter is None:
+            nxt = self._next()
+            if nxt is None:
                 return
+            flow, waiter = nxt
             if not waiter.done():
-                self.in_flight += 1
+                self._take(flow)
                 waiter.set_result(None)
 
-    def _next(self) -> asyncio.Future[None] | None:
+    def _next(self) -> tuple[str, asyncio.Future[None]] | None:
         for priority in sorted(self._bands, reverse=True):
-            waiter = self._bands[priority].pop()
-            if waiter is not None:
-                return waiter
+            found = self._bands[priority].pop(self._may_take)
+            if found is not None:
+                return found
         return None

@@ -115,7 +115,7 @@ def flow_settings(router: Any) -> dict[str, Any]:
     if not flow.max_concurrent_requests:
         return {}
     return {"max_concurrent_requests": flow.max_concurrent_requests, "flow_band_capacity": flow.band_capacity,
-            "flow_ttl_s": flow.ttl_seconds, "objectives": dict(flow.objectives or {})}
+            "flow_ttl_s": flow.ttl_seconds, "flow_headroom": flow.headroom, "objectives": dict(flow.objectives or {})}
 
 
 def runtime_settings(spec: InferenceServiceSpec) -> dict[str, Any]:

@@ -80,6 +80,10 @@ class FlowControl:
     ttl_seconds: float = api_field(
         "ttlSeconds", exclusive_minimum=0, maximum=3600, default=30.0,
         description="How long a request may wait for its turn before a 429.")
+    headroom: int = api_field(
+        "headroom", minimum=0, maximum=1000000, default=1,
+        description="Places of maxConcurrentRequests one tenant never takes, so another tenant's request starts "
+        "at once instead of waiting for a flood's request to end.")
     objectives: dict[str, int] | None = api_field(
         "objectives", max_properties=64, values={"minimum": -1000000, "maximum": 1000000},
         description="Objective name (x-gateway-inference-objective) -> integer priority; higher goes first; "

@@ -45,7 +45,7 @@ FULL = {
                    "rdma": {"resourceName": "rdma/ib", "count": 1}, "hostNetwork": True, "ipcLock": True,
                    "minBandwidthGBps": 5.0},
     "router": {"replicas": 1, "service": {"type": "NodePort", "port": 80}, "policy": "least-loaded",
-               "flowControl": {"maxConcurrentRequests": 16, "bandCapacity": 8, "ttlSeconds": 5.0,
+               "flowControl": {"maxConcurrentRequests": 16, "bandCapacity": 8, "ttlSeconds": 5.0, "headroom": 2,
                                "objectives": {"interactive": 10}},
                "shortPromptTokens": 0, "prefillSaturatedTokens": 4096, "decodeHeadroomSequences": 8,
                "prefixSequenceCostTokens": 128, "limits": {"maxPromptTokens": 10, "maxOutputTokens": 10,

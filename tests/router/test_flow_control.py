@@ -174,7 +174,7 @@ def test_the_settings_are_checked_where_they_are_read(tmp_path):
     good = apply(RouterConfig(), {"max_concurrent_requests": 8, "flow_ttl_s": 2.5,
                                   "objectives": {"interactive": 10}}, "test")
     assert flow_config(good) == FlowConfig(8, 256, 2.5, {"interactive": 10})
-    for bad in ({"max_concurrent_requests": -1}, {"flow_band_capacity": 0}, {"flow_ttl_s": 0},
+    for bad in ({"max_concurrent_requests": -1}, {"flow_band_capacity": 0}, {"flow_ttl_s": 0}, {"flow_headroom": -1},
                 {"objectives": {"interactive": "high"}}, {"objectives": ["interactive"]}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             apply(RouterConfig(), bad, "test")
@@ -191,3 +191,22 @@ def test_the_settings_are_checked_where_they_are_read(tmp_path):
     assert (config.max_concurrent_requests, config.objectives) == (4, {"batch": -1, "interactive": 5})
     with pytest.raises(SystemExit, match="NAME=PRIORITY"):
         config_from_args(parser.parse_args(["--decode", "http://w", "--objective", "interactive"]))
+
+
+async def test_a_flood_never_takes_the_headroom_so_another_tenant_starts_at_once():
+    g = Gate(max_concurrent=4, headroom=1)
+    for i in range(8):
+        g.send(f"flood{i}", "flood")
+    await g.settle()
+    assert g.order == ["flood0", "flood1", "flood2"] and g.flow.waiting() == 5  # the 4th place is kept
+    g.send("quiet", "quiet")
+    await g.settle()
+    assert g.order[-1] == "quiet"  # in at once, no flood request had to end first
+    await g.finish("flood0")
+    assert g.order[-1] == "flood3"  # the flood takes the freed place: at its limit of 3 again
+    await g.finish("quiet")
+    assert g.flow.in_flight == 3 and g.flow.waiting() == 4  # the headroom is free again, not the flood's
+    for name in [n for n in list(g.tasks) if n.startswith("flood")]:
+        g.release[name].set()
+    await asyncio.gather(*g.tasks.values())
+    assert g.flow.in_flight == 0 and not g.flow.held
