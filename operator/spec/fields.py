@@ -116,6 +116,8 @@ def api_field(
     unknown = set(constraints) - set(CONSTRAINTS)
     if unknown:
         raise TypeError(f"api_field({name!r}): unknown constraints {sorted(unknown)}")
+    if not isinstance(constraints.get("exclusive_minimum", False), bool):  # OpenAPI 3.0, as CRDs take it
+        raise TypeError(f"api_field({name!r}): exclusive_minimum is a flag on minimum (True/False), not a bound")
     decl = Decl(
         name, description, default,
         {CONSTRAINTS[k]: v for k, v in constraints.items()},

@@ -78,7 +78,7 @@ class FlowControl:
         "bandCapacity", minimum=1, maximum=1000000, default=256,
         description="Requests waiting per priority before a new one is refused with 429 and Retry-After.")
     ttl_seconds: float = api_field(
-        "ttlSeconds", exclusive_minimum=0, maximum=3600, default=30.0,
+        "ttlSeconds", minimum=0, exclusive_minimum=True, maximum=3600, default=30.0,
         description="How long a request may wait for its turn before a 429.")
     headroom: int = api_field(
         "headroom", minimum=0, maximum=1000000, default=1,
