@@ -33,6 +33,10 @@ class VllmServers:
     colocated: ManagedProcess
     served: str = SERVED
 
+    def stop(self) -> None:
+        self.stack.stop()
+        self.colocated.stop()
+
     def url(self, role: str) -> str:
         if role == "colocated":
             return self.colocated.url
@@ -85,7 +89,22 @@ def vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_toy_model(tmp_path_factory.getbasetemp() / "vllm-toy-llama", **DEFAULT_TOY)
 
 
-@pytest.fixture(scope="package")
+_RUNNING: list[VllmServers] = []  # the servers while this folder's tests run
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The servers stop after this folder's last test, not at the end of the session: about 6 GB of
+    vLLM kept up through tests/worker/* ran two fresh clones side by side out of memory. (A
+    package-scoped fixture is session-scoped here: this folder is not a Python package, and the
+    suite's importlib mode wants none.)"""
+    if _RUNNING and (nextitem is None or HERE not in Path(nextitem.path).parents):
+        _RUNNING.pop().stop()
+
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session")
 def vllm_servers(vllm_installed: Path, vllm_model: Path, tmp_path_factory: pytest.TempPathFactory):
     port = free_port()
     colocated = ManagedProcess(
@@ -101,7 +120,11 @@ def vllm_servers(vllm_installed: Path, vllm_model: Path, tmp_path_factory: pytes
         colocated.start()
         stack.start()
         colocated.wait_ready("/health", timeout_s=STARTUP_S)
-        yield VllmServers(stack, colocated)
+        servers = VllmServers(stack, colocated)
+        _RUNNING.append(servers)
+        yield servers
     finally:
+        if _RUNNING:
+            _RUNNING.pop()
         stack.stop()
         colocated.stop()
