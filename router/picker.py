@@ -257,28 +257,33 @@ class Picker(ep_grpc.ExternalProcessorServicer):
                         else:
                             yield ep.ProcessingResponse(request_body=ep.BodyResponse(response=common),
                                                         dynamic_metadata=metadata)
-                    elif kind == "request_trailers":
-                        yield ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
-                    elif kind == "response_headers":
-                        served = metadata_value(msg.metadata_context, gateway.LB_NAMESPACE, gateway.SERVED_KEY)
-                        if pick is not None and served:
-                            followed = str(served in gateway.parse_endpoints(pick.decode)).lower()
-                            r.metrics.picker_served.labels(followed).inc()
-                        if pick is not None and info is not None:
-                            self._charge(info.request_id, pick, info, prefilling=False)
-                        yield ep.ProcessingResponse(response_headers=ep.HeadersResponse())
-                    elif kind == "response_body":
-                        yield self._pass_body(msg.protocol_config.response_body_mode
-                                              if msg.HasField("protocol_config") else mode, msg.response_body,
-                                              response=True)
-                    elif kind == "response_trailers":
-                        yield ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
+                    elif kind in ("request_trailers", "response_headers", "response_body", "response_trailers"):
+                        yield self._after_pick(msg, kind, mode, pick, info)
             except RouterError as err:
                 r.metrics.picker_refused.labels(str(err.status)).inc()
                 yield immediate(err, headers.get("x-request-id") or uuid.uuid4().hex)
             finally:
                 if info is not None and r.workers is not None:
                     r.workers.account(info.request_id, {})
+
+    def _after_pick(self, msg: ep.ProcessingRequest, kind: str, mode: int, pick: Pick | None,
+                    info: RequestInfo | None) -> ep.ProcessingResponse:
+        """The answer to trailers and to the response's parts: the served endpoint counted, the
+        prefill's prompt no longer charged once the response starts, bodies handed back."""
+        if kind == "request_trailers":
+            return ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
+        if kind == "response_headers":
+            served = metadata_value(msg.metadata_context, gateway.LB_NAMESPACE, gateway.SERVED_KEY)
+            if pick is not None and served:
+                followed = str(served in gateway.parse_endpoints(pick.decode)).lower()
+                self.router.metrics.picker_served.labels(followed).inc()
+            if pick is not None and info is not None:
+                self._charge(info.request_id, pick, info, prefilling=False)
+            return ep.ProcessingResponse(response_headers=ep.HeadersResponse())
+        if kind == "response_body":
+            body_mode = msg.protocol_config.response_body_mode if msg.HasField("protocol_config") else mode
+            return self._pass_body(body_mode, msg.response_body, response=True)
+        return ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
 
     @staticmethod
     def _pass_body(mode: int, body: ep.HttpBody, response: bool = False) -> ep.ProcessingResponse:
