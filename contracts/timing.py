@@ -21,6 +21,8 @@ KV_RESERVE_WAIT_S = 2.0  # a handoff waits this long for free blocks, then answe
 KV_TRANSFER_TIMEOUT_S = 10.0  # a KV pull that takes longer fails
 PREFILL_QUEUE_S = 10.0  # a prefill not started after this is answered 429 + Retry-After
 KV_LEASE_S = 30.0  # leased KV no decode worker pulled is freed after this (prefill, and migration)
+WORKER_RETRY_AFTER_S = 1.0  # the Retry-After of a worker too full for a request (queue, KV, prefill wait):
+#                             short, because the router tries another worker meanwhile
 
 
 def violations(

@@ -49,8 +49,8 @@ def follow_model(model: str, group) -> None:
     import torch
     from tandem.worker.engine.loader import load_model
     from tandem.worker.engine.model_runner import rank_runner
-    from tandem.worker.engine.paged_forward import kv_layout_for
     from tandem.worker.engine.parallel.executor import follow
+    from tandem.worker.engine.pool_sizing import kv_layout_for
 
     lm = load_model(model, dtype="float32", device="cpu", backend="transformers", tensor_parallel=group.size)
     lm.group = group

@@ -14,21 +14,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tandem.contracts import timing
 from tandem.worker.engine.errors import RequestError
 
 
 class AdmissionControl:
     def __init__(self, max_num_seqs: int, max_waiting: int, *, in_use: Callable[[str], bool],
-                 load: Callable[[], tuple[int, int]]):
+                 load: Callable[[], tuple[int, int]], claims: set[str] | None = None):
         """`in_use(request_id)`: the engine holds a sequence or a lease of that id; `load()`:
-        (sequences running, sequences queued for a seat)."""
+        (sequences running, sequences queued for a seat); `claims`: where the claims are kept (the
+        engine's request table, request_table.py), else a set of its own."""
         if max_num_seqs < 1 or max_waiting < 0:
             raise ValueError("max_num_seqs must be >= 1 and max_waiting >= 0")
         self.max_num_seqs = max_num_seqs
         self.max_waiting = max_waiting
         self._in_use = in_use
         self._load = load
-        self._claims: set[str] = set()
+        self._claims = claims if claims is not None else set()
 
     @property
     def num_claims(self) -> int:
@@ -64,4 +66,5 @@ class AdmissionControl:
         if waiting >= free_seats + self.max_waiting:
             raise RequestError(f"this worker is full: {running} sequences run and {waiting} wait (at most "
                                f"{self.max_waiting}): retry shortly or elsewhere", status=429,
-                               type_="service_unavailable", code="queue_full", retry_after_s=1.0)
+                               type_="service_unavailable", code="queue_full",
+                               retry_after_s=timing.WORKER_RETRY_AFTER_S)

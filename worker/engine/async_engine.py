@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TypeVar
 
+from tandem.contracts import timing
 from tandem.contracts.kv_source import KVSource
 from tandem.contracts.protocol import GenerateRequest
 from tandem.worker.engine import kv_pull
@@ -39,7 +40,6 @@ log = logging.getLogger("tandem.worker.engine")
 T = TypeVar("T")
 DEFAULT_STALL_S = 120.0  # longer than any one step a worker should ever take (a prefill chunk)
 _PREFILL_POLL_S = 1.0  # how often a waiting prefill looks at its queue deadline and the engine's health
-RETRY_AFTER_S = 1.0  # what a full worker asks callers to wait: the router tries elsewhere meanwhile
 
 
 @dataclass
@@ -178,7 +178,7 @@ class AsyncEngine:
             if time.monotonic() >= deadline and self.engine.withdraw(rid):
                 raise RequestError(f"the prompt waited {queue_s:g} s in this prefill worker's queue without "
                                    "starting", status=429, type_="service_unavailable",
-                                   code="prefill_queue_timeout", retry_after_s=RETRY_AFTER_S)
+                                   code="prefill_queue_timeout", retry_after_s=timing.WORKER_RETRY_AFTER_S)
 
     async def _sequence(self, req: GenerateRequest, prefill_only: bool = False) -> EngineSequence:
         """engine.make_sequence, on a thread when it tokenizes text or messages or builds a grammar (the

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from tandem.worker.engine.paged_forward import BatchItem, PagedForward
+from tandem.worker.engine.model_runner import BatchItem, ModelRunner
 from tandem.worker.engine.sampling import SampleRow, sample_batch
 from tandem.worker.engine.scheduler import ScheduledChunk
 
@@ -24,7 +24,7 @@ log = logging.getLogger("tandem.worker.engine")
 Result = int | None | Exception
 
 
-def run_batch(runner: PagedForward, chunks: Sequence[ScheduledChunk], items: Sequence[BatchItem]) -> list[Result]:
+def run_batch(runner: ModelRunner, chunks: Sequence[ScheduledChunk], items: Sequence[BatchItem]) -> list[Result]:
     """Forward pass and sampling for `chunks` (their `items`); never raises."""
     try:
         out = runner.forward(list(items))

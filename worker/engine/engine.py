@@ -1,10 +1,10 @@
 """The engine: a model, one paged KV pool, a scheduler, and the step that ties them together.
 
-`Engine` is synchronous and holds every request from its claim to its end (request_state.py lists
-the states and what moves a request between them), guarded by one lock. It owns its state through
-objects that own theirs: admission control (admission.py: claims, unique ids, the bounded queue),
-the scheduler (who runs each step), the lease table (leases.py: blocks kept for a peer's pull),
-the prefix cache over the block allocator. `AsyncEngine` (async_engine.py) runs its steps on a
+`Engine` is synchronous and holds every request from its claim to its end, guarded by one lock. The
+request table (request_table.py) holds them and is the one writer of their states, along the moves
+request_state.py allows; the engine owns the rest through objects that own theirs: admission control
+(admission.py: unique ids, the bounded queue), the scheduler (who runs each step), the prefix cache
+over the block allocator. `AsyncEngine` (async_engine.py) runs its steps on a
 dedicated thread and drives the stages that wait (tokenizing, the KV pull) for the HTTP server;
 tests and benchmarks drive `Engine` directly. The model is reached through one interface, the
 runner (model_runner.py `build_runner`: `forward(items) -> StepLogits`).
@@ -30,11 +30,11 @@ from tandem.worker.engine.intake import Intake
 from tandem.worker.engine.leases import LeaseTable
 from tandem.worker.engine.loader import LoadedModel, load_model
 from tandem.worker.engine.migration import hand_out
-from tandem.worker.engine.model_runner import build_runner
-from tandem.worker.engine.paged_forward import BatchItem
+from tandem.worker.engine.model_runner import BatchItem, build_runner
 from tandem.worker.engine.pool_sizing import size_pool
 from tandem.worker.engine.prefix_cache import PrefixCache, PullReservation, prefix_salt
 from tandem.worker.engine.request_state import RequestState
+from tandem.worker.engine.request_table import RequestTable
 from tandem.worker.engine.scheduler import ScheduledChunk, Scheduler
 from tandem.worker.engine.sequence import EngineSequence, SeqOutput
 
@@ -68,10 +68,12 @@ class Engine:
         self.prefix_hash_salt = prefix_salt(self.layout, str(lm.config.model_type), self.vocab_size)
         self.prefix_cache = PrefixCache(self.allocator, config.block_size, self.prefix_hash_salt,
                                         enabled=config.prefix_caching)
+        # Every request here and its state (claims, held sequences, leases): its one writer.
+        self.requests = RequestTable(lease_s)
         self.scheduler = Scheduler(
             self.allocator, config.block_size, config.max_num_seqs, config.max_batched_tokens,
             on_preempt=self._on_preempt, prefill_chunk_tokens=config.prefill_chunk_tokens,
-            prefix_cache=self.prefix_cache,
+            prefix_cache=self.prefix_cache, requests=self.requests,
         )
         self.chunk_sizer = sizer_for(self.scheduler, config.prefill_stall_factor, config.block_size)
         self.runner, why = build_runner(lm, self.pool, self.layout, config.compile, self.max_model_len)
@@ -80,24 +82,34 @@ class Engine:
                  why, self.scheduler.prefill_chunk_tokens, "on" if config.prefix_caching else "off")
         # Guards every request and block; publishes the prefix cache's changes as it is let go.
         self.lock = PublishingLock(self.prefix_cache.publish)
-        self.seqs: dict[str, EngineSequence] = {}  # PULLING, WAITING or RUNNING, by request id
-        self.leases = LeaseTable(lease_s)  # LEASED and MIGRATING
         max_waiting = config.max_waiting if config.max_waiting is not None else 2 * config.max_num_seqs
         self.admission = AdmissionControl(
-            config.max_num_seqs, max_waiting, in_use=lambda rid: rid in self.seqs or rid in self.leases,
-            load=lambda: (len(self.scheduler.running), self.scheduler.num_queued))
+            config.max_num_seqs, max_waiting, in_use=self.requests.holds,
+            load=lambda: (len(self.scheduler.running), self.scheduler.num_queued), claims=self.requests.claims)
         self.stats = EngineStats()
         self.on_step = on_step
-        self._in_flight: set[str] = set()
-        self._abort_after_step: set[str] = set()  # aborted while in the step's forward pass
-        self._abort_after_pull: set[str] = set()  # aborted while their KV was being pulled
         self._migrating = False  # draining: every sequence leaves at the start of the next step
+
+    @property
+    def seqs(self) -> dict[str, EngineSequence]:
+        """PULLING, WAITING, RUNNING or ABORTING, by request id (the request table's; read only)."""
+        return self.requests.seqs
+
+    @property
+    def leases(self) -> LeaseTable:
+        """LEASED and MIGRATING (the request table's; read only)."""
+        return self.requests.leases
 
     # ---- requests in: claimed, then WAITING or PULLING (request_state.py) ----------------------
 
     def make_sequence(self, req: GenerateRequest, *, prefill_only: bool = False) -> EngineSequence:
-        """Tokenize and validate a request (intake.py); RequestError (a 4xx) for anything wrong."""
-        return self.intake.sequence(req, prefill_only=prefill_only)
+        """Tokenize and validate a request (intake.py); RequestError (a 4xx) for anything wrong. One
+        that the tokens it generated elsewhere already end is made FINISHED_STOPPED or _LENGTH."""
+        seq, ended = self.intake.sequence(req, prefill_only=prefill_only)
+        if ended is not None:
+            with self.lock:
+                self.requests.move(seq, RequestState.finished(ended))
+        return seq
 
     def claim(self, request_id: str) -> None:
         """Hold an id and a queue place before any work for a request (admission.py): RequestError
@@ -115,7 +127,6 @@ class Engine:
         (unclaimed, it is admitted now: 409 or 429 as claim)."""
         with self.lock:
             self.admission.take(seq.request_id)
-            self.seqs[seq.request_id] = seq
             self.stats.prompt_tokens_total += len(seq.prompt_ids)
             self.scheduler.add(seq)
 
@@ -127,8 +138,7 @@ class Engine:
         with self.lock:
             res = self.prefix_cache.reserve(seq, spare=len(self.scheduler.running))
             if res is not None:
-                seq.status = RequestState.PULLING
-                self.seqs[seq.request_id] = seq
+                self.requests.move(seq, RequestState.PULLING)
             return res
 
     def finish_pull(self, seq: EngineSequence) -> None:
@@ -136,13 +146,12 @@ class Engine:
         token is the next one to run. Its claim ends here. One aborted meanwhile ends now."""
         with self.lock:
             self.admission.take(seq.request_id)
-            if seq.request_id not in self._abort_after_pull:
+            if seq.status is not RequestState.ABORTING:
                 seq.num_computed = seq.num_tokens - 1
                 self.prefix_cache.commit(seq)
                 self.stats.prompt_tokens_total += len(seq.prompt_ids)
                 self.scheduler.add_ready(seq)
                 return
-            self._abort_after_pull.discard(seq.request_id)
             out = self._aborted(seq)
         seq.emit(out)
 
@@ -152,16 +161,15 @@ class Engine:
         stopped (free_landed). Its claim stays with the caller (unclaim). With requeue (its KV failed
         verification) it goes to WAITING instead, to be prefilled here, unless aborted meanwhile."""
         with self.lock:
-            aborted = seq.request_id in self._abort_after_pull
-            self._abort_after_pull.discard(seq.request_id)
-            self.seqs.pop(seq.request_id, None)
-            seq.status = RequestState.FINISHED
+            aborted = seq.status is RequestState.ABORTING
             kept = list(seq.block_table) if keep_blocks else []
             if keep_blocks:
                 seq.block_table = []
             self.prefix_cache.release(seq)
             if requeue and not aborted:
-                self.add(seq)  # its claim ends here
+                self.add(seq)  # PULLING -> WAITING; its claim ends here
+            else:
+                self.requests.move(seq, RequestState.FINISHED_ABORTED if aborted else RequestState.FINISHED_ERROR)
             return kept
 
     def free_landed(self, block_ids: list[int]) -> None:
@@ -175,16 +183,15 @@ class Engine:
         """Cancel a request in any state and free what it holds here; its KV lease only when
         lease_token proves it (the lease's token went only to the decode worker and router). One
         inside a step's forward pass, or being pulled, ends when that step or pull does."""
-        found = lease_token is not None and self._end_lease(request_id, lease_token)
+        found = lease_token is not None and self._end_lease(request_id, lease_token, aborted=True)
         with self.lock:
             seq = self.seqs.get(request_id)
             if seq is None:
                 return found
-            if seq.status == RequestState.PULLING:
-                self._abort_after_pull.add(request_id)
+            if seq.status is RequestState.ABORTING:
                 return True
-            if request_id in self._in_flight:
-                self._abort_after_step.add(request_id)
+            if seq.status is RequestState.PULLING or request_id in self.requests.in_flight:
+                self.requests.move(seq, RequestState.ABORTING)  # ends with its pull or its step
                 return True
             out = self._aborted(seq)
         seq.emit(out)
@@ -195,10 +202,9 @@ class Engine:
         it runs already or is gone."""
         with self.lock:
             seq = self.seqs.get(request_id)
-            if seq is None or request_id in self._in_flight or not self.scheduler.withdraw(seq):
+            if seq is None or request_id in self.requests.in_flight or not self.scheduler.withdraw(seq):
                 return False
-            del self.seqs[request_id]
-            seq.status = RequestState.FINISHED
+            self.requests.move(seq, RequestState.FINISHED_WITHDRAWN)
             return True
 
     def release_lease(self, request_id: str, lease_token: str) -> bool:
@@ -215,17 +221,15 @@ class Engine:
                 self._end_lease(rid, None)
         return expired
 
-    def _end_lease(self, request_id: str, lease_token: str | None) -> bool:
+    def _end_lease(self, request_id: str, lease_token: str | None, *, aborted: bool = False) -> bool:
         with self.lock:
-            lease = self.leases.take(request_id, lease_token)
+            lease = self.requests.end_lease(request_id, lease_token, aborted=aborted)
             if lease is not None:
                 self.scheduler.free_blocks(lease.seq)
             return lease is not None
 
     def _aborted(self, seq: EngineSequence) -> SeqOutput:
-        """Under the lock: seq ends (WAITING, RUNNING, or LEASED by the step it was aborted in)."""
-        if seq.status.holds_lease:
-            self._end_lease(seq.request_id, None)
+        """Under the lock: seq ends (WAITING, RUNNING, or ABORTING once its step or pull is over)."""
         self._finish(seq, FinishReason.ABORT)
         return SeqOutput(seq.request_id, text=seq.final_text(), finished=True, finish_reason=FinishReason.ABORT)
 
@@ -265,21 +269,16 @@ class Engine:
                 BatchItem(c.seq.all_ids[c.start : c.start + c.num_tokens], c.start, list(c.seq.block_table), c.sample)
                 for c in chunks
             ]
-            self._in_flight = {c.seq.request_id for c in chunks}
-            prefill_tokens = sum(c.num_tokens for c in chunks if c.num_tokens > 1 or not c.seq.output_ids)
+            self.requests.in_flight = frozenset(c.seq.request_id for c in chunks)
+            prefill_tokens = sum(c.num_tokens for c in chunks if c.prefill)
         results = run_batch(self.runner, chunks, items)
         emits: list[tuple[EngineSequence, SeqOutput]] = []
         with self.lock:
-            self._in_flight = set()
+            self.requests.in_flight = frozenset()
             for c, result in zip(chunks, results, strict=True):
                 out = self._advance(c, result)
                 if out is not None:
                     emits.append((c.seq, out))
-            for rid in self._abort_after_step:
-                seq = self.seqs.get(rid) or (self.leases[rid].seq if rid in self.leases else None)
-                if seq is not None:  # a prefill this very step leased: nobody has its token yet
-                    emits.append((seq, self._aborted(seq)))
-            self._abort_after_step = set()
             self.stats.steps_total += 1
             self.stats.prefill_tokens_computed_total += prefill_tokens
         n = sum(c.num_tokens for c in chunks)
@@ -296,6 +295,8 @@ class Engine:
         seq = c.seq
         if seq.finished:
             return None
+        if seq.status is RequestState.ABORTING:  # aborted inside this step: never leased, never continued
+            return self._aborted(seq)
         if isinstance(result, Exception):
             self._finish(seq, FinishReason.ERROR)
             return SeqOutput.engine_error(seq.request_id, result)
@@ -326,16 +327,13 @@ class Engine:
             out.text = seq.detok.take()
             if seq.prefill_only:
                 self.scheduler.running.remove(seq)
-                del self.seqs[seq.request_id]
-                self.leases.add(seq, RequestState.LEASED)
+                self.requests.lease(seq, RequestState.LEASED)
                 out.kv_blocks = list(seq.block_table)
         return out
 
     def _finish(self, seq: EngineSequence, reason: FinishReason) -> None:
         self.stats.requests_finished[reason.value] = self.stats.requests_finished.get(reason.value, 0) + 1
-        seq.status = RequestState.FINISHED
-        seq.finish_reason = reason
-        self.seqs.pop(seq.request_id, None)
+        self.requests.move(seq, RequestState.finished(reason))
         self.scheduler.remove(seq)
 
     def _on_preempt(self, seq: EngineSequence) -> None:
@@ -353,7 +351,7 @@ class Engine:
 
     def _hand_out(self) -> None:
         with self.lock:
-            emits = hand_out(self.seqs, self.scheduler, self.leases, self.layout, self.stats.migrated_out)
+            emits = hand_out(self.requests, self.scheduler, self.layout, self.stats.migrated_out)
         for seq, out in emits:
             seq.emit(out)
 
@@ -389,9 +387,9 @@ class Engine:
     def idle(self) -> bool:
         """Nothing here that a drain waits for: no sequence, no lease, no claimed request."""
         with self.lock:
-            return not (self.seqs or self.leases or self.admission.num_claims)
+            return not self.requests
 
     def outstanding_prompt_tokens(self) -> int:
         with self.lock:
             seqs = list(self.scheduler.waiting) + self.scheduler.running
-            return sum(s.num_pending for s in seqs if s.num_pending > 1)
+            return sum(s.num_pending for s in seqs if not s.decoding)

@@ -8,7 +8,7 @@ import random
 import time
 from typing import Any
 
-from tandem.contracts.protocol import GenerateRequest
+from tandem.contracts.protocol import FinishReason, GenerateRequest
 from tandem.contracts.sampling import SamplingParams
 from tandem.worker.engine.detokenizer import IncrementalDetokenizer
 from tandem.worker.engine.errors import RequestError
@@ -19,7 +19,6 @@ from tandem.worker.engine.request_checks import (
     generated_ids,
     tokenize,
 )
-from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.sequence import EngineSequence
 
 
@@ -37,8 +36,9 @@ class Intake:
     def tokenize(self, req: GenerateRequest) -> list[int]:
         return tokenize(self.tokenizer, req, self.vocab_size)
 
-    def sequence(self, req: GenerateRequest, *, prefill_only: bool = False) -> EngineSequence:
-        """Tokenize and validate a request; raises RequestError (a 4xx) for anything wrong with it."""
+    def sequence(self, req: GenerateRequest, *, prefill_only: bool = False) -> tuple[EngineSequence, FinishReason | None]:
+        """Tokenize and validate a request; raises RequestError (a 4xx) for anything wrong with it.
+        With the sequence, why the tokens it generated elsewhere already end it (else None)."""
         if not isinstance(req.request_id, str) or not req.request_id:
             raise RequestError("request_id must be a non-empty string", param="request_id")
         if not isinstance(req.sampling, SamplingParams):
@@ -69,14 +69,14 @@ class Intake:
         seq.detok = IncrementalDetokenizer(self.tokenizer, prompt, p.stop)
         if p.structured is not None:
             seq.grammar = self.grammars.compile(p.structured)
-        _replay(seq, resumed, req.emitted_chars)
-        return seq
+        return seq, _replay(seq, resumed, req.emitted_chars)
 
 
-def _replay(seq: EngineSequence, resumed: list[int], emitted_chars: int | None) -> None:
+def _replay(seq: EngineSequence, resumed: list[int], emitted_chars: int | None) -> FinishReason | None:
     """Run tokens generated elsewhere through the stop rules and the detokenizer, as the worker that
-    sampled them did, so this one continues from the same state; a request those tokens already
-    ended is left FINISHED (its producer died before it could say so)."""
+    sampled them did, so this one continues from the same state; why those tokens already end the
+    request (its producer died before it could say so), else None."""
+    ended = None
     for i, tok in enumerate(resumed):
         seq.output_ids.append(tok)
         reason = seq.stop_reason(tok)
@@ -85,9 +85,10 @@ def _replay(seq: EngineSequence, resumed: list[int], emitted_chars: int | None) 
             if i != len(resumed) - 1:
                 raise RequestError(f"generated_token_ids go on after token {i} ended the request",
                                    param="generated_token_ids")
-            seq.status, seq.finish_reason = RequestState.FINISHED, reason
+            ended = reason
     if emitted_chars is not None:
         try:
             seq.detok.resume_at(emitted_chars)
         except ValueError as e:
             raise RequestError(f"emitted_chars: {e}", param="emitted_chars") from e
+    return ended

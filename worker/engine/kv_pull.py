@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tandem.worker.engine")
 
-RETRY_AFTER_S = 1.0  # what a worker too full to receive KV asks callers to wait: they try elsewhere
 
 
 Digests = tuple[str, int, list[int]]  # KVSource's digest_algorithm, digest_heads, block_digests
@@ -157,7 +156,7 @@ async def pull(eng: Engine, endpoint: KVEndpoint, req: GenerateRequest, seq: Eng
     res = await wait_for(lambda: eng.begin_pull(seq), endpoint.reserve_wait_s)
     if res is None:
         raise RequestError("the KV cache is full: no blocks free to receive the prompt's KV", status=503,
-                           type_="service_unavailable", code="kv_cache_full", retry_after_s=RETRY_AFTER_S)
+                           type_="service_unavailable", code="kv_cache_full", retry_after_s=timing.WORKER_RETRY_AFTER_S)
     held = len(res.cached)
     missing = src.without_leading_blocks(held, eng.layout.block_size)
     t0 = time.monotonic()

@@ -3,8 +3,9 @@ draining decode worker's sequence: MIGRATING), keyed by request id, proven by a 
 
 A lease's token goes out only with the KVSource naming its blocks (to the router and the worker it
 picks); reading the blocks, releasing them, or aborting the request that holds them must quote it.
-The table holds no lock and frees no block: the engine calls it under its own lock and gives the
-blocks of a lease it takes out back to the pool (engine.py), as it does with the block allocator.
+The table holds no lock, frees no block and writes no state: the request table (request_table.py)
+calls it under the engine's lock and moves the sequence, and the engine gives the blocks of a lease
+taken out back to the pool (engine.py), as it does with the block allocator.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import time
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 
-from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.sequence import EngineSequence
 
 
@@ -41,13 +41,11 @@ class LeaseTable:
         self.lease_s = lease_s
         self._leases: dict[str, Lease] = {}
 
-    def add(self, seq: EngineSequence, state: RequestState, now: float | None = None) -> Lease:
-        """seq's blocks now wait for a peer (state: LEASED or MIGRATING), until lease_s from now."""
-        if not state.holds_lease:
-            raise ValueError(f"a lease is held by a LEASED or MIGRATING request, not {state}")
+    def add(self, seq: EngineSequence, now: float | None = None) -> Lease:
+        """seq's blocks now wait for a peer, until lease_s from now (the request table moves it to
+        LEASED or MIGRATING)."""
         if seq.request_id in self._leases:
             raise ValueError(f"request {seq.request_id!r} holds a lease already")
-        seq.status = state
         lease = Lease(seq, (time.monotonic() if now is None else now) + self.lease_s)
         self._leases[seq.request_id] = lease
         return lease
@@ -70,7 +68,6 @@ class LeaseTable:
         if lease is None or (token is not None and not same_token(lease.token, token)):
             return None
         del self._leases[request_id]
-        lease.seq.status = RequestState.FINISHED
         return lease
 
     def expired(self, now: float | None = None) -> list[str]:

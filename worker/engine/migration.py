@@ -4,7 +4,7 @@ On SIGTERM a decode worker calls Engine.start_migration(); at the start of its n
 takes every sequence out of the scheduler (never while a step is in flight). One that has generated
 and holds KV for all but its last token is MIGRATING: its blocks are leased (leases.py) exactly as a
 prefill result's are, for another decode worker to pull; the rest (queued, mid-prefill) leave
-FINISHED without KV and are recomputed elsewhere. Each gets a last output with `migrated` set
+FINISHED_MIGRATED without KV and are recomputed elsewhere. Each gets a last output with `migrated` set
 (worker/server/generate.py turns it into a MIGRATE line).
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 
 from tandem.contracts.kv_layout import KVLayout
-from tandem.worker.engine.leases import LeaseTable
 from tandem.worker.engine.request_state import RequestState
+from tandem.worker.engine.request_table import RequestTable
 from tandem.worker.engine.scheduler import Scheduler
 from tandem.worker.engine.sequence import EngineSequence, SeqOutput
 
@@ -26,26 +26,25 @@ def kv_to_hand_out(seq: EngineSequence, layout: KVLayout) -> list[int] | None:
     next step would compute), or None when it has none worth moving (nothing generated yet, or a
     prompt not fully computed): it is then recomputed elsewhere."""
     kv_blocks = layout.blocks_for(seq.num_computed)
-    if seq.output_ids and seq.num_pending == 1 and len(seq.block_table) >= kv_blocks:
+    if seq.decoding and len(seq.block_table) >= kv_blocks:
         return seq.block_table[:kv_blocks]
     return None
 
 
-def hand_out(seqs: dict[str, EngineSequence], scheduler: Scheduler, leases: LeaseTable, layout: KVLayout,
+def hand_out(requests: RequestTable, scheduler: Scheduler, layout: KVLayout,
              migrated_out: dict[str, int]) -> list[tuple[EngineSequence, SeqOutput]]:
-    """Under the engine's lock: every sequence in `seqs` but a prefill's or one being pulled leaves
-    the scheduler, MIGRATING with its KV leased or FINISHED with its blocks freed; counted by how
+    """Under the engine's lock: every queued or running sequence but a prefill's leaves the
+    scheduler, MIGRATING with its KV leased or FINISHED_MIGRATED with its blocks freed; counted by how
     in `migrated_out`. The outputs to emit once the lock is let go."""
     emits = []
-    for seq in [s for s in seqs.values() if not s.prefill_only and s.status != RequestState.PULLING]:
+    for seq in [s for s in requests.in_states(RequestState.WAITING, RequestState.RUNNING) if not s.prefill_only]:
         scheduler.take_out(seq)
-        del seqs[seq.request_id]
         kv_blocks = kv_to_hand_out(seq, layout)
         if kv_blocks is not None:
-            leases.add(seq, RequestState.MIGRATING)
+            requests.lease(seq, RequestState.MIGRATING)
         else:
             scheduler.free_blocks(seq)
-            seq.status = RequestState.FINISHED
+            requests.move(seq, RequestState.FINISHED_MIGRATED)
         how = "recompute" if kv_blocks is None else "kv"
         migrated_out[how] = migrated_out.get(how, 0) + 1
         log.info("migrating out (%s)", how, extra={"request_id": seq.request_id})

@@ -7,12 +7,27 @@ sends each step to the others (parallel/executor.py)."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from tandem.contracts.kv_layout import KVLayout
 from tandem.contracts.model_support import ModelBackend
-from tandem.worker.engine.paged_forward import BatchItem, StepLogits
+
+
+@dataclass
+class BatchItem:
+    """One sequence's part of a step: its tokens to run, from which position, over which blocks."""
+
+    token_ids: list[int]
+    start: int  # position of token_ids[0] in the sequence
+    block_table: list[int]
+    sample: bool  # return logits for the last token
+
+
+class StepLogits(NamedTuple):
+    logits: torch.Tensor  # [sampled rows, vocab], float32
+    argmax: torch.Tensor | None = None  # their argmax, when the step computed it
 
 
 class ModelRunner(Protocol):

@@ -10,112 +10,20 @@ tokens then attend by block table, and each chunk with SDPA over its context.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
 
 import torch
 from tandem.contracts.kv_layout import KVLayout
 from tandem.worker.engine import layers
 from tandem.worker.engine.attention import chunk_attention, gather_context
-from tandem.worker.engine.decode_step import MIN_TABLE_WIDTH, CompiledKernels
+from tandem.worker.engine.decode_step import CompiledKernels
+from tandem.worker.engine.model_runner import BatchItem, StepLogits
+from tandem.worker.engine.step_inputs import StepInputs, step_inputs
 from tandem.worker.engine.weights import ModelWeights
 
 # After start-up a shape the warm-up did not compile runs eagerly rather than compiling inside a
 # request (tests set "fail_on_recompile", here or through $TANDEM_RECOMPILE_STANCE for a worker
 # process and its ranks, to prove the warm-up covers every shape).
 RECOMPILE_STANCE = os.environ.get("TANDEM_RECOMPILE_STANCE", "eager_on_recompile")
-
-
-@dataclass
-class BatchItem:
-    token_ids: list[int]
-    start: int  # position of token_ids[0] in the sequence
-    block_table: list[int]
-    sample: bool  # return logits for the last token
-
-
-def kv_layout_for(config, num_blocks: int, block_size: int, dtype: torch.dtype, group: Any = None) -> KVLayout:
-    """The pool layout of a model on one rank (`group`: its tensor-parallel group; None: alone)."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return KVLayout(
-        num_blocks=num_blocks,
-        num_layers=config.num_hidden_layers,
-        block_size=block_size,
-        num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,  # MHA configs name none
-        head_dim=head_dim,
-        dtype=str(dtype).removeprefix("torch."),
-        tp_size=group.size if group is not None else 1,
-        tp_rank=group.rank if group is not None else 0,
-    )
-
-
-@dataclass
-class Chunk:
-    offset: int  # first row in the flat batch
-    num_tokens: int
-    start: int  # position of its first token
-    table: torch.Tensor | None  # its blocks, when it continues a sequence (start > 0)
-
-
-@dataclass
-class StepInputs:
-    """The index tensors of one step, built once and shared by every layer."""
-
-    ids: torch.Tensor
-    positions: torch.Tensor
-    slot_blocks: torch.Tensor
-    slot_offsets: torch.Tensor
-    sample_rows: list[int]
-    decode_rows: list[int] = field(default_factory=list)  # rows of single-token items
-    tables: torch.Tensor | None = None  # [decode rows, width]
-    chunks: list[Chunk] = field(default_factory=list)
-
-    @property
-    def decode_only(self) -> bool:
-        return not self.chunks
-
-
-def step_inputs(items: list[BatchItem], block_size: int, device: torch.device) -> StepInputs:
-    bs = block_size
-    ids: list[int] = []
-    pos: list[int] = []
-    slot_blocks: list[int] = []
-    sample_rows: list[int] = []
-    decode_rows: list[int] = []
-    decode_tables: list[list[int]] = []
-    chunk_specs: list[tuple[int, int, int, list[int]]] = []
-    for it in items:
-        row, n = len(ids), len(it.token_ids)
-        ids.extend(it.token_ids)
-        if n == 1:
-            p = it.start
-            pos.append(p)
-            slot_blocks.append(it.block_table[p // bs])
-            decode_rows.append(row)
-            decode_tables.append(it.block_table[: p // bs + 1])
-        else:
-            pos.extend(range(it.start, it.start + n))
-            table = it.block_table
-            slot_blocks.extend(table[p // bs] for p in range(it.start, it.start + n))
-            chunk_specs.append((row, n, it.start, table[: (it.start + n - 1) // bs + 1]))
-        if it.sample:
-            sample_rows.append(row + n - 1)
-    positions = torch.tensor(pos, dtype=torch.long, device=device)
-    st = StepInputs(
-        ids=torch.tensor(ids, dtype=torch.long, device=device), positions=positions,
-        slot_blocks=torch.tensor(slot_blocks, dtype=torch.long, device=device),
-        slot_offsets=positions % bs, sample_rows=sample_rows, decode_rows=decode_rows)
-    if decode_tables:
-        width = max(MIN_TABLE_WIDTH, max(len(t) for t in decode_tables))
-        st.tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long, device=device)
-    st.chunks = [Chunk(row, n, start, torch.tensor(table, dtype=torch.long, device=device) if start else None)
-                 for row, n, start, table in chunk_specs]
-    return st
-
-
-class StepLogits(NamedTuple):
-    logits: torch.Tensor  # [sampled rows, vocab], float32
-    argmax: torch.Tensor | None = None  # their argmax, when the step computed it
 
 
 class PagedForward:

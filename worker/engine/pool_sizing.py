@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import torch
 from tandem.contracts.kv_layout import KVLayout
 from tandem.worker.engine.config import EngineConfig
 from tandem.worker.engine.errors import ModelLoadError
 from tandem.worker.engine.loader import LoadedModel
-from tandem.worker.engine.paged_forward import kv_layout_for
 
 log = logging.getLogger("tandem.worker.engine")
 
@@ -47,3 +47,18 @@ def size_pool(config: EngineConfig, lm: LoadedModel) -> tuple[KVLayout, int]:
                     max_model_len, num_blocks * config.block_size, num_blocks, config.block_size)
         max_model_len = num_blocks * config.block_size
     return layout, max_model_len
+
+
+def kv_layout_for(config, num_blocks: int, block_size: int, dtype: torch.dtype, group: Any = None) -> KVLayout:
+    """The pool layout of a model on one rank (`group`: its tensor-parallel group; None: alone)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return KVLayout(
+        num_blocks=num_blocks,
+        num_layers=config.num_hidden_layers,
+        block_size=block_size,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,  # MHA configs name none
+        head_dim=head_dim,
+        dtype=str(dtype).removeprefix("torch."),
+        tp_size=group.size if group is not None else 1,
+        tp_rank=group.rank if group is not None else 0,
+    )

@@ -21,20 +21,28 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tandem.worker.engine.block_allocator import BlockAllocator
 from tandem.worker.engine.prefix_cache import PrefixCache
 from tandem.worker.engine.request_state import RequestState
+from tandem.worker.engine.request_table import RequestTable
 from tandem.worker.engine.sequence import EngineSequence
 
 
 @dataclass
 class ScheduledChunk:
+    """One sequence's part of a step, and what it is: a decode (one generated token) or a prefill
+    chunk (prompt, recompute or replay tokens), fixed when it is scheduled (EngineSequence.decoding)."""
+
     seq: EngineSequence
     start: int  # position of the first token in the chunk (= seq.num_computed)
     num_tokens: int
     sample: bool  # the chunk reaches the sequence's last token: sample the next one
+    prefill: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.prefill = not self.seq.decoding
 
 
 class Scheduler:
@@ -48,7 +56,11 @@ class Scheduler:
         prefill_chunk_tokens: int | None = None,
         prefix_cache: PrefixCache | None = None,
         chunk_budget: Callable[[int], int] | None = None,
+        requests: RequestTable | None = None,
     ):
+        """`requests`: the engine's request table, which moves the sequences between WAITING and
+        RUNNING (a scheduler on its own gets a table of its own)."""
+        self.requests = requests if requests is not None else RequestTable()
         self.allocator = allocator
         self.cache = prefix_cache or PrefixCache(allocator, block_size, b"", enabled=False)
         self.block_size = block_size
@@ -74,12 +86,13 @@ class Scheduler:
         return len(self.waiting) + len(self.ready)
 
     def add(self, seq: EngineSequence) -> None:
-        seq.status = RequestState.WAITING
+        """A prompt to prefill here (NEW, or PULLING whose KV failed verification) -> WAITING."""
+        self.requests.move(seq, RequestState.WAITING)
         self.waiting.append(seq)
 
     def add_ready(self, seq: EngineSequence) -> None:
-        """A sequence whose KV is already in the pool (pulled from a prefill worker)."""
-        seq.status = RequestState.WAITING
+        """A sequence whose KV is already in the pool (pulled from a prefill worker): PULLING -> WAITING."""
+        self.requests.move(seq, RequestState.WAITING)
         self.ready.append(seq)
 
     def remove(self, seq: EngineSequence) -> None:
@@ -112,7 +125,8 @@ class Scheduler:
         self.free_blocks(seq)
         seq.num_computed = 0
         seq.num_preemptions += 1
-        seq.status = RequestState.WAITING
+        if seq.status is RequestState.RUNNING:  # a pulled one still waiting for a seat stays WAITING
+            self.requests.move(seq, RequestState.WAITING)
         self.waiting.appendleft(seq)
         self.on_preempt(seq)
 
@@ -139,17 +153,17 @@ class Scheduler:
         # Pulled sequences take the free seats first: they decode in this very step.
         while self.ready and len(self.running) < self.max_num_seqs:
             seq = self.ready.popleft()
-            seq.status = RequestState.RUNNING
+            self.requests.move(seq, RequestState.RUNNING)
             self.running.append(seq)
         prefill_budget = self.prefill_chunk_tokens
         if self.chunk_budget is not None:
-            prefill_budget = min(prefill_budget, self.chunk_budget(sum(s.num_pending == 1 for s in self.running)))
+            prefill_budget = min(prefill_budget, self.chunk_budget(sum(s.decoding for s in self.running)))
         # Decoding sequences first (one token each, so a long prompt's chunk never delays them),
         # then prompts being prefilled; each group oldest first. Preemption victims come off the end.
-        queue = [s for s in self.running if s.num_pending == 1] + [s for s in self.running if s.num_pending > 1]
+        queue = [s for s in self.running if s.decoding] + [s for s in self.running if not s.decoding]
         while queue and budget > 0:
             seq = queue.pop(0)
-            n = self._tokens(seq.num_pending, budget, prefill_budget)
+            n = 1 if seq.decoding else self._tokens(seq.num_pending, budget, prefill_budget)
             if n == 0:
                 continue  # this step's prefill budget is spent: the prompt continues next step
             need = self._need(seq, n)
@@ -164,7 +178,7 @@ class Scheduler:
                 break
             chunks.append(ScheduledChunk(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
             budget -= n
-            prefill_budget -= n if seq.num_pending > 1 else 0
+            prefill_budget -= n if chunks[-1].prefill else 0
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             hit = self.cache.match_to_compute(seq)
@@ -174,20 +188,17 @@ class Scheduler:
             if n == 0 or need > self.allocator.num_free:
                 break  # first come, first served: don't let later requests overtake the head
             self.waiting.popleft()
-            seq.status = RequestState.RUNNING
+            self.requests.move(seq, RequestState.RUNNING)
             self.running.append(seq)
             self.cache.take(seq, hit, seq.num_tokens)
             seq.num_computed = cached
             self._grow(seq, n)  # room checked above, under the engine's lock
             chunks.append(ScheduledChunk(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
             budget -= n
-            prefill_budget -= n if seq.num_pending > 1 else 0
+            prefill_budget -= n
         return chunks
 
     @staticmethod
     def _tokens(pending: int, budget: int, prefill_budget: int) -> int:
-        """Tokens to run this step for a sequence with `pending` to go: its next token when
-        decoding, else a prompt chunk."""
-        if pending == 1:
-            return 1
+        """The prefill chunk this step may run of `pending` tokens still to prefill."""
         return max(0, min(pending, budget, prefill_budget))

@@ -48,13 +48,11 @@ class EngineSequence:
     output_ids: list[int] = field(default_factory=list)
     prefill_only: bool = False  # prefill role: stop after the first token and lease the blocks
     arrival: float = 0.0
-    status: RequestState = RequestState.WAITING
     num_computed: int = 0  # tokens of all_ids whose K/V are in the pool
     block_table: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     detok: Any = None  # IncrementalDetokenizer, set by the engine
     sink: Callable[[SeqOutput], None] | None = None
-    finish_reason: FinishReason | None = None
     num_resumed: int = 0  # generated tokens given by the request (resume); not emitted again
     # Prefix cache (prefix_cache.py): hashes of the full blocks of all_ids computed so far, and
     # how many leading blocks of block_table are named in the cache (or were tried).
@@ -64,6 +62,16 @@ class EngineSequence:
     cache_salt: str | None = None  # the request's prefix-cache salt: its blocks match only the same salt's
     grammar: Any = None  # grammar.Grammar of a structured output, advanced with every token taken
     sampled_logprobs: Any = None  # the TokenLogprobs of the token just sampled (batch.py), until taken
+    # Written by the request table alone (request_table.py), along request_state.TRANSITIONS.
+    _status: RequestState = field(default=RequestState.NEW, init=False)
+
+    @property
+    def status(self) -> RequestState:
+        return self._status
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return self._status.finish_reason
 
     @property
     def all_ids(self) -> list[int]:
@@ -79,8 +87,15 @@ class EngineSequence:
         return self.num_tokens - self.num_computed
 
     @property
+    def decoding(self) -> bool:
+        """Its next step computes one generated token: a decode. Otherwise it has a prompt (a
+        one-token prompt too), a preempted sequence's tokens or replayed ones to prefill: the one
+        answer the scheduler, the chunk sizer, the stats and migration go by."""
+        return self.num_pending == 1 and bool(self.output_ids)
+
+    @property
     def finished(self) -> bool:
-        return self.status == RequestState.FINISHED
+        return self._status.is_finished
 
     def stop_reason(self, tok: int) -> FinishReason | None:
         """The stop rules for `tok`, just appended to output_ids (it also feeds the detokenizer)."""

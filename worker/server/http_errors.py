@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
+from tandem.contracts import timing
 from tandem.contracts.protocol import REQUEST_ID_HEADER, openai_error
 from tandem.worker.server.state import WorkerState
-
-RETRY_AFTER_S = 1  # what a full worker asks callers to wait: the router tries elsewhere meanwhile
 
 
 def error_response(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
@@ -24,7 +23,7 @@ def error_response(status: int, message: str, type_: str = "invalid_request_erro
 def busy_response(status: int, message: str, code: str, request_id: str | None) -> web.Response:
     """429/503 with Retry-After: alive but full, so the router tries another worker or waits."""
     return error_response(status, message, "service_unavailable", code=code, request_id=request_id,
-                          retry_after_s=RETRY_AFTER_S)
+                          retry_after_s=timing.WORKER_RETRY_AFTER_S)
 
 
 def from_request_error(e: Any, request_id: str | None) -> web.Response:

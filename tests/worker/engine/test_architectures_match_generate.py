@@ -65,7 +65,7 @@ def test_prefix_cache_hits_equal_generate(arch):
 def check_logits(arch) -> None:
     """A prompt prefilled in two chunks then decoded token by token through the runner gives, at
     every position, the float32 logits of the model's own forward over the whole sequence."""
-    from tandem.worker.engine.paged_forward import BatchItem
+    from tandem.worker.engine.model_runner import BatchItem
 
     eng = engine(arch)
     ids = prompt(3 * WINDOW + 2, 12)

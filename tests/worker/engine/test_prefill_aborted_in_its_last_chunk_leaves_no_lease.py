@@ -1,6 +1,6 @@
 """A prefill cancelled while the step that computes its last chunk is in flight leaves no lease
-behind: the abort waits for the step, which turns the sequence into a lease, and then ends that
-lease at once (issue 21, defect 3: it used to wait for lease_s, and repeated it filled the pool)."""
+behind: the abort marks it ABORTING, and the step ends it instead of leasing it (issue 21, defect 3:
+the lease used to wait for lease_s, and repeated it filled the pool)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def _abort_during_next_step(eng, request_id: str) -> None:
     forward = eng.runner.forward
 
     def forward_and_abort(items):
-        assert request_id in eng._in_flight, "the abort must land while the step is in flight"
+        assert request_id in eng.requests.in_flight, "the abort must land while the step is in flight"
         eng.abort(request_id)
         return forward(items)
 
@@ -30,7 +30,7 @@ def test_an_abort_during_the_last_chunk_ends_the_lease_that_step_made(make_engin
     seq.sink = outs.append
     eng.add(seq)
     _abort_during_next_step(eng, "p")
-    eng.step()  # the whole prompt in one chunk: its first token is sampled, its blocks leased
+    eng.step()  # the whole prompt in one chunk: its first token is sampled, and it ends unleased
     assert "p" not in eng.leases, "the lease waits for lease_s although nobody will ever get its token"
     assert eng.allocator.num_used == 0
     assert outs[-1].finished and outs[-1].finish_reason == "abort"

@@ -99,3 +99,37 @@ def test_prefill_budget_caps_prompt_tokens_per_step_never_decodes():
         chunks = s.schedule()
     # b's last 2 prompt tokens, then c's first 4 share one step's budget of 6
     assert [(x.seq.request_id, x.start, x.num_tokens) for x in chunks] == [("a", 6, 1), ("b", 18, 2), ("c", 0, 4)]
+
+
+def test_a_one_token_prompt_is_a_prefill_and_a_pulled_sequence_a_decode():
+    """One answer to "is this chunk a prefill?" (EngineSequence.decoding, ScheduledChunk.prefill): a
+    one-token prompt is prefilled (after the decodes, charged to the prefill budget, counted as
+    prompt by the engine's stats and chunk sizer), a sequence whose KV was pulled decodes."""
+    s = Scheduler(BlockAllocator(100), block_size=4, max_num_seqs=8, max_batched_tokens=64,
+                  prefill_chunk_tokens=4)
+    streaming, one, long = _seq("streaming", 3), _seq("one", 1), _seq("long", 8)
+    s.add(streaming)
+    _advance(s.schedule())
+    assert streaming.decoding and not one.decoding
+    s.add(long)
+    s.add(one)
+    chunks = s.schedule()  # the decode first; the long prompt takes the whole prefill budget of 4
+    assert [(c.seq.request_id, c.num_tokens, c.prefill) for c in chunks] == [("streaming", 1, False),
+                                                                             ("long", 4, True)]
+    _advance(chunks)
+    chunks = s.schedule()  # the rest of long's prompt fills the budget again: the one-token prompt waits
+    assert [(c.seq.request_id, c.num_tokens, c.prefill) for c in chunks] == [("streaming", 1, False),
+                                                                             ("long", 4, True)]
+    _advance(chunks)
+    chunks = s.schedule()
+    assert [(c.seq.request_id, c.num_tokens, c.prefill) for c in chunks] == [
+        ("streaming", 1, False), ("long", 1, False), ("one", 1, True)]
+    pulled = _seq("pulled", 6)
+    s.requests.move(pulled, RequestState.PULLING)
+    pulled.output_ids.append(9)
+    pulled.num_computed = pulled.num_tokens - 1
+    pulled.block_table = s.allocator.try_allocate(2)
+    s.add_ready(pulled)
+    assert pulled.decoding
+    _advance(chunks)
+    assert ("pulled", 1, False) in [(c.seq.request_id, c.num_tokens, c.prefill) for c in s.schedule()]

@@ -11,7 +11,7 @@ import textwrap
 
 _RANK = textwrap.dedent("""
     import sys, torch
-    from tandem.worker.engine.paged_forward import BatchItem
+    from tandem.worker.engine.model_runner import BatchItem
     from tandem.worker.engine.parallel.executor import LeaderRunner, StepLimits, follow
     from tandem.worker.engine.parallel.group import GroupFailed, GroupSpec, ParallelGroup
     rank, port = int(sys.argv[1]), int(sys.argv[2])

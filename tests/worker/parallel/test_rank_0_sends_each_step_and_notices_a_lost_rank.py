@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from tandem.worker.engine.paged_forward import BatchItem
+from tandem.worker.engine.model_runner import BatchItem
 from tandem.worker.engine.parallel.executor import (
     Kind,
     LeaderRunner,

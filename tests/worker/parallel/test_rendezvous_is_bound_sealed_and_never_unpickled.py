@@ -119,7 +119,7 @@ _BROADCAST = textwrap.dedent("""
     import sys, torch
     from tandem.worker.engine.parallel.executor import Kind, Message
     from tandem.worker.engine.parallel.group import GroupFailed, GroupSpec, ParallelGroup
-    from tandem.worker.engine.paged_forward import BatchItem
+    from tandem.worker.engine.model_runner import BatchItem
     rank, port, secret = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     spec = GroupSpec(2, rank, "127.0.0.1", port, timeout_s=20, startup_s=240, secret=secret)
     group = ParallelGroup.join(spec, torch.device("cpu"))

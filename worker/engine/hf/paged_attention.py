@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tandem.worker.engine.paged_forward import StepInputs
+from tandem.worker.engine.step_inputs import StepInputs
 
 ATTENTION_NAME = "tandem_paged"
 STEP_KWARG = "tandem_step"  # the model forward's keyword that carries the PagedStep to every layer

@@ -18,7 +18,8 @@ from tandem.contracts.kv_layout import KVLayout
 from tandem.worker.engine.errors import ModelLoadError
 from tandem.worker.engine.hf.packed_linears import pack_linears
 from tandem.worker.engine.hf.paged_attention import STEP_KWARG, PagedStep, layer_windows
-from tandem.worker.engine.paged_forward import BatchItem, StepLogits, step_inputs
+from tandem.worker.engine.model_runner import BatchItem, StepLogits
+from tandem.worker.engine.step_inputs import step_inputs
 
 log = logging.getLogger("tandem.worker.engine")
 

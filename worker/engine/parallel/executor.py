@@ -80,7 +80,7 @@ class Message:
     @classmethod
     def from_json(cls, value: Any) -> Message:
         """The message rank 0 sent (its seal already checked); GroupFailed for any other shape."""
-        from tandem.worker.engine.paged_forward import BatchItem
+        from tandem.worker.engine.model_runner import BatchItem
 
         try:
             items = [BatchItem(list(ids), int(start), list(table), bool(sample))

@@ -46,7 +46,8 @@ def load_rank(agreement: Any, group: Any) -> Any:
     from tandem.worker.engine.decode_step import prepare_kernels
     from tandem.worker.engine.loader import load_model
     from tandem.worker.engine.model_runner import rank_runner
-    from tandem.worker.engine.paged_forward import PagedForward, kv_layout_for
+    from tandem.worker.engine.paged_forward import PagedForward
+    from tandem.worker.engine.pool_sizing import kv_layout_for
     from tandem.worker.engine.weights import model_weights
 
     cfg = agreement.engine_config()
