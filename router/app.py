@@ -9,25 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tandem.contracts import gateway
-from tandem.contracts.json_body import BodyError, decode_json
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER
-from tandem.router import tokenize_api
+from tandem.router import request_gate, tokenize_api
 from tandem.router.chat_fields import decode_echo
 from tandem.router.config import RouterConfig, flow_config
 from tandem.router.errors import RouterError, bad_request, no_worker
-from tandem.router.flow_control import FlowController, FlowRefused, flow_of
+from tandem.router.flow_control import FlowController
 from tandem.router.journey import ClientRequest
 from tandem.router.kv_feed import KVEventFeed
 from tandem.router.metrics import RouterMetrics
@@ -60,12 +58,6 @@ log = logging.getLogger("tandem.router")
 ROUTER_KEY: web.AppKey[Router] = web.AppKey("router")
 TOKENIZER_START_WAIT_S = 10.0  # at start-up, how long a tokenizer fetch from a ready worker may delay serving
 PARITY_START_WAIT_S = 10.0  # at start-up, how long proving the ready pairings may delay serving
-
-
-def _bearer(headers: Mapping[str, str]) -> str | None:
-    """The API key of `Authorization: Bearer KEY` (None without one)."""
-    scheme, _, token = headers.get("Authorization", headers.get("authorization", "")).partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None
 
 
 def _error_response(err: RouterError, request_id: str | None = None) -> web.Response:
@@ -227,43 +219,12 @@ class Router:
 
     # --- small endpoints ----------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def turn(self, headers: Mapping[str, str]) -> AsyncIterator[None]:
-        """The request's turn at the flow control gate, held until its answer is sent (a no-op when
-        flow control is off); `headers` are the request's (its flow, its objective)."""
-        if not self.flow.config.enabled:
-            yield
-            return
-        flow, priority = flow_of(headers, _bearer(headers), self.flow.config)
-        t0 = time.monotonic()
-        self.metrics.flow_waiting.inc()
-        waiting = True
-        try:
-            async with self.flow.admit(flow, priority):
-                waiting = False
-                self.metrics.flow_waiting.dec()
-                self.metrics.flow_wait.observe(time.monotonic() - t0)
-                yield
-        except FlowRefused as refused:
-            self.metrics.flow_refused.labels(refused.reason).inc()
-            raise
-        finally:
-            if waiting:  # refused, or gone before its turn
-                self.metrics.flow_waiting.dec()
+    def turn(self, headers: Mapping[str, str]) -> contextlib.AbstractAsyncContextManager[None]:
+        """The request's turn at flow control, held until its answer is sent (request_gate.py)."""
+        return request_gate.turn(self.flow, self.metrics, headers)
 
     def check_auth(self, headers: Mapping[str, str]) -> None:
-        key = self.config.api_key
-        if not key:
-            return
-        token = _bearer(headers)
-        if token is None or not hmac.compare_digest(token.encode(), key.encode()):
-            raise RouterError(
-                401,
-                "Missing or incorrect API key: send 'Authorization: Bearer <key>'.",
-                "invalid_request_error",
-                None,
-                "invalid_api_key",
-            )
+        request_gate.check_api_key(self.config.api_key, headers)
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -307,25 +268,6 @@ class Router:
         return resp
 
     # --- generation ---------------------------------------------------------------------------
-
-    async def _read_body(self, request: web.Request) -> Any:
-        limit = self.config.max_body_bytes
-        too_large = RouterError(
-            413, f"The request body is larger than this server accepts ({limit} bytes).",
-            "invalid_request_error", None, "request_too_large",
-        )
-        if request.content_length is not None and request.content_length > limit:
-            raise too_large
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge as exc:
-            raise too_large from exc
-        if len(raw) > limit:
-            raise too_large
-        try:
-            return decode_json(raw, request.headers.get("Content-Type"))
-        except BodyError as exc:
-            raise RouterError(exc.status, str(exc), "invalid_request_error", exc.param, exc.code) from None
 
     async def _pin(self, parsed: ParsedRequest, headers: Mapping[str, str]) -> None:
         """Behind a gateway, as a decode pod's sidecar (`gateway_decode`): the request decodes on this
@@ -376,7 +318,7 @@ class Router:
                 if self.draining:
                     raise no_worker("this router is shutting down; retry (another replica serves).", 1)
                 self.check_auth(request.headers)
-                body = await self._read_body(request)
+                body = await request_gate.read_body(request, self.config.max_body_bytes)
                 parsed = parse_request(body, endpoint, self.limits)
                 served = self.workers.model()
                 if served is None:  # no worker has answered yet: which model is unknown

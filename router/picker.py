@@ -192,9 +192,9 @@ class Picker(ep_grpc.ExternalProcessorServicer):
     def _charge(self, request_id: str, pick: Pick, info: RequestInfo, prefilling: bool) -> None:
         """What the request counts on its workers until their polls show it (as the router's own)."""
         assert self.router.workers is not None
-        charges = {pick.route.decode.url: Charge(inflight=1)}
-        if pick.route.prefill is not None and prefilling:
-            charges[pick.route.decode.url] = Charge(planned=1)
+        handoff = pick.route.prefill is not None and prefilling
+        charges = {pick.route.decode.url: Charge(planned=1) if handoff else Charge(inflight=1)}
+        if handoff:
             charges[pick.route.prefill.url] = Charge(1, info.prompt_tokens - pick.route.cached_prefill_tokens)
         self.router.workers.account(request_id, charges)
 

@@ -14,7 +14,6 @@ and gRPC probes; it runs as the router's ServiceAccount (it lists the same pods)
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from tandem.contracts import gateway
@@ -30,7 +29,7 @@ from tandem.operator.render.objects import (
     names,
     selector_labels,
 )
-from tandem.operator.render.router import router_deployment
+from tandem.operator.render.router import router_container, router_pod
 from tandem.operator.spec import InferenceServiceSpec
 
 PICKER = gateway.PICKER
@@ -63,7 +62,7 @@ def sidecar_config(name: str, namespace: str, spec: InferenceServiceSpec) -> dic
 
 def sidecar_container(name: str, spec: InferenceServiceSpec, config: OperatorConfig) -> dict[str, Any]:
     """The router's container as a decode pod's sidecar: its own file, port and probes."""
-    container = copy.deepcopy(_router_pod(name, spec, config)["containers"][0])
+    container = router_container(name, spec, config)  # runtime tandem only (CEL): no model mounts
     container.pop("lifecycle", None)
     container.update({
         "name": SIDECAR,
@@ -90,14 +89,10 @@ def with_sidecar(pod: dict[str, Any], name: str, spec: InferenceServiceSpec, con
     return pod
 
 
-def _router_pod(name: str, spec: InferenceServiceSpec, config: OperatorConfig) -> dict[str, Any]:
-    return router_deployment({"name": name, "namespace": "", "uid": ""}, spec, config, "")["spec"]["template"]["spec"]
-
-
 def picker_deployment(meta: dict, spec: InferenceServiceSpec, config: OperatorConfig, config_hash: str) -> Manifest:
     """The router's pod serving ext_proc on the picker port; ready (gRPC health `readiness`) while it can
     route, live while it answers (`liveness`); the router's ServiceAccount (it discovers the same pods)."""
-    pod = copy.deepcopy(_router_pod(meta["name"], spec, config))
+    pod = router_pod(meta["name"], spec, config)
     container = pod["containers"][0]
     container.update({
         "name": PICKER,

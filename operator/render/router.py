@@ -42,8 +42,14 @@ def router_deployment(meta: dict, spec: InferenceServiceSpec, config: OperatorCo
                       config_hash: str) -> Manifest:
     """No GPU, Restricted pod security, reads pods through its own Role."""
     name = meta["name"]
+    pod_labels = common_labels(name, ROUTER) | {LABEL_ROLE: ROUTER}
+    return deployment(meta, ROUTER, spec.router.replicas, pod_labels, config_hash, router_pod(name, spec, config))
+
+
+def router_pod(name: str, spec: InferenceServiceSpec, config: OperatorConfig) -> dict[str, Any]:
+    """The router's pod spec (the gateway's picker runs the same pod: render/gateway.py)."""
     weights = router_weights(name, spec, config)
-    pod = {
+    return {
         **pod_settings(spec.router, names(name)[ROUTER]),
         "terminationGracePeriodSeconds": ROUTER_PRESTOP_S + ROUTER_SHUTDOWN_GRACE_S + 10,
         "securityContext": {
@@ -56,8 +62,6 @@ def router_deployment(meta: dict, spec: InferenceServiceSpec, config: OperatorCo
         "containers": [router_container(name, spec, config, weights[1])],
         "volumes": [config_volume(name, f"{ROUTER}.yaml"), {"name": "tmp", "emptyDir": {}}, *weights[0]],
     }
-    pod_labels = common_labels(name, ROUTER) | {LABEL_ROLE: ROUTER}
-    return deployment(meta, ROUTER, spec.router.replicas, pod_labels, config_hash, pod)
 
 
 def router_weights(name: str, spec: InferenceServiceSpec, config: OperatorConfig
