@@ -1,9 +1,11 @@
-"""The decode step as one graph: a batch of single tokens through every layer, attending to the
-pool read-only plus their own new K/V, returning the logits and the new K/V to write afterwards.
+"""The decode step: a batch of single tokens through every layer, attending to the pool read-only
+plus their own new K/V, returning the logits and the new K/V to write afterwards.
 
 Without writes inside, the whole step compiles (torch.compile, inductor) into fused C++ loops
 around oneDNN matmuls, with the batch size and the block-table width dynamic: compiled once at
-start-up, never inside a request. Steps that carry prompt chunks run eagerly (paged_forward.py).
+start-up, never inside a request. Its decoder layer is a nested compile region, compiled once and
+called by every layer, so a 30-layer model compiles about what a 1-layer one does. Steps that
+carry prompt chunks run eagerly (paged_forward.py).
 """
 
 from __future__ import annotations
@@ -30,10 +32,28 @@ MIN_TABLE_WIDTH = 2  # block tables are padded to this many columns: a width of 
 LONG_SUM = 4096  # inductor's CPU code sums more float32 values than this in chunks (another graph)
 
 
+def decode_layer(w: ModelWeights, layer: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 pool_layer: torch.Tensor, tables: torch.Tensor, positions: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoder layer of the decode step: h [B, hidden] on, and the layer's new K/V [B, kv_heads, 2, d]."""
+    q, k, v = layers.qkv(w, layer, h, cos, sin)
+    attn = paged_decode_attention(q, pool_layer, tables, positions, w.shape.scaling, k, v)
+    return layers.finish(w, layer, h, attn), torch.stack([k, v], dim=2)
+
+
+def decode_head(w: ModelWeights, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final norm and output head: logits [B, vocab] (float32) and their argmax [B]."""
+    logits = layers.logits(w, h)
+    return logits, logits.argmax(-1)
+
+
 class DecodeStep(nn.Module):
-    def __init__(self, weights: ModelWeights):
+    """The decode step through `layer` (decode_layer, once per layer) and `head` (decode_head)."""
+
+    def __init__(self, weights: ModelWeights, layer: Callable = decode_layer, head: Callable = decode_head):
         super().__init__()
         self.w = weights
+        self.layer, self.head = layer, head
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor, pool: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -45,12 +65,26 @@ class DecodeStep(nn.Module):
         cos, sin = w.cos[positions], w.sin[positions]
         new_kv = []
         for li, layer in enumerate(w.layers):
-            q, k, v = layers.qkv(w, layer, h, cos, sin)
-            attn = paged_decode_attention(q, pool[:, :, li], tables, positions, w.shape.scaling, k, v)
-            h = layers.finish(w, layer, h, attn)
-            new_kv.append(torch.stack([k, v], dim=2))
-        logits = layers.logits(w, h)
-        return logits, logits.argmax(-1), torch.stack(new_kv, dim=2)
+            h, kv = self.layer(w, layer, h, cos, sin, pool[:, :, li], tables, positions)
+            new_kv.append(kv)
+        logits, argmax = self.head(w, h)
+        return logits, argmax, torch.stack(new_kv, dim=2)
+
+
+def _own_code(fn: Callable) -> Callable:
+    """`fn` with a code object of its own: dynamo keeps compiled graphs per code object, so no other
+    model's graphs (tests load many) sit beside this one's, nor count against its recompile limit."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__)
+
+
+def step_to_compile(weights: ModelWeights) -> DecodeStep:
+    """The decode step as torch.compile takes it: its layer a nested compile region, which dynamo
+    traces once and inductor compiles once, each layer calling it with its own weights (the weights
+    are the region's inputs), so the compile costs one layer, not the model's depth; code objects of
+    its own (_own_code), so no other model's graphs sit beside these."""
+    step = DecodeStep(weights, torch.compiler.nested_compile_region(_own_code(decode_layer)), decode_head)
+    step.forward = types.MethodType(_own_code(DecodeStep.forward), step)
+    return step
 
 
 def compiler_found() -> str | None:
@@ -126,19 +160,15 @@ class CompiledKernels:
         self.enabled = enabled
         self.traced: set[int] = set()  # table widths traced (one per range of context lengths)
         self.shape = weights.shape
-        step = DecodeStep(weights).eval()
         self.decode_step: Callable | None = None
         self.decode_attention: Callable = sdpa_decode_attention
         if enabled:
             # Each model compiles two graphs (batch 1 and batch > 1) per function; a process that
             # loads several models (tests) would pass dynamo's default limit of 8 per function.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            # A code object of its own for this step's forward: dynamo keeps compiled graphs per
-            # code object, so no other model's graphs sit beside these, and the guards on module
-            # attributes (0.3 ms a call, 5% of a batch-1 step) can go: this module never changes.
-            own = DecodeStep.forward.__code__.replace()
-            step.forward = types.MethodType(types.FunctionType(own, DecodeStep.forward.__globals__), step)
-            self.decode_step = torch.compile(step, dynamic=False, fullgraph=True,
+            # The guards on module attributes (0.3 ms a call) can go: these modules never change,
+            # and their weights are the graphs' inputs (read at every call: each layer its own).
+            self.decode_step = torch.compile(step_to_compile(weights), dynamic=False, fullgraph=True,
                                              options=step_compile_options())
             self.decode_attention = torch.compile(paged_decode_attention, dynamic=False, fullgraph=True)
 

@@ -1,6 +1,7 @@
 """The compiled decode step (torch.compile at start-up) and the eager path give transformers'
 greedy tokens, for batches from 1 to 6 sequences whose contexts span a growing number of
-blocks; and after the start-up warm-up no batch shape compiles again (a recompile would fail)."""
+blocks; after the start-up warm-up no batch shape compiles again (a recompile would fail); and
+every layer runs the one layer graph (the compile costs one layer, not the model's depth)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,27 @@ def test_contexts_past_4096_tokens_have_their_own_graph(tmp_path_factory, monkey
     assert tokens_of(outs[0]) == reference_generate(hf, long_ids, 6)
     assert tokens_of(outs[1]) == reference_generate(hf, [1, 5, 9], 6)
 
+
+
+@pytest.mark.skipif(compiler_found() is None, reason="torch.compile needs g++ or clang++")
+def test_every_layer_calls_the_one_compiled_layer(make_engine):
+    """The step's graph holds one decoder layer, called by every layer with its own weights (a nested
+    compile region): the compile costs one layer, not the model's depth (a 30-layer model compiled in
+    250 s as one unrolled graph, 46 s this way: BENCHMARKS.md)."""
+    from tandem.worker.engine.decode_step import step_to_compile
+
+    eng = make_engine(block_size=4, compile="on")
+    weights = eng.loaded.engine_weights
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    step = torch.compile(step_to_compile(weights), backend=capture, fullgraph=True, dynamic=False)
+    with torch.inference_mode():
+        step(torch.tensor([5, 6]), torch.tensor([3, 4]), torch.zeros(2, 2, dtype=torch.long), eng.pool)
+    (gm,) = graphs
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and "invoke_subgraph" in str(n.target)]
+    assert len(weights.layers) > 1 and len(calls) == len(weights.layers)
+    assert len({n.args[0].target for n in calls}) == 1, "every layer calls the same subgraph"
