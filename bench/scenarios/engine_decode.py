@@ -86,13 +86,14 @@ def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict, sync) -
     batches = [int(b) for b in args.batches.split(",")]
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(args.device).eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())  # tied: counted once
+    t0 = time.perf_counter()  # the engine's start: loading and, with compile, compiling its decode step
     drv = OfflineEngine(model=str(model_dir), dtype=dtype, num_blocks=max(batches) * 12 + 16, max_num_seqs=max(batches),
                         max_batched_tokens=max(batches) * args.prompt_len, compile=args.compile, device=args.device)
     gen = torch.Generator().manual_seed(0)
     rand = lambda b: [torch.randint(3, 600, (args.prompt_len,), generator=gen).tolist() for _ in range(b)]  # noqa: E731
     tandem_step(drv, rand(min(2, max(batches))), 4, "warm")
     step_seconds(torch, hf, rand(2), 3, sync)
-    out: dict = {"weight_bytes": weight_bytes, "kv_bytes_per_token": drv.engine.layout.bytes_per_token, "batches": {}}
+    out: dict = {"engine_start_s": time.perf_counter() - t0, "weight_bytes": weight_bytes, "kv_bytes_per_token": drv.engine.layout.bytes_per_token, "batches": {}}
     for b in batches:
         rows = []
         for rep in range(args.reps):
@@ -107,13 +108,12 @@ def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict, sync) -
         kv = b * (args.prompt_len + args.new_tokens // 2) * drv.engine.layout.bytes_per_token
         bound = (weight_bytes + kv) / bandwidth["read_bytes_per_s"]
         td, hs = [r["tandem"]["wall_s"] for r in rows], [r["hf"] for r in rows]
-        cpu = [r["tandem"]["cpu_s"] for r in rows]
-        host = [r["tandem"]["host_share"] for r in rows]
+        cpu, host = [r["tandem"]["cpu_s"] for r in rows], [r["tandem"]["host_share"] for r in rows]
         out["batches"][str(b)] = {
             "tandem_step_s": td, "tandem_step_cpu_s": cpu, "tandem_host_share": host,
             "load_avg": [r["load_avg"] for r in rows], "hf_step_s": hs, "bound_s": bound,
             "tandem_over_bound": [t / bound for t in td], "hf_over_tandem": [h / t for h, t in zip(hs, td, strict=True)]}
-        print(f"{dtype:8s} batch {b:3d}: step Tandem {statistics.median(td) * 1e3:6.2f} ms "
+        print(f"{dtype:8s} batch {b:3d} (engine started in {out['engine_start_s']:.1f} s): step Tandem {statistics.median(td) * 1e3:6.2f} ms "
               f"[{min(td) * 1e3:.2f}-{max(td) * 1e3:.2f}], transformers {statistics.median(hs) * 1e3:6.2f} ms; "
               f"bound {bound * 1e3:.2f} ms -> Tandem/bound {statistics.median(td) / bound:.2f}x "
               f"[{min(td) / bound:.2f}-{max(td) / bound:.2f}]; Tandem CPU/step {statistics.median(cpu) * 1e3:.2f} ms "
