@@ -141,6 +141,10 @@ class AsyncEngine:
                 raise RequestError("this worker has no KV transport (--kv-backend none), so it cannot act "
                                    "as a prefill peer", code="kv_backend_mismatch")
             seq = await self._sequence(req, prefill_only=True)
+            if seq.finished:  # its generated tokens already end it: no first token left to compute
+                raise RequestError(f"the tokens this request carries already end it (finish_reason "
+                                   f"{seq.finish_reason}): there is nothing to prefill", param="generated_token_ids",
+                                   code="request_already_finished")
             stream = self._attach(seq)
             eng.add(seq)
             self._wake.set()

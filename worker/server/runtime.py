@@ -110,6 +110,7 @@ class WorkerRuntime:
         self._advertise_url = advertise_url
         self._runner: web.AppRunner | None = None
         self._stop_requested = asyncio.Event()
+        self._handing_out = False
         self._group: Any = None  # tensor parallelism: rank 0's side of the group (engine/parallel/rank_zero.py)
 
     async def boot(self) -> None:
@@ -168,9 +169,7 @@ class WorkerRuntime:
         state.ready, state.draining = False, True  # /ready 503 and new requests 503 draining
         if aeng is None:
             return
-        if self.cfg.migrate_on_drain and state.transport is not None:
-            log.info("draining: handing %d sequences to other decode workers", len(aeng.engine.seqs))
-            aeng.start_migration()  # each stream ends with MIGRATE; the drain waits for the pulls
+        self._hand_out_streams()
         if not await wait_drained(aeng.engine, self.cfg.drain_s, lambda: state.open_streams):
             log.warning("drain timed out with %d sequences and %d leases left", len(aeng.engine.seqs),
                         len(aeng.engine.leases))
@@ -195,7 +194,26 @@ class WorkerRuntime:
     def _catch_signals(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._stop_requested.set)
+            loop.add_signal_handler(sig, self._on_signal)
+
+    def _on_signal(self) -> None:
+        """Stop; a decode worker that hands its streams out starts to at once, in the signal's own
+        callback: the engine thread keeps stepping until it does, and the drain begins only some
+        event-loop turns later (under load, long enough for its streams to run to their end here)."""
+        self._stop_requested.set()
+        if self.state.engine is not None:
+            self.state.ready, self.state.draining = False, True  # as drain() does, now
+            self._hand_out_streams()
+
+    def _hand_out_streams(self) -> None:
+        """A decode worker that migrates on drain hands every sequence out (once): each stream ends
+        with MIGRATE, and the drain waits for the pulls."""
+        aeng = self.state.engine
+        if aeng is None or not self.cfg.migrate_on_drain or self.state.transport is None or self._handing_out:
+            return
+        self._handing_out = True
+        log.info("draining: handing %d sequences to other decode workers", len(aeng.engine.seqs))
+        aeng.start_migration()
 
 
 def _load_engine(cfg: WorkerConfig, on_step: Callable[[float, int], None]) -> Engine:

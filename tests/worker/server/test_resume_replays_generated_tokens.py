@@ -78,3 +78,16 @@ async def test_inconsistent_replays_are_refused_as_the_routers_fault(start_worke
         resp = await w.client.post("/internal/generate", json={"request_id": "bad", "prompt": PROMPT,
                                                                 "sampling": sampling, **fields})
         assert resp.status == 400 and (await resp.json())["error"]["param"] == param
+
+
+async def test_a_prefill_of_a_request_its_tokens_already_ended_is_refused(start_worker):
+    """A prefill has no first token left to compute for a request whose carried tokens end it (the
+    fuzz found it answering 500): 400, nothing held."""
+    p = await start_worker(role="prefill", kv_backend="memory")
+    resp = await p.client.post("/internal/prefill", json={
+        "request_id": "done", "prompt": PROMPT, "generated_token_ids": [7],
+        "sampling": {"max_tokens": 8, "temperature": 0, "stop_token_ids": [7]}})
+    assert resp.status == 400, await resp.text()
+    assert (await resp.json())["error"]["code"] == "request_already_finished"
+    await p.wait_idle()
+    assert p.engine.idle()
