@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 from aiohttp import web
+from tandem.router import request_gate
 from tandem.router.errors import RouterError, bad_request
 from tandem.router.sampling_fields import is_token_id
 from tandem.router.tokenizer import ChatTemplateError, RouterTokenizer
@@ -72,7 +73,7 @@ async def detokenize(router: Any, body: Any) -> dict[str, Any]:
 def add_routes(app: web.Application, router: Any) -> None:
     async def tokenize_route(request: web.Request) -> web.Response:
         router.check_auth(request.headers)
-        body = await router._read_body(request)
+        body = await request_gate.read_body(request, router.config.max_body_bytes)
         check = body.get("model") if isinstance(body, dict) else None
         if check is not None:
             from tandem.router.validation import check_model
@@ -82,7 +83,7 @@ def add_routes(app: web.Application, router: Any) -> None:
 
     async def detokenize_route(request: web.Request) -> web.Response:
         router.check_auth(request.headers)
-        body = await router._read_body(request)
+        body = await request_gate.read_body(request, router.config.max_body_bytes)
         return web.json_response(await detokenize(router, body))
 
     app.router.add_post("/tokenize", tokenize_route)
