@@ -27,6 +27,11 @@ class IllegalTransition(RuntimeError):
     """A move request_state.TRANSITIONS does not allow: a bug in the engine, not in the request."""
 
 
+def _check(seq: EngineSequence, to: RequestState) -> None:
+    if to not in TRANSITIONS.get(seq.status, ()):
+        raise IllegalTransition(f"request {seq.request_id!r}: {seq.status} -> {to} is not a move a request makes")
+
+
 class RequestTable:
     def __init__(self, lease_s: float = 30.0):
         self.claims: set[str] = set()  # CLAIMED (admission.py holds the policy over them)
@@ -38,9 +43,7 @@ class RequestTable:
         """The one writer of a state: seq moves to `to` if TRANSITIONS allows it, else IllegalTransition.
         A sequence entering a held state is held; one leaving for a final or leased state is let go
         (a lease is added by `lease`, taken by `end_lease`)."""
-        frm = seq.status
-        if to not in TRANSITIONS.get(frm, ()):
-            raise IllegalTransition(f"request {seq.request_id!r}: {frm} -> {to} is not a move a request makes")
+        _check(seq, to)
         if to.holds_lease and seq.request_id not in self.leases:
             raise IllegalTransition(f"request {seq.request_id!r}: {to} without a lease (RequestTable.lease)")
         seq._status = to  # noqa: SLF001 - the one writer
@@ -53,6 +56,7 @@ class RequestTable:
         """seq (WAITING or RUNNING) -> LEASED or MIGRATING: its blocks wait in the lease table."""
         if not to.holds_lease:
             raise IllegalTransition(f"request {seq.request_id!r}: {to} holds no lease")
+        _check(seq, to)  # before the lease is added: a refused move leaves no lease behind
         lease = self.leases.add(seq, now)
         self.move(seq, to)
         return lease

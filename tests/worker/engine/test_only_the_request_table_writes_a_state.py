@@ -107,6 +107,9 @@ def test_a_lease_is_taken_and_ended_through_the_table():
     table, seq = RequestTable(lease_s=30.0), _seq()
     with pytest.raises(IllegalTransition):
         table.move(seq, S.LEASED)  # NEW cannot lease; and no move reaches a leased state without a lease
+    with pytest.raises(IllegalTransition):
+        table.lease(seq, S.LEASED)  # NEW cannot lease through the table either
+    assert "r" not in table.leases, "a refused lease leaves none behind"
     table.move(seq, S.WAITING)
     table.move(seq, S.RUNNING)
     with pytest.raises(IllegalTransition):
