@@ -6,6 +6,7 @@ arm is adding a layout or an ArmSpec:
 
   colocated      two colocated workers (core 0, core 1) behind one router
   colocated-1    one colocated worker on two threads, not pinned (both cores), behind one router
+  colocated-c1   one colocated worker on core 1 (the fairness scenario: core 0 left to the clients)
   disagg-nixl    a prefill worker on core 0, a decode worker on core 1, KV over NIXL (UCX)
   disagg-tcp     the same with the TCP handoff
   chaos          two prefill and two decode workers, unpinned, behind two routers (KV over NIXL)
@@ -49,6 +50,7 @@ LAYOUTS = {
     "colocated": Layout("colocated, 2 workers (1 thread, 1 core each)",
                         (("colocated-0", "colocated", 0), ("colocated-1", "colocated", 1))),
     "colocated-1": Layout("colocated, 1 worker on 2 threads", (("colocated-0", "colocated", None),), threads=2),
+    "colocated-c1": Layout("colocated, 1 worker (1 thread) on core 1", (("colocated", "colocated", 1),)),
     "disagg-nixl": Layout("disaggregated 1P+1D, NIXL", PAIR, "nixl"),
     "disagg-tcp": Layout("disaggregated 1P+1D, TCP", PAIR),
     "chaos": Layout("2 prefill + 2 decode workers behind 2 routers",
