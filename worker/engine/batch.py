@@ -1,4 +1,5 @@
-"""One step's forward pass and sampling, with a failure kept to the sequences that caused it.
+"""One step's forward pass and sampling (the runner stage of the step pipeline,
+output_processor.py), with a failure kept to the sequences that caused it.
 
 A batch shares its forward pass and its sampling call, so one sequence whose input breaks them
 would fail every sequence beside it. When the forward pass raises, the batch runs again in halves
@@ -15,13 +16,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from tandem.worker.engine.model_runner import BatchItem, ModelRunner
+from tandem.worker.engine.output_processor import Sampled
 from tandem.worker.engine.sampling import SampleRow, sample_batch
 from tandem.worker.engine.scheduler import ScheduledChunk
 
 log = logging.getLogger("tandem.worker.engine")
 
-# For each chunk: the sampled token, None when the chunk samples nothing, or what failed it.
-Result = int | None | Exception
+# For each chunk: the sampled token and its logprobs, None when the chunk samples nothing, or what failed it.
+Result = Sampled | None | Exception
 
 
 def run_batch(runner: ModelRunner, chunks: Sequence[ScheduledChunk], items: Sequence[BatchItem]) -> list[Result]:
@@ -49,15 +51,13 @@ def _row(c: ScheduledChunk) -> SampleRow:
                      seq.grammar)
 
 
-def _sample(logits: Any, argmax: Any, chunks: list[ScheduledChunk]) -> list[int]:
-    """Tokens for `chunks`; the logprobs of rows that ask wait on their sequence for _append_token."""
+def _sample(logits: Any, argmax: Any, chunks: list[ScheduledChunk]) -> list[Sampled]:
+    """The token of each of `chunks`, with its logprobs where its request asked."""
     tokens, logprobs = sample_batch(logits, [_row(c) for c in chunks], argmax)
-    for c, lp in zip(chunks, logprobs, strict=True):
-        c.seq.sampled_logprobs = lp
-    return tokens
+    return [Sampled(tok, lp) for tok, lp in zip(tokens, logprobs, strict=True)]
 
 
-def sample_rows(logits: Any, argmax: Any, chunks: list[ScheduledChunk]) -> list[int | Exception]:
+def sample_rows(logits: Any, argmax: Any, chunks: list[ScheduledChunk]) -> list[Sampled | Exception]:
     """The next token of each sampled chunk; a row whose sampling raises gets its exception."""
     if not chunks:
         return []
@@ -65,7 +65,7 @@ def sample_rows(logits: Any, argmax: Any, chunks: list[ScheduledChunk]) -> list[
         return list(_sample(logits, argmax, chunks))
     except Exception as e:  # noqa: BLE001 - find the row that raised, below
         log.warning("sampling %d rows failed (%s): sampling each row alone", len(chunks), e)
-    out: list[int | Exception] = []
+    out: list[Sampled | Exception] = []
     for i in range(len(chunks)):
         try:
             row_argmax = None if argmax is None else argmax[i : i + 1]

@@ -31,6 +31,7 @@ from tandem.worker.engine.leases import LeaseTable
 from tandem.worker.engine.loader import LoadedModel, load_model
 from tandem.worker.engine.migration import hand_out
 from tandem.worker.engine.model_runner import BatchItem, build_runner
+from tandem.worker.engine.output_processor import Sampled, final_text, take_output
 from tandem.worker.engine.pool_sizing import size_pool
 from tandem.worker.engine.prefix_cache import PrefixCache, PullReservation, prefix_salt
 from tandem.worker.engine.request_state import RequestState
@@ -231,7 +232,7 @@ class Engine:
     def _aborted(self, seq: EngineSequence) -> SeqOutput:
         """Under the lock: seq ends (WAITING, RUNNING, or ABORTING once its step or pull is over)."""
         self._finish(seq, FinishReason.ABORT)
-        return SeqOutput(seq.request_id, text=seq.final_text(), finished=True, finish_reason=FinishReason.ABORT)
+        return SeqOutput(seq.request_id, text=final_text(seq), finished=True, finish_reason=FinishReason.ABORT)
 
     # ---- leases, as the KV transports ask about them --------------------------------------------
 
@@ -290,7 +291,7 @@ class Engine:
             seq.emit(out)
         return n
 
-    def _advance(self, c: ScheduledChunk, result: int | None | Exception) -> SeqOutput | None:
+    def _advance(self, c: ScheduledChunk, result: Sampled | None | Exception) -> SeqOutput | None:
         """Under the lock: what one chunk's result does to its sequence; its output, if any."""
         seq = c.seq
         if seq.finished:
@@ -312,23 +313,16 @@ class Engine:
                 self._finish(seq, FinishReason.ERROR)
             return SeqOutput.engine_error(seq.request_id, e)
 
-    def _append_token(self, seq: EngineSequence, tok: int) -> SeqOutput:
-        """Add a sampled token, apply the stop rules; RUNNING -> FINISHED, or LEASED for a prefill."""
-        seq.output_ids.append(tok)
+    def _append_token(self, seq: EngineSequence, sampled: Sampled) -> SeqOutput:
+        """A sampled token through the output processor; RUNNING -> FINISHED, or LEASED for a prefill."""
+        out, reason = take_output(seq, sampled)
         self.stats.generation_tokens_total += 1
-        reason = seq.stop_reason(tok)
-        out = SeqOutput(seq.request_id, token_ids=[tok])
-        if seq.sampled_logprobs is not None:
-            out.logprobs, seq.sampled_logprobs = [seq.sampled_logprobs], None
         if reason is not None:
-            out.text, out.finished, out.finish_reason = seq.detok.take(final=True), True, reason
             self._finish(seq, reason)
-        else:
-            out.text = seq.detok.take()
-            if seq.prefill_only:
-                self.scheduler.running.remove(seq)
-                self.requests.lease(seq, RequestState.LEASED)
-                out.kv_blocks = list(seq.block_table)
+        elif seq.prefill_only:
+            self.scheduler.running.remove(seq)
+            self.requests.lease(seq, RequestState.LEASED)
+            out.kv_blocks = list(seq.block_table)
         return out
 
     def _finish(self, seq: EngineSequence, reason: FinishReason) -> None:

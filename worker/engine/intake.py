@@ -13,6 +13,7 @@ from tandem.contracts.sampling import SamplingParams
 from tandem.worker.engine.detokenizer import IncrementalDetokenizer
 from tandem.worker.engine.errors import RequestError
 from tandem.worker.engine.grammar import GrammarCompiler
+from tandem.worker.engine.output_processor import append_token
 from tandem.worker.engine.request_checks import (
     check_cache_salt,
     check_sampling,
@@ -78,8 +79,7 @@ def _replay(seq: EngineSequence, resumed: list[int], emitted_chars: int | None) 
     request (its producer died before it could say so), else None."""
     ended = None
     for i, tok in enumerate(resumed):
-        seq.output_ids.append(tok)
-        reason = seq.stop_reason(tok)
+        reason = append_token(seq, tok)
         seq.detok.take()
         if reason is not None:
             if i != len(resumed) - 1:

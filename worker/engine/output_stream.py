@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from tandem.worker.engine.output_processor import final_text
 from tandem.worker.engine.sequence import EngineSequence, SeqOutput
 
 
@@ -48,6 +49,6 @@ class FinishedStream(OutputStream):
 
     def __init__(self, seq: EngineSequence):
         q: asyncio.Queue[SeqOutput] = asyncio.Queue()
-        q.put_nowait(SeqOutput(seq.request_id, text=seq.detok.take(final=True), finished=True,
+        q.put_nowait(SeqOutput(seq.request_id, text=final_text(seq), finished=True,
                                finish_reason=seq.finish_reason))
         super().__init__(seq, q, lambda rid: None)

@@ -61,7 +61,6 @@ class EngineSequence:
     stop_ids: frozenset[int] = frozenset()  # params.stop_token_ids, for a constant-time check per token
     cache_salt: str | None = None  # the request's prefix-cache salt: its blocks match only the same salt's
     grammar: Any = None  # grammar.Grammar of a structured output, advanced with every token taken
-    sampled_logprobs: Any = None  # the TokenLogprobs of the token just sampled (batch.py), until taken
     # Written by the request table alone (request_table.py), along request_state.TRANSITIONS.
     _status: RequestState = field(default=RequestState.NEW, init=False)
 
@@ -96,25 +95,6 @@ class EngineSequence:
     @property
     def finished(self) -> bool:
         return self._status.is_finished
-
-    def stop_reason(self, tok: int) -> FinishReason | None:
-        """The stop rules for `tok`, just appended to output_ids (it also feeds the detokenizer)."""
-        p = self.params
-        if (tok in self.eos_ids and not p.ignore_eos) or tok in self.stop_ids or self.detok.add(tok):
-            return FinishReason.STOP
-        if self.grammar is not None and self.grammar.accept(tok):
-            return FinishReason.STOP
-        if len(self.output_ids) >= p.max_tokens or self.num_tokens >= self.max_total_len:
-            return FinishReason.LENGTH
-        return None
-
-    def final_text(self) -> str:
-        """The text the detokenizer still holds back, or "" when it is what failed."""
-        try:
-            return self.detok.take(final=True)
-        except Exception:  # noqa: BLE001 - the sequence ends either way
-            log.exception("could not detokenize the end of the text", extra={"request_id": self.request_id})
-            return ""
 
     def emit(self, out: SeqOutput) -> None:
         """Hand an output to the request's listener; its failure stays its own."""
