@@ -81,6 +81,13 @@ def kv_transfer_config(role: Role | str) -> dict | None:
     return None
 
 
+# Structured output as Tandem's engine writes it: llguidance (guidance), compact JSON. vLLM 0.32 takes
+# free whitespace in JSON as a server setting only (a request's `disable_any_whitespace` is ignored),
+# and with it allowed a small model filled a required tool call with whitespace until max_tokens.
+# A `--structured-outputs-config` in spec.runtime.args replaces this one.
+STRUCTURED_OUTPUTS = {"backend": "guidance", "disable_any_whitespace": True}
+
+
 def kv_events_config(port: int = KV_EVENTS_PORT) -> dict:
     return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}",
             "topic": KV_EVENTS_TOPIC}
@@ -132,6 +139,8 @@ def serve_args(o: ServeOptions) -> list[str]:
         args += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
     if o.kv_events_port is not None:
         args += ["--kv-events-config", json.dumps(kv_events_config(o.kv_events_port), separators=(",", ":"))]
+    if not any(a.split("=", 1)[0] == "--structured-outputs-config" for a in o.extra):
+        args += ["--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS, separators=(",", ":"))]
     if o.group is not None:
         g = o.group
         args += ["--nnodes", str(g.nnodes), "--node-rank", str(g.node_rank),

@@ -57,8 +57,8 @@ def vllm_seed(seed: int) -> int:
 
 def structured_outputs(spec: dict[str, Any]) -> dict[str, Any]:
     """vLLM's structured_outputs for a spec (one kind, as validation.py checked). Whether JSON may
-    hold free whitespace is the server's setting in vLLM 0.32 (`--structured-outputs-config
-    '{"disable_any_whitespace": true}'`), not the request's: Tandem's engine writes compact JSON."""
+    hold free whitespace is the server's setting in vLLM 0.32, not the request's: Tandem launches
+    vLLM with compact JSON, as its engine writes (contracts/vllm_serve.py STRUCTURED_OUTPUTS)."""
     kind, value = next(iter(spec.items()))
     if kind == "json_schema":
         return {"json": value}

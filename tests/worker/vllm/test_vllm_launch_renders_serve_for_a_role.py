@@ -138,3 +138,14 @@ def test_a_decode_recomputes_a_prompt_whose_kv_load_failed(tmp_path, monkeypatch
     assert decode["kv_role"] == "kv_consumer" and decode["kv_load_failure_policy"] == "recompute"
     prefill = json.loads(_flag(_launch(tmp_path, "--role", "prefill").argv, "--kv-transfer-config"))
     assert "kv_load_failure_policy" not in prefill
+
+
+def test_structured_output_is_compact_json_unless_the_runtime_args_say_otherwise(tmp_path):
+    from tandem.contracts.vllm_serve import ServeOptions, serve_args
+
+    base = dict(model="/m", served_name="m", role="decode", port=8000)
+    assert json.loads(_flag(serve_args(ServeOptions(**base)), "--structured-outputs-config")) == {
+        "backend": "guidance", "disable_any_whitespace": True}
+    own = ServeOptions(**base, extra=['--structured-outputs-config={"backend":"xgrammar"}'])
+    assert [a for a in serve_args(own) if a.startswith("--structured-outputs-config")] == [
+        '--structured-outputs-config={"backend":"xgrammar"}']
