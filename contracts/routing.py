@@ -29,6 +29,13 @@ class RoutingPolicy(enum.StrEnum):
     PREFIX_AWARE = "prefix-aware"  # the prompt's tokens a worker must still compute or queue behind
 
 
+class FirstToken(enum.StrEnum):
+    """`router.firstToken`: when a handoff's first token (the prefill worker's) reaches the client."""
+
+    AT_ONCE = "at-once"  # as soon as prefill returns it: the KV handoff is then a gap in the stream
+    WITH_DECODE = "with-decode"  # with the decode worker's first token: the handoff is in the TTFT
+
+
 # Load-aware disaggregation: the prefill pool is saturated when every prefill worker has this many
 # prompt tokens queued (about two long prompts); a decode worker running fewer sequences than
 # DECODE_HEADROOM_SEQUENCES may then prefill a prompt itself.

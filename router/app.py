@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tandem.contracts import gateway
 from tandem.contracts.names import Role
 from tandem.contracts.protocol import REQUEST_ID_HEADER
+from tandem.contracts.routing import FirstToken
 from tandem.router import request_gate, tokenize_api
 from tandem.router.chat_fields import decode_echo
 from tandem.router.config import RouterConfig, flow_config
@@ -148,6 +149,7 @@ class Router:
             max_prefill_attempts=self.config.max_prefill_attempts,
             max_resumes=self.config.max_resumes,
             busy_wait_s=self.config.busy_wait_s,
+            hold_first_token=self.config.first_token == FirstToken.WITH_DECODE,
         )
         self.responder = Responder(
             self.orchestrator, self.metrics, write_timeout_s=self.config.write_timeout_s,

@@ -10,6 +10,7 @@ import os
 
 from tandem.contracts import gateway
 from tandem.contracts.internal_auth import load_secret
+from tandem.contracts.routing import FirstToken
 from tandem.router.config import RouterConfig, apply, check_complete, load_yaml
 from tandem.router.policies.registry import POLICIES
 from tandem.router.runtimes.registry import RUNTIMES
@@ -19,7 +20,7 @@ _FLAGS = (
     "host", "port", "namespace", "service", "worker_port", "model", "api_key", "max_body_bytes",
     "max_tokens_limit", "max_request_output_tokens", "max_request_logprobs", "default_max_tokens", "max_prompt_tokens", "short_prompt_threshold", "policy", "runtime",
     "poll_interval_s", "connect_timeout_s", "chunk_timeout_s", "prefill_timeout_s", "log_format",
-    "log_level", "max_stop_chars", "tool_call_parser", "busy_wait_s", "write_timeout_s", "stream_send_buffer_bytes",
+    "log_level", "max_stop_chars", "tool_call_parser", "busy_wait_s", "first_token", "write_timeout_s", "stream_send_buffer_bytes",
     "shutdown_grace_s", "prefill_saturated_tokens", "decode_headroom_sequences", "prefix_sequence_cost_tokens",
     "tokenizer", "parity_probe", "parity_tolerance", "parity_recheck_s", "kv_events_port",
     "max_concurrent_requests", "flow_band_capacity", "flow_ttl_s", "flow_headroom", "ext_proc_port", "gateway_port",
@@ -100,6 +101,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--busy-wait-s", type=float, default=None,
                         help="how long a started stream waits for a busy (429/503) decode worker "
                         f"(default {d.busy_wait_s})")
+    parser.add_argument("--first-token", choices=[f.value for f in FirstToken], default=None,
+                        help="a handoff's first token: to the client at once (the KV handoff is a gap in the "
+                        "stream after it), or with the decode worker's first token (the handoff is in the time "
+                        f"to first token, the stream has no such gap) (default {d.first_token})")
     parser.add_argument("--write-timeout-s", type=float, default=None,
                         help="a streaming client that reads nothing for this long is dropped and its "
                         f"request aborted (default {d.write_timeout_s})")

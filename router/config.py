@@ -19,6 +19,7 @@ from tandem.contracts.routing import (
     DECODE_HEADROOM_SEQUENCES,
     PREFILL_SATURATED_TOKENS,
     PREFIX_SEQUENCE_COST_TOKENS,
+    FirstToken,
 )
 from tandem.contracts.runtimes import DEFAULT_RUNTIME, Runtime
 from tandem.contracts.vllm_serve import KV_EVENTS_PORT
@@ -71,6 +72,9 @@ class RouterConfig:
     max_prefill_attempts: int = 2
     max_resumes: int = 2
     busy_wait_s: float = timing.BUSY_WAIT_S  # waiting for a busy (429/503) decode worker once a stream started
+    # A handoff's first token: to the client at once (the KV handoff is then a gap in its stream), or
+    # with the decode worker's first output (the handoff is in its time to first token): FirstToken.
+    first_token: str = FirstToken.AT_ONCE.value
     write_timeout_s: float = 5.0  # a client that reads nothing for this long is dropped, its request aborted
     stream_send_buffer_bytes: int = 64 * 1024  # kernel send buffer of a streaming connection (0: OS default)
     shutdown_grace_s: float = 30.0  # on SIGTERM: not ready at once, streams may finish for this long
@@ -207,6 +211,8 @@ def _check_routing(c: RouterConfig) -> None:
         raise ValueError(f"parity_tolerance must be a number >= 0 (nats), got {c.parity_tolerance!r}")
     from tandem.router.tool_parsers import PARSERS
 
+    if c.first_token not in {f.value for f in FirstToken}:
+        raise ValueError(f"first_token must be one of {[f.value for f in FirstToken]}, got {c.first_token!r}")
     if c.tool_call_parser not in PARSERS:
         raise ValueError(f"tool_call_parser must be one of {sorted(PARSERS)}, got {c.tool_call_parser!r}")
     if c.tokenizer not in ("workers", "off") and not (Path(c.tokenizer) / "tokenizer.json").is_file():

@@ -15,7 +15,10 @@ The rules, state by state:
 - prefill fails before the first token: another prefill worker the policy picks
   (`max_prefill_attempts` in all), then decode-side prefill (route `prefill_failed`); a busy one
   (429, or 503 with Retry-After) is not failed: route `prefill_saturated`, nothing to abort.
-- prefilled: the client gets the first token at once; the decode worker gets the KV lease.
+- prefilled: the client gets the first token at once; the decode worker gets the KV lease. With
+  `hold_first_token` (`--first-token with-decode`) the first token is held instead and goes out
+  ahead of whatever the request emits next (the decode worker's first token, or its end); an
+  error ends it unsent. The tokens count as the client's for a resume either way.
 - a decode worker fails (dies mid-stream, ends without a finish, refuses the handoff): its copy is
   aborted, a lease nobody pulled is freed, and another worker resumes with every token so far
   (`max_resumes`), else a 502; a worker that died after the last token `max_tokens` allowed is
@@ -32,6 +35,7 @@ many characters the client has (Journey.worker_request), so nothing here trims t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from tandem.contracts.names import Role
@@ -82,6 +86,10 @@ def decide(j: Journey, outcome: Outcome, snap: Snapshot) -> Action:
     docstring); `j.charges` then say what the request counts on each worker."""
     action = _step(j, outcome, snap)
     j.charges = charges(action, j.charges, j.route.decode.url if j.route is not None else None)
+    if j.held and (action.emit or isinstance(action, EndWithError)):
+        held, j.held = j.held, ()
+        if not isinstance(action, EndWithError):
+            action = dataclasses.replace(action, emit=(*held, *action.emit))
     return action
 
 
@@ -237,6 +245,8 @@ def _prefilled(j: Journey, o: Prefilled) -> Action:
     if res.kv is not None:
         assert j.target is not None
         j.kv, j.lease_holder, j.kv_compat = res.kv, o.url, j.target.kv_compat
+    if _rules(j).hold_first_token:
+        j.held, emit = emit, ()
     return _decode_on(j, route.decode, Why.ROUTED, emit=emit, route_reason=j.route_reason)
 
 

@@ -74,6 +74,9 @@ class Rules:
     max_prefill_attempts: int = 2
     max_resumes: int = 2
     busy_wait_s: float = timing.BUSY_WAIT_S  # waiting for a busy decode worker once the client has tokens
+    # --first-token with-decode: a prefill's first token waits for the decode worker's first output,
+    # so the handoff is in the time to first token rather than a gap in the stream (decide.py)
+    hold_first_token: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,7 @@ class Journey:
     busy_deadline: float | None = None  # monotonic end of the waiting allowed to this request
     move: Move | None = None
     charges: dict[str, Charge] = field(default_factory=dict)  # worker url -> what it counts there now
+    held: tuple[Event, ...] = ()  # a prefill's first token, until the decode worker's first output (Rules)
 
     @property
     def done(self) -> bool:

@@ -91,11 +91,13 @@ class Orchestrator:
     max_prefill_attempts: int = 2
     max_resumes: int = 2
     busy_wait_s: float = timing.BUSY_WAIT_S  # waiting for a busy decode worker once the client has tokens
+    hold_first_token: bool = False  # --first-token with-decode (Rules)
     _background: set[asyncio.Task] = field(default_factory=set)
 
     @property
     def rules(self) -> Rules:
-        return Rules(self.policy, self.limits, self.max_prefill_attempts, self.max_resumes, self.busy_wait_s)
+        return Rules(self.policy, self.limits, self.max_prefill_attempts, self.max_resumes, self.busy_wait_s,
+                     self.hold_first_token)
 
     # --- aborts, failures, metrics ------------------------------------------------------------
 

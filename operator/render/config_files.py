@@ -91,6 +91,7 @@ def router_config(name: str, namespace: str, spec: InferenceServiceSpec | Mappin
         "worker_port": WORKER_PORT,
         "model": model.served_name or name,
         "policy": router.policy,
+        "first_token": router.first_token,
         "short_prompt_threshold": router.short_prompt_tokens,
         "prefill_saturated_tokens": router.prefill_saturated_tokens,
         "decode_headroom_sequences": router.decode_headroom_sequences,

@@ -10,6 +10,7 @@ from tandem.contracts.routing import (
     DECODE_HEADROOM_SEQUENCES,
     PREFILL_SATURATED_TOKENS,
     PREFIX_SEQUENCE_COST_TOKENS,
+    FirstToken,
     RoutingPolicy,
 )
 from tandem.operator.spec.fields import Quantity, api_field
@@ -117,6 +118,11 @@ class Router:
         "prefixSequenceCostTokens", minimum=0, maximum=1048576, default=PREFIX_SEQUENCE_COST_TOKENS,
         description="prefix-aware: how many prompt tokens one sequence running on a decode worker weighs "
         "against the prefix it holds (higher spreads a hot prefix sooner).")
+    first_token: str = api_field(
+        "firstToken", enum=[f.value for f in FirstToken], default=FirstToken.AT_ONCE.value,
+        description="When a handoff's first token (the prefill worker's) reaches the client: at-once (the KV "
+        "handoff is then a gap in the stream after it) or with-decode (with the decode worker's first token: "
+        "the handoff is in the time to first token, and the stream has no such gap).")
     limits: RouterLimits = api_field("limits", default={})
     flow_control: FlowControl = api_field("flowControl", default={})
     api_key_secret_ref: SecretKeyRef | None = api_field(

@@ -44,3 +44,7 @@ def test_router_reads_its_file(tmp_path, typed, examples):
     assert cfg.max_prompt_tokens == 7168 and cfg.max_tokens_limit == 1024
     assert cfg.max_body_bytes == 4194304 and cfg.policy == "least-loaded"
     assert cfg.model == "meta-llama/Llama-3.1-8B-Instruct" and cfg.port == 8000
+    assert cfg.first_token == "at-once"
+    held = typed(examples["gpu-roce"]["spec"] | {"router": {"firstToken": "with-decode"}})
+    path.write_text(config_files("llama-8b", "serving", held)["router.yaml"])
+    assert load_yaml(path).first_token == "with-decode"

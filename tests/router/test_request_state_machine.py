@@ -321,3 +321,42 @@ def test_after_a_busy_wait_the_lease_still_goes_only_to_its_kv_compat():
     later = pool("p1", "d9@g2")  # d1 left meanwhile; only another kv_compat is ready
     again = decide(j, Waited(now=101.0), Snapshot(later))
     assert isinstance(again, DecodeOn) and again.worker.url == "d9" and j.kv is None and again.abort == ("p1",)
+
+
+# --first-token with-decode: the handoff in the time to first token, not a gap after the first token
+
+
+def test_with_decode_the_first_token_goes_out_with_the_decode_workers_first():
+    workers = pool("p1", "d1")
+    j, handoff = handed_off(workers, r=rules(hold_first_token=True))
+    assert isinstance(handoff, DecodeOn) and handoff.emit == () and handoff.route_reason is RouteReason.DISAGGREGATED
+    greq = j.worker_request(decode=True)
+    assert (greq.generated_token_ids, greq.emitted_chars) == ([7], 1), "the decode worker continues after it"
+    started, first, last = feed(j, "d1", start(5), token(8, "B"), finish(FinishReason.LENGTH))
+    assert started.emit == ()
+    assert first.emit == (Started(5), Tokens([7], "A"), Tokens([8], "B", offset=1))
+    assert last.emit == (Finished("length", 5, 2),) and j.done and not j.held
+
+
+def test_with_decode_a_resume_keeps_the_first_token_and_sends_it_first():
+    workers = pool("p1", "d1", "d2")
+    j, _ = handed_off(workers, r=rules(hold_first_token=True))
+    (resume,) = feed(j, "d1", died(), workers=workers)
+    assert isinstance(resume, DecodeOn) and resume.why is Why.RESUME and resume.emit == ()
+    assert j.worker_request(decode=True).generated_token_ids == [7]
+    (first,) = feed(j, "d2", token(8, "B"))
+    assert first.emit == (Started(5), Tokens([7], "A"), Tokens([8], "B", offset=1))
+
+
+def test_with_decode_a_request_that_fails_before_decode_answers_sends_nothing():
+    workers = pool("p1", "d1")
+    j, _ = handed_off(workers, r=rules(hold_first_token=True))
+    (failed,) = feed(j, "d1", died(), workers=workers)
+    assert isinstance(failed, EndWithError) and failed.emit == () and not j.held
+
+
+def test_with_decode_a_worker_dying_after_the_last_token_still_sends_the_first():
+    workers = pool("p1", "d1", "d2")
+    j, _ = handed_off(workers, request(max_tokens=1), rules(hold_first_token=True))
+    (done,) = feed(j, "d1", died(), workers=workers)
+    assert isinstance(done, Finish) and done.emit == (Started(5), Tokens([7], "A"), Finished("length", 5, 1))
