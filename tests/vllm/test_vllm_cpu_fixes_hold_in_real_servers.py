@@ -52,5 +52,8 @@ def test_an_idle_server_has_no_busy_polling_thread(vllm_servers) -> None:
     for role in ("prefill", "decode"):
         server = psutil.Process(vllm_servers.pid(role))
         pids = [server.pid, *(p.pid for p in server.children(recursive=True))]
-        busy = {k: share for k, share in _runnable_share(pids).items() if share >= 0.5}
-        assert not busy, f"{role}: threads (pid, tid) runnable in most samples while idle: {busy}"
+        # A busy-polling thread never sleeps: runnable in (nearly) every sample. A thread finishing
+        # the work of a request just served (a fresh clone's run found the prefill server's API
+        # thread runnable in half of 40 samples right after one) is not one.
+        busy = {k: share for k, share in _runnable_share(pids, samples=80).items() if share >= 0.8}
+        assert not busy, f"{role}: threads (pid, tid) runnable in nearly every sample while idle: {busy}"
