@@ -44,7 +44,7 @@ FULL = {
                    "ucx": {"transports": "rc", "netDevices": "mlx5_0:1", "env": {"UCX_A": "1"}},
                    "rdma": {"resourceName": "rdma/ib", "count": 1}, "hostNetwork": True, "ipcLock": True,
                    "minBandwidthGBps": 5.0},
-    "router": {"replicas": 1, "service": {"type": "NodePort", "port": 80}, "policy": "least-loaded",
+    "router": {"replicas": 1, "service": {"type": "NodePort", "port": 80}, "policy": "least-loaded", "firstToken": "with-decode",
                "flowControl": {"maxConcurrentRequests": 16, "bandCapacity": 8, "ttlSeconds": 5.0, "headroom": 2,
                                "objectives": {"interactive": 10}},
                "shortPromptTokens": 0, "prefillSaturatedTokens": 4096, "decodeHeadroomSequences": 8,

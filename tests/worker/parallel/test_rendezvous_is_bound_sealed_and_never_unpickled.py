@@ -57,6 +57,8 @@ _READ_AGREEMENT = textwrap.dedent("""
         print(json.dumps({"engine_id": a.engine_id, "engine": a.engine}))
     except GroupFailed as e:
         print("REFUSED", e)
+    finally:
+        group.close()  # the process group's threads end before the interpreter does
 """)
 
 
@@ -131,6 +133,8 @@ _BROADCAST = textwrap.dedent("""
             print(Message.from_json(group.broadcast()))
     except GroupFailed as e:
         print("REFUSED", e)
+    finally:
+        group.close()  # the process group's threads end before the interpreter does
 """)
 
 
