@@ -60,7 +60,13 @@ def follow_model(model: str, group) -> None:
 
 
 def main() -> int:
+    import faulthandler
+
     import torch
+
+    # A rank that aborts at exit ("terminate called without an active exception", seen once in a
+    # fresh clone under load) prints every thread's Python stack, so the next one names its thread.
+    faulthandler.enable()
     from tandem.worker.engine.parallel.group import GroupSpec, ParallelGroup, make_store
 
     ap = argparse.ArgumentParser()

@@ -118,7 +118,8 @@ def test_a_seal_is_checked_before_any_json_is_read():
 
 
 _BROADCAST = textwrap.dedent("""
-    import sys, torch
+    import faulthandler, sys, torch
+    faulthandler.enable()  # an abort at exit prints every thread's stack
     from tandem.worker.engine.parallel.executor import Kind, Message
     from tandem.worker.engine.parallel.group import GroupFailed, GroupSpec, ParallelGroup
     from tandem.worker.engine.model_runner import BatchItem
