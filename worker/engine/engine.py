@@ -30,7 +30,7 @@ from tandem.worker.engine.intake import Intake
 from tandem.worker.engine.leases import LeaseTable
 from tandem.worker.engine.loader import LoadedModel, load_model
 from tandem.worker.engine.migration import hand_out
-from tandem.worker.engine.model_runner import BatchItem, build_runner
+from tandem.worker.engine.model_runner import build_runner
 from tandem.worker.engine.output_processor import Sampled, final_text, take_output
 from tandem.worker.engine.pool_sizing import size_pool
 from tandem.worker.engine.prefix_cache import PrefixCache, PullReservation, prefix_salt
@@ -266,10 +266,7 @@ class Engine:
             chunks = self.scheduler.schedule()
             if not chunks:
                 return 0
-            items = [
-                BatchItem(c.seq.all_ids[c.start : c.start + c.num_tokens], c.start, list(c.seq.block_table), c.sample)
-                for c in chunks
-            ]
+            items = [c.batch_item() for c in chunks]
             self.requests.in_flight = frozenset(c.seq.request_id for c in chunks)
             prefill_tokens = sum(c.num_tokens for c in chunks if c.prefill)
         results = run_batch(self.runner, chunks, items)

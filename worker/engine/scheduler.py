@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tandem.worker.engine.block_allocator import BlockAllocator
+from tandem.worker.engine.model_runner import BatchItem
 from tandem.worker.engine.prefix_cache import PrefixCache
 from tandem.worker.engine.request_state import RequestState
 from tandem.worker.engine.request_table import RequestTable
@@ -43,6 +44,12 @@ class ScheduledChunk:
 
     def __post_init__(self) -> None:
         self.prefill = not self.seq.decoding
+
+    def batch_item(self) -> BatchItem:
+        """What the runner is given of this chunk: its tokens, from where, over which blocks."""
+        seq = self.seq
+        return BatchItem(seq.all_ids[self.start : self.start + self.num_tokens], self.start, list(seq.block_table),
+                         self.sample)
 
 
 class Scheduler:

@@ -12,7 +12,6 @@ from pathlib import Path
 from tandem.contracts.protocol import FinishReason
 from tandem.testing.engine_helpers import greedy, run_to_completion, submit
 from tandem.worker.engine.batch import run_batch
-from tandem.worker.engine.model_runner import BatchItem
 from tandem.worker.engine.output_processor import Sampled, take_output
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -54,9 +53,7 @@ def test_only_the_output_processor_takes_a_token_into_a_sequence() -> None:
 def _scheduled(engine, prompt, params):
     outs = submit(engine, "r", prompt, params)
     chunks = engine.scheduler.schedule()
-    items = [BatchItem(c.seq.all_ids[c.start:c.start + c.num_tokens], c.start, list(c.seq.block_table), c.sample)
-             for c in chunks]
-    return outs, chunks, items
+    return outs, chunks, [c.batch_item() for c in chunks]
 
 
 def test_the_runner_returns_tokens_and_logprobs_and_leaves_the_sequence_alone(make_engine) -> None:
