@@ -64,9 +64,7 @@ def main() -> int:
 
     import torch
 
-    # A rank that aborts at exit ("terminate called without an active exception", seen once in a
-    # fresh clone under load) prints every thread's Python stack, so the next one names its thread.
-    faulthandler.enable()
+    faulthandler.enable()  # a rank that aborts prints every thread's Python stack
     from tandem.worker.engine.parallel.group import GroupSpec, ParallelGroup, make_store
 
     ap = argparse.ArgumentParser()
@@ -93,4 +91,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from tandem.worker.engine.parallel.group import leave_process
+
+    leave_process(main())  # as a worker's follower rank leaves: no finalising of the group's threads

@@ -215,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("tandem.worker").info("starting worker", extra={"settings": cfg.public()})
     if cfg.placement.rank > 0:  # a follower rank of a tensor-parallel group: no HTTP API of its own
         from tandem.worker.engine.parallel.follower import run_follower
+        from tandem.worker.engine.parallel.group import leave_process
 
-        return run_follower(cfg)
+        leave_process(run_follower(cfg))  # the group is closed; skip finalising its native threads
     return asyncio.run(serve(cfg))

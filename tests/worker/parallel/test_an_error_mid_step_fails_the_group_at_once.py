@@ -13,7 +13,7 @@ _RANK = textwrap.dedent("""
     import sys, torch
     from tandem.worker.engine.model_runner import BatchItem
     from tandem.worker.engine.parallel.executor import LeaderRunner, StepLimits, follow
-    from tandem.worker.engine.parallel.group import GroupFailed, GroupSpec, ParallelGroup
+    from tandem.worker.engine.parallel.group import GroupFailed, GroupSpec, ParallelGroup, leave_process
     rank, port = int(sys.argv[1]), int(sys.argv[2])
     spec = GroupSpec(2, rank, "127.0.0.1", port, timeout_s=900, startup_s=240, secret="s" * 32)
     group = ParallelGroup.join(spec, torch.device("cpu"))
@@ -35,6 +35,9 @@ _RANK = textwrap.dedent("""
         print("NO FAILURE")
     except GroupFailed as e:
         print("FAILED", e)
+    finally:
+        group.close()
+    leave_process(0)  # as a worker's follower rank leaves: no finalising of the group's threads
 """)
 
 

@@ -58,7 +58,7 @@ _READ_AGREEMENT = textwrap.dedent("""
     except GroupFailed as e:
         print("REFUSED", e)
     finally:
-        group.close()  # the process group's threads end before the interpreter does
+        group.close()
 """)
 
 
@@ -121,7 +121,7 @@ _BROADCAST = textwrap.dedent("""
     import faulthandler, sys, torch
     faulthandler.enable()  # an abort at exit prints every thread's stack
     from tandem.worker.engine.parallel.executor import Kind, Message
-    from tandem.worker.engine.parallel.group import GroupFailed, GroupSpec, ParallelGroup
+    from tandem.worker.engine.parallel.group import GroupFailed, GroupSpec, ParallelGroup, leave_process
     from tandem.worker.engine.model_runner import BatchItem
     rank, port, secret = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     spec = GroupSpec(2, rank, "127.0.0.1", port, timeout_s=20, startup_s=240, secret=secret)
@@ -135,7 +135,8 @@ _BROADCAST = textwrap.dedent("""
     except GroupFailed as e:
         print("REFUSED", e)
     finally:
-        group.close()  # the process group's threads end before the interpreter does
+        group.close()
+    leave_process(0)  # as a worker's follower rank leaves: no finalising of the group's threads
 """)
 
 

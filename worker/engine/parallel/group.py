@@ -15,11 +15,13 @@ the decode graph as it traces any other op; with one rank they are no-ops.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import struct
+import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -173,6 +175,21 @@ class ParallelGroup:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - leaving a broken group is best effort
                 log.debug("destroying the process group failed", exc_info=True)
+
+
+def leave_process(code: int) -> NoReturn:
+    """End a rank's process with `code` once its group is closed: flush what it wrote, then skip the
+    interpreter's finalisation. There, objects that own gloo's and the store's native threads are torn
+    down in no fixed order, and a thread still joinable is std::terminate ("terminate called without
+    an active exception": twice in fresh clones, each time a test rank exiting after its last step;
+    pytorch/pytorch#179291 describes the race). Nothing is left to finalise: the group is closed."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or gone: nothing more can be said through it
+            pass
+    os._exit(code)
 
 
 def make_store(spec: GroupSpec) -> Any:
