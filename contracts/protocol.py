@@ -137,7 +137,13 @@ class GenerateRequest:
     cache_salt: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"sampling": self.sampling.to_wire()}
+        """The wire form, sharing this request's lists (dataclasses.asdict copied a long prompt's ids
+        one by one: 9% of a router's CPU under a flood of 400-token prompts)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["sampling"] = self.sampling.to_wire()
+        if self.kv_source is not None:
+            d["kv_source"] = dataclasses.asdict(self.kv_source)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GenerateRequest:

@@ -7,6 +7,7 @@ them or refuses connections.
         proxy.stall()     # requests reach the server only after `hold_s`: a server that answers nothing
         proxy.refuse()    # nothing listens on the port any more (connection refused), open ones are cut
         proxy.restore()   # back to passing bytes through, on the same port
+        proxy.answered    # bytes the upstream has sent back so far: which proxy carries a stream
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class TcpProxy:
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
         self.hold_s = 0.0  # how long each chunk from a client waits before it goes upstream
+        self.answered = 0  # bytes the upstream sent back, over every connection
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._listener: socket.socket | None = None
@@ -101,6 +103,8 @@ class TcpProxy:
             while data := src.recv(CHUNK):
                 if held:
                     self._hold(src)
+                else:
+                    self.answered += len(data)
                 dst.sendall(data)
         except OSError:
             pass
