@@ -227,10 +227,6 @@ def check_complete(c: RouterConfig) -> None:
     if c.tokenizer in ("workers", "off"):
         raise ValueError("runtime vllm needs the served model's tokenizer files in a folder (--tokenizer DIR, "
                          "tokenizer: DIR): vLLM serves none, and the router sends vLLM token ids")
-    if c.parity_probe:
-        raise ValueError("runtime vllm has no handoff parity probe yet (vLLM cannot teacher-force a "
-                         "continuation through a KV handoff): run the router with --no-parity-probe "
-                         "(parity_probe: false)")
 
 
 def load_yaml(path: str | Path, config: RouterConfig | None = None) -> RouterConfig:

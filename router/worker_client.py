@@ -64,6 +64,15 @@ WORKER_SIDE_CODES = frozenset(
 ROUTER_FIELDS = frozenset({"kv_source", "first_token_id", "generated_token_ids", "emitted_chars"})
 
 
+class HandoffDiverged(WorkerFailed):
+    """A decode worker given a prefill's KV produced other tokens than the ones the client already
+    has from that prefill (vLLM regenerates the handoff's first token: it must be the prefill's). A
+    request goes elsewhere, as for any WorkerFailed; to the parity probe it is a disagreement."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, dead=False)
+
+
 class WorkerBusy(WorkerFailed):
     """A worker that said it is full (429, or 503 with Retry-After): alive, try another or later."""
 
@@ -174,6 +183,15 @@ class WorkerClient(Protocol):
         `--tokenizer DIR`."""
         ...
 
+    async def score(self, url: str, request_id: str, token_ids: list[int], n: int, cache_salt: str
+                    ) -> list[tuple[int, float]]:
+        """The teacher-forced log probability of each of the last `n` of `token_ids`, (id, logprob),
+        computed there alone in one pass over them all (the handoff parity probe of a runtime whose
+        generate cannot be forced through given tokens: `forces_tokens` False). Raises WorkerFailed.
+        Tandem: not needed (its generate takes `forced_token_ids`). vLLM: POST /v1/completions with
+        `prompt_logprobs: 0` and one token."""
+        ...
+
     def kv_events(self, url: str) -> AsyncGenerator[KVEventMessage, None]:
         """The worker's prefix-cache blocks (kv_feed.py, for the prefix-aware policy only): a
         SNAPSHOT first, then numbered UPDATEs; raises WorkerFailed. Tandem: GET /internal/kv/events.
@@ -200,6 +218,8 @@ KV_EVENT_LINE_BYTES = 2**18  # read buffer for /internal/kv/events lines (worker
 
 class HttpWorkerClient:
     """WorkerClient over HTTP, sharing one aiohttp session."""
+
+    forces_tokens = True  # generate takes sampling.forced_token_ids (the parity probe's teacher forcing)
 
     def __init__(self, session: aiohttp.ClientSession, timeouts: Timeouts | None = None,
                  secret: str | None = None) -> None:

@@ -93,6 +93,9 @@ class FakeWorkers:
     abort_tokens: list[str | None] = field(default_factory=list)  # the lease token each abort carried
     # url -> (set when a stream there is being closed, what the closing waits for)
     close_gates: dict[str, tuple[asyncio.Event, asyncio.Event]] = field(default_factory=dict)
+    forces_tokens: bool = True  # False: a runtime like vLLM's, which the parity probe asks to `score`
+    scores: dict[str, list[list[float] | Exception]] = field(default_factory=lambda: defaultdict(list))
+    scored: list[tuple[str, list[int], int, str]] = field(default_factory=list)  # (url, token_ids, n, salt)
 
     def add(self, url: str, role: Role, kv_compat: str = "g1") -> str:
         self.infos[url] = WorkerInfo(role=role, model="toy", max_model_len=4096, engine_id=url + "-1",
@@ -105,6 +108,10 @@ class FakeWorkers:
 
     def on_generate(self, url: str, *streams: list[StreamItem]) -> None:
         self.streams[url].extend(streams)
+
+    def on_score(self, url: str, *outcomes: list[float] | Exception) -> None:
+        """The logprobs each next `score` call there returns (for its last n tokens), or raises."""
+        self.scores[url].extend(outcomes)
 
     def slow_close(self, url: str) -> tuple[asyncio.Event, asyncio.Event]:
         """Make closing a stream from `url` take time, as a real connection's may: returns (entered,
@@ -146,6 +153,16 @@ class FakeWorkers:
                 entered, release = self.close_gates[url]
                 entered.set()
                 await release.wait()
+
+    async def score(self, url: str, request_id: str, token_ids: list[int], n: int, cache_salt: str
+                    ) -> list[tuple[int, float]]:
+        self.scored.append((url, list(token_ids), n, cache_salt))
+        if not self.scores[url]:
+            raise died(f"no score scripted for {url}")
+        outcome = self.scores[url].pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return list(zip(token_ids[-n:], outcome, strict=True))
 
     async def abort(self, url: str, request_id: str, lease_token: str | None = None) -> None:
         self.aborts.append((url, request_id))

@@ -70,7 +70,7 @@ def test_every_function_the_page_points_to_is_defined_there():
 
 def test_the_runtime_tables_list_the_seams_own_methods():
     text = DOC.read_text()
-    assert sum(bool(SEAM_ROW.match(line)) for line in text.splitlines()) == 9
+    assert sum(bool(SEAM_ROW.match(line)) for line in text.splitlines()) == 10  # WorkerClient 7, RoleRenderer 3
     assert missing_seam_methods(text) == []
 
 

@@ -123,12 +123,11 @@ def runtime_settings(spec: InferenceServiceSpec) -> dict[str, Any]:
     """The router's settings for a runtime other than tandem (none for tandem: its file stays as it
     was). vllm: the vLLM worker client; the tokenizer from the model's folder, which the router pod
     mounts (weights.router_model_dir: the CRD admits only deliveries it can mount), since vLLM's
-    servers take token ids and serve no tokenizer; no parity probe (vLLM cannot teacher-force a
-    continuation, so HandoffVerified says the routers do not probe)."""
+    servers take token ids and serve no tokenizer. The parity probe runs as for tandem (it scores
+    through vLLM's prompt_logprobs: router/parity/probe.py)."""
     if spec.runtime.name is not Runtime.VLLM:
         return {}
-    return {"runtime": spec.runtime.name.value, "tokenizer": router_model_dir(spec) or "off",
-            "parity_probe": False}
+    return {"runtime": spec.runtime.name.value, "tokenizer": router_model_dir(spec) or "off"}
 
 
 def dump(cfg: dict) -> str:

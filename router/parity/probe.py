@@ -11,11 +11,19 @@ alone computes the prompt from scratch, and the handoff pulls every block of it.
 than the salt ignores it: it then keeps the prompt's full blocks from its own pass, which runs
 first, and pulls the rest, always the last block.) Everything a failed probe leaves on a worker (a
 lease, a sequence) is aborted.
+
+A runtime whose generate cannot be forced through given tokens (vLLM: `forces_tokens` False) is
+probed the other way round: the handoff path generates the continuation greedily, with the log
+probability of each token it chose, and the decode worker alone then scores exactly those tokens,
+teacher-forced, as part of a prompt (`WorkerClient.score`: vLLM's `prompt_logprobs`). The alone
+path computes them in one forward pass instead of one decode step each, so its numbers are the
+same only up to the kernels' rounding, which the dtype's tolerance covers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -25,17 +33,17 @@ from tandem.contracts.protocol import EventType, GenerateRequest
 from tandem.contracts.sampling import LOGPROB_FLOOR, SamplingParams
 from tandem.router.errors import RouterError
 from tandem.router.parity.decisions import Pair, Scored, compare, probe_tokens
-from tandem.router.worker_client import WorkerClient, WorkerFailed, describe
+from tandem.router.worker_client import HandoffDiverged, WorkerClient, WorkerFailed, describe
 
 
-def _sampling(continuation: Sequence[int]) -> SamplingParams:
+def _sampling(continuation: Sequence[int], forced: bool) -> SamplingParams:
     return SamplingParams(max_tokens=len(continuation), temperature=0.0, ignore_eos=True, logprobs=0,
-                          forced_token_ids=list(continuation))
+                          forced_token_ids=list(continuation) if forced else None)
 
 
-def _request(request_id: str, prompt: Sequence[int], continuation: Sequence[int], salt: str,
+def _request(request_id: str, prompt: Sequence[int], continuation: Sequence[int], salt: str, forced: bool = True,
              **handoff: object) -> GenerateRequest:
-    return GenerateRequest(request_id, prompt_token_ids=list(prompt), sampling=_sampling(continuation),
+    return GenerateRequest(request_id, prompt_token_ids=list(prompt), sampling=_sampling(continuation, forced),
                            cache_salt=salt, **handoff)
 
 
@@ -61,16 +69,18 @@ async def _stream(client: WorkerClient, url: str, req: GenerateRequest) -> list[
 
 
 async def _handoff(client: WorkerClient, pair: Pair, rid: str, prompt: Sequence[int],
-                   continuation: Sequence[int]) -> list[Scored]:
-    """Prefill on the prefill worker, then decode with its KV pulled; the lease freed on any failure."""
+                   continuation: Sequence[int], forced: bool = True) -> list[Scored]:
+    """Prefill on the prefill worker, then decode with its KV pulled (forced through `continuation`,
+    or greedy for as many tokens); the lease freed on any failure."""
     salt = f"parity-probe-{rid}"
-    res = await client.prefill(pair.prefill.url, _request(rid, prompt, continuation, salt))
+    res = await client.prefill(pair.prefill.url, _request(rid, prompt, continuation, salt, forced))
     if res.kv is None:
         raise WorkerFailed(f"prefill on {pair.prefill.url} handed off no KV ({res.finish_reason})", dead=False)
     first = _scored(res.first_token_logprobs)
     pulled = False
     try:
-        req = _request(rid, prompt, continuation, salt, kv_source=res.kv, generated_token_ids=[res.first_token_id])
+        req = _request(rid, prompt, continuation, salt, forced, kv_source=res.kv,
+                       generated_token_ids=[res.first_token_id])
         rest = await _stream(client, pair.decode.url, req)
         pulled = True
         return [first, *rest]
@@ -92,6 +102,17 @@ async def _alone(client: WorkerClient, url: str, rid: str, prompt: Sequence[int]
             await client.abort(url, rid)
 
 
+async def _scored_pair(client: WorkerClient, pair: Pair, tag: str, prompt: Sequence[int], n: int
+                       ) -> tuple[list[Scored], list[Scored]]:
+    """(handoff, alone) for a runtime without forcing: the handoff's greedy tokens, then the decode
+    worker alone scoring those very tokens after the prompt."""
+    handoff = await _handoff(client, pair, f"parity-{tag}-handoff", prompt, [0] * n, forced=False)
+    chosen = [s.token_id for s in handoff]
+    rid = f"parity-{tag}-alone"
+    alone = await client.score(pair.decode.url, rid, [*prompt, *chosen], len(chosen), f"parity-probe-{rid}")
+    return handoff, [Scored(t, max(lp, LOGPROB_FLOOR)) for t, lp in alone]
+
+
 async def run_probe(client: WorkerClient, pair: Pair, tolerance: float, timeout_s: float,
                     seed: int | None = None) -> ProbeResult:
     """Probe `pair` within `timeout_s`; never raises for what the workers do (an ERROR result)."""
@@ -104,9 +125,16 @@ async def run_probe(client: WorkerClient, pair: Pair, tolerance: float, timeout_
                          seed=seed)
     try:
         async with asyncio.timeout(timeout_s):
-            alone = await _alone(client, pair.decode.url, f"parity-{tag}-alone", prompt, continuation)
-            handoff = await _handoff(client, pair, f"parity-{tag}-handoff", prompt, continuation)
+            if getattr(client, "forces_tokens", True):
+                alone = await _alone(client, pair.decode.url, f"parity-{tag}-alone", prompt, continuation)
+                handoff = await _handoff(client, pair, f"parity-{tag}-handoff", prompt, continuation)
+            else:
+                handoff, alone = await _scored_pair(client, pair, tag, prompt, len(continuation))
+                continuation = [s.token_id for s in handoff]
         result.outcome, result.max_abs_diff, result.message = compare(handoff, alone, tolerance, continuation)
+    except HandoffDiverged as e:  # no logprob to compare: the tokens themselves differ
+        result.outcome, result.max_abs_diff = ProbeOutcome.MISMATCH, math.inf
+        result.message = f"the handoff's tokens differ: {e}"
     except TimeoutError:
         result.message = f"the probe took longer than {timeout_s:g} s"
     except (WorkerFailed, RouterError) as e:

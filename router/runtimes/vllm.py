@@ -53,7 +53,14 @@ from tandem.router.runtimes.vllm_stream import (
 )
 from tandem.router.tokenizer import RouterTokenizer
 from tandem.router.tokenizer_sync import read_dir
-from tandem.router.worker_client import Timeouts, WorkerFailed, classify, describe, scrub
+from tandem.router.worker_client import (
+    HandoffDiverged,
+    Timeouts,
+    WorkerFailed,
+    classify,
+    describe,
+    scrub,
+)
 
 log = logging.getLogger("tandem.router.vllm")
 
@@ -74,6 +81,8 @@ class _Engine:
 
 class VllmWorkerClient:
     """WorkerClient for vLLM servers, sharing the router's aiohttp session."""
+
+    forces_tokens = False  # vLLM samples every generated token: the parity probe scores with `score`
 
     def __init__(self, session: aiohttp.ClientSession, timeouts: Timeouts, tokenizer_dir: str,
                  kv_events_port: int, kv_events_endpoints: dict[str, str] | None = None,
@@ -213,9 +222,27 @@ class VllmWorkerClient:
                         for ev in stream.chunk(json.loads(line[5:])):
                             yield ev
         except TokenMismatch as exc:
+            if request.kv_source is not None:
+                raise HandoffDiverged(f"{what}: {exc}, after pulling the prefill's KV") from None
             raise WorkerFailed(f"{what}: {exc}", dead=False) from None
         except _BROKEN as exc:
             raise WorkerFailed(f"{what} failed: {describe(exc)}", dead=True) from None
+
+    async def score(self, url: str, request_id: str, token_ids: list[int], n: int, cache_salt: str
+                    ) -> list[tuple[int, float]]:
+        """The last `n` tokens' teacher-forced logprobs: vLLM's `prompt_logprobs` of `token_ids` as a
+        prompt (one forward pass over them; the cache salt keeps any cached KV out of it)."""
+        what = f"scoring on {url}"
+        timeout = aiohttp.ClientTimeout(total=self.timeouts.prefill_s, connect=self.timeouts.connect_s)
+        try:
+            engine = await self._known(url)
+            body = {"model": engine.model, "prompt": list(token_ids), "max_tokens": 1, "temperature": 0.0,
+                    "prompt_logprobs": 0, "cache_salt": cache_salt, "stream": False}
+            async with await self._post(url, body, request_id, timeout) as resp:
+                answer = await resp.json(content_type=None)
+            return scored_prompt(answer["choices"][0]["prompt_logprobs"], token_ids, n)
+        except _BROKEN as exc:
+            raise WorkerFailed(f"{what} failed: {describe(exc)}", dead=False) from None
 
     async def abort(self, url: str, request_id: str, lease_token: str | None = None) -> None:
         """Nothing to send: the router closing the stream aborts it in vLLM."""
@@ -287,6 +314,21 @@ def openai_body(status: int, raw: bytes) -> object:
     return {"error": {"message": str(err.get("message", "")), "param": err.get("param"),
                       "type": "invalid_request_error" if 400 <= status < 500 else "server_error",
                       "code": code if isinstance(code, str) else None}}
+
+
+def scored_prompt(prompt_logprobs: list[Any], token_ids: list[int], n: int) -> list[tuple[int, float]]:
+    """(id, logprob) of each of the last `n` prompt tokens from vLLM's `prompt_logprobs`: one entry
+    per prompt token (the first None), each a map of token id (a string in JSON) to its Logprob,
+    the prompt's own token always among them. ValueError when it does not hold them."""
+    if len(prompt_logprobs) != len(token_ids) or not 0 < n < len(token_ids):
+        raise ValueError(f"prompt_logprobs for {len(prompt_logprobs)} tokens, the prompt has {len(token_ids)}")
+    out = []
+    for tid, entry in zip(token_ids[-n:], prompt_logprobs[-n:], strict=True):
+        lp = (entry or {}).get(str(tid))
+        if not isinstance(lp, dict):
+            raise ValueError(f"prompt_logprobs lack the prompt's own token {tid}")
+        out.append((tid, float(lp["logprob"])))
+    return out
 
 
 def kv_source(url: str, params: dict[str, Any], num_tokens: int) -> KVSource:

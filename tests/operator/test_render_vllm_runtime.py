@@ -121,7 +121,7 @@ def test_a_group_spanning_nodes_has_a_serving_leader_and_headless_followers(type
 def test_the_router_speaks_vllm_and_reads_the_tokenizer_from_the_weights_volume(typed, meta, model, folder, volume):
     out = render(meta, typed(vllm_spec(model=model)), CONFIG)
     config = yaml.safe_load(_by(out, "ConfigMap", "llama-config")["data"]["router.yaml"])
-    assert (config["runtime"], config["tokenizer"], config["parity_probe"]) == ("vllm", folder, False)
+    assert (config["runtime"], config["tokenizer"], config.get("parity_probe", True)) == ("vllm", folder, True)
     pod = _by(out, "Deployment", "llama-router")["spec"]["template"]["spec"]
     assert volume in pod["volumes"]
     mounts = pod["containers"][0]["volumeMounts"]

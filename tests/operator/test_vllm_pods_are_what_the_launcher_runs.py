@@ -84,4 +84,4 @@ def test_the_router_file_is_a_complete_vllm_router_configuration(rendered, tmp_p
     path.write_text(files["router.yaml"].replace("/model-image/models", str(model)))
     config = load_yaml(path)
     check_complete(config)
-    assert (config.runtime, config.tokenizer, config.parity_probe) == ("vllm", str(model), False)
+    assert (config.runtime, config.tokenizer, config.parity_probe) == ("vllm", str(model), True)

@@ -117,8 +117,8 @@ def test_a_vllm_service_becomes_ready_with_launcher_pods_and_a_vllm_router(k8s, 
     data = client.CoreV1Api(api).read_namespaced_config_map(f"{name}-config", namespace).data
     assert yaml.safe_load(data["decode.yaml"])["model"] == "/model-image/models"
     router_config = yaml.safe_load(data["router.yaml"])
-    assert (router_config["runtime"], router_config["tokenizer"], router_config["parity_probe"]) == \
-        ("vllm", "/model-image/models", False)
+    assert (router_config["runtime"], router_config["tokenizer"], router_config.get("parity_probe", True)) == \
+        ("vllm", "/model-image/models", True)
     (router,) = _pods(api, namespace, name, "router")
     mounts = {m.name: m for m in router.spec.containers[0].volume_mounts}
     assert mounts["model"].read_only and mounts["model"].mount_path == "/model-image"

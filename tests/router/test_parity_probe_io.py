@@ -15,6 +15,7 @@ from tandem.contracts.protocol import EventType, FinishReason, PrefillResult, St
 from tandem.router.parity.decisions import UNKNOWN_DTYPE_TOLERANCE, Pair, probe_tokens
 from tandem.router.parity.probe import run_probe
 from tandem.router.policies.base import WorkerView
+from tandem.router.worker_client import HandoffDiverged
 from tandem.testing.fake_workers import Call, FakeWorkers, busy, died, finish, start
 
 P, D = "http://p", "http://d"
@@ -207,3 +208,53 @@ def test_a_prefill_worker_a_broken_decode_pod_dragged_into_mismatch_is_cleared_b
     assert states == {bad: "mismatch", p1: "verified", good: "verified", p2: "verified"}
     pairs = [(c.url, c.request.kv_source.url if c.request.kv_source else None) for c in workers.made("generate")]
     assert pairs[:2] == [(bad, None), (bad, P)], "the broken decode pod was probed first (with b-p1)"
+
+
+# --- a runtime that cannot force tokens (vLLM): the handoff generates, the decode worker alone scores ---
+
+
+def unforced(handoff: list[float], alone: list[float] | Exception) -> FakeWorkers:
+    """The handoff path's greedy tokens are CONT (first from the prefill), with `handoff` logprobs;
+    the decode worker scores them as `alone`."""
+    w = FakeWorkers(forces_tokens=False)
+    w.on_prefill(P, prefilled(handoff[0]))
+    w.on_generate(D, [start(len(PROMPT)), *scored(CONT[1:], handoff[1:]), finish(FinishReason.LENGTH)])
+    w.on_score(D, alone)
+    return w
+
+
+def test_without_forcing_the_decode_worker_alone_scores_exactly_the_handoffs_tokens():
+    lps = [-1.0 - i / 8 for i in range(len(CONT))]
+    w = unforced(lps, [lp + 1e-6 for lp in lps])
+    result = probe(w)
+    assert result.outcome is ProbeOutcome.MATCH and result.max_abs_diff < 1e-5
+    (pre,), (handoff,) = w.made("prefill"), w.made("generate")
+    for call in (pre, handoff):  # nothing forced: greedy, with the chosen tokens' logprobs
+        s = call.request.sampling
+        assert (s.forced_token_ids, s.logprobs, s.temperature, s.max_tokens) == (None, 0, 0.0, 8)
+    ((url, ids, n, salt),) = w.scored
+    assert (url, ids, n) == (D, PROMPT + CONT, 8)  # the prompt, then what the handoff chose
+    assert salt and salt != pre.request.cache_salt and w.aborts == []
+
+
+def test_without_forcing_a_handoff_that_scores_otherwise_is_caught():
+    lps = [-1.0] * len(CONT)
+    result = probe(unforced(lps, [*lps[:5], -7.0, *lps[6:]]))
+    assert result.outcome is ProbeOutcome.MISMATCH and result.max_abs_diff == 6.0
+    assert "continuation token 5" in result.message
+
+
+def test_a_decode_that_diverges_from_the_handoffs_first_token_is_a_mismatch():
+    """vLLM's decode regenerates the prefill's first token from the KV it pulled: another token there
+    is the pairing disagreeing, not a worker failing."""
+    w = FakeWorkers(forces_tokens=False)
+    w.on_prefill(P, prefilled(-1.0))
+    w.on_generate(D, [start(len(PROMPT)), HandoffDiverged("vLLM generated token 9 where the client already has 5")])
+    result = probe(w)
+    assert result.outcome is ProbeOutcome.MISMATCH and result.max_abs_diff == float("inf")
+    assert "the handoff's tokens differ" in result.message and "token 9" in result.message
+
+
+def test_without_forcing_a_decode_worker_that_cannot_score_is_an_error_not_a_verdict():
+    result = probe(unforced([-1.0] * len(CONT), died("scoring failed")))
+    assert result.outcome is ProbeOutcome.ERROR and "scoring failed" in result.message

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,20 @@ class VllmServers:
     def stop(self) -> None:
         self.stack.stop()
         self.colocated.stop()
+
+    def parity(self) -> dict[str, Any]:
+        """The router's GET /internal/parity."""
+        with urllib.request.urlopen(self.url("router") + "/internal/parity", timeout=10) as r:
+            return json.load(r)
+
+    def wait_for_parity(self, timeout_s: float) -> None:
+        """Until the router's parity probe has a verdict on both servers (its first probe runs as the
+        router starts); raises with the report if it has none in time."""
+        deadline = time.monotonic() + timeout_s
+        while not all(w["state"] in ("verified", "mismatch") for w in self.parity()["workers"] or [{"state": ""}]):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no parity verdict within {timeout_s:g} s: {self.parity()}")
+            time.sleep(0.5)
 
     def url(self, role: str) -> str:
         if role == "colocated":
@@ -113,14 +128,18 @@ def vllm_servers(vllm_installed: Path, vllm_model: Path, tmp_path_factory: pytes
          "--model", str(vllm_model), "--host", "127.0.0.1", "--port", str(port), "--served-name", SERVED,
          "--kv-events-port", "0", KV_CACHE],
         url=f"http://127.0.0.1:{port}", log_path=tmp_path_factory.mktemp("vllm") / "colocated.log")
+    # The router's parity probe computes on the decode server: once at start (waited for below), and
+    # not again while the tests count what the decode server computed (a recheck after the session).
     stack = LocalStack(vllm_model, args=["--runtime", "vllm", "--pin-cpus", "--served-name", SERVED,
-                                         f"--worker-arg={KV_CACHE}", f"--startup-timeout={STARTUP_S}"],
+                                         f"--worker-arg={KV_CACHE}", f"--startup-timeout={STARTUP_S}",
+                                         "--router-arg=--parity-recheck-s=7200"],
                        startup_timeout_s=STARTUP_S + 30)
     try:
         colocated.start()
         stack.start()
         colocated.wait_ready("/health", timeout_s=STARTUP_S)
         servers = VllmServers(stack, colocated)
+        servers.wait_for_parity(timeout_s=300)
         _RUNNING.append(servers)
         yield servers
     finally:

@@ -86,3 +86,13 @@ def test_a_required_tool_call_through_the_router_is_a_complete_call(vllm_servers
     calls = choice.message.tool_calls
     assert calls and all(c.function.name == "paint" for c in calls)
     assert all(set(json.loads(c.function.arguments)) == {"ok", "colour", "size"} for c in calls)
+
+
+def test_the_router_proved_the_vllm_pairing_with_the_parity_probe(vllm_servers) -> None:
+    """`tandem up --runtime vllm` runs the router's handoff parity probe, as the operator's router
+    does: the prefill and decode servers are VERIFIED (a probe agreed) before their KV is trusted
+    (the fixture waited for the verdict, whichever it was)."""
+    report = vllm_servers.parity()
+    assert report["enabled"] and {w["role"]: w["state"] for w in report["workers"]} == \
+        {"prefill": "verified", "decode": "verified"}, report
+    assert report["probes_total"]["match"] >= 1 and not report["probes_total"].get("mismatch")

@@ -75,8 +75,7 @@ def processes(args: argparse.Namespace, model: Path, served: str, secret: str) -
             server.kv_events = f"tcp://127.0.0.1:{events}"
             children.append(server)
     router = [*exe, "router", "--runtime", Runtime.VLLM.value, "--host", args.host, "--port", str(args.port),
-              "--tokenizer", str(model), "--model", served,
-              "--no-parity-probe"]  # the router has no handoff parity probe for vLLM yet (issue 29 item 4)
+              "--tokenizer", str(model), "--model", served]
     for c in children:
         router += ["--prefill" if c.role == "prefill" else "--decode", c.url, "--kv-events", f"{c.url}={c.kv_events}"]
     if args.short_prompt_threshold is not None:

@@ -1,6 +1,6 @@
 """The router's settings for the vllm runtime (issue 29): `--runtime vllm` needs the model's tokenizer
-folder (vLLM serves no tokenizer files) and no parity probe (vLLM cannot teacher-force through a
-handoff), each refused with what to pass; the KV event publishers are found per worker URL
+folder (vLLM serves no tokenizer files), refused with what to pass, and probes handoffs as the tandem
+runtime does (router/parity/probe.py scores through vLLM's prompt_logprobs); the KV event publishers are found per worker URL
 (`--kv-events URL=ENDPOINT`) or on the worker's host (`--kv-events-port`); the runtime's factory
 builds the vLLM client with those settings and the folder's digest."""
 
@@ -23,14 +23,12 @@ def _args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def test_runtime_vllm_needs_a_tokenizer_folder_and_no_parity_probe(toy_model_dir):
+def test_runtime_vllm_needs_a_tokenizer_folder_and_probes_handoffs(toy_model_dir):
     base = ["--decode", "http://d:1", "--runtime", "vllm"]
     with pytest.raises(ValueError, match=r"runtime vllm needs the served model's tokenizer files.*--tokenizer DIR"):
-        cli.config_from_args(_args(base + ["--no-parity-probe"]))
-    with pytest.raises(ValueError, match=r"runtime vllm has no handoff parity probe.*--no-parity-probe"):
-        cli.config_from_args(_args(base + ["--tokenizer", str(toy_model_dir)]))
-    c = cli.config_from_args(_args(base + ["--tokenizer", str(toy_model_dir), "--no-parity-probe"]))
-    assert (c.runtime, c.tokenizer, c.parity_probe, c.kv_events_port) == ("vllm", str(toy_model_dir), False,
+        cli.config_from_args(_args(base))
+    c = cli.config_from_args(_args(base + ["--tokenizer", str(toy_model_dir)]))
+    assert (c.runtime, c.tokenizer, c.parity_probe, c.kv_events_port) == ("vllm", str(toy_model_dir), True,
                                                                           KV_EVENTS_PORT)
 
 

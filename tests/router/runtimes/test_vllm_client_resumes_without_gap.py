@@ -27,15 +27,18 @@ async def stream(client, url: str, req: GenerateRequest) -> list[tuple[list[int]
 
 
 def upto(lines: list[tuple[list[int], str]], k: int) -> tuple[list[int], str]:
-    """What a client had once k tokens had come: those tokens and the text that came with them."""
+    """What a client had after the token lines that bring it closest to k tokens without passing k
+    (the first line at least): those tokens and their text. A client only ever has whole lines: a
+    loaded server streams several tokens in one chunk, and the text of such a line (a character
+    whose bytes span its tokens) cannot be split between them."""
     tokens: list[int] = []
     text = ""
     for ids, t in lines:
-        if len(tokens) >= k:
+        if tokens and len(tokens) + len(ids) > k:
             break
         tokens += ids
         text += t
-    return tokens[:k], text
+    return tokens, text
 
 
 async def test_a_resume_continues_exactly_where_the_client_is(vllm_servers, vllm_client, vllm_toy_model_dir):
