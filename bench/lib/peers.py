@@ -40,10 +40,11 @@ class VllmServerProcess(BenchProcess):
 
 def tandem_vllm_processes(workers: tuple[tuple[str, str, int | None], ...], model_dir: Path, log_dir: Path,
                           prefix: str, worker_args: tuple[str, ...] = (), router_args: tuple[str, ...] = (),
-                          ) -> list[BenchProcess]:
+                          bind_only: bool = False) -> list[BenchProcess]:
     """Tandem on vLLM, not started: worker/vllm/local.py's processes (`tandem up --runtime vllm`) for the
-    layout's workers (name, role, core), each server pinned to its core, and Tandem's router in vLLM
-    mode last, on free ports; the served name is the model folder's, as the peer's."""
+    layout's workers (name, role, core), each server pinned to its core (bind_only: its engine's
+    threads bound there, the process free), and Tandem's router in vLLM mode last, on free ports;
+    the served name is the model folder's, as the peer's."""
     from tandem.worker.vllm.local import processes
 
     roles = [role for _, role, _ in workers]
@@ -55,8 +56,9 @@ def tandem_vllm_processes(workers: tuple[tuple[str, str, int | None], ...], mode
     *servers, router = processes(args, model_dir, model_dir.name, os.environ.get(SECRET_ENV) or secrets.token_urlsafe(32))
     assert [s.role for s in servers] == roles, (roles, [s.role for s in servers])  # prefill first
     procs: list[BenchProcess] = [
-        VllmServerProcess(name, s.role, s.url, s.argv, cpu, log_dir / f"{prefix}-{name}.log",
-                          s.env | {"VLLM_CPU_KVCACHE_SPACE": KV_GIB})
+        VllmServerProcess(name, s.role, s.url, s.argv, None if bind_only else cpu, log_dir / f"{prefix}-{name}.log",
+                          s.env | {"VLLM_CPU_KVCACHE_SPACE": KV_GIB}
+                          | ({"VLLM_CPU_OMP_THREADS_BIND": str(cpu)} if bind_only else {}))
         for (name, _, cpu), s in zip(workers, servers, strict=True)]
     return [*procs, BenchProcess("router", "router", router.url, router.argv, None, log_dir / f"{prefix}-router.log",
                                  router.env)]

@@ -21,7 +21,7 @@ def test_the_vllm_arms_plan_vllm_servers_on_their_cores_behind_the_router_in_vll
         assert w.cmd[w.cmd.index("--served-name") + 1] == "model" and w.env["VLLM_CPU_KVCACHE_SPACE"] == peers.KV_GIB
         assert isinstance(w, peers.VllmServerProcess)  # ready on /health
     r = disagg.router.cmd
-    assert r[r.index("router") + 1:][:2] == ["--runtime", "vllm"] and "--no-parity-probe" in r
+    assert r[r.index("router") + 1:][:2] == ["--runtime", "vllm"] and "--no-parity-probe" not in r  # probed, as ours
     assert r[r.index("--prefill") + 1] == disagg.workers[0].url and r[r.index("--decode") + 1] == disagg.workers[1].url
     assert r.count("--kv-events") == 2 and r[r.index("--tokenizer") + 1] == str(tmp_path / "model")
     colo = Arm(CATALOG["tandem-vllm-colo-bf16"], tmp_path / "model", tmp_path)
@@ -29,6 +29,9 @@ def test_the_vllm_arms_plan_vllm_servers_on_their_cores_behind_the_router_in_vll
     assert [(p.role, p.cpu) for p in colo.procs] == [("colocated", 0), ("router", None)]  # the peer's engine core
     assert "--prefill" not in colo.router.cmd and colo.router.cmd.count("--decode") == 1
     assert {"tandem-vllm-disagg-bf16", "tandem-vllm-colo-bf16"} <= set(DEFAULT_ARMS)
+    free = Arm(CATALOG["tandem-vllm-disagg-free-bf16"], tmp_path / "model", tmp_path)
+    free.plan_processes()  # the peer's layout per server: engine threads bound, the process not pinned
+    assert [(p.cpu, p.env.get("VLLM_CPU_OMP_THREADS_BIND")) for p in free.workers] == [(None, "0"), (None, "1")]
 
 
 def test_vllm_arms_are_skipped_where_vllm_is_not_installable(monkeypatch):

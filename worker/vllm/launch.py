@@ -62,10 +62,13 @@ def wants_vllm(args: argparse.Namespace) -> bool:
     return (getattr(args, "runtime", None) or DEFAULT_RUNTIME) == Runtime.VLLM
 
 
-def thread_binding(affinity: set[int], online: int, threads: int | None, tensor: int = 1) -> dict[str, str]:
+def thread_binding(affinity: set[int], online: int, threads: int | None, tensor: int = 1,
+                   given: str | None = None) -> dict[str, str]:
     """vLLM's CPU thread settings. Pinned (this process may use fewer cores than the machine has):
     its compute threads bound to those cores, the first `threads` of them, split between the
-    `tensor` ranks. Not pinned: unbound with `threads` OpenMP threads, or vLLM's own binding."""
+    `tensor` ranks. Not pinned: the VLLM_CPU_OMP_THREADS_BIND the caller `given` (its engine's
+    threads bound, its API server free on every core, as a plain `vllm serve` runs), else unbound
+    with `threads` OpenMP threads, or vLLM's own binding."""
     cores = sorted(affinity)
     if len(cores) < online:
         cores = cores[: threads * tensor] if threads else cores
@@ -74,6 +77,8 @@ def thread_binding(affinity: set[int], online: int, threads: int | None, tensor:
         per = len(cores) // tensor
         ranks = [cores[i * per:(i + 1) * per] for i in range(tensor)]
         return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(",".join(map(str, r)) for r in ranks)}
+    if given:
+        return {"VLLM_CPU_OMP_THREADS_BIND": given}
     if threads:
         return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}
     return {}
@@ -178,7 +183,8 @@ def launch_for(cfg: object, args: argparse.Namespace, env: dict[str, str] | None
     cached = not env.get(VLLM_ENV)  # the CPU build this module installs, not an image's vLLM
     options = serve_options(cfg, args, cpu_build=cached or cfg.device == "cpu")  # type: ignore[attr-defined]
     argv = serve_args(options)  # refuses colliding --vllm-arg before anything is installed
-    binding = thread_binding(os.sched_getaffinity(0), os.cpu_count() or 1, cfg.threads, options.tensor)  # type: ignore[attr-defined]
+    binding = thread_binding(os.sched_getaffinity(0), os.cpu_count() or 1, cfg.threads, options.tensor,  # type: ignore[attr-defined]
+                             env.get("VLLM_CPU_OMP_THREADS_BIND"))
     exe = env.get(VLLM_ENV) or str(install().with_name("vllm"))
     side = side_channel(cfg, args, env)
     full_env = server_env(env, binding, side, plugin_dir(cache_root()),

@@ -77,6 +77,14 @@ def test_compute_threads_go_where_this_process_was_pinned(affinity, threads, ten
     assert launch.thread_binding(affinity, 8 if len(affinity) < 8 else len(affinity), threads, tensor) == want
 
 
+def test_a_binding_the_caller_gives_holds_only_where_tandem_pins_nothing():
+    """Not pinned, a VLLM_CPU_OMP_THREADS_BIND in the environment binds the engine's threads and
+    leaves the API server free (the bench's Tandem-on-vLLM arm laid out as its vLLM peer is); a
+    pinned process binds to its own cores whatever the environment says."""
+    assert launch.thread_binding(set(range(8)), 8, 1, 1, given="3") == {"VLLM_CPU_OMP_THREADS_BIND": "3"}
+    assert launch.thread_binding({5}, 8, 1, 1, given="3") == {"VLLM_CPU_OMP_THREADS_BIND": "5"}
+
+
 def test_more_ranks_than_cores_is_refused():
     with pytest.raises(ValueError, match="2 tensor-parallel ranks need a core each"):
         launch.thread_binding({5}, 8, None, 2)
