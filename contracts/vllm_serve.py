@@ -120,6 +120,9 @@ class ServeOptions:
     block_size: int = BLOCK_SIZE  # CPU_BLOCK_SIZE on a CPU platform
     kv_events_port: int | None = KV_EVENTS_PORT  # None: no KV events
     group: GroupPlace | None = None
+    # On SIGTERM, how long in-flight requests may run to their end (vLLM's --shutdown-timeout: drain,
+    # new ones refused); the worker's drain_s, inside the pod's grace period. 0: abort them at once.
+    shutdown_timeout_s: int = 0
     extra: list[str] = field(default_factory=list)  # spec.runtime.args, checked by colliding_args
 
 
@@ -139,8 +142,11 @@ def serve_args(o: ServeOptions) -> list[str]:
         args += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
     if o.kv_events_port is not None:
         args += ["--kv-events-config", json.dumps(kv_events_config(o.kv_events_port), separators=(",", ":"))]
-    if not any(a.split("=", 1)[0] == "--structured-outputs-config" for a in o.extra):
+    given = {a.split("=", 1)[0] for a in o.extra}  # a user's own value of what Tandem defaults replaces it
+    if "--structured-outputs-config" not in given:
         args += ["--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS, separators=(",", ":"))]
+    if o.shutdown_timeout_s > 0 and "--shutdown-timeout" not in given:
+        args += ["--shutdown-timeout", str(o.shutdown_timeout_s)]
     if o.group is not None:
         g = o.group
         args += ["--nnodes", str(g.nnodes), "--node-rank", str(g.node_rank),

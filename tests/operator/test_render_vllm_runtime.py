@@ -18,6 +18,7 @@ from tandem.operator.policy import Policy
 from tandem.operator.policy import judge as judge_policy
 from tandem.operator.render import kv_compat_hash, render
 from tandem.operator.spec import InferenceServiceSpec, SpecError
+from tandem.operator.spec.inference_service import EXIT_MARGIN_S
 from tandem.operator.status import kv_condition
 
 CONFIG = OperatorConfig(image_repository="registry.local/tandem", image_tag="1.2.3",
@@ -40,8 +41,12 @@ def _by(manifests: list[dict], kind: str, name: str) -> dict:
     return next(m for m in manifests if m["kind"] == kind and m["metadata"]["name"] == name)
 
 
+def _pod(manifests: list[dict], role: str) -> dict:
+    return _by(manifests, "Deployment", f"llama-{role}")["spec"]["template"]["spec"]
+
+
 def _container(manifests: list[dict], role: str) -> dict:
-    return _by(manifests, "Deployment", f"llama-{role}")["spec"]["template"]["spec"]["containers"][0]
+    return _pod(manifests, role)["containers"][0]
 
 
 def _env(container: dict) -> dict:
@@ -64,7 +69,7 @@ def test_each_role_runs_the_launcher_with_its_settings_and_vllms_extra_flags(typ
         assert yaml.safe_load(files[f"{role}.yaml"]) == {
             "role": role, "model": "/model-image/models", "served_name": "llama-8b", "dtype": "auto",
             "max_model_len": 8192, "host": "0.0.0.0", "port": 8000, "kv_port": NIXL_SIDE_CHANNEL_PORT,
-            "log_format": "json"}
+            "log_format": "json", "drain_s": _pod(out, role)["terminationGracePeriodSeconds"] - EXIT_MARGIN_S}
         assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "nixl": 5600, "kv-events": 5557}
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}, "vLLM's /v1/* wants the API key"

@@ -13,6 +13,7 @@ import yaml
 from tandem.contracts.vllm_serve import GroupPlace, ServeOptions, serve_args
 from tandem.operator.config import OperatorConfig
 from tandem.operator.render import render
+from tandem.operator.spec.inference_service import EXIT_MARGIN_S
 from tandem.router.config import check_complete, load_yaml
 from tandem.worker.server import cli
 from tandem.worker.vllm import launch
@@ -41,10 +42,16 @@ def _launch(container: dict, config_text: str, tmp_path, monkeypatch, env: dict[
     return serve_args(launch.serve_options(cli.resolve_settings(args), args, cpu_build=False))
 
 
+# On SIGTERM the server drains its streams (--shutdown-timeout) for the pod's grace period (each
+# role's default) less the margin it needs to exit before the kubelet kills it.
+GRACE_S = {"prefill": 120, "decode": 60}
+
+
 def _expected(role: str, tensor: int, group: GroupPlace | None, engine: list[str]) -> list[str]:
     return serve_args(ServeOptions(
         model="/model-image/models", served_name="llama-8b", role=role, port=8000, max_model_len=8192,
-        tensor=tensor, dtype="bfloat16", group=group, extra=[*engine, "--enforce-eager", "--kv-cache-dtype", "fp8"]))
+        tensor=tensor, dtype="bfloat16", group=group, shutdown_timeout_s=GRACE_S[role] - EXIT_MARGIN_S,
+        extra=[*engine, "--enforce-eager", "--kv-cache-dtype", "fp8"]))
 
 
 @pytest.fixture
@@ -60,6 +67,7 @@ def test_a_single_node_role_launches_the_contracts_vllm_serve(rendered, tmp_path
     container = pod["spec"]["template"]["spec"]["containers"][0]
     assert _launch(container, files["prefill.yaml"], tmp_path, monkeypatch, {}) == _expected(
         "prefill", 1, None, ["--max-num-seqs", "64", "--max-num-batched-tokens", "8192"])
+    assert pod["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == GRACE_S["prefill"] > EXIT_MARGIN_S
 
 
 def test_a_groups_leader_and_follower_launch_vllms_multi_node_roles(rendered, tmp_path, monkeypatch):
@@ -69,6 +77,7 @@ def test_a_groups_leader_and_follower_launch_vllms_multi_node_roles(rendered, tm
     for template, index in (("leaderTemplate", 0), ("workerTemplate", 1)):
         container = lws[template]["spec"]["containers"][0]
         env = {"LWS_LEADER_ADDRESS": LEADER, "LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": str(index)}
+        assert lws[template]["spec"]["terminationGracePeriodSeconds"] == GRACE_S["decode"]
         got = _launch(container, files["decode.yaml"], tmp_path, monkeypatch, env)
         assert got == _expected("decode", 8, GroupPlace(2, index, LEADER), engine)
         assert ("--headless" in got) == (index == 1)

@@ -112,7 +112,7 @@ def serve_options(cfg: object, args: argparse.Namespace, cpu_build: bool) -> Ser
         host=c.host, max_model_len=c.max_model_len, tensor=c.tensor_parallel,  # type: ignore[attr-defined]
         dtype=None if c.dtype == "auto" else c.dtype,  # type: ignore[attr-defined]
         kv_buffer_device="cpu" if cpu_build else None, block_size=CPU_BLOCK_SIZE if cpu_build else BLOCK_SIZE,
-        kv_events_port=events,
+        kv_events_port=events, shutdown_timeout_s=int(c.drain_s),  # type: ignore[attr-defined]
         group=group_place(c), extra=list(args.vllm_arg))
 
 

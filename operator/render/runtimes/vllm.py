@@ -24,6 +24,7 @@ from typing import Any
 from tandem.contracts.names import WORKER_PORT, WORKER_PORT_NAME, GroupMember
 from tandem.contracts.vllm_serve import KV_EVENTS_PORT, NIXL_SIDE_CHANNEL_PORT, serve_env
 from tandem.operator.config import OperatorConfig
+from tandem.operator.render.config_files import drain_times
 from tandem.operator.render.identity import image_ref
 from tandem.operator.render.objects import CONFIG_DIR, config_mount
 from tandem.operator.render.trust import KV_EVENTS_PORT_NAME, internal_secret_env
@@ -53,7 +54,8 @@ def engine_args(spec: InferenceServiceSpec, role: str) -> list[str]:
 def config_file(name: str, spec: InferenceServiceSpec, role: str) -> dict[str, Any]:
     """The launcher's settings (WorkerConfig keys, as `tandem worker --config` reads them): what it
     turns into `vllm serve`'s model, served name, dtype, context, port and tensor-parallel size, and
-    the NIXL handshake's port (kv_port)."""
+    the NIXL handshake's port (kv_port), and how long a SIGTERM lets its streams finish (drain_s:
+    vLLM's --shutdown-timeout, within the pod's grace period)."""
     model, tensor = spec.model, spec.role(role).parallelism.tensor
     return {
         "role": role,
@@ -65,6 +67,7 @@ def config_file(name: str, spec: InferenceServiceSpec, role: str) -> dict[str, A
         "port": WORKER_PORT,
         "kv_port": NIXL_SIDE_CHANNEL_PORT,
         "log_format": "json",
+        "drain_s": drain_times(spec, role)["drain_s"],
         **({"tensor_parallel": tensor} if tensor > 1 else {}),
     }
 

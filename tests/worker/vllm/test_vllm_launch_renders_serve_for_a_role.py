@@ -157,3 +157,17 @@ def test_structured_output_is_compact_json_unless_the_runtime_args_say_otherwise
     own = ServeOptions(**base, extra=['--structured-outputs-config={"backend":"xgrammar"}'])
     assert [a for a in serve_args(own) if a.startswith("--structured-outputs-config")] == [
         '--structured-outputs-config={"backend":"xgrammar"}']
+
+
+def test_sigterm_drains_for_the_workers_drain_time_unless_the_runtime_args_say_otherwise(tmp_path, monkeypatch):
+    """vLLM aborts every request in flight on SIGTERM unless --shutdown-timeout says to drain: Tandem's
+    servers drain for the worker's drain_s (the operator renders it inside the pod's grace period)."""
+    from tandem.contracts.vllm_serve import ServeOptions, serve_args
+
+    monkeypatch.setenv("TANDEM_CACHE", str(tmp_path / "cache"))
+    assert _flag(_launch(tmp_path, "--role", "decode", "--drain-s", "45").argv, "--shutdown-timeout") == "45"
+    assert _flag(_launch(tmp_path, "--role", "prefill").argv, "--shutdown-timeout") == "30"  # drain_s's default
+    base = dict(model="/m", served_name="m", role="decode", port=8000)
+    assert "--shutdown-timeout" not in serve_args(ServeOptions(**base))  # 0: vLLM's abort
+    own = serve_args(ServeOptions(**base, shutdown_timeout_s=45, extra=["--shutdown-timeout=5"]))
+    assert [a for a in own if a.startswith("--shutdown-timeout")] == ["--shutdown-timeout=5"]
