@@ -7,7 +7,7 @@ them or refuses connections.
         proxy.stall()     # requests reach the server only after `hold_s`: a server that answers nothing
         proxy.refuse()    # nothing listens on the port any more (connection refused), open ones are cut
         proxy.restore()   # back to passing bytes through, on the same port
-        proxy.answered    # bytes the upstream has sent back so far: which proxy carries a stream
+        proxy.posted      # HTTP POSTs passed upstream so far: which proxy carries a request
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class TcpProxy:
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
         self.hold_s = 0.0  # how long each chunk from a client waits before it goes upstream
-        self.answered = 0  # bytes the upstream sent back, over every connection
+        self.posted = 0  # chunks from a client that begin an HTTP POST (polls are GETs)
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._listener: socket.socket | None = None
@@ -103,8 +103,7 @@ class TcpProxy:
             while data := src.recv(CHUNK):
                 if held:
                     self._hold(src)
-                else:
-                    self.answered += len(data)
+                    self.posted += data.startswith(b"POST ")
                 dst.sendall(data)
         except OSError:
             pass

@@ -3,7 +3,9 @@
 Each process must answer 200 on /ready (/health for a peer server such as vLLM; ManagedProcess.wait_ready:
 a child that exits or times out raises with its log's tail). A router (and a peer) also has to
 serve a real request: a router learns its workers by polling them, so /ready alone does not mean a
-completion would succeed yet.
+completion would succeed yet; and its handoff parity probe has to have judged every worker, or the
+load's first requests are prefilled on a decode worker while the probe still runs (vLLM's pairs
+take seconds to prove).
 """
 
 from __future__ import annotations
@@ -42,6 +44,20 @@ async def router_serves(url: str, deadline: float) -> None:
     raise TimeoutError(f"router {url} does not serve a request: {last}")
 
 
+async def parity_judged(url: str, deadline: float) -> None:
+    """Until the router at url has a parity verdict on every worker (or does not probe, or has no
+    prefill worker: then nothing is handed off and nothing probed)."""
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            async with s.get(url + "/internal/parity", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                report = await r.json()
+            workers = report["workers"] if report["enabled"] else []
+            if all(w["role"] != "prefill" for w in workers) or all(w["state"] != "unchecked" for w in workers):
+                return
+            await asyncio.sleep(0.5)
+    raise TimeoutError(f"router {url}: its parity probe judged no pairing in time")
+
+
 async def wait_ready(procs: Iterable[ManagedProcess], timeout_s: float = 600.0) -> None:
     """Every process ready (in order), then every router serving, all within timeout_s."""
     procs = list(procs)
@@ -52,3 +68,5 @@ async def wait_ready(procs: Iterable[ManagedProcess], timeout_s: float = 600.0) 
     for p in procs:
         if p.role in ("router", "peer"):
             await router_serves(p.url, deadline)
+        if p.role == "router":
+            await parity_judged(p.url, deadline)
