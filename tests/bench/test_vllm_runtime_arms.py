@@ -32,6 +32,9 @@ def test_the_vllm_arms_plan_vllm_servers_on_their_cores_behind_the_router_in_vll
     free = Arm(CATALOG["tandem-vllm-disagg-free-bf16"], tmp_path / "model", tmp_path)
     free.plan_processes()  # the peer's layout per server: engine threads bound, the process not pinned
     assert [(p.cpu, p.env.get("VLLM_CPU_OMP_THREADS_BIND")) for p in free.workers] == [(None, "0"), (None, "1")]
+    hop = Arm(CATALOG["tandem-vllm-colo-free-bf16"], tmp_path / "model", tmp_path)
+    hop.plan_processes()  # the peer's layout behind the router
+    assert [(p.role, p.cpu, p.env.get("VLLM_CPU_OMP_THREADS_BIND")) for p in hop.workers] == [("colocated", None, "0")]
 
 
 def test_vllm_arms_are_skipped_where_vllm_is_not_installable(monkeypatch):
