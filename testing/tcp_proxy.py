@@ -8,6 +8,7 @@ them or refuses connections.
         proxy.refuse()    # nothing listens on the port any more (connection refused), open ones are cut
         proxy.restore()   # back to passing bytes through, on the same port
         proxy.posted      # HTTP POSTs passed upstream so far: which proxy carries a request
+        proxy.refuse_mid_answer(4096, once)  # refuse() itself once a POST's answer passed 4 KiB
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ class TcpProxy:
         self.upstream = upstream
         self.hold_s = 0.0  # how long each chunk from a client waits before it goes upstream
         self.posted = 0  # chunks from a client that begin an HTTP POST (polls are GETs)
+        self._posting: dict[socket.socket, int] = {}  # client socket of a POST -> answer bytes passed
+        self._cut_after: int | None = None
+        self._once: threading.Event | None = None
+        self.cut_mid_answer = False
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._listener: socket.socket | None = None
@@ -48,6 +53,12 @@ class TcpProxy:
             _close(listener)  # shutdown first: it wakes the accept() blocked on it and stops listening
         for conn in conns:
             _close(conn)
+
+    def refuse_mid_answer(self, after_bytes: int, once: threading.Event) -> None:
+        """Once the answer to a POST has passed `after_bytes` (a stream under way: the server is still
+        writing it, whoever reads it and however slowly), refuse() (cutting it), unless `once` is
+        already set; then set it. Proxies sharing `once` cut one stream between them."""
+        self._cut_after, self._once = after_bytes, once
 
     def restore(self) -> None:
         """Pass bytes through again without delay, listening on the same port if it was refused."""
@@ -103,13 +114,30 @@ class TcpProxy:
             while data := src.recv(CHUNK):
                 if held:
                     self._hold(src)
-                    self.posted += data.startswith(b"POST ")
+                    if data.startswith(b"POST "):
+                        self.posted += 1
+                        self._posting[src] = 0
+                elif dst in self._posting:
+                    self._posting[dst] += len(data)
+                    if self._should_cut(self._posting[dst]):
+                        self.cut_mid_answer = True
+                        self.refuse()
+                        return
                 dst.sendall(data)
         except OSError:
             pass
         finally:
             _close(src)
             _close(dst)
+
+    def _should_cut(self, answered: int) -> bool:
+        if self._cut_after is None or self._once is None or answered < self._cut_after:
+            return False
+        with self._lock:
+            if self._once.is_set():
+                return False
+            self._once.set()
+            return True
 
     def _hold(self, conn: socket.socket) -> None:
         """Wait out `hold_s` (re-read as it changes: restore() releases what waits), or the
