@@ -7,7 +7,6 @@ them or refuses connections.
         proxy.stall()     # requests reach the server only after `hold_s`: a server that answers nothing
         proxy.refuse()    # nothing listens on the port any more (connection refused), open ones are cut
         proxy.restore()   # back to passing bytes through, on the same port
-        proxy.posted      # HTTP POSTs passed upstream so far: which proxy carries a request
         proxy.refuse_mid_answer(4096, once)  # refuse() itself once a POST's answer passed 4 KiB
 """
 
@@ -27,7 +26,6 @@ class TcpProxy:
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
         self.hold_s = 0.0  # how long each chunk from a client waits before it goes upstream
-        self.posted = 0  # chunks from a client that begin an HTTP POST (polls are GETs)
         self._posting: dict[socket.socket, int] = {}  # client socket of a POST -> answer bytes passed
         self._cut_after: int | None = None
         self._once: threading.Event | None = None
@@ -114,8 +112,7 @@ class TcpProxy:
             while data := src.recv(CHUNK):
                 if held:
                     self._hold(src)
-                    if data.startswith(b"POST "):
-                        self.posted += 1
+                    if data.startswith(b"POST "):  # polls are GETs
                         self._posting[src] = 0
                 elif dst in self._posting:
                     self._posting[dst] += len(data)
