@@ -51,9 +51,10 @@ log = logging.getLogger("tandem.router")
 class WorkerFailed(Exception):
     """A worker call failed for reasons of the worker's own (not the client's): try elsewhere."""
 
-    def __init__(self, message: str, dead: bool) -> None:
+    def __init__(self, message: str, dead: bool, slow: bool = False) -> None:
         super().__init__(message)
         self.dead = dead  # unreachable or cut off: do not send it requests until it polls well again
+        self.slow = slow  # it timed out (a worker too busy to answer in time, or a hung one), not refused
 
 
 # 4xx codes that blame the worker or the pairing, not the client
@@ -233,7 +234,8 @@ class HttpWorkerClient:
 
     def _broken(self, what: str, exc: BaseException, dead: bool) -> WorkerFailed:
         """The failure of a call that broke (unreachable, cut off, a timeout, a malformed answer)."""
-        return WorkerFailed(str(scrub(f"{what} failed: {describe(exc)}", self._secret)), dead=dead)
+        return WorkerFailed(str(scrub(f"{what} failed: {describe(exc)}", self._secret)), dead=dead,
+                            slow=isinstance(exc, TimeoutError))
 
     async def _error_body(self, resp: aiohttp.ClientResponse) -> object:
         """A non-200 answer's body (JSON, else its first 500 characters), the secret scrubbed."""

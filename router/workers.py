@@ -2,7 +2,10 @@
 
 Discovery says which URLs exist and whether their pods are ready; a poll of each worker's
 /internal/info every `poll_interval_s` adds its role, kv_compat and load. A request that fails
-on a worker marks it unusable at once; the next successful poll brings it back. Between polls the
+on a worker marks it unusable at once; the next successful poll brings it back. A poll that is
+refused or answered wrongly does the same; one that only times out (a worker too busy to answer in
+time, as a loaded vLLM's /metrics can be) keeps the worker as last polled for `slow_poll_grace_s`
+after its last good poll, so one slow answer never turns every request away with 503. Between polls the
 set adds what this router's requests put on each worker (`account`: each journey's charges) and
 keeps the round-robin cursor; `snapshot` freezes all of it, with the prefix index's answer for one
 request, for a pure decision.
@@ -51,6 +54,7 @@ class _Entry:
     last_error: str = ""
     polls: int = 0  # polls started: a request assigned before one started may be in its report
     info_poll: int = 0  # the poll the current info came from
+    last_good: float = 0.0  # monotonic time of the last poll that answered
     finished_in_report: int = 0  # prompt tokens this router saw finish that `info` still counts
 
     def view(self, parity: Callable[[str], ParityState | None] | None = None) -> WorkerView:
@@ -84,6 +88,7 @@ class WorkerSet:
 
     client: WorkerClient
     poll_interval_s: float = 0.5
+    slow_poll_grace_s: float = 10.0  # how long polls that time out keep a worker as last polled
     served_model: str | None = None  # fixed by configuration, else learnt from the workers
     # called with the views after every poll (the tokenizer check)
     listeners: list[Callable[[list[WorkerView]], None]] = field(default_factory=list)
@@ -218,6 +223,11 @@ class WorkerSet:
         try:
             info = await self.client.info(url, e.target.role)
         except WorkerFailed as exc:
+            since = time.monotonic() - e.last_good
+            if exc.slow and e.info is not None and not e.failed and since < self.slow_poll_grace_s:
+                log.warning("worker %s slow to answer its poll (%s): kept as polled %.1f s ago", url, exc, since)
+                e.last_error = str(exc)
+                return
             if e.info is not None or not e.failed:
                 log.warning("worker %s unreachable: %s", url, exc)
             e.info, e.failed, e.last_error = None, True, str(exc)
@@ -225,6 +235,7 @@ class WorkerSet:
         if e.info is None:
             log.info("worker %s: role %s, model %s, ready %s", url, info.role, info.model, info.ready)
         e.info, e.failed, e.info_poll, e.finished_in_report = info, False, poll, 0
+        e.last_good = time.monotonic()
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self._poll_one(e) for e in list(self._entries.values())))

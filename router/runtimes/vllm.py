@@ -136,7 +136,7 @@ class VllmWorkerClient:
             engine = await self._engine(url, metrics, timeout)
             health, _ = await self._get(url + "/health", timeout)
         except _BROKEN as exc:
-            raise WorkerFailed(f"{what} failed: {describe(exc)}", dead=True) from None
+            raise WorkerFailed(f"{what} failed: {describe(exc)}", dead=True, slow=isinstance(exc, TimeoutError)) from None
         return worker_info(metrics, engine.model, engine.max_model_len, engine.engine_id,
                            role or Role.COLOCATED, health == 200, self.files.sha256)
 

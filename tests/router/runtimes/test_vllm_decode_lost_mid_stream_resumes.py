@@ -46,8 +46,8 @@ def router(vllm_servers, vllm_toy_model_dir, two_decode_endpoints):
     proc.env[SECRET_ENV] = vllm_servers.secret
     try:
         proc.start(timeout_s=120)
-        # /ready needs one worker; the test needs all three polled ready (a loaded vLLM's /metrics
-        # can take a poll or two: without this a clone's router answered 503 "no worker is ready").
+        # /ready needs one worker; the test needs all three polled ready. (A loaded vLLM's /metrics can
+        # miss a poll; the router keeps such a worker as last polled: test_a_slow_poll_keeps_a_worker_routable.)
         deadline = time.monotonic() + 120
         while (ready := _ready(proc)) != {"prefill": 1, "decode": 2}:
             assert time.monotonic() < deadline, f"the router's workers are not all ready: {ready}"
@@ -55,6 +55,7 @@ def router(vllm_servers, vllm_toy_model_dir, two_decode_endpoints):
         yield proc
     finally:
         proc.stop()
+        print(proc.log()[-30000:])  # shown when the test fails: what the router saw
 
 
 def _ready(router) -> dict[str, int]:
