@@ -276,12 +276,6 @@ VLLM_RULES = (
     _vllm_rule(_no_engine_field("prefillChunkTokens"),
                "engine.prefillChunkTokens is Tandem's; vLLM chunks prompts by --max-num-batched-tokens "
                "(engine.maxBatchedTokens) and --long-prefill-token-threshold (runtime.args)"),
-    _vllm_rule("!has(self.autoscaling) || ((!has(self.autoscaling.prefill) || "
-               "self.autoscaling.prefill.mode == 'External') && (!has(self.autoscaling.decode) || "
-               "self.autoscaling.decode.mode == 'External'))",
-               "the operator's planner sizes pools from Tandem's engine-step metrics, which vLLM does not "
-               "export: with runtime vllm set autoscaling.<role>.mode External and scale on vLLM's metrics "
-               "(vllm:num_requests_waiting, vllm:kv_cache_usage_perc) with an HPA or KEDA"),
 )
 
 

@@ -3,6 +3,15 @@
 A reading is what one scrape saw (counters and histograms since the process started, gauges now);
 snapshot.py turns two readings into rates and windowed percentiles. A text that lacks what the
 planner needs raises UnreadableMetrics naming the missing series, so "no data" is never read as 0.
+
+A worker is Tandem's engine (tandem_worker_*) or a vLLM server (vllm:*, runtime vllm), told apart by
+what its page exports. vLLM's series map onto the same reading: requests running and waiting, KV
+usage times its block count (`vllm:cache_config_info`'s num_gpu_blocks), prompt and generated tokens,
+engine steps and their tokens (`vllm:iteration_tokens_total`). vLLM exports no time spent stepping;
+its stand-in is the time its requests spent being prefilled (`vllm:request_prefill_time_seconds`),
+which is a prefill server's busy time while it computes one prompt at a time and more than it when
+it batches several prompts into one step (the planner then errs towards more prefill pods). vLLM
+keeps no lease count and no prompt backlog in tokens: those read 0 and unknown.
 """
 
 from __future__ import annotations
@@ -31,6 +40,17 @@ STEP_SECONDS = "tandem_worker_step_seconds"
 STEP_TOKENS = "tandem_worker_step_tokens"
 # Not exported by every worker version: the planner then goes without the prefill backlog.
 OUTSTANDING_PROMPT_TOKENS = "tandem_worker_outstanding_prompt_tokens"
+
+VLLM_RUNNING = "vllm:num_requests_running"
+VLLM_WAITING = "vllm:num_requests_waiting"
+VLLM_KV_USAGE = "vllm:kv_cache_usage_perc"  # 0..1
+VLLM_CACHE_INFO = "vllm:cache_config_info"  # labels: num_gpu_blocks, block_size, ...
+VLLM_PROMPT_TOKENS = "vllm:prompt_tokens_total"
+VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"
+VLLM_STEP_TOKENS = "vllm:iteration_tokens_total"  # a histogram: one observation per engine step
+VLLM_PREFILL_SECONDS = "vllm:request_prefill_time_seconds"  # a histogram: one observation per request
+VLLM_REQUIRED = (VLLM_RUNNING, VLLM_WAITING, VLLM_KV_USAGE, VLLM_PROMPT_TOKENS, VLLM_GENERATION_TOKENS,
+                 f"{VLLM_STEP_TOKENS}_sum", f"{VLLM_STEP_TOKENS}_count", f"{VLLM_PREFILL_SECONDS}_sum")
 
 WORKER_REQUIRED = (RUNNING, WAITING, LEASED, KV_USED, KV_TOTAL, PROMPT_TOKENS, GENERATION_TOKENS,
                    f"{STEP_SECONDS}_sum", f"{STEP_SECONDS}_count", f"{STEP_TOKENS}_sum")
@@ -195,6 +215,8 @@ def parse_worker(text: str) -> WorkerReading:
     A worker still loading its model exports no engine series: that reads as unreadable, not as idle.
     """
     s = _samples(text)
+    if _total(s, VLLM_RUNNING) is not None:
+        return _vllm_reading(s)
     values = {n: _total(s, n) for n in WORKER_REQUIRED}
     missing = [n for n, v in values.items() if v is None]
     if missing:
@@ -207,3 +229,35 @@ def parse_worker(text: str) -> WorkerReading:
         busy_seconds=v[f"{STEP_SECONDS}_sum"], steps=v[f"{STEP_SECONDS}_count"],
         step_tokens=v[f"{STEP_TOKENS}_sum"], outstanding_prompt_tokens=_total(s, OUTSTANDING_PROMPT_TOKENS),
     )
+
+
+def _vllm_reading(s: Samples) -> WorkerReading:
+    """A vLLM server's series as a WorkerReading (see the module docstring for what stands in for what)."""
+    values = {n: _total(s, n) for n in VLLM_REQUIRED}
+    missing = [n for n, v in values.items() if v is None]
+    if missing:
+        raise UnreadableMetrics("vLLM metrics lack " + ", ".join(missing))
+    v: dict[str, float] = values  # type: ignore[assignment]
+    blocks = _num_gpu_blocks(s)
+    usage = min(1.0, max(0.0, v[VLLM_KV_USAGE]))
+    return WorkerReading(
+        running=v[VLLM_RUNNING], waiting=v[VLLM_WAITING], leased=0.0,
+        kv_blocks_used=usage * blocks, kv_blocks_total=blocks,
+        prompt_tokens=v[VLLM_PROMPT_TOKENS], generation_tokens=v[VLLM_GENERATION_TOKENS],
+        busy_seconds=v[f"{VLLM_PREFILL_SECONDS}_sum"], steps=v[f"{VLLM_STEP_TOKENS}_count"],
+        step_tokens=v[f"{VLLM_STEP_TOKENS}_sum"], outstanding_prompt_tokens=None,
+    )
+
+
+def _num_gpu_blocks(s: Samples) -> float:
+    """The KV cache's blocks from vllm:cache_config_info's label (1: usage read as a fraction when a
+    server does not say; a sum of such pods is then a mean, as the planner's KV ratio needs)."""
+    for (name, labels), _ in s.items():
+        if name == VLLM_CACHE_INFO:
+            try:
+                blocks = float(dict(labels).get("num_gpu_blocks", ""))
+            except ValueError:
+                continue
+            if blocks > 0:
+                return blocks
+    return 1.0

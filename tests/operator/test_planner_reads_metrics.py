@@ -161,3 +161,11 @@ def test_the_window_keeps_just_enough_rounds():
     assert w.snapshot().window_s == 60.0
     assert _rounds((0.0, t), (15.0, t)).snapshot().window_s == 15.0, "young history: the window it has"
     assert _rounds((0.0, t)).snapshot().window_s is None
+
+
+def test_a_vllm_page_without_what_the_planner_needs_names_what_is_missing():
+    """A vLLM server is told apart by its own series; a page of it lacking the counters the planner
+    reads is unreadable with their names, not read as a Tandem worker still loading (the full page
+    of a real server: tests/vllm/test_the_planner_reads_a_real_vllm_pair.py)."""
+    with pytest.raises(UnreadableMetrics, match="vLLM metrics lack .*vllm:request_prefill_time_seconds_sum"):
+        parse_worker("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n")

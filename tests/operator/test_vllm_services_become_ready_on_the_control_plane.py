@@ -169,7 +169,6 @@ def test_runtime_args_that_collide_are_refused_at_apply_with_each_flag_and_why(k
         ({**vllm_spec(), "model": {"path": "/models/tiny"}}, "runtime vllm: the router tokenizes with the model's own files"),
         ({**vllm_spec(), "kvTransfer": {"backend": "tcp"}}, "kvTransfer.backend must be nixl"),
         ({**vllm_spec(), "image": {"tag": "1.0"}}, "with runtime vllm set runtime.image"),
-        ({**vllm_spec(), "autoscaling": {"decode": {"maxReplicas": 4}}}, "set autoscaling.<role>.mode External"),
         ({**vllm_spec(), "decode": role("decode", engine={"kvMemoryFraction": 0.5})}, "--gpu-memory-utilization"),
     ]
     for spec, words in refusals:
@@ -179,6 +178,10 @@ def test_runtime_args_that_collide_are_refused_at_apply_with_each_flag_and_why(k
         "--gpu-memory-utilization", "0.85", "--override-generation-config={\"temperature\": 0}"]})),
         "--dry-run=server", check=False)
     assert ok.returncode == 0, ok.stderr
+    # The operator's planner reads vLLM's own metrics (planning/autoscaling/scrape.py): Operator mode is admitted
+    planned = _apply(k8s, namespace, body("planned", {**vllm_spec(), "autoscaling": {
+        "prefill": {"maxReplicas": 3}, "decode": {"mode": "Operator", "maxReplicas": 4}}}), "--dry-run=server", check=False)
+    assert planned.returncode == 0, planned.stderr
 
 
 def test_an_mla_model_tandem_refuses_passes_the_model_check_on_vllm(k8s, api, operator, namespace):
