@@ -21,6 +21,12 @@ KV_RESERVE_WAIT_S = 2.0  # a handoff waits this long for free blocks, then answe
 KV_TRANSFER_TIMEOUT_S = 10.0  # a KV pull that takes longer fails
 PREFILL_QUEUE_S = 10.0  # a prefill not started after this is answered 429 + Retry-After
 KV_LEASE_S = 30.0  # leased KV no decode worker pulled is freed after this (prefill, and migration)
+# runtime vllm: how long a vLLM prefill server keeps KV for a decode server that has not asked for it
+# yet (its NixlConnector's kv_lease_duration, vLLM's own default, which Tandem renders on both sides).
+# Once the request reaches the decode server, its heartbeats keep the lease; past it unheard, the
+# blocks go back to the prefill's cache and may hold another prompt's KV, which a late read would
+# take without a word. The router hands the request to a decode server well within it.
+VLLM_KV_LEASE_S = 30
 WORKER_RETRY_AFTER_S = 1.0  # the Retry-After of a worker too full for a request (queue, KV, prefill wait):
 #                             short, because the router tries another worker meanwhile
 
@@ -34,6 +40,8 @@ def violations(
     kv_transfer_timeout_s: float = KV_TRANSFER_TIMEOUT_S,
     prefill_queue_s: float = PREFILL_QUEUE_S,
     kv_lease_s: float = KV_LEASE_S,
+    vllm_kv_lease_s: float = VLLM_KV_LEASE_S,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
 ) -> list[str]:
     """The cross-process rules these values break ([]: none), each naming its settings."""
     rules = [
@@ -51,5 +59,10 @@ def violations(
          f"busy_wait_s + kv_reserve_wait_s + kv_timeout_s ({busy_wait_s} + {kv_reserve_wait_s} + "
          f"{kv_transfer_timeout_s}) must stay below kv_lease_s ({kv_lease_s}): a handoff the router holds "
          "while decode workers are busy must still find its KV leased when it is pulled"),
+        (busy_wait_s + connect_timeout_s < vllm_kv_lease_s,
+         f"busy_wait_s + connect_timeout_s ({busy_wait_s} + {connect_timeout_s}) must stay below "
+         f"vllm_kv_lease_s ({vllm_kv_lease_s}, a vLLM prefill server's kv_lease_duration): the router hands a "
+         "prefill's KV to a vLLM decode server within that sum, and only the decode server's heartbeats "
+         "keep it longer; unheard, the blocks may go to another prompt before they are read"),
     ]
     return [message for holds, message in rules if not holds]

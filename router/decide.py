@@ -76,7 +76,7 @@ from tandem.router.outcomes import (
 )
 from tandem.router.policies.base import RequestInfo, Snapshot, WorkerView
 from tandem.router.validation import check_prompt_tokens
-from tandem.router.worker_client import WorkerBusy, WorkerFailed
+from tandem.router.worker_client import HandoffDiverged, WorkerBusy, WorkerFailed
 
 INFO, WARNING = logging.INFO, logging.WARNING
 
@@ -326,6 +326,8 @@ def _decode_failed(j: Journey, o: CallFailed, snap: Snapshot, **effects) -> Acti
         return _after_busy(j, o, snap, blame=blame, **effects)
     j.failures += 1
     j.failure = o.error
+    if isinstance(o.error, HandoffDiverged):  # its prefix cache may now hold the wrong KV under our blocks
+        j.cache_apart = True
     if not o.error.dead:  # it may get the resume: its copy (same request id) must be gone first
         return Abort(url=o.url, blame=blame, **effects)
     j.excluded.add(o.url)

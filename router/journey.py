@@ -14,6 +14,7 @@ record of one client request: its choices' journeys (one, or `n`).
 from __future__ import annotations
 
 import enum
+import hashlib
 from dataclasses import dataclass, field
 
 from tandem.contracts import timing
@@ -139,6 +140,9 @@ class Journey:
     excluded: set[str] = field(default_factory=set)  # dead or leaving: never asked again
     failures: int = 0  # decode failures (a resume each)
     failure: Exception | None = None  # the failure being handled (its copy is being aborted)
+    # a decode worker continued from KV that was not this prompt's (HandoffDiverged): that worker's
+    # prefix cache may hold it under this prompt's blocks, so every later worker computes apart
+    cache_apart: bool = False
     busy: dict[str, float] = field(default_factory=dict)  # busy decode workers -> their Retry-After
     busy_deadline: float | None = None  # monotonic end of the waiting allowed to this request
     move: Move | None = None
@@ -164,6 +168,15 @@ class Journey:
     def clear_kv(self) -> None:
         self.kv = self.lease_holder = self.kv_compat = None
 
+    def cache_salt(self) -> str | None:
+        """The client's prefix-cache salt; after a diverged handoff, one of this request's own (cached
+        blocks under the prompt's names may be the wrong KV: none is reused)."""
+        assert self.request is not None
+        salt = self.request.cache_salt
+        if not self.cache_apart:
+            return salt
+        return "recompute-" + hashlib.sha256(f"{salt or ''}\0{self.request_id}".encode()).hexdigest()
+
     def worker_request(self, decode: bool) -> GenerateRequest:
         """The worker request: the client's prompt, or its token ids once a worker tokenized it, plus
         (for decode) the tokens so far, the text the client has, and where their KV is."""
@@ -172,7 +185,7 @@ class Journey:
         greq = GenerateRequest(
             request_id=self.request_id, prompt=req.prompt, messages=req.messages,
             prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
-            chat_options=req.chat_options if req.messages is not None else None, cache_salt=req.cache_salt,
+            chat_options=req.chat_options if req.messages is not None else None, cache_salt=self.cache_salt(),
         )
         if decode:
             if self.prompt_ids is not None:

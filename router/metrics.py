@@ -85,6 +85,12 @@ class RouterMetrics:
             "Calls to workers that failed (unreachable, 5xx, broken stream), by role.",
             ["role"], registry=r,
         )
+        self.handoffs_diverged = Counter(
+            "tandem_router_handoffs_diverged",
+            "Handoffs whose decode worker, given the prefill's KV, regenerated another first token than the "
+            "prefill's (vLLM): KV that was not the prompt's; each is recomputed apart. Alert on any.",
+            registry=r,
+        )
         self.worker_busy = Counter(
             "tandem_router_worker_busy",
             "Calls refused by a full worker (429, or 503 with Retry-After): not failures.",

@@ -54,7 +54,7 @@ from tandem.router.outcomes import (
 )
 from tandem.router.policies.base import RequestInfo, RoutingPolicy, Snapshot
 from tandem.router.validation import Limits, ParsedRequest
-from tandem.router.worker_client import WorkerBusy, WorkerClient, WorkerFailed
+from tandem.router.worker_client import HandoffDiverged, WorkerBusy, WorkerClient, WorkerFailed
 from tandem.router.workers import WorkerSet
 
 log = logging.getLogger("tandem.router")
@@ -122,6 +122,8 @@ class Orchestrator:
             self.metrics.worker_busy.labels(blame.role).inc()
             return
         self.metrics.worker_failures.labels(blame.role).inc()
+        if isinstance(blame.error, HandoffDiverged):
+            self.metrics.handoffs_diverged.inc()
         if blame.error.dead:
             self.workers.report_failure(blame.url, str(blame.error))
 

@@ -21,6 +21,7 @@ def test_the_defaults_keep_every_cross_process_rule():
     ({"prefill_queue_s": 60.0}, ["prefill_queue_s", "prefill_timeout_s"]),
     ({"kv_lease_s": 20.0}, ["busy_wait_s", "kv_lease_s"]),
     ({"busy_wait_s": 25.0}, ["busy_wait_s", "kv_lease_s"]),
+    ({"vllm_kv_lease_s": 12}, ["busy_wait_s", "connect_timeout_s", "vllm_kv_lease_s"]),
 ])
 def test_each_rule_names_the_settings_it_breaks(values, names):
     broken = timing.violations(**values)

@@ -18,6 +18,7 @@ from tandem.router.metrics import RouterMetrics
 from tandem.router.orchestrator import Orchestrator
 from tandem.router.policies.registry import create_policy
 from tandem.router.validation import Limits
+from tandem.router.worker_client import HandoffDiverged
 from tandem.router.workers import Target, WorkerSet
 from tandem.testing.fake_workers import (
     FakeWorkers,
@@ -117,6 +118,27 @@ async def test_a_stream_that_ends_without_a_finish_is_resumed_and_counted(fake):
     assert metric(orch, "tandem_router_worker_failures_total", role="decode") == 1
     assert sorted(fake.aborts) == [("d1", "r1"), ("p1", "r1")]
     assert not {v.url: v.ready for v in orch.workers.views()}["d1"]
+
+
+async def test_a_diverged_handoff_is_recomputed_under_a_cache_salt_of_its_own(fake):
+    """A decode worker that continued from KV that was not the prompt's (vLLM: HandoffDiverged) may
+    keep it in its prefix cache under the prompt's blocks: the resume, even on that worker, must not
+    reuse them (found by tests/router/runtimes/test_vllm_wrong_kv_never_reaches_the_client.py)."""
+    disaggregated(fake)
+    fake.on_prefill("p1", prefilled("p1", IDS, 7, "A"))
+    fake.on_generate("d1", [HandoffDiverged("generated 9 where the client has 7")], [start(5), token(8, "B"), finish()])
+    orch = await machine(fake)
+    req = request()
+    req.cache_salt = "tenant-a"
+    events = await run(orch, Journey("r1"), req)
+    assert text(events) == "AB"
+    assert metric(orch, "tandem_router_handoffs_diverged_total") == 1
+    first, resume = (c.request for c in fake.made("generate"))
+    assert first.cache_salt == "tenant-a" and first.kv_source is not None
+    assert resume.kv_source is None and resume.cache_salt not in (None, "tenant-a")
+    other = Journey("r2")
+    other.request, other.cache_apart = req, True
+    assert other.cache_salt() != resume.cache_salt, "two requests' recomputations would share blocks"
 
 
 async def test_a_refused_handoff_is_aborted_before_the_resume_goes_out(fake):

@@ -38,8 +38,9 @@ def test_prefill_is_a_nixl_producer_with_tandems_ports_and_fixes(tmp_path, monke
                 "--served-name", "toy", "--vllm-arg=--enforce-eager")
     assert got.argv[:3] == ["/opt/vllm/bin/vllm", "serve", str(tmp_path)]
     assert _flag(got.argv, "--port") == "9100" and _flag(got.argv, "--served-model-name") == "toy"
-    assert json.loads(_flag(got.argv, "--kv-transfer-config")) == {"kv_connector": "NixlConnector",
-                                                                     "kv_role": "kv_producer"}
+    assert json.loads(_flag(got.argv, "--kv-transfer-config")) == {
+        "kv_connector": "NixlConnector", "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"kv_lease_duration": 30}}  # contracts.timing.VLLM_KV_LEASE_S
     assert json.loads(_flag(got.argv, "--kv-events-config"))["endpoint"] == "tcp://*:9102"
     assert got.argv[-1] == "--enforce-eager"
     e = got.env
