@@ -11,8 +11,11 @@ vLLM as its API key. vLLM serves no tokenizer files: the router reads them from 
 requires (and `info` reports their digest), tokenizes every request, and names logprob tokens with
 them. vLLM sends no heartbeat while a request waits: the first chunk may take `prefill_timeout_s`
 (queueing included), later chunks `chunk_timeout_s`. Closing a stream aborts the request in vLLM, so
-`abort` sends nothing; KV a prefill server keeps for a decode that never comes is freed by vLLM's
-own timeout (VLLM_NIXL_ABORT_REQUEST_TIMEOUT).
+`abort` sends nothing; KV a prefill server keeps for a decode that never comes is freed after its
+lease (kv_lease_duration, contracts.timing.VLLM_KV_LEASE_S; the decode server's heartbeats extend
+it once the request reached it, and the router hands it over within the lease). A decode server
+regenerates the handoff's first token: one that is not the prefill's is a HandoffDiverged, and the
+request is recomputed, never continued from that KV.
 """
 
 from __future__ import annotations
@@ -128,15 +131,19 @@ class VllmWorkerClient:
     async def info(self, url: str, role: Role | None = None) -> WorkerInfo:
         what = f"the metrics of {url}"
         timeout = aiohttp.ClientTimeout(total=self.timeouts.info_s)
+        step = "GET /metrics"
         try:
             status, raw = await self._get(url + "/metrics", timeout)
             if status != 200:
                 raise WorkerFailed(f"{what}: GET /metrics returned {status}", dead=True)
             metrics = parse_metrics(raw.decode("utf-8", errors="replace"))
+            step = "GET /v1/models"
             engine = await self._engine(url, metrics, timeout)
+            step = "GET /health"
             health, _ = await self._get(url + "/health", timeout)
         except _BROKEN as exc:
-            raise WorkerFailed(f"{what} failed: {describe(exc)}", dead=True, slow=isinstance(exc, TimeoutError)) from None
+            raise WorkerFailed(f"{what} failed ({step}): {describe(exc)}", dead=True,
+                               slow=isinstance(exc, TimeoutError)) from None
         return worker_info(metrics, engine.model, engine.max_model_len, engine.engine_id,
                            role or Role.COLOCATED, health == 200, self.files.sha256)
 
