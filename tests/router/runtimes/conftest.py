@@ -4,6 +4,11 @@ vLLM servers take about 6 GB and minutes to start on a small CPU)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
+import time
+import urllib.error
 from pathlib import Path
 
 import pytest
@@ -65,3 +70,42 @@ def vllm_router(vllm_servers, vllm_toy_model_dir: Path):
         yield router.start(timeout_s=120)
     finally:
         router.stop()
+
+
+@pytest.fixture
+def router_over(vllm_servers, vllm_toy_model_dir: Path):
+    """`with router_over([decode URLs]) as router`: see _router_over."""
+    return functools.partial(_router_over, vllm_servers, vllm_toy_model_dir)
+
+
+@contextlib.contextmanager
+def _router_over(servers, model_dir: Path, decodes: list[str]):
+    """`tandem router --runtime vllm` (no parity probe) over the package's prefill server and the
+    decode endpoints given, yielded once it has polled every one ready (its /ready needs only one);
+    its log is printed when it stops, which pytest shows for a failed test."""
+    from tandem.contracts.internal_auth import SECRET_ENV
+    from tandem.testing.router_process import RouterProcess
+
+    proc = RouterProcess("--runtime", "vllm", "--tokenizer", str(model_dir), "--no-parity-probe",
+                         "--prefill", servers.prefill.url, *(a for url in decodes for a in ("--decode", url)))
+    proc.env[SECRET_ENV] = servers.secret
+    want = {"prefill": 1, "decode": len(decodes)}
+    try:
+        proc.start(timeout_s=120)
+        deadline = time.monotonic() + 120
+        while (ready := _ready(proc)) != want:
+            assert time.monotonic() < deadline, f"the router's workers are not all ready: {ready}"
+            time.sleep(0.2)
+        yield proc
+    finally:
+        proc.stop()
+        print(proc.log()[-30000:])
+
+
+def _ready(router) -> dict[str, int]:
+    try:
+        doc = router.get_json("/ready")
+    except urllib.error.HTTPError as e:  # 503 until a decode endpoint is ready: the same body
+        doc = json.load(e)
+    workers = doc.get("workers", {})
+    return {role: workers.get(role, {}).get("ready", 0) for role in ("prefill", "decode")}

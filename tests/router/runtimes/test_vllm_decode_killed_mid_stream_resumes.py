@@ -12,10 +12,8 @@ server itself alive.)"""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.error
 
 import openai
 import pytest
@@ -42,33 +40,9 @@ def doomed(vllm_servers, vllm_toy_model_dir):
 
 
 @pytest.fixture
-def router(vllm_servers, vllm_toy_model_dir, doomed):
-    from tandem.contracts.internal_auth import SECRET_ENV
-    from tandem.testing.router_process import RouterProcess
-
-    proc = RouterProcess("--runtime", "vllm", "--tokenizer", str(vllm_toy_model_dir), "--no-parity-probe",
-                         "--prefill", vllm_servers.prefill.url, "--decode", doomed.url,
-                         "--decode", vllm_servers.decode.url)
-    proc.env[SECRET_ENV] = vllm_servers.secret
-    try:
-        proc.start(timeout_s=120)
-        deadline = time.monotonic() + 120
-        while (ready := _ready(proc)) != {"prefill": 1, "decode": 2}:
-            assert time.monotonic() < deadline, f"the router's workers are not all ready: {ready}"
-            time.sleep(0.2)
+def router(router_over, vllm_servers, doomed):
+    with router_over([doomed.url, vllm_servers.decode.url]) as proc:
         yield proc
-    finally:
-        proc.stop()
-        print(proc.log()[-30000:])  # shown when the test fails: what the router saw
-
-
-def _ready(router) -> dict[str, int]:
-    try:
-        doc = router.get_json("/ready")
-    except urllib.error.HTTPError as e:  # 503 until a decode endpoint is ready: the same body
-        doc = json.load(e)
-    workers = doc.get("workers", {})
-    return {role: workers.get(role, {}).get("ready", 0) for role in ("prefill", "decode")}
 
 
 def _kill_when_streaming(server, stop: threading.Event, killed: threading.Event) -> None:

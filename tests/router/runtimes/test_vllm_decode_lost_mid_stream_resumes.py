@@ -12,10 +12,7 @@ to pull: it computes them). The package's servers are shared, so the server itse
 
 from __future__ import annotations
 
-import json
 import threading
-import time
-import urllib.error
 
 import openai
 import pytest
@@ -36,35 +33,9 @@ def two_decode_endpoints(vllm_servers):
 
 
 @pytest.fixture
-def router(vllm_servers, vllm_toy_model_dir, two_decode_endpoints):
-    from tandem.contracts.internal_auth import SECRET_ENV
-    from tandem.testing.router_process import RouterProcess
-
-    decodes = [arg for p in two_decode_endpoints for arg in ("--decode", f"http://127.0.0.1:{p.port}")]
-    proc = RouterProcess("--runtime", "vllm", "--tokenizer", str(vllm_toy_model_dir), "--no-parity-probe",
-                         "--prefill", vllm_servers.prefill.url, *decodes)
-    proc.env[SECRET_ENV] = vllm_servers.secret
-    try:
-        proc.start(timeout_s=120)
-        # /ready needs one worker; the test needs all three polled ready. (A loaded vLLM's /metrics can
-        # miss a poll; the router keeps such a worker as last polled: test_a_slow_poll_keeps_a_worker_routable.)
-        deadline = time.monotonic() + 120
-        while (ready := _ready(proc)) != {"prefill": 1, "decode": 2}:
-            assert time.monotonic() < deadline, f"the router's workers are not all ready: {ready}"
-            time.sleep(0.2)
+def router(router_over, two_decode_endpoints):
+    with router_over([f"http://127.0.0.1:{p.port}" for p in two_decode_endpoints]) as proc:
         yield proc
-    finally:
-        proc.stop()
-        print(proc.log()[-30000:])  # shown when the test fails: what the router saw
-
-
-def _ready(router) -> dict[str, int]:
-    try:
-        doc = router.get_json("/ready")
-    except urllib.error.HTTPError as e:  # 503 until a decode endpoint is ready: the same body
-        doc = json.load(e)
-    workers = doc.get("workers", {})
-    return {role: workers.get(role, {}).get("ready", 0) for role in ("prefill", "decode")}
 
 
 def test_a_decode_lost_mid_stream_is_resumed_without_a_gap(vllm_servers, router, two_decode_endpoints):
