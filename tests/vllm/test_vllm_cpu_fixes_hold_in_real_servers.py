@@ -1,10 +1,14 @@
 """The launcher's two CPU fixes hold in real vLLM servers (worker/vllm/cpu_fixes.py): each server's
 compute thread (its worker process's main thread) stays on the core `tandem up --pin-cpus` gave it,
 where vLLM's NIXL worker would move it onto the machine's last core; and an idle server has no
-thread busy-polling (NIXL's progress thread, runnable all the time when on, is off)."""
+thread busy-polling (NIXL's progress thread, runnable all the time with NIXL's own zero delay,
+sleeps a millisecond between its polls). That the delay reaches the agent NIXL builds: in vLLM's
+own interpreter, below. (What it does under load: BENCHMARKS.md, "Tandem on vLLM", the curves.)"""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -57,3 +61,27 @@ def test_an_idle_server_has_no_busy_polling_thread(vllm_servers) -> None:
         # thread runnable in half of 40 samples right after one) is not one.
         busy = {k: share for k, share in _runnable_share(pids, samples=80).items() if share >= 0.8}
         assert not busy, f"{role}: threads (pid, tid) runnable in nearly every sample while idle: {busy}"
+
+
+DELAY_PROBE = """
+import sys
+import tandem_vllm_cpu_fixes as fixes
+fixes.register()
+import vllm.distributed.nixl_utils as nixl_utils
+agent_cls = nixl_utils.NixlWrapper  # what vLLM's NIXL worker builds its agent with
+config = sys.modules[agent_cls.__module__].nixlBind.nixlAgentConfig()
+config.pthrDelay = 0  # what NIXL's python API writes before it builds the agent
+agent = agent_cls("probe", nixl_utils.nixl_agent_config(backends=[]))  # NIXL takes the config
+print("pthrDelay", config.pthrDelay)
+"""
+
+
+def test_the_progress_threads_delay_reaches_nixls_agent_config(vllm_installed) -> None:
+    from tandem.worker.local.cache import cache_root
+    from tandem.worker.vllm.launch import NIXL_PROGRESS_DELAY_US, plugin_dir
+
+    env = os.environ | {"PYTHONPATH": str(plugin_dir(cache_root())),
+                        "TANDEM_NIXL_PROGRESS_DELAY_US": str(NIXL_PROGRESS_DELAY_US)}
+    out = subprocess.run([str(vllm_installed), "-c", DELAY_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"pthrDelay {NIXL_PROGRESS_DELAY_US}" in out.stdout.splitlines(), out.stdout

@@ -7,7 +7,7 @@ say what they say for Tandem's engine (--role, --model, --host, --port, --served
 --max-model-len, --dtype, --tensor-parallel, --threads; --kv-port is NIXL's handshake port here).
 
 On a CPU, two fixes (cpu_fixes.py, loaded by vLLM as a plugin in each of its processes):
-NIXL's busy-polling progress thread is off, and vLLM's NIXL worker no longer moves the compute
+NIXL's progress thread polls every millisecond instead of busy-polling, and vLLM's NIXL worker no longer moves the compute
 thread; the compute threads run on the cores this process may use (`tandem up --pin-cpus`, a
 cpuset), through VLLM_CPU_OMP_THREADS_BIND. This process becomes `vllm serve` (exec), so signals
 and the exit status are vLLM's own.
@@ -38,6 +38,12 @@ from tandem.contracts.vllm_serve import (
 )
 from tandem.worker.local.processes import free_port as local_free_port
 
+# NIXL's progress thread sleeps this long between polls (its own default is a busy poll, about half a
+# core). Off, a prefill server moves KV to its decode servers only between its engine steps: with 64
+# to 128 streams of 256-token prompts its steps take up to a second, and the first gap after each
+# handoff reached 3-7 s at p99 (BENCHMARKS.md, "Tandem on vLLM"); at 1 ms the gap p99 is 0.1 s and
+# a prefill runs as fast as with no thread.
+NIXL_PROGRESS_DELAY_US = 1000
 PLUGIN = "tandem_vllm_cpu_fixes"  # the module name cpu_fixes.py has in vLLM's interpreter
 VLLM_ENV = "TANDEM_VLLM"  # the `vllm` executable to run (an image's); default: the cached CPU install
 # VLLM_CPU_KVCACHE_SPACE unless set or --kv-cache-memory-bytes is given: vLLM-cpu's own default
@@ -132,7 +138,8 @@ def server_env(base: dict[str, str], binding: dict[str, str], side: tuple[str, i
                cache_dir: Path | None, local_model: bool, extra: list[str]) -> dict[str, str]:
     """vLLM's environment: Tandem's defaults, overridden by the caller's environment, then what
     Tandem decides (the handshake address, the thread binding, the plugin's path)."""
-    defaults = {"TANDEM_NIXL_PROGRESS_THREAD": "0", "TANDEM_VLLM_KEEP_AFFINITY": "1", "VLLM_HOST_IP": side[0]}
+    defaults = {"TANDEM_NIXL_PROGRESS_THREAD": "1", "TANDEM_NIXL_PROGRESS_DELAY_US": str(NIXL_PROGRESS_DELAY_US),
+                "TANDEM_VLLM_KEEP_AFFINITY": "1", "VLLM_HOST_IP": side[0]}
     if not any(a.split("=", 1)[0] == "--kv-cache-memory-bytes" for a in extra):  # the env would win over it
         defaults["VLLM_CPU_KVCACHE_SPACE"] = KV_CACHE_GIB
     if cache_dir is not None:
@@ -166,6 +173,14 @@ def plugin_dir(root: Path) -> Path:
     except OSError:  # a concurrent launcher wrote the same files first
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def progress_thread(env: dict[str, str]) -> str:
+    """What NIXL's progress thread does in a server of this environment, in words (the launch line)."""
+    if env.get("TANDEM_NIXL_PROGRESS_THREAD") == "0":
+        return "off"
+    delay = env.get("TANDEM_NIXL_PROGRESS_DELAY_US")
+    return f"on, polling every {delay} us" if delay else "on, busy-polling"
 
 
 def free_port() -> int:
@@ -205,6 +220,6 @@ def run(args: argparse.Namespace) -> int:
     e = launch.env
     print(f"tandem worker: exec {' '.join(launch.argv)} (threads: {e.get('VLLM_CPU_OMP_THREADS_BIND', 'vLLM auto')}, "
           f"NIXL handshake {e['VLLM_NIXL_SIDE_CHANNEL_HOST']}:{e['VLLM_NIXL_SIDE_CHANNEL_PORT']}, NIXL progress "
-          f"thread {'off' if e.get('TANDEM_NIXL_PROGRESS_THREAD') == '0' else 'on'})", file=sys.stderr, flush=True)
+          f"thread {progress_thread(e)})", file=sys.stderr, flush=True)
     os.execve(launch.argv[0], launch.argv, launch.env)
     return 1  # not reached

@@ -45,7 +45,10 @@ def test_prefill_is_a_nixl_producer_with_tandems_ports_and_fixes(tmp_path, monke
     assert got.argv[-1] == "--enforce-eager"
     e = got.env
     assert (e["VLLM_NIXL_SIDE_CHANNEL_HOST"], e["VLLM_NIXL_SIDE_CHANNEL_PORT"]) == ("127.0.0.1", "9101")
-    assert e["TANDEM_NIXL_PROGRESS_THREAD"] == "0" and e["TANDEM_VLLM_KEEP_AFFINITY"] == "1"
+    assert e["TANDEM_NIXL_PROGRESS_THREAD"] == "1" and e["TANDEM_VLLM_KEEP_AFFINITY"] == "1"
+    assert e["TANDEM_NIXL_PROGRESS_DELAY_US"] == "1000"
+    assert launch.progress_thread(e) == "on, polling every 1000 us"
+    assert launch.progress_thread(e | {"TANDEM_NIXL_PROGRESS_THREAD": "0"}) == "off"
     plugin = Path(e["PYTHONPATH"])
     assert (plugin / "tandem_vllm_cpu_fixes.py").read_bytes() == Path(launch.__file__).with_name("cpu_fixes.py").read_bytes()
     entry = (plugin / "tandem_vllm_cpu_fixes-1.0.dist-info" / "entry_points.txt").read_text()
