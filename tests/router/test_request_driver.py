@@ -123,7 +123,7 @@ async def test_a_stream_that_ends_without_a_finish_is_resumed_and_counted(fake):
 async def test_a_diverged_handoff_is_recomputed_under_a_cache_salt_of_its_own(fake):
     """A decode worker that continued from KV that was not the prompt's (vLLM: HandoffDiverged) may
     keep it in its prefix cache under the prompt's blocks: the resume, even on that worker, must not
-    reuse them (found by tests/router/runtimes/test_vllm_wrong_kv_never_reaches_the_client.py)."""
+    reuse them (found by tests/router/runtimes/test_vllm_kv_of_another_prompt_is_caught_and_recomputed.py)."""
     disaggregated(fake)
     fake.on_prefill("p1", prefilled("p1", IDS, 7, "A"))
     fake.on_generate("d1", [HandoffDiverged("generated 9 where the client has 7")], [start(5), token(8, "B"), finish()])

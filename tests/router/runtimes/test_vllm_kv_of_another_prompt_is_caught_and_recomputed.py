@@ -1,4 +1,4 @@
-"""A decode server pointed at the wrong KV never answers from it (issue 29 item 4).
+"""A decode server pointed at another prompt's KV does not answer from it (issue 29 item 4).
 
 vLLM's NixlConnector checks nothing of the bytes it reads: if a prefill server's blocks went to
 another prompt before a decode server read them (its lease, kv_lease_duration, ran out unheard:
@@ -11,10 +11,11 @@ Here the real router, in this process, is given the wrong KV for its first hando
 server computes the prompt (so the client's first token is right) and another prompt of the same
 length, and the decode server is pointed at the second one's blocks.
 
-A guard, not a proof: KV that happens to give the same first token passes it. On this toy model the
-same tokens in reverse order did (the first token matched, the text after it did not), which is why
-the wrong KV here is another text's; the parity probe (HandoffVerified) checks a pairing's KV over
-several tokens.
+A guard, not a proof: KV that happens to give the same first token passes it, and then the client
+does get wrong text. On this toy model the same tokens in reverse order did (the first token
+matched, the text after it did not), which is why the wrong KV here is another text's. What keeps
+the fault from happening is the lease (contracts/timing.py); the parity probe (HandoffVerified)
+checks a pairing's KV over several tokens.
 """
 
 from __future__ import annotations
