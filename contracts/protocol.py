@@ -98,6 +98,7 @@ class EventType(enum.StrEnum):
 
 
 MAX_CACHE_SALT_CHARS = 256  # GenerateRequest.cache_salt
+MAX_FAIRNESS_ID_CHARS = 256  # GenerateRequest.fairness_id
 
 
 @dataclass
@@ -135,6 +136,11 @@ class GenerateRequest:
     # of requests with the same salt, and no tenant can time another's prompts by their cache hits.
     # None: shared with every unsalted request. At most MAX_CACHE_SALT_CHARS characters.
     cache_salt: str | None = None
+    # The request's flow at the router's flow control (flow_control.py): its tenant (the fairness id,
+    # at most MAX_FAIRNESS_ID_CHARS) and its priority. A worker's scheduler gives its prompt chunks
+    # to the highest priority first, then to the tenant it has served the fewest tokens (scheduler.py).
+    fairness_id: str | None = None
+    priority: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form, sharing this request's lists (dataclasses.asdict copied a long prompt's ids

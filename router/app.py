@@ -26,7 +26,7 @@ from tandem.router import request_gate, tokenize_api
 from tandem.router.chat_fields import decode_echo
 from tandem.router.config import RouterConfig, flow_config
 from tandem.router.errors import RouterError, bad_request, no_worker
-from tandem.router.flow_control import FlowController
+from tandem.router.flow_control import FlowController, flow_of
 from tandem.router.journey import ClientRequest
 from tandem.router.kv_feed import KVEventFeed
 from tandem.router.metrics import RouterMetrics
@@ -329,6 +329,7 @@ class Router:
                 if parsed.echo_ids:
                     parsed.echo = decode_echo(self.tokens, parsed.prompt_token_ids or [])
                 await self._pin(parsed, request.headers)
+                parsed.flow = flow_of(request.headers, request_gate.bearer(request.headers), self.flow.config)
                 await self.tokenize(parsed)
                 self._default_max_tokens(parsed)
                 shape = ResponseShape(

@@ -26,6 +26,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
+from tandem.contracts.protocol import MAX_FAIRNESS_ID_CHARS
 from tandem.router.errors import RouterError
 
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
@@ -54,6 +55,8 @@ class FlowConfig:
 def flow_of(headers: Mapping[str, str], api_key: str | None, config: FlowConfig) -> tuple[str, int]:
     """(fairness id, priority) of a request from its headers and the API key it presented."""
     fairness = (headers.get(FAIRNESS_HEADER) or "").strip()
+    if len(fairness) > MAX_FAIRNESS_ID_CHARS:  # the workers keep it per sequence: a long one by its hash
+        fairness = "id:" + hashlib.sha256(fairness.encode()).hexdigest()[:16]
     if not fairness and api_key:
         fairness = "key:" + hashlib.sha256(api_key.encode()).hexdigest()[:16]
     objective = (headers.get(OBJECTIVE_HEADER) or "").strip()

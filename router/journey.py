@@ -186,6 +186,7 @@ class Journey:
             request_id=self.request_id, prompt=req.prompt, messages=req.messages,
             prompt_token_ids=req.prompt_token_ids, sampling=req.sampling,
             chat_options=req.chat_options if req.messages is not None else None, cache_salt=self.cache_salt(),
+            fairness_id=req.flow[0], priority=req.flow[1],
         )
         if decode:
             if self.prompt_ids is not None:

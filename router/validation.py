@@ -19,6 +19,7 @@ from tandem.contracts.sampling import SamplingParams, top_k_valid
 from tandem.router import request_budget
 from tandem.router.chat_fields import chat_options, echo_text
 from tandem.router.errors import RouterError, bad_request
+from tandem.router.flow_control import SHARED_FLOW
 from tandem.router.openai_schema import FIELDS, MESSAGE_FIELDS, Endpoint, Support, inert
 from tandem.router.sampling_fields import is_int as _is_int
 from tandem.router.sampling_fields import is_number as _is_number
@@ -71,6 +72,7 @@ class ParsedRequest:
     max_tokens_given: bool = True  # False: the default applies (the rest of the context, app.py)
     cache_salt: str | None = None  # the tenant's prefix-cache salt (vLLM's name): shares KV only with the same salt
     pinned: Pinned | None = None  # behind a gateway: the workers its picker chose (set by app.py, not the body)
+    flow: tuple[str, int] = (SHARED_FLOW, 0)  # its tenant and priority at flow control (set by app.py, from headers)
 
     def prompt_chars(self) -> int:
         """Size of the prompt in characters, for an estimate when its tokens are unknown (policies.base)."""

@@ -18,7 +18,8 @@ def _full() -> GenerateRequest:
     return GenerateRequest("r-1", messages=[{"role": "user", "content": "hi", "name": None}],
                            prompt_token_ids=list(range(400)), sampling=SamplingParams(max_tokens=7, temperature=0.5),
                            chat_options={"chat_template_kwargs": {"x": [1, 2]}}, kv_source=kv,
-                           generated_token_ids=[42], emitted_chars=3, migrated_from="http://d:1", cache_salt="s")
+                           generated_token_ids=[42], emitted_chars=3, migrated_from="http://d:1", cache_salt="s",
+                           fairness_id="tenant-a", priority=3)
 
 
 def test_every_field_survives_json_and_from_dict():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from tandem.contracts.protocol import MAX_FAIRNESS_ID_CHARS
 from tandem.router.errors import RouterError
 from tandem.router.flow_control import (
     FAIRNESS_HEADER,
@@ -165,6 +166,25 @@ def test_the_flow_comes_from_the_headers_or_the_api_key():
     assert flow_of({}, "sk-secret", config)[0] == by_key, "one key, one flow"
     assert flow_of({}, "other", config)[0] != by_key
     assert flow_of({OBJECTIVE_HEADER: "unknown"}, None, config) == (SHARED_FLOW, 0)
+    long = flow_of({FAIRNESS_HEADER: "t" * 300}, None, config)[0]
+    assert len(long) <= MAX_FAIRNESS_ID_CHARS and long == flow_of({FAIRNESS_HEADER: "t" * 300}, None, config)[0]
+    assert long != flow_of({FAIRNESS_HEADER: "t" * 301}, None, config)[0], "a long id is kept apart, by its hash"
+
+
+def test_the_flow_goes_to_every_worker_of_the_request():
+    """The workers' schedulers share their prefill by flow (scheduler.py): the router's worker request
+    carries the tenant and priority app.py read from the headers, to prefill and to decode."""
+    from tandem.router.journey import Journey
+    from tandem.router.openai_schema import Endpoint
+    from tandem.router.validation import Limits, parse_request
+
+    parsed = parse_request({"model": "m", "prompt": "hi", "max_tokens": 2}, Endpoint.COMPLETION, Limits())
+    parsed.flow = flow_of({FAIRNESS_HEADER: "team-a", OBJECTIVE_HEADER: "interactive"}, None,
+                          FlowConfig(objectives={"interactive": 10}))
+    journey = Journey("r1", request=parsed)
+    for decode in (False, True):
+        req = journey.worker_request(decode)
+        assert (req.fairness_id, req.priority) == ("team-a", 10)
 
 
 def test_the_settings_are_checked_where_they_are_read(tmp_path):

@@ -317,7 +317,7 @@ class Engine:
         if reason is not None:
             self._finish(seq, reason)
         elif seq.prefill_only:
-            self.scheduler.running.remove(seq)
+            self.scheduler.take_out(seq)
             self.requests.lease(seq, RequestState.LEASED)
             out.kv_blocks = list(seq.block_table)
         return out

@@ -16,6 +16,7 @@ from tandem.worker.engine.grammar import GrammarCompiler
 from tandem.worker.engine.output_processor import append_token
 from tandem.worker.engine.request_checks import (
     check_cache_salt,
+    check_flow,
     check_sampling,
     generated_ids,
     tokenize,
@@ -61,11 +62,13 @@ class Intake:
                 f"generated_token_ids already holds {len(resumed)} tokens, max_tokens is "
                 f"{req.sampling.max_tokens}: nothing left to generate", param="max_tokens", code="invalid_value")
         p = req.sampling
+        flow, priority = check_flow(req.fairness_id, req.priority)
         seq = EngineSequence(
             request_id=req.request_id, prompt_ids=prompt, params=p, max_total_len=self.max_model_len,
             seed=p.seed if p.seed is not None else random.getrandbits(62), eos_ids=self.eos_ids,
             prefill_only=prefill_only, arrival=time.monotonic(), num_resumed=len(resumed),
             stop_ids=frozenset(p.stop_token_ids), cache_salt=check_cache_salt(req.cache_salt),
+            flow=flow, priority=priority,
         )
         seq.detok = IncrementalDetokenizer(self.tokenizer, prompt, p.stop)
         if p.structured is not None:

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from tandem.contracts.chat_options import template_args
-from tandem.contracts.protocol import MAX_CACHE_SALT_CHARS, GenerateRequest
+from tandem.contracts.protocol import MAX_CACHE_SALT_CHARS, MAX_FAIRNESS_ID_CHARS, GenerateRequest
 from tandem.contracts.sampling import (
     GREEDY_TEMPERATURE_BELOW,
     WORKER_MAX_STOP_CHARS,
@@ -109,6 +109,15 @@ def generated_ids(req: GenerateRequest, vocab_size: int) -> list[int]:
     if req.first_token_id is not None and resumed[0] != req.first_token_id:
         raise RequestError("first_token_id differs from generated_token_ids[0]", param="first_token_id")
     return list(resumed)
+
+
+def check_flow(fairness_id: Any, priority: Any) -> tuple[str, int]:
+    """GenerateRequest.fairness_id and priority: the sequence's flow for the scheduler ("" when none)."""
+    if fairness_id is not None and (not isinstance(fairness_id, str) or len(fairness_id) > MAX_FAIRNESS_ID_CHARS):
+        raise _bad(f"fairness_id must be a string of at most {MAX_FAIRNESS_ID_CHARS} characters", "fairness_id")
+    if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > 2**31:
+        raise _bad("priority must be an integer between -2**31 and 2**31", "priority")
+    return fairness_id or "", priority
 
 
 def check_cache_salt(salt: Any) -> str | None:

@@ -1,8 +1,11 @@
 """Continuous batching: which sequences run in the next forward pass, and how many tokens each.
 
-Every step the running sequences go first (decoding ones, one token each, then the next chunk of
-each long prompt being prefilled), then waiting ones are admitted while the token budget, the
-prefill budget, the sequence limit and the free blocks allow. The prefill budget caps the prompt
+Every step the decoding sequences go first (one token each), then the prompts: the next chunk of
+each one being prefilled, and waiting ones admitted while the token budget, the prefill budget, the
+sequence limit and the free blocks allow. Prompts take the prefill budget by priority, then by flow
+(the tenant the router names, GenerateRequest.fairness_id): the flow served the fewest tokens lately
+first, so a tenant's new prompt does not wait behind a flood's long prompts; within one flow, first
+come, first served. The prefill budget caps the prompt
 tokens of one step, so a long prompt is prefilled in chunks and the decoding sequences beside it
 wait one chunk per step, never the whole prompt. When blocks run out the newest running sequence
 is preempted: its blocks are freed and it is recomputed later, so its output does not change.
@@ -19,6 +22,7 @@ after checking the free count, so it never fails halfway through a step.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +56,9 @@ class ScheduledChunk:
                          self.sample)
 
 
+FLOW_SERVICE_HALF_LIFE_S = 10.0  # how fast a flow's service fades (_prompt_order)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -80,6 +87,9 @@ class Scheduler:
         self.waiting: deque[EngineSequence] = deque()  # prompts to prefill: new, or preempted
         self.ready: deque[EngineSequence] = deque()  # KV in the pool already (pulled): waiting for a seat
         self.running: list[EngineSequence] = []
+        self.served: dict[str, float] = {}  # tokens scheduled per flow, fading (_prompt_order)
+        self.clock = time.monotonic
+        self.served_at = self.clock()
         self.on_preempt = on_preempt or (lambda seq: None)
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -154,6 +164,24 @@ class Scheduler:
         seq.block_table.extend(ids)
         return True
 
+    def _prompt_order(self, prompts: list[EngineSequence]) -> list[EngineSequence]:
+        """Prompts (being prefilled, then waiting, each oldest first) in the order they take the prefill
+        budget: higher priority first, then the flow this engine served the fewest tokens lately (least
+        attained service, fading by half every FLOW_SERVICE_HALF_LIFE_S), then as they came. A tenant
+        that floods has been served the most, so another tenant's prompt goes before its chunks, every
+        step until it is prefilled; the flood takes the rest of the budget. (A fair share instead, as
+        Sheng et al.'s virtual token counter, OSDI '24, would give the two tenants alternate chunks
+        and double the other tenant's time to first token.) One flow at one priority keeps the order
+        it had: first come, first served."""
+        now = self.clock()
+        fade = 0.5 ** ((now - self.served_at) / FLOW_SERVICE_HALF_LIFE_S)
+        self.served_at = now
+        here = {s.flow for s in (*self.running, *self.waiting, *self.ready)}
+        self.served = {f: n * fade for f, n in self.served.items() if f in here or n * fade >= 1}
+        if len(here) < 2 and len({s.priority for s in prompts}) < 2:
+            return prompts
+        return sorted(prompts, key=lambda s: (-s.priority, self.served.get(s.flow, 0.0)))
+
     def schedule(self) -> list[ScheduledChunk]:
         budget = self.max_batched_tokens
         chunks: list[ScheduledChunk] = []
@@ -165,45 +193,70 @@ class Scheduler:
         prefill_budget = self.prefill_chunk_tokens
         if self.chunk_budget is not None:
             prefill_budget = min(prefill_budget, self.chunk_budget(sum(s.decoding for s in self.running)))
-        # Decoding sequences first (one token each, so a long prompt's chunk never delays them),
-        # then prompts being prefilled; each group oldest first. Preemption victims come off the end.
-        queue = [s for s in self.running if s.decoding] + [s for s in self.running if not s.decoding]
+        # Decoding sequences first (one token each, so a long prompt's chunk never delays them), then
+        # the prompts (_prompt_order): those being prefilled take their next chunk, waiting ones are
+        # admitted while the budgets, the seats and the free blocks allow, none overtaking a waiting
+        # one that did not fit. Preemption victims are running sequences, off the end.
+        waiting = set(map(id, self.waiting))
+        queue = [s for s in self.running if s.decoding] + self._prompt_order(
+            [s for s in self.running if not s.decoding] + list(self.waiting))
+        admitting = True
         while queue and budget > 0:
             seq = queue.pop(0)
+            if id(seq) in waiting:
+                if admitting and len(self.running) < self.max_num_seqs:
+                    admitting = self._admit(seq, budget, prefill_budget, chunks)
+                    if admitting:
+                        budget -= chunks[-1].num_tokens
+                        prefill_budget -= chunks[-1].num_tokens
+                continue
             n = 1 if seq.decoding else self._tokens(seq.num_pending, budget, prefill_budget)
             if n == 0:
                 continue  # this step's prefill budget is spent: the prompt continues next step
             need = self._need(seq, n)
             while need > self.allocator.num_free and self.ready:
                 self._recompute_later(self.ready.pop())  # newest pulled one, before any stream
-            while need > self.allocator.num_free and queue:
-                self.preempt(queue.pop())
+            while need > self.allocator.num_free and (victim := self._last_running(queue, waiting)) is not None:
+                self.preempt(victim)
             if need > self.allocator.num_free or not self._grow(seq, n):
-                # Nothing left to preempt but the sequences already scheduled this step: wait.
+                # Nothing left to preempt but the sequences already scheduled this step: wait (the
+                # waiting prompts may still be admitted, should they need fewer blocks).
                 if not chunks:
                     self.preempt(seq)
-                break
+                queue = [s for s in queue if id(s) in waiting]
+                continue
             chunks.append(ScheduledChunk(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
             budget -= n
             prefill_budget -= n if chunks[-1].prefill else 0
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            hit = self.cache.match_to_compute(seq)
-            cached = len(hit) * self.block_size
-            n = self._tokens(seq.num_tokens - cached, budget, prefill_budget)
-            need = self.blocks_for(cached + n) - len(hit) + self.allocator.num_to_take(hit)
-            if n == 0 or need > self.allocator.num_free:
-                break  # first come, first served: don't let later requests overtake the head
-            self.waiting.popleft()
-            self.requests.move(seq, RequestState.RUNNING)
-            self.running.append(seq)
-            self.cache.take(seq, hit, seq.num_tokens)
-            seq.num_computed = cached
-            self._grow(seq, n)  # room checked above, under the engine's lock
-            chunks.append(ScheduledChunk(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
-            budget -= n
-            prefill_budget -= n
+        for c in chunks:
+            self.served[c.seq.flow] = self.served.get(c.seq.flow, 0) + c.num_tokens
         return chunks
+
+    @staticmethod
+    def _last_running(queue: list[EngineSequence], waiting: set[int]) -> EngineSequence | None:
+        """The last running sequence of this step's queue, taken out of it (a preemption victim)."""
+        for i in range(len(queue) - 1, -1, -1):
+            if id(queue[i]) not in waiting:
+                return queue.pop(i)
+        return None
+
+    def _admit(self, seq: EngineSequence, budget: int, prefill_budget: int, chunks: list[ScheduledChunk]) -> bool:
+        """A waiting prompt into a seat with its first chunk (appended to `chunks`), from the longest
+        prefix the cache holds; False when it does not fit this step (nothing changed)."""
+        hit = self.cache.match_to_compute(seq)
+        cached = len(hit) * self.block_size
+        n = self._tokens(seq.num_tokens - cached, budget, prefill_budget)
+        need = self.blocks_for(cached + n) - len(hit) + self.allocator.num_to_take(hit)
+        if n == 0 or need > self.allocator.num_free:
+            return False
+        self.waiting.remove(seq)
+        self.requests.move(seq, RequestState.RUNNING)
+        self.running.append(seq)
+        self.cache.take(seq, hit, seq.num_tokens)
+        seq.num_computed = cached
+        self._grow(seq, n)  # room checked above, under the engine's lock
+        chunks.append(ScheduledChunk(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
+        return True
 
     @staticmethod
     def _tokens(pending: int, budget: int, prefill_budget: int) -> int:

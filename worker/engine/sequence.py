@@ -60,6 +60,8 @@ class EngineSequence:
     num_registered_blocks: int = 0
     stop_ids: frozenset[int] = frozenset()  # params.stop_token_ids, for a constant-time check per token
     cache_salt: str | None = None  # the request's prefix-cache salt: its blocks match only the same salt's
+    flow: str = ""  # the request's tenant (GenerateRequest.fairness_id): the scheduler's fair share
+    priority: int = 0  # higher prompts are prefilled first (GenerateRequest.priority)
     grammar: Any = None  # grammar.Grammar of a structured output, advanced with every token taken
     # Written by the request table alone (request_table.py), along request_state.TRANSITIONS.
     _status: RequestState = field(default=RequestState.NEW, init=False)

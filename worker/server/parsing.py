@@ -120,6 +120,8 @@ _TOP: dict[str, tuple[Callable[[Any], bool], str]] = {
     "emitted_chars": (_opt(_count), "a non-negative integer"),
     "first_token_id": (_opt(_count), "a token id"),
     "cache_salt": (_opt(lambda v: isinstance(v, str)), "a string"),
+    "fairness_id": (_opt(lambda v: isinstance(v, str)), "a string"),
+    "priority": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     "chat_options": (_opt(lambda v: isinstance(v, dict)), "an object"),
 }
 

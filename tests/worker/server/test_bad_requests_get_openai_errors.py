@@ -28,6 +28,10 @@ def _assert_openai_error(doc, code=None, param=None):
         ({"request_id": "x"}, 400, None, "prompt"),
         ({"request_id": "x", "prompt": "hi", "kv_source": {"url": "http://x"}}, 400, None, None),
         ({"prompt": "hi"}, 400, None, "request_id"),
+        ({"request_id": "x", "prompt": "hi", "fairness_id": 7}, 400, "invalid_value", "fairness_id"),
+        ({"request_id": "x", "prompt": "hi", "fairness_id": "t" * 257}, 400, "invalid_value", "fairness_id"),
+        ({"request_id": "x", "prompt": "hi", "priority": "high"}, 400, "invalid_value", "priority"),
+        ({"request_id": "x", "prompt": "hi", "priority": 2**40}, 400, "invalid_value", "priority"),
     ],
 )
 async def test_generate_rejects(start_worker, body, status, code, param):

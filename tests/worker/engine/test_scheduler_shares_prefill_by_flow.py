@@ -1,0 +1,123 @@
+"""The prefill budget shared by flow (issue 31, flow control carried to the worker): a tenant's new
+prompt does not wait behind the chunks of a flooding tenant's long prompts (the flow served the
+fewest tokens lately goes first, every step), a higher priority goes first, service fades with a
+half-life, and one flow alone keeps first come, first served. Without a model: the scheduler's own decisions."""
+
+from __future__ import annotations
+
+from tandem.contracts.sampling import SamplingParams
+from tandem.worker.engine.block_allocator import BlockAllocator
+from tandem.worker.engine.scheduler import FLOW_SERVICE_HALF_LIFE_S, Scheduler
+from tandem.worker.engine.sequence import EngineSequence
+
+
+def _seq(rid: str, n: int, flow: str = "", priority: int = 0) -> EngineSequence:
+    return EngineSequence(rid, list(range(n)), SamplingParams(), max_total_len=4096, seed=0, flow=flow,
+                          priority=priority)
+
+
+def _advance(chunks, token=7):
+    for c in chunks:
+        c.seq.num_computed += c.num_tokens
+        if c.sample:
+            c.seq.output_ids.append(token)
+
+
+def _planned(chunks) -> list[tuple[str, int]]:
+    return [(c.seq.request_id, c.num_tokens) for c in chunks]
+
+
+def _scheduler(chunk: int = 16) -> Scheduler:
+    return Scheduler(BlockAllocator(200), block_size=4, max_num_seqs=8, max_batched_tokens=64,
+                     prefill_chunk_tokens=chunk)
+
+
+def test_a_quiet_tenants_prompt_goes_before_a_floods_next_chunk():
+    s = _scheduler()
+    flood = [_seq(f"f{i}", 4, "flood") for i in range(2)] + [_seq("long", 100, "flood")]
+    for q in flood:
+        s.add(q)
+    _advance(s.schedule())  # f0, f1 whole; long's first 8 tokens
+    _advance(s.schedule())  # f0, f1 decode; long goes on
+    quiet = _seq("q", 10, "quiet")
+    s.add(quiet)
+    assert _planned(s.schedule()) == [("f0", 1), ("f1", 1), ("q", 10), ("long", 6)]
+
+
+def test_one_flow_keeps_first_come_first_served():
+    s = _scheduler()
+    long, late = _seq("long", 100), _seq("late", 10)
+    s.add(long)
+    _advance(s.schedule())
+    s.add(late)
+    assert _planned(s.schedule()) == [("long", 16)], "the prompt being prefilled goes on before a newer one"
+
+
+def test_the_same_holds_without_any_fairness_id_against_a_named_flow():
+    s = _scheduler()
+    s.add(_seq("long", 100, "flood"))
+    s.add(_seq("long2", 100, "flood"))
+    _advance(s.schedule())
+    s.add(_seq("anon", 10))  # no fairness id: the shared flow, a tenant of its own
+    assert _planned(s.schedule())[0] == ("anon", 10)
+
+
+def test_a_quiet_prompt_keeps_its_place_until_it_is_prefilled():
+    """Not one chunk and then behind the flood again (as a fair share would have it): the flow served
+    less lately goes first in every step until its prompt is done."""
+    s = _scheduler()
+    for i in range(3):
+        s.add(_seq(f"f{i}", 100, "flood"))
+    for _ in range(4):
+        _advance(s.schedule())  # the flood was served 64 tokens before the quiet tenant came
+    quiet = _seq("q", 40, "quiet")
+    s.add(quiet)
+    for _ in range(3):
+        chunks = s.schedule()
+        assert chunks[0].seq is quiet and chunks[0].num_tokens == min(16, 40 - quiet.num_computed)
+        _advance(chunks)
+    assert quiet.output_ids, "prefilled in three steps of the budget, none lost to the flood"
+
+
+def test_a_higher_priority_goes_first_whatever_it_was_served():
+    s = _scheduler()
+    batch = _seq("batch", 100, "a", priority=0)
+    s.add(batch)
+    _advance(s.schedule())
+    urgent = _seq("urgent", 40, "a", priority=5)
+    s.add(urgent)
+    assert _planned(s.schedule()) == [("urgent", 16)]
+
+
+def test_a_flood_held_to_one_sequence_still_goes_behind():
+    """What ranks a flow is the service it had lately, not how many sequences it holds: a flood the
+    router's gate held to one place here has still been served the most."""
+    s = _scheduler()
+    for i in range(4):  # the flood's earlier requests, served and gone
+        f = _seq(f"old{i}", 16, "flood")
+        s.add(f)
+        _advance(s.schedule())
+        s.remove(f)
+    s.add(_seq("long", 100, "flood"))
+    _advance(s.schedule())
+    s.add(_seq("q", 10, "quiet"))
+    assert _planned(s.schedule()) == [("q", 10), ("long", 6)]
+
+
+def test_service_fades_by_half_each_half_life_and_is_forgotten():
+    s = _scheduler(chunk=64)
+    now = [100.0]
+    s.clock = lambda: now[0]
+    s.served_at = now[0]
+    a = _seq("a", 60, "a")
+    s.add(a)
+    _advance(s.schedule())
+    assert s.served == {"a": 60}
+    s.remove(a)
+    now[0] += FLOW_SERVICE_HALF_LIFE_S
+    s.add(_seq("b", 4, "b"))
+    s.schedule()
+    assert s.served == {"a": 30, "b": 4}
+    now[0] += 6 * FLOW_SERVICE_HALF_LIFE_S  # a's 30 tokens fade below one: a flow long gone is dropped
+    s.schedule()
+    assert set(s.served) == {"b"}
