@@ -6,6 +6,7 @@ out, a pause of --quiet-think-s on average after each answer, sent from this pro
 from another process on core 0, under another fairness id. Every prompt is its own (no prefix-cache hits)."""
 import argparse
 import asyncio
+import math
 import multiprocessing
 import os
 import random
@@ -51,17 +52,17 @@ async def _tenant(url: str, model: str, name: str, words: int, max_tokens: int, 
             await stream_into(s, f"{url}/v1/completions", _body(model, name, words, max_tokens), RequestRecord(0, 0, max_tokens), t0, 300)
 
 
-async def _quiet(url: str, model: str, args: argparse.Namespace) -> list[float]:
+async def _quiet(url: str, model: str, args: argparse.Namespace) -> tuple[list[float], list[str]]:
     """The quiet tenant, as a person at a chat: a request, its answer, then a pause (exponential, mean
-    --quiet-think-s, seeded), --quiet times or for --phase-s; its times to first token."""
-    rng, t0, until, ttfts = random.Random(0), time.perf_counter(), time.perf_counter() + args.phase_s, []
+    --quiet-think-s, seeded), --quiet times or for --phase-s; its times to first token, and the errors of those refused."""
+    rng, t0, until, ttfts, errors = random.Random(0), time.perf_counter(), time.perf_counter() + args.phase_s, [], []
     async with aiohttp.ClientSession(headers={"x-gateway-inference-fairness-id": "quiet"}) as s:
         while len(ttfts) < args.quiet and time.perf_counter() < until:
             rec = await stream_into(s, f"{url}/v1/completions", _body(model, "quiet", args.quiet_words, 8),
                                     RequestRecord(0, 0, 8), t0, 300)
-            ttfts += [rec.ttft] if rec.ok else []
+            ttfts, errors = (ttfts + [rec.ttft], errors) if rec.ok else (ttfts, errors + [str(rec.error)[:80]])
             await asyncio.sleep(rng.expovariate(1 / args.quiet_think_s))
-    return ttfts
+    return ttfts, errors
 
 
 def _flood(url: str, model: str, n: int, words: int, stop) -> None:  # its own process on core 0, not tasks on the measuring client's loop
@@ -70,14 +71,14 @@ def _flood(url: str, model: str, n: int, words: int, stop) -> None:  # its own p
     os.sched_setaffinity(0, {0}), asyncio.run(tenants())
 
 
-async def _p90(url: str, model: str, args: argparse.Namespace, flood: int) -> float:
+async def _p90(url: str, model: str, args: argparse.Namespace, flood: int) -> tuple[float | None, int, list[str]]:
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
     floods = [ctx.Process(target=_flood, args=(url, model, flood, args.flood_words, stop))][:1 if flood else 0]
     [p.start() for p in floods], await asyncio.sleep(5 if flood else 0)  # the flood fills the service first
-    quiet, _ = await _quiet(url, model, args), stop.set()
+    (quiet, errors), _ = await _quiet(url, model, args), stop.set()
     [p.join() for p in floods]
-    return percentile(quiet, 90), len(quiet)
+    return (percentile(quiet, 90) if quiet else None), len(quiet), errors  # None: not one answered
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -98,12 +99,14 @@ def run(args: argparse.Namespace) -> dict:
         try:
             asyncio.run(stack.wait_ready())
             name = asyncio.run(served_model(stack.url))
-            (alone, n_alone), (flooded, n_flooded) = (asyncio.run(_p90(stack.url, name, args, f)) for f in (0, args.flood))
+            (alone, n_alone, _), (flooded, n_flooded, refused) = (asyncio.run(_p90(stack.url, name, args, f)) for f in (0, args.flood))
         finally:
             stack.stop()
-        out[arm] = {"headroom": headroom, "ttft_p90_alone_s": alone, "ttft_p90_flooded_s": flooded, "ratio": flooded / alone,
-                    "quiet_requests": [n_alone, n_flooded]}
-        print(f"{arm}: quiet TTFT p90 {alone * 1e3:.1f} ms alone, {flooded * 1e3:.1f} ms flooded ({flooded / alone:.2f}x; "
-              f"{n_alone} / {n_flooded} requests)", flush=True)
-    gated = [out[a]["ratio"] for a in args.arms if a != "off"]
+        ratio = flooded / alone if alone and flooded else None
+        out[arm] = {"headroom": headroom, "ttft_p90_alone_s": alone, "ttft_p90_flooded_s": flooded, "ratio": ratio,
+                    "quiet_requests": [n_alone, n_flooded], "quiet_refused_flooded": len(refused),
+                    "refusals": sorted(set(refused))[:3]}
+        print(f"{arm}: quiet TTFT p90 {alone} s alone, {flooded} s flooded ({ratio}x; "
+              f"{n_alone} / {n_flooded} requests, {len(refused)} refused beside the flood)", flush=True)
+    gated = [out[a]["ratio"] or math.inf for a in args.arms if a != "off"]
     return out | {"met": bool(gated) and min(gated) <= 1.2}
