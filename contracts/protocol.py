@@ -138,7 +138,7 @@ class GenerateRequest:
     cache_salt: str | None = None
     # The request's flow at the router's flow control (flow_control.py): its tenant (the fairness id,
     # at most MAX_FAIRNESS_ID_CHARS) and its priority. A worker's scheduler gives its prompt chunks
-    # to the highest priority first, then to the tenant it has served the fewest tokens (scheduler.py).
+    # to the highest priority first, then to the tenant it has served the fewest tokens lately (scheduler.py).
     fairness_id: str | None = None
     priority: int = 0
 

@@ -26,7 +26,7 @@ from tandem.router import request_gate, tokenize_api
 from tandem.router.chat_fields import decode_echo
 from tandem.router.config import RouterConfig, flow_config
 from tandem.router.errors import RouterError, bad_request, no_worker
-from tandem.router.flow_control import FlowController, flow_of
+from tandem.router.flow_control import FlowController
 from tandem.router.journey import ClientRequest
 from tandem.router.kv_feed import KVEventFeed
 from tandem.router.metrics import RouterMetrics
@@ -221,9 +221,13 @@ class Router:
 
     # --- small endpoints ----------------------------------------------------------------------
 
-    def turn(self, headers: Mapping[str, str]) -> contextlib.AbstractAsyncContextManager[None]:
-        """The request's turn at flow control, held until its answer is sent (request_gate.py)."""
-        return request_gate.turn(self.flow, self.metrics, headers)
+    def turn(self, key: tuple[str, int]) -> contextlib.AbstractAsyncContextManager[None]:
+        """The turn at flow control of a request of flow `key` (`flow_key`), held until its answer is
+        sent (request_gate.py)."""
+        return request_gate.turn(self.flow, self.metrics, key)
+
+    def flow_key(self, headers: Mapping[str, str]) -> tuple[str, int]:
+        return request_gate.flow_key(self.flow, headers)
 
     def check_auth(self, headers: Mapping[str, str]) -> None:
         request_gate.check_api_key(self.config.api_key, headers)
@@ -329,14 +333,14 @@ class Router:
                 if parsed.echo_ids:
                     parsed.echo = decode_echo(self.tokens, parsed.prompt_token_ids or [])
                 await self._pin(parsed, request.headers)
-                parsed.flow = flow_of(request.headers, request_gate.bearer(request.headers), self.flow.config)
+                parsed.flow = self.flow_key(request.headers)
                 await self.tokenize(parsed)
                 self._default_max_tokens(parsed)
                 shape = ResponseShape(
                     endpoint, request_id, parsed.model, int(time.time()), parsed.include_usage
                 )
                 assert self.responder is not None
-                async with self.turn(request.headers):
+                async with self.turn(parsed.flow):
                     if parsed.stream:
                         resp, status = await self.responder.stream(request, parsed, shape, record, t0)
                     else:

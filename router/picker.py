@@ -204,7 +204,7 @@ class Picker(ep_grpc.ExternalProcessorServicer):
         t0 = time.monotonic()
         info = await self._parse(headers, body)
         self.router.check_auth(headers)
-        await turn.enter_async_context(self.router.turn(headers))
+        await turn.enter_async_context(self.router.turn(self.router.flow_key(headers)))
         pick = self._route(info, subset, handoff=body is not None)
         self._charge(info.request_id, pick, info, prefilling=True)
         self.router.metrics.picker_picks.labels(pick.route.reason.value).inc()

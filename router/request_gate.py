@@ -52,14 +52,20 @@ async def read_body(request: web.Request, limit: int) -> Any:
         raise RouterError(exc.status, str(exc), "invalid_request_error", exc.param, exc.code) from None
 
 
+def flow_key(flow: FlowController, headers: Mapping[str, str]) -> tuple[str, int]:
+    """The request's flow from its headers and API key: its place at the gate, and what the workers'
+    schedulers share their prefill by (GenerateRequest.fairness_id, priority)."""
+    return flow_of(headers, bearer(headers), flow.config)
+
+
 @contextlib.asynccontextmanager
-async def turn(flow: FlowController, metrics: RouterMetrics, headers: Mapping[str, str]) -> AsyncIterator[None]:
+async def turn(flow: FlowController, metrics: RouterMetrics, key: tuple[str, int]) -> AsyncIterator[None]:
     """The request's turn at the flow control gate, held until its answer is sent (a no-op when
-    flow control is off); `headers` are the request's (its flow, its objective)."""
+    flow control is off); `key` is the request's flow (fairness id, priority: `flow_key`)."""
     if not flow.config.enabled:
         yield
         return
-    fairness, priority = flow_of(headers, bearer(headers), flow.config)
+    fairness, priority = key
     t0 = time.monotonic()
     metrics.flow_waiting.inc()
     waiting = True
