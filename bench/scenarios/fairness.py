@@ -44,12 +44,15 @@ def _body(model: str, name: str, words: int, max_tokens: int) -> dict:
     return greedy_body(model, max_tokens, prompt=f"{name} {os.getpid()} {time.perf_counter_ns()} " + "hello " * words)
 
 
-async def _tenant(url: str, model: str, name: str, words: int, max_tokens: int, stop) -> None:
-    """One of the flood's streams: a request, then the next, until stopped."""
+async def _tenant(url: str, model: str, name: str, words: int, max_tokens: int, stop, served) -> None:
+    """One of the flood's streams: a request, then the next, until stopped; the tokens of those answered
+    (prompt and completion) added to served[0]."""
     t0 = time.perf_counter()
     async with aiohttp.ClientSession(headers={"x-gateway-inference-fairness-id": name}) as s:
         while not stop.is_set():
-            await stream_into(s, f"{url}/v1/completions", _body(model, name, words, max_tokens), RequestRecord(0, 0, max_tokens), t0, 300)
+            rec = await stream_into(s, f"{url}/v1/completions", _body(model, name, words, max_tokens),
+                                    RequestRecord(0, 0, max_tokens), t0, 300)
+            served[0] += (rec.prompt_tokens or 0) + (rec.completion_tokens or 0) if rec.ok else 0
 
 
 async def _quiet(url: str, model: str, args: argparse.Namespace) -> tuple[list[float], list[str]]:
@@ -65,20 +68,23 @@ async def _quiet(url: str, model: str, args: argparse.Namespace) -> tuple[list[f
     return ttfts, errors
 
 
-def _flood(url: str, model: str, n: int, words: int, stop) -> None:  # its own process on core 0, not tasks on the measuring client's loop
+def _flood(url: str, model: str, n: int, words: int, stop, served) -> None:  # its own process on core 0, not tasks on the measuring client's loop
     async def tenants() -> None:
-        await asyncio.gather(*(_tenant(url, model, "flood", words, 64, stop) for _ in range(n)))
+        t0 = time.perf_counter()
+        await asyncio.gather(*(_tenant(url, model, "flood", words, 64, stop, served) for _ in range(n)))
+        served[1] = time.perf_counter() - t0
     os.sched_setaffinity(0, {0}), asyncio.run(tenants())
 
 
-async def _p90(url: str, model: str, args: argparse.Namespace, flood: int) -> tuple[float | None, int, list[str]]:
+async def _p90(url: str, model: str, args: argparse.Namespace, flood: int) -> tuple[float | None, int, list[str], float]:
+    """The quiet tenant's TTFT p90, its answers, its refusals, and the flood's tokens answered per second."""
     ctx = multiprocessing.get_context("spawn")
-    stop = ctx.Event()
-    floods = [ctx.Process(target=_flood, args=(url, model, flood, args.flood_words, stop))][:1 if flood else 0]
+    stop, served = ctx.Event(), ctx.Array("d", 2)
+    floods = [ctx.Process(target=_flood, args=(url, model, flood, args.flood_words, stop, served))][:1 if flood else 0]
     [p.start() for p in floods], await asyncio.sleep(5 if flood else 0)  # the flood fills the service first
     (quiet, errors), _ = await _quiet(url, model, args), stop.set()
     [p.join() for p in floods]
-    return (percentile(quiet, 90) if quiet else None), len(quiet), errors  # None: not one answered
+    return (percentile(quiet, 90) if quiet else None), len(quiet), errors, served[0] / max(served[1], 1e-9)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -99,14 +105,17 @@ def run(args: argparse.Namespace) -> dict:
         try:
             asyncio.run(stack.wait_ready())
             name = asyncio.run(served_model(stack.url))
-            (alone, n_alone, _), (flooded, n_flooded, refused) = (asyncio.run(_p90(stack.url, name, args, f)) for f in (0, args.flood))
+            (alone, n_alone, _, _), (flooded, n_flooded, refused, flood_tps) = (
+                asyncio.run(_p90(stack.url, name, args, f)) for f in (0, args.flood))
         finally:
             stack.stop()
         ratio = flooded / alone if alone and flooded else None
         out[arm] = {"headroom": headroom, "ttft_p90_alone_s": alone, "ttft_p90_flooded_s": flooded, "ratio": ratio,
                     "quiet_requests": [n_alone, n_flooded], "quiet_refused_flooded": len(refused),
+                    "flood_tokens_per_s": flood_tps,
                     "refusals": sorted(set(refused))[:3]}
         print(f"{arm}: quiet TTFT p90 {alone} s alone, {flooded} s flooded ({ratio}x; "
-              f"{n_alone} / {n_flooded} requests, {len(refused)} refused beside the flood)", flush=True)
+              f"{n_alone} / {n_flooded} requests, {len(refused)} refused beside the flood; the flood's "
+              f"prompt and completion tokens answered: {flood_tps:.0f}/s)", flush=True)
     gated = [out[a]["ratio"] or math.inf for a in args.arms if a != "off"]
     return out | {"met": bool(gated) and min(gated) <= 1.2}

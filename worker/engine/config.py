@@ -27,6 +27,10 @@ class EngineConfig:
     # chunk is sized from measured step times, within prefill_chunk_tokens (chunk_sizing.py). None:
     # every chunk is prefill_chunk_tokens.
     prefill_stall_factor: float | None = None
+    # While another flow (tenant) has been served less here lately, the prompt tokens one step may
+    # prefill of the flows served more, all together (scheduler.py _prompt_order): a step in flight
+    # when that tenant's prompt arrives is that short. None: no such cap.
+    flow_chunk_tokens: int | None = None
     max_model_len: int | None = None  # context length; None: the model's max_position_embeddings
     served_name: str | None = None  # name in /v1/models; None: the model folder's name
     threads: int | None = None  # torch.set_num_threads
@@ -45,6 +49,8 @@ class EngineConfig:
             raise ValueError("block_size, max_num_seqs and max_batched_tokens must be >= 1")
         if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
             raise ValueError("prefill_chunk_tokens must be >= 1 (or unset: max_batched_tokens)")
+        if self.flow_chunk_tokens is not None and self.flow_chunk_tokens < 1:
+            raise ValueError("flow_chunk_tokens must be >= 1 (or unset: no cap)")
         if self.prefill_stall_factor is not None and not self.prefill_stall_factor > 1:
             raise ValueError("prefill_stall_factor must be above 1 (or unset: fixed prefill chunks)")
         if self.max_waiting is not None and self.max_waiting < 0:

@@ -74,7 +74,7 @@ class Engine:
         self.scheduler = Scheduler(
             self.allocator, config.block_size, config.max_num_seqs, config.max_batched_tokens,
             on_preempt=self._on_preempt, prefill_chunk_tokens=config.prefill_chunk_tokens,
-            prefix_cache=self.prefix_cache, requests=self.requests,
+            prefix_cache=self.prefix_cache, requests=self.requests, flow_chunk_tokens=config.flow_chunk_tokens,
         )
         self.chunk_sizer = sizer_for(self.scheduler, config.prefill_stall_factor, config.block_size)
         self.runner, why = build_runner(lm, self.pool, self.layout, config.compile, self.max_model_len)

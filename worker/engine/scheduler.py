@@ -5,7 +5,8 @@ each one being prefilled, and waiting ones admitted while the token budget, the 
 sequence limit and the free blocks allow. Prompts take the prefill budget by priority, then by flow
 (the tenant the router names, GenerateRequest.fairness_id): the flow served the fewest tokens lately
 first, so a tenant's new prompt does not wait behind a flood's long prompts; within one flow, first
-come, first served. The prefill budget caps the prompt
+come, first served. While a flow was served less lately, those served more share flow_chunk_tokens of
+prompt tokens per step: a prompt arriving mid-step waits for a short step. The prefill budget caps the prompt
 tokens of one step, so a long prompt is prefilled in chunks and the decoding sequences beside it
 wait one chunk per step, never the whole prompt. When blocks run out the newest running sequence
 is preempted: its blocks are freed and it is recomputed later, so its output does not change.
@@ -71,6 +72,7 @@ class Scheduler:
         prefix_cache: PrefixCache | None = None,
         chunk_budget: Callable[[int], int] | None = None,
         requests: RequestTable | None = None,
+        flow_chunk_tokens: int | None = None,
     ):
         """`requests`: the engine's request table, which moves the sequences between WAITING and
         RUNNING (a scheduler on its own gets a table of its own)."""
@@ -88,6 +90,10 @@ class Scheduler:
         self.ready: deque[EngineSequence] = deque()  # KV in the pool already (pulled): waiting for a seat
         self.running: list[EngineSequence] = []
         self.served: dict[str, float] = {}  # tokens scheduled per flow, fading (_prompt_order)
+        # The prompt tokens per step of the flows served more than another lately, all together (None: no
+        # cap): a step in flight when the other's prompt arrives is that short (_prompt_order).
+        self.flow_chunk_tokens = flow_chunk_tokens
+        self.capped: set[str] = set()  # the flows so capped, as of the last _prompt_order
         self.clock = time.monotonic
         self.served_at = self.clock()
         self.on_preempt = on_preempt or (lambda seq: None)
@@ -178,6 +184,8 @@ class Scheduler:
         self.served_at = now
         here = {s.flow for s in (*self.running, *self.waiting, *self.ready)}
         self.served = {f: n * fade for f, n in self.served.items() if f in here or n * fade >= 1}
+        least = min((self.served.get(f, 0.0) for f in here | self.served.keys()), default=0.0)
+        self.capped = {f for f, n in self.served.items() if n > least} if self.flow_chunk_tokens else set()
         if len(here) < 2 and len({s.priority for s in prompts}) < 2:
             return prompts
         return sorted(prompts, key=lambda s: (-s.priority, self.served.get(s.flow, 0.0)))
@@ -200,17 +208,22 @@ class Scheduler:
         waiting = set(map(id, self.waiting))
         queue = [s for s in self.running if s.decoding] + self._prompt_order(
             [s for s in self.running if not s.decoding] + list(self.waiting))
-        admitting = True
+        admitting, capped_budget = True, self.flow_chunk_tokens or 0
         while queue and budget > 0:
             seq = queue.pop(0)
+            capped = seq.flow in self.capped
+            step_budget = min(prefill_budget, capped_budget) if capped else prefill_budget
             if id(seq) in waiting:
+                if step_budget <= 0:
+                    continue  # its flow's tokens for this step are spent (not a prompt that did not fit)
                 if admitting and len(self.running) < self.max_num_seqs:
-                    admitting = self._admit(seq, budget, prefill_budget, chunks)
+                    admitting = self._admit(seq, budget, step_budget, chunks)
                     if admitting:
                         budget -= chunks[-1].num_tokens
                         prefill_budget -= chunks[-1].num_tokens
+                        capped_budget -= chunks[-1].num_tokens if capped else 0
                 continue
-            n = 1 if seq.decoding else self._tokens(seq.num_pending, budget, prefill_budget)
+            n = 1 if seq.decoding else self._tokens(seq.num_pending, budget, step_budget)
             if n == 0:
                 continue  # this step's prefill budget is spent: the prompt continues next step
             need = self._need(seq, n)
@@ -228,6 +241,7 @@ class Scheduler:
             chunks.append(ScheduledChunk(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
             budget -= n
             prefill_budget -= n if chunks[-1].prefill else 0
+            capped_budget -= n if chunks[-1].prefill and capped else 0
         for c in chunks:
             self.served[c.seq.flow] = self.served.get(c.seq.flow, 0) + c.num_tokens
         return chunks

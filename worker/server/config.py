@@ -38,6 +38,10 @@ ROLE_PREFILL_CHUNK: dict[Role, int | None] = {Role.COLOCATED: 256, Role.DECODE: 
 # sized from measured step times (engine/chunk_sizing.py). A colocated worker's trade of TTFT
 # against gaps is its chunk size's; a prefill worker has no streams.
 ROLE_PREFILL_STALL: dict[Role, float | None] = {Role.COLOCATED: None, Role.DECODE: 2.0, Role.PREFILL: None}
+# While another tenant was served less here lately, the tenants served more prefill at most this many
+# prompt tokens per step, all together (engine/scheduler.py): the step in flight when the other
+# tenant's prompt arrives is that short. None: no cap.
+DEFAULT_FLOW_CHUNK: int | None = 32
 
 
 @dataclass
@@ -60,6 +64,9 @@ class WorkerConfig:
     # A step prefilling beside streams lasts at most this many ordinary steps; None: the role's
     # default (ROLE_PREFILL_STALL); 0: fixed chunks of prefill_chunk_tokens
     prefill_stall_factor: float | None = None
+    # While another tenant was served less here lately, prompt tokens per step of the tenants served
+    # more; None: the default (DEFAULT_FLOW_CHUNK); 0: no cap
+    flow_chunk_tokens: int | None = None
     compile: str = "auto"  # auto | on | off: torch.compile the decode step at start-up
     model_backend: ModelBackend = ModelBackend.AUTO  # the forward pass (contracts/model_support.py)
     prefix_caching: bool = True  # keep KV blocks after their request and reuse them for equal prefixes
@@ -114,6 +121,8 @@ class WorkerConfig:
             raise ValueError(f"compile must be auto, on or off, got {self.compile!r}")
         if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
+        if self.flow_chunk_tokens is not None and self.flow_chunk_tokens < 0:
+            raise ValueError(f"flow_chunk_tokens must be >= 0 (0: no cap), got {self.flow_chunk_tokens}")
         if self.prefill_stall_factor is not None and self.prefill_stall_factor != 0 and not self.prefill_stall_factor > 1:
             raise ValueError(f"prefill_stall_factor must be above 1 (or 0: fixed chunks), got {self.prefill_stall_factor}")
         if self.max_waiting is not None and self.max_waiting < 0:
@@ -154,6 +163,7 @@ class WorkerConfig:
             max_model_len=self.max_model_len, served_name=self.served_name, threads=self.threads,
             prefill_chunk_tokens=self.effective_prefill_chunk_tokens(), prefix_caching=self.prefix_caching,
             prefill_stall_factor=self.effective_prefill_stall_factor(),
+            flow_chunk_tokens=(DEFAULT_FLOW_CHUNK if self.flow_chunk_tokens is None else self.flow_chunk_tokens) or None,
             model_backend=self.model_backend.value,
             # A prefill worker never runs a decode step: nothing to compile there.
             compile="off" if self.role is Role.PREFILL and self.compile == "auto" else self.compile,

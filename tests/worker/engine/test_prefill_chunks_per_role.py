@@ -88,3 +88,45 @@ def test_the_stall_factor_can_be_set_or_turned_off_and_bad_values_are_refused():
     assert WorkerConfig(role=Role.DECODE, model="m", prefill_stall_factor=0).engine_config().prefill_stall_factor is None
     with pytest.raises(ValueError, match="prefill_stall_factor"):
         WorkerConfig(model="m", prefill_stall_factor=0.5)
+
+
+def test_a_flood_beside_another_tenant_prefills_short_chunks_and_outputs_do_not_change(make_engine, loaded_toy,
+                                                                                      reference):
+    """--flow-chunk-tokens through the engine: the flood's long prompt goes on in chunks of the cap once
+    the quiet tenant has been served (its prompt took a whole chunk), and every text is unchanged."""
+    from tandem.contracts.protocol import GenerateRequest
+
+    eng = make_engine(block_size=4, prefill_chunk_tokens=64, flow_chunk_tokens=8)
+    tok = loaded_toy.tokenizer
+    long_ids, short = tok(LONG * 2)["input_ids"], tok("Hello, world!")["input_ids"]
+
+    def add(rid, ids, flow):
+        outs = []
+        seq = eng.make_sequence(GenerateRequest(request_id=rid, prompt_token_ids=ids, sampling=greedy(4),
+                                                fairness_id=flow))
+        seq.sink = outs.append
+        eng.add(seq)
+        return outs
+
+    flood = add("flood", long_ids, "flood")
+    eng.step()  # the flood alone: a whole chunk
+    quiet = add("quiet", short, "quiet")
+    batches = []
+    eng.on_step = lambda seconds, n: batches.append(n)
+    eng.step()  # the quiet prompt whole (it was served least), the flood's 8 beside it
+    eng.step()  # the flood, served more than the quiet tenant: 8 tokens, the quiet one's decode
+    assert batches == [len(short) + 8, 8 + 1]
+    while eng.has_work():
+        eng.step()
+    assert tokens_of(flood) == reference(long_ids, 4)
+    assert tokens_of(quiet) == reference(short, 4)
+
+
+def test_the_flow_chunk_default_and_its_setting():
+    from tandem.worker.server.config import DEFAULT_FLOW_CHUNK
+
+    assert WorkerConfig(model="m").engine_config().flow_chunk_tokens == DEFAULT_FLOW_CHUNK
+    assert WorkerConfig.from_values({"model": "m", "flow-chunk-tokens": 64}, "flags").engine_config().flow_chunk_tokens == 64
+    assert WorkerConfig(model="m", flow_chunk_tokens=0).engine_config().flow_chunk_tokens is None, "0: no cap"
+    with pytest.raises(ValueError, match="flow_chunk_tokens"):
+        WorkerConfig(model="m", flow_chunk_tokens=-1)

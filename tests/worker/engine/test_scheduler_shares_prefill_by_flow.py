@@ -121,3 +121,66 @@ def test_service_fades_by_half_each_half_life_and_is_forgotten():
     now[0] += 6 * FLOW_SERVICE_HALF_LIFE_S  # a's 30 tokens fade below one: a flow long gone is dropped
     s.schedule()
     assert set(s.served) == {"b"}
+
+
+def _capped_scheduler(cap: int = 4) -> Scheduler:
+    return Scheduler(BlockAllocator(200), block_size=4, max_num_seqs=8, max_batched_tokens=64,
+                     prefill_chunk_tokens=16, flow_chunk_tokens=cap)
+
+
+def _quiet_served_and_gone(s: Scheduler) -> None:
+    quiet = _seq("q0", 8, "quiet")
+    s.add(quiet)
+    _advance(s.schedule())
+    s.remove(quiet)
+
+
+def test_the_flows_served_more_take_short_chunks_while_another_is_remembered():
+    """The step in flight when the quiet tenant's next prompt arrives: the flood's chunk is the
+    --flow-chunk-tokens cap, although the quiet tenant has nothing here between its requests."""
+    s = _capped_scheduler()
+    _quiet_served_and_gone(s)
+    long = _seq("long", 100, "flood")
+    s.add(long)
+    _advance(s.schedule())  # the flood, new, was served the least: a whole chunk
+    assert long.num_computed == 16
+    assert _planned(s.schedule()) == [("long", 4)], "served more than the quiet tenant: capped"
+
+
+def test_the_cap_is_one_budget_for_all_the_capped_flows_sequences():
+    s = _capped_scheduler(cap=6)
+    _quiet_served_and_gone(s)
+    for i in range(3):
+        s.add(_seq(f"f{i}", 100, "flood"))
+    _advance(s.schedule())
+    assert sum(n for _, n in _planned(s.schedule())) == 6
+
+
+def test_the_flow_served_least_takes_the_whole_chunk_beside_a_capped_flood():
+    s = _capped_scheduler()
+    s.add(_seq("long", 100, "flood"))
+    for _ in range(3):
+        _advance(s.schedule())  # the flood alone: 48 tokens served
+    s.add(_seq("q", 40, "quiet"))
+    chunks = s.schedule()
+    assert _planned(chunks) == [("q", 16)], "the prefill budget is the quiet prompt's, the flood waits"
+    _advance(chunks)
+    _advance(s.schedule())
+    assert _planned(s.schedule()) == [("q", 8), ("long", 4)], "its last piece, and the flood's capped chunk beside it"
+
+
+
+def test_one_flow_alone_is_never_capped_and_the_cap_ends_when_the_other_is_forgotten():
+    s = _capped_scheduler()
+    now = [0.0]
+    s.clock = lambda: now[0]
+    s.served_at = now[0]
+    long = _seq("long", 400, "flood")
+    s.add(long)
+    _advance(s.schedule())
+    assert _planned(s.schedule()) == [("long", 16)], "no other tenant: whole chunks"
+    _quiet_served_and_gone(s)
+    _advance(s.schedule())
+    assert _planned(s.schedule()) == [("long", 4)]
+    now[0] += 5 * FLOW_SERVICE_HALF_LIFE_S  # the quiet tenant's 8 tokens fade below one: forgotten
+    assert _planned(s.schedule()) == [("long", 16)]
