@@ -13,6 +13,7 @@ import random
 import time
 
 import aiohttp
+from tandem.worker.engine.scheduler import FLOW_ACTIVE_S
 
 from bench.lib.arms import Arm, ArmSpec
 from bench.lib.loadgen import greedy_body, stream_into
@@ -81,7 +82,9 @@ async def _p90(url: str, model: str, args: argparse.Namespace, flood: int) -> tu
     ctx = multiprocessing.get_context("spawn")
     stop, served = ctx.Event(), ctx.Array("d", 2)
     floods = [ctx.Process(target=_flood, args=(url, model, flood, args.flood_words, stop, served))][:1 if flood else 0]
-    [p.start() for p in floods], await asyncio.sleep(5 if flood else 0)  # the flood fills the service first
+    # The flood fills the service first; alone, the readiness probe's flow (no fairness id) is let go
+    # first, else the quiet tenant, served more than it, prefills short chunks (FLOW_ACTIVE_S).
+    [p.start() for p in floods], await asyncio.sleep(5 if flood else FLOW_ACTIVE_S + 1)
     (quiet, errors), _ = await _quiet(url, model, args), stop.set()
     [p.join() for p in floods]
     return (percentile(quiet, 90) if quiet else None), len(quiet), errors, served[0] / max(served[1], 1e-9)

@@ -5,8 +5,9 @@ each one being prefilled, and waiting ones admitted while the token budget, the 
 sequence limit and the free blocks allow. Prompts take the prefill budget by priority, then by flow
 (the tenant the router names, GenerateRequest.fairness_id): the flow served the fewest tokens lately
 first, so a tenant's new prompt does not wait behind a flood's long prompts; within one flow, first
-come, first served. While a flow was served less lately, those served more share flow_chunk_tokens of
-prompt tokens per step: a prompt arriving mid-step waits for a short step. The prefill budget caps the prompt
+come, first served. While a flow served less lately is about (it had a sequence here in the last
+FLOW_ACTIVE_S), those served more share flow_chunk_tokens of prompt tokens per step, and none in a
+step that prefills its prompt: its next prompt arrives mid-step to a short step. The prefill budget caps the prompt
 tokens of one step, so a long prompt is prefilled in chunks and the decoding sequences beside it
 wait one chunk per step, never the whole prompt. When blocks run out the newest running sequence
 is preempted: its blocks are freed and it is recomputed later, so its output does not change.
@@ -58,6 +59,9 @@ class ScheduledChunk:
 
 
 FLOW_SERVICE_HALF_LIFE_S = 10.0  # how fast a flow's service fades (_prompt_order)
+# A flow with a sequence here this recently is about: the flows served more than it prefill short
+# chunks (flow_chunk_tokens), so that its next prompt finds a short step in flight (_prompt_order).
+FLOW_ACTIVE_S = 5.0
 
 
 class Scheduler:
@@ -94,6 +98,7 @@ class Scheduler:
         # cap): a step in flight when the other's prompt arrives is that short (_prompt_order).
         self.flow_chunk_tokens = flow_chunk_tokens
         self.capped: set[str] = set()  # the flows so capped, as of the last _prompt_order
+        self.seen: dict[str, float] = {}  # when each flow last had a sequence here (FLOW_ACTIVE_S)
         self.clock = time.monotonic
         self.served_at = self.clock()
         self.on_preempt = on_preempt or (lambda seq: None)
@@ -178,14 +183,17 @@ class Scheduler:
         step until it is prefilled; the flood takes the rest of the budget. (A fair share instead, as
         Sheng et al.'s virtual token counter, OSDI '24, would give the two tenants alternate chunks
         and double the other tenant's time to first token.) One flow at one priority keeps the order
-        it had: first come, first served."""
+        it had: first come, first served. Sets `capped`: the flows here served more than one about (had a
+        sequence here within FLOW_ACTIVE_S), which share flow_chunk_tokens per step; a flow seen once
+        long ago (a probe, a warm-up) caps nobody, so a tenant alone keeps whole chunks."""
         now = self.clock()
         fade = 0.5 ** ((now - self.served_at) / FLOW_SERVICE_HALF_LIFE_S)
         self.served_at = now
         here = {s.flow for s in (*self.running, *self.waiting, *self.ready)}
         self.served = {f: n * fade for f, n in self.served.items() if f in here or n * fade >= 1}
-        least = min((self.served.get(f, 0.0) for f in here | self.served.keys()), default=0.0)
-        self.capped = {f for f, n in self.served.items() if n > least} if self.flow_chunk_tokens else set()
+        self.seen = {f: t for f, t in self.seen.items() if now - t <= FLOW_ACTIVE_S} | dict.fromkeys(here, now)
+        least = min((self.served.get(f, 0.0) for f in self.seen), default=0.0)
+        self.capped = {f for f in here if self.served.get(f, 0.0) > least} if self.flow_chunk_tokens else set()
         if len(here) < 2 and len({s.priority for s in prompts}) < 2:
             return prompts
         return sorted(prompts, key=lambda s: (-s.priority, self.served.get(s.flow, 0.0)))
@@ -221,7 +229,7 @@ class Scheduler:
                     if admitting:
                         budget -= chunks[-1].num_tokens
                         prefill_budget -= chunks[-1].num_tokens
-                        capped_budget -= chunks[-1].num_tokens if capped else 0
+                        capped_budget = capped_budget - chunks[-1].num_tokens if capped else 0
                 continue
             n = 1 if seq.decoding else self._tokens(seq.num_pending, budget, step_budget)
             if n == 0:
@@ -241,7 +249,10 @@ class Scheduler:
             chunks.append(ScheduledChunk(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
             budget -= n
             prefill_budget -= n if chunks[-1].prefill else 0
-            capped_budget -= n if chunks[-1].prefill and capped else 0
+            if chunks[-1].prefill:
+                # A step that prefills the prompt of a flow served less carries none of the capped
+                # flows' prompt tokens: its first token waits for no flood (they come first in order).
+                capped_budget = capped_budget - n if capped else 0
         for c in chunks:
             self.served[c.seq.flow] = self.served.get(c.seq.flow, 0) + c.num_tokens
         return chunks

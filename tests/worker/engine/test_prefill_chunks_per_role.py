@@ -92,8 +92,9 @@ def test_the_stall_factor_can_be_set_or_turned_off_and_bad_values_are_refused():
 
 def test_a_flood_beside_another_tenant_prefills_short_chunks_and_outputs_do_not_change(make_engine, loaded_toy,
                                                                                       reference):
-    """--flow-chunk-tokens through the engine: the flood's long prompt goes on in chunks of the cap once
-    the quiet tenant has been served (its prompt took a whole chunk), and every text is unchanged."""
+    """--flow-chunk-tokens through the engine: the quiet tenant's prompt is prefilled in a step of its
+    own, the flood's long prompt goes on in chunks of the cap while the quiet tenant is about, and every
+    text is unchanged."""
     from tandem.contracts.protocol import GenerateRequest
 
     eng = make_engine(block_size=4, prefill_chunk_tokens=64, flow_chunk_tokens=8)
@@ -113,9 +114,9 @@ def test_a_flood_beside_another_tenant_prefills_short_chunks_and_outputs_do_not_
     quiet = add("quiet", short, "quiet")
     batches = []
     eng.on_step = lambda seconds, n: batches.append(n)
-    eng.step()  # the quiet prompt whole (it was served least), the flood's 8 beside it
+    eng.step()  # the quiet prompt whole (it was served least), alone: none of the flood's tokens beside it
     eng.step()  # the flood, served more than the quiet tenant: 8 tokens, the quiet one's decode
-    assert batches == [len(short) + 8, 8 + 1]
+    assert batches == [len(short), 8 + 1]
     while eng.has_work():
         eng.step()
     assert tokens_of(flood) == reference(long_ids, 4)

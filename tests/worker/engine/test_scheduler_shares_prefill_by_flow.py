@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tandem.contracts.sampling import SamplingParams
 from tandem.worker.engine.block_allocator import BlockAllocator
-from tandem.worker.engine.scheduler import FLOW_SERVICE_HALF_LIFE_S, Scheduler
+from tandem.worker.engine.scheduler import FLOW_ACTIVE_S, FLOW_SERVICE_HALF_LIFE_S, Scheduler
 from tandem.worker.engine.sequence import EngineSequence
 
 
@@ -166,21 +166,46 @@ def test_the_flow_served_least_takes_the_whole_chunk_beside_a_capped_flood():
     assert _planned(chunks) == [("q", 16)], "the prefill budget is the quiet prompt's, the flood waits"
     _advance(chunks)
     _advance(s.schedule())
-    assert _planned(s.schedule()) == [("q", 8), ("long", 4)], "its last piece, and the flood's capped chunk beside it"
+    chunks = s.schedule()
+    assert _planned(chunks) == [("q", 8)], "its last piece, and none of the flood's tokens beside it"
+    _advance(chunks)
+    assert _planned(s.schedule()) == [("q", 1), ("long", 4)], "the quiet one decodes: the flood's capped chunk"
 
 
 
-def test_one_flow_alone_is_never_capped_and_the_cap_ends_when_the_other_is_forgotten():
+def test_one_flow_alone_is_never_capped_and_the_cap_ends_when_the_other_is_gone_a_while():
     s = _capped_scheduler()
     now = [0.0]
     s.clock = lambda: now[0]
     s.served_at = now[0]
-    long = _seq("long", 400, "flood")
+    long = _seq("long", 1000, "flood")
     s.add(long)
     _advance(s.schedule())
     assert _planned(s.schedule()) == [("long", 16)], "no other tenant: whole chunks"
     _quiet_served_and_gone(s)
+    now[0] += FLOW_ACTIVE_S
     _advance(s.schedule())
-    assert _planned(s.schedule()) == [("long", 4)]
-    now[0] += 5 * FLOW_SERVICE_HALF_LIFE_S  # the quiet tenant's 8 tokens fade below one: forgotten
-    assert _planned(s.schedule()) == [("long", 16)]
+    assert _planned(s.schedule()) == [("long", 4)], "the quiet tenant may come back: it was here just now"
+    now[0] += 0.1  # gone longer than FLOW_ACTIVE_S, though its service is still remembered
+    chunks = s.schedule()
+    assert _planned(chunks) == [("long", 16)] and "quiet" in s.served
+    _advance(chunks)
+
+
+def test_a_request_long_ago_from_another_flow_does_not_cap_a_tenant_alone():
+    """The bench's warm-up request (no fairness id) and then one tenant alone: served more than the
+    warm-up's flow, it is still never capped once that flow has been gone FLOW_ACTIVE_S."""
+    s = _capped_scheduler()
+    now = [0.0]
+    s.clock = lambda: now[0]
+    s.served_at = now[0]
+    warm = _seq("warm", 2)
+    s.add(warm)
+    _advance(s.schedule())
+    s.remove(warm)
+    now[0] += FLOW_ACTIVE_S + 0.1
+    for i in range(3):
+        q = _seq(f"q{i}", 40, "quiet")
+        s.add(q)
+        assert _planned(s.schedule()) == [(f"q{i}", 16)]
+        s.remove(q)
