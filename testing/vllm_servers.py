@@ -47,7 +47,10 @@ def vllm_server(model: Path, served_name: str, role: Role, secret: str, cpu: int
     argv = [sys.executable, "-m", "tandem.cli.main", "worker", "--runtime", "vllm", "--role", role.value,
             "--model", str(model), "--served-name", served_name, "--host", "127.0.0.1", "--port", str(port),
             "--kv-port", str(side), "--kv-events-port", str(events), "--max-model-len", str(max_model_len),
-            f"--vllm-arg=--kv-cache-memory-bytes={KV_CACHE_BYTES}"]
+            # float32: the tests compare streams token for token across servers and paths (a resume reads
+            # the client's tokens as prompt). In bf16 on a CPU with AMX a prefill's matmuls and a decode
+            # step's round differently, and a random model's greedy text parts within 20 tokens.
+            "--dtype", "float32", f"--vllm-arg=--kv-cache-memory-bytes={KV_CACHE_BYTES}"]
     env = dict(os.environ) | {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "VLLM_API_KEY": secret}
     process = ManagedProcess(f"vllm-{role.value}", argv, env=env, url=f"http://127.0.0.1:{port}", cpu=cpu,
                              role=role.value)
