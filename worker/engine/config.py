@@ -27,9 +27,9 @@ class EngineConfig:
     # chunk is sized from measured step times, within prefill_chunk_tokens (chunk_sizing.py). None:
     # every chunk is prefill_chunk_tokens.
     prefill_stall_factor: float | None = None
-    # While another flow (tenant) has been served less here lately, the prompt tokens one step may
-    # prefill of the flows served more, all together (scheduler.py _prompt_order): a step in flight
-    # when that tenant's prompt arrives is that short. None: no such cap.
+    # While a flow (tenant) served less lately is about (scheduler.py FLOW_ACTIVE_S), the prompt tokens
+    # one step may prefill of the flows served more, all together: a step in flight when its next
+    # prompt arrives is that short. None: no such cap.
     flow_chunk_tokens: int | None = None
     max_model_len: int | None = None  # context length; None: the model's max_position_embeddings
     served_name: str | None = None  # name in /v1/models; None: the model folder's name

@@ -94,8 +94,8 @@ class Scheduler:
         self.ready: deque[EngineSequence] = deque()  # KV in the pool already (pulled): waiting for a seat
         self.running: list[EngineSequence] = []
         self.served: dict[str, float] = {}  # tokens scheduled per flow, fading (_prompt_order)
-        # The prompt tokens per step of the flows served more than another lately, all together (None: no
-        # cap): a step in flight when the other's prompt arrives is that short (_prompt_order).
+        # The prompt tokens per step of the flows served more than one about, all together (None: no
+        # cap): a step in flight when its next prompt arrives is that short (_prompt_order).
         self.flow_chunk_tokens = flow_chunk_tokens
         self.capped: set[str] = set()  # the flows so capped, as of the last _prompt_order
         self.seen: dict[str, float] = {}  # when each flow last had a sequence here (FLOW_ACTIVE_S)

@@ -60,9 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--prefill-stall-factor", type=float, default=None, help="a step that prefills beside decoding "
       "streams lasts at most this many ordinary steps: its chunk is sized from measured step times, within "
       "--prefill-chunk-tokens (default 2 for decode, off for colocated and prefill; 0: fixed chunks)")
-    a("--flow-chunk-tokens", type=int, default=None, help="while another tenant (fairness id) was served "
-      "less here lately, the prompt tokens per step of the tenants served more, all together: a step in "
-      "flight when that tenant's prompt arrives is that short (default: no cap; 0: no cap)")
+    a("--flow-chunk-tokens", type=int, default=None, help="while a tenant (fairness id) served less lately "
+      "had a request here in the last 5 s, the prompt tokens per step of the tenants served more, all "
+      "together: a step in flight when its next prompt arrives is that short (default 32; 0: no cap)")
     a("--compile", choices=("auto", "on", "off"), default=None, help="torch.compile the decode step at "
       "start-up (default auto: on a CPU with a C++ compiler; never for --role prefill)")
     a("--model-backend", choices=tuple(b.value for b in ModelBackend), default=None, help="the forward pass: "

@@ -38,9 +38,9 @@ ROLE_PREFILL_CHUNK: dict[Role, int | None] = {Role.COLOCATED: 256, Role.DECODE: 
 # sized from measured step times (engine/chunk_sizing.py). A colocated worker's trade of TTFT
 # against gaps is its chunk size's; a prefill worker has no streams.
 ROLE_PREFILL_STALL: dict[Role, float | None] = {Role.COLOCATED: None, Role.DECODE: 2.0, Role.PREFILL: None}
-# While another tenant was served less here lately, the tenants served more prefill at most this many
-# prompt tokens per step, all together (engine/scheduler.py): the step in flight when the other
-# tenant's prompt arrives is that short. None: no cap.
+# While a tenant served less lately is about (engine/scheduler.py FLOW_ACTIVE_S), the tenants served
+# more prefill at most this many prompt tokens per step, all together: the step in flight when its
+# next prompt arrives is that short. None: no cap.
 DEFAULT_FLOW_CHUNK: int | None = 32
 
 
