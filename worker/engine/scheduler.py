@@ -224,32 +224,32 @@ class Scheduler:
             if id(seq) in waiting:
                 if step_budget <= 0:
                     continue  # its flow's tokens for this step are spent (not a prompt that did not fit)
-                if admitting and len(self.running) < self.max_num_seqs:
-                    admitting = self._admit(seq, budget, step_budget, chunks)
-                    if admitting:
-                        budget -= chunks[-1].num_tokens
-                        prefill_budget -= chunks[-1].num_tokens
-                        capped_budget = capped_budget - chunks[-1].num_tokens if capped else 0
-                continue
-            n = 1 if seq.decoding else self._tokens(seq.num_pending, budget, step_budget)
-            if n == 0:
-                continue  # this step's prefill budget is spent: the prompt continues next step
-            need = self._need(seq, n)
-            while need > self.allocator.num_free and self.ready:
-                self._recompute_later(self.ready.pop())  # newest pulled one, before any stream
-            while need > self.allocator.num_free and (victim := self._last_running(queue, waiting)) is not None:
-                self.preempt(victim)
-            if need > self.allocator.num_free or not self._grow(seq, n):
-                # Nothing left to preempt but the sequences already scheduled this step: wait (the
-                # waiting prompts may still be admitted, should they need fewer blocks).
-                if not chunks:
-                    self.preempt(seq)
-                queue = [s for s in queue if id(s) in waiting]
-                continue
-            chunks.append(ScheduledChunk(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
+                if not admitting or len(self.running) >= self.max_num_seqs:
+                    continue
+                admitting = self._admit(seq, budget, step_budget, chunks)
+                if not admitting:
+                    continue
+            else:
+                n = 1 if seq.decoding else self._tokens(seq.num_pending, budget, step_budget)
+                if n == 0:
+                    continue  # this step's prefill budget is spent: the prompt continues next step
+                need = self._need(seq, n)
+                while need > self.allocator.num_free and self.ready:
+                    self._recompute_later(self.ready.pop())  # newest pulled one, before any stream
+                while need > self.allocator.num_free and (victim := self._last_running(queue, waiting)) is not None:
+                    self.preempt(victim)
+                if need > self.allocator.num_free or not self._grow(seq, n):
+                    # Nothing left to preempt but the sequences already scheduled this step: wait (the
+                    # waiting prompts may still be admitted, should they need fewer blocks).
+                    if not chunks:
+                        self.preempt(seq)
+                    queue = [s for s in queue if id(s) in waiting]
+                    continue
+                chunks.append(ScheduledChunk(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
+            n = chunks[-1].num_tokens
             budget -= n
-            prefill_budget -= n if chunks[-1].prefill else 0
-            if chunks[-1].prefill:
+            if chunks[-1].prefill or id(seq) in waiting:  # an admitted chunk was sized by the prefill budget
+                prefill_budget -= n
                 # A step that prefills the prompt of a flow served less carries none of the capped
                 # flows' prompt tokens: its first token waits for no flood (they come first in order).
                 capped_budget = capped_budget - n if capped else 0
