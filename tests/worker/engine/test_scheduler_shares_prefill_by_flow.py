@@ -27,6 +27,14 @@ def _planned(chunks) -> list[tuple[str, int]]:
     return [(c.seq.request_id, c.num_tokens) for c in chunks]
 
 
+def _clocked(s: Scheduler, start: float = 0.0) -> list[float]:
+    """The scheduler's clock made a list to move by hand: now[0] += seconds."""
+    now = [start]
+    s.clock = lambda: now[0]
+    s.served_at = now[0]
+    return now
+
+
 def _scheduler(chunk: int = 16) -> Scheduler:
     return Scheduler(BlockAllocator(200), block_size=4, max_num_seqs=8, max_batched_tokens=64,
                      prefill_chunk_tokens=chunk)
@@ -106,9 +114,7 @@ def test_a_flood_held_to_one_sequence_still_goes_behind():
 
 def test_service_fades_by_half_each_half_life_and_is_forgotten():
     s = _scheduler(chunk=64)
-    now = [100.0]
-    s.clock = lambda: now[0]
-    s.served_at = now[0]
+    now = _clocked(s, 100.0)
     a = _seq("a", 60, "a")
     s.add(a)
     _advance(s.schedule())
@@ -175,9 +181,7 @@ def test_the_flow_served_least_takes_the_whole_chunk_beside_a_capped_flood():
 
 def test_one_flow_alone_is_never_capped_and_the_cap_ends_when_the_other_is_gone_a_while():
     s = _capped_scheduler()
-    now = [0.0]
-    s.clock = lambda: now[0]
-    s.served_at = now[0]
+    now = _clocked(s)
     long = _seq("long", 1000, "flood")
     s.add(long)
     _advance(s.schedule())
@@ -196,9 +200,7 @@ def test_a_request_long_ago_from_another_flow_does_not_cap_a_tenant_alone():
     """The bench's warm-up request (no fairness id) and then one tenant alone: served more than the
     warm-up's flow, it is still never capped once that flow has been gone FLOW_ACTIVE_S."""
     s = _capped_scheduler()
-    now = [0.0]
-    s.clock = lambda: now[0]
-    s.served_at = now[0]
+    now = _clocked(s)
     warm = _seq("warm", 2)
     s.add(warm)
     _advance(s.schedule())
