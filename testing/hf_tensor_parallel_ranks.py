@@ -30,8 +30,7 @@ def lead(model: str, group, prompts: list[list[int]]) -> list[list[int]]:
     from tandem.worker.engine.engine import Engine
     from tandem.worker.engine.loader import load_model
 
-    lm = load_model(model, dtype="float32", device="cpu", backend="transformers", tensor_parallel=group.size)
-    lm.group = group
+    lm = load_model(model, dtype="float32", device="cpu", backend="transformers", tensor_parallel=group.size, group=group)
     eng = Engine(engine_config(model), loaded=lm)
     try:
         outs = []
@@ -52,8 +51,7 @@ def follow_model(model: str, group) -> None:
     from tandem.worker.engine.parallel.executor import follow
     from tandem.worker.engine.pool_sizing import kv_layout_for
 
-    lm = load_model(model, dtype="float32", device="cpu", backend="transformers", tensor_parallel=group.size)
-    lm.group = group
+    lm = load_model(model, dtype="float32", device="cpu", backend="transformers", tensor_parallel=group.size, group=group)
     layout = kv_layout_for(lm.config, BLOCKS, BLOCK_SIZE, lm.dtype, group)
     runner, _ = rank_runner(lm, torch.zeros(layout.shape, dtype=lm.dtype), layout)
     follow(group, runner)

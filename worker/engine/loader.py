@@ -165,13 +165,13 @@ def check_before_loading(model: str, backend: str = "auto", tensor_parallel: int
 
 def load_model(
     model: str, *, dtype: str = "auto", device: str = "auto", max_model_len: int | None = None,
-    trust_remote_code: bool = False, backend: str = "auto", tensor_parallel: int = 1, weights: bool = True,
+    trust_remote_code: bool = False, backend: str = "auto", tensor_parallel: int = 1, group: Any = None,
 ) -> LoadedModel:
     """Load weights and tokenizer from a local folder, or a hub id resolved through HF_HOME's cache,
-    for the path `backend` (auto | native | transformers) names or auto chooses. weights=False:
-    config and tokenizer only (model None), for a tensor-parallel rank of the native path, which
-    reads just its slices of the weights (engine/parallel/); the transformers path loads the model
-    and splits it (hf/tensor_parallel.py)."""
+    for the path `backend` (auto | native | transformers) names or auto chooses. A rank of a
+    tensor-parallel `group` reads only its share of the weights: the native path's later, by name
+    (engine/parallel/sharded_weights.py; model None here), the transformers path's here, into the
+    model's own classes narrowed to it (hf/rank_loading.py)."""
     t0 = time.monotonic()
     raw = check_before_loading(model, backend, tensor_parallel)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -186,8 +186,11 @@ def load_model(
     limit = context_limit(config, chosen, max_model_len)
     dev = resolve_device(device)
     torch_dtype, why = resolve_dtype(dtype, config, dev)
-    if not weights and chosen is ModelBackend.NATIVE:  # the transformers path splits a loaded model
-        return _without_weights(src, looks_local, config, torch_dtype, dev, limit, trust_remote_code)
+    ranks = 1 if group is None else group.size
+    if ranks > 1 and chosen is ModelBackend.NATIVE:
+        lm = _without_weights(src, looks_local, config, torch_dtype, dev, limit, trust_remote_code)
+        lm.group = group
+        return lm
     log.info("loading %s weights (%s) onto %s as %s (%s); %s path (%s)", config.model_type, src, dev,
              str(torch_dtype).removeprefix("torch."), why, chosen.value, why_path)
     extra: dict[str, Any] = {}
@@ -196,12 +199,19 @@ def load_model(
 
         extra["attn_implementation"] = register()
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            src, dtype=torch_dtype, trust_remote_code=trust_remote_code, **extra)
+        if ranks > 1:
+            from tandem.worker.engine.hf.rank_loading import load_rank_model
+            from tandem.worker.engine.parallel.checkpoint import local_checkpoint
+
+            hf_model, _ = load_rank_model(local_checkpoint(src), config, torch_dtype, dev, group, extra["attn_implementation"])
+        else:
+            hf_model = AutoModelForCausalLM.from_pretrained(
+                src, dtype=torch_dtype, trust_remote_code=trust_remote_code, **extra).to(dev).eval()
         tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
+    except ModelLoadError:
+        raise
     except Exception as e:  # noqa: BLE001
         raise ModelLoadError(f"cannot load the model or tokenizer at {src!r}: {e}") from e
-    hf_model = hf_model.to(dev).eval()
     inner = getattr(hf_model, "model", None)
     native_layout = inner is not None and hasattr(inner, "layers") and hasattr(hf_model, "lm_head")
     if chosen is ModelBackend.NATIVE and not native_layout:
@@ -213,7 +223,7 @@ def load_model(
     )
     name = Path(src).name if looks_local else model
     eos = _eos_ids(getattr(hf_model, "generation_config", None), config, tokenizer)
-    return LoadedModel(hf_model, tokenizer, config, torch_dtype, dev, limit, eos, name, chosen)
+    return LoadedModel(hf_model, tokenizer, config, torch_dtype, dev, limit, eos, name, chosen, group=group)
 
 
 def _without_weights(src: str, looks_local: bool, config: Any, dtype: Any, dev: Any, limit: int,

@@ -65,16 +65,12 @@ def build_runner(loaded: Any, pool: torch.Tensor, layout: KVLayout, compile_sett
 
 
 def rank_runner(loaded: Any, pool: torch.Tensor, layout: KVLayout) -> tuple[ModelRunner, str]:
-    """The transformers path's forward pass over this rank's shard (every rank of a group builds
-    one, at the same time: its start-up check runs the group's collectives)."""
+    """The transformers path's forward pass over this rank's share, loaded narrowed to it
+    (hf/rank_loading.py); every rank of a group builds one at the same time: its start-up check runs
+    the group's collectives."""
     from tandem.worker.engine.hf.runner import TransformersForward
-    from tandem.worker.engine.hf.tensor_parallel import shard_model
-
     group = getattr(loaded, "group", None)
     why = "transformers' model classes, paged attention"
     if group is not None and group.size > 1:
-        if not getattr(loaded.model, "tandem_sharded", False):
-            shard_model(loaded.model, group)
-            loaded.model.tandem_sharded = True
         why += f", rank {group.rank} of {group.size} (heads and experts split)"
     return TransformersForward(loaded.model, pool, layout), why

@@ -54,9 +54,8 @@ def load_rank(agreement: Any, group: Any) -> Any:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     lm = load_model(cfg.model, dtype=cfg.dtype, device=str(group.device), max_model_len=cfg.max_model_len,
-                    trust_remote_code=cfg.trust_remote_code, weights=False, backend=cfg.model_backend,
-                    tensor_parallel=group.size)
-    lm.group = group
+                    trust_remote_code=cfg.trust_remote_code, backend=cfg.model_backend,
+                    tensor_parallel=group.size, group=group)
     layout = kv_layout_for(lm.config, cfg.num_blocks, cfg.block_size, lm.dtype, group)
     pool = torch.zeros(layout.shape, dtype=lm.dtype, device=group.device)
     if lm.backend is ModelBackend.TRANSFORMERS:  # the model's own classes, split (hf/tensor_parallel.py)

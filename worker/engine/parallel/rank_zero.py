@@ -87,9 +87,8 @@ class RankZero:
         self.group = ParallelGroup.join(self._spec, self._device, self._store)
         ecfg = dataclasses.replace(cfg.engine_config(), device=str(self._device))
         lm = load_model(ecfg.model, dtype=ecfg.dtype, device=ecfg.device, max_model_len=ecfg.max_model_len,
-                        trust_remote_code=ecfg.trust_remote_code, weights=False, backend=ecfg.model_backend,
-                        tensor_parallel=self.group.size)
-        lm.group = self.group
+                        trust_remote_code=ecfg.trust_remote_code, backend=ecfg.model_backend,
+                        tensor_parallel=self.group.size, group=self.group)
         layout, context = size_pool(ecfg, lm)  # as the engine will: the group's blocks, from rank 0's memory
         ecfg.num_blocks = layout.num_blocks
         kv = cfg.kv_transfer_config("")
