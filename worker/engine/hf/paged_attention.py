@@ -5,7 +5,9 @@ Registered in transformers' `AttentionInterface` under ATTENTION_NAME: a model l
 queries, keys and values (rotary and any q/k norm applied, as the model computes them) for the
 step's flat batch of tokens. It writes the keys and values into the pool, then attends: decode
 tokens by block table, prompt chunks over their context, each with the layer's own sliding window,
-logit soft-capping and attention sinks. transformers builds no mask for an implementation it does
+logit soft-capping and attention sinks. A layer with none of those attends with the native path's
+kernels (attention.py: on a CPU a continuing chunk is two flash passes, context and chunk, merged),
+so both paths share one attention where they compute the same thing. transformers builds no mask for an implementation it does
 not know, so the step (PagedStep) carries what the masks need.
 """
 
@@ -16,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tandem.worker.engine.attention import chunk_attention, gather_context, sdpa_decode_attention
 from tandem.worker.engine.step_inputs import StepInputs
 
 ATTENTION_NAME = "tandem_paged"
@@ -153,16 +156,24 @@ def paged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     sinks = s_aux if s_aux is not None else getattr(module, "sinks", None)
     out = torch.empty_like(query)  # [1, H, T, d]
+    plain = window is None and softcap is None and sinks is None  # the native path's kernels compute it
     if step.decode is not None:
-        assert st.tables is not None
-        B, heads, d = st.tables.shape[0], *held
-        ks = keys[:, st.tables].view(heads, B, -1, d).transpose(0, 1)  # [B, KV, L, d]
-        vs = values[:, st.tables].view(heads, B, -1, d).transpose(0, 1)
-        q = query[0, :, step.decode].transpose(0, 1)[:, :, None]  # [B, H, 1, d]
-        o = attend(q, ks, vs, step.decode_mask(window), scale, softcap, sinks)
-        out[0, :, step.decode] = o[:, :, 0].transpose(0, 1)
+        assert st.tables is not None and step.lens is not None
+        q = query[0, :, step.decode].transpose(0, 1)  # [B, H, d]
+        if plain:
+            o = sdpa_decode_attention(q, pool_layer, st.tables, step.lens, scale)
+        else:
+            B, heads, d = st.tables.shape[0], *held
+            ks = keys[:, st.tables].view(heads, B, -1, d).transpose(0, 1)  # [B, KV, L, d]
+            vs = values[:, st.tables].view(heads, B, -1, d).transpose(0, 1)
+            o = attend(q[:, :, None], ks, vs, step.decode_mask(window), scale, softcap, sinks)[:, :, 0]
+        out[0, :, step.decode] = o.transpose(0, 1)
     for i, c in enumerate(st.chunks):
         rows = slice(c.offset, c.offset + c.num_tokens)
+        if plain:  # the CPU's continuing chunk: context and chunk as two flash passes (attention.py)
+            q, (ks, vs) = query[0, :, rows].transpose(0, 1), _chunk_context(k, v, rows, pool_layer, c)
+            out[0, :, rows] = chunk_attention(q, ks, vs, c.start, scale).transpose(0, 1)
+            continue
         if c.table is None:  # the chunk is the whole sequence so far: its own K/V suffice
             ks, vs = key[:, :, rows], value[:, :, rows]
         else:
@@ -172,6 +183,15 @@ def paged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
         out[:, :, rows] = attend(query[:, :, rows], ks, vs, step.chunk_mask(i, window), scale, softcap,
                                  sinks)
     return out.transpose(1, 2), None
+
+
+def _chunk_context(k: torch.Tensor, v: torch.Tensor, rows: slice, pool_layer: torch.Tensor, c: Any
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chunk's keys and values [start + n, KV, d]: its own (a whole sequence so far), or its
+    context and itself out of the pool."""
+    if c.table is None:
+        return k[rows], v[rows]
+    return gather_context(pool_layer, c.table, c.start + c.num_tokens)
 
 
 def register() -> str:
