@@ -185,15 +185,18 @@ class Scheduler:
         and double the other tenant's time to first token.) One flow at one priority keeps the order
         it had: first come, first served. Sets `capped`: the flows here served more than one about (had a
         sequence here within FLOW_ACTIVE_S), which share flow_chunk_tokens per step; a flow seen once
-        long ago (a probe, a warm-up) caps nobody, so a tenant alone keeps whole chunks."""
+        long ago caps nobody, so a tenant alone keeps whole chunks. A request of no tenant (no
+        fairness_id: the router's parity probes, a readiness check; the router names every client's
+        flow) is never capped and caps nobody: a probe's prompt is prefilled in one chunk on both of
+        its paths, as its exact comparison needs."""
         now = self.clock()
         fade = 0.5 ** ((now - self.served_at) / FLOW_SERVICE_HALF_LIFE_S)
         self.served_at = now
         here = {s.flow for s in (*self.running, *self.waiting, *self.ready)}
         self.served = {f: n * fade for f, n in self.served.items() if f in here or n * fade >= 1}
         self.seen = {f: t for f, t in self.seen.items() if now - t <= FLOW_ACTIVE_S} | dict.fromkeys(here, now)
-        least = min((self.served.get(f, 0.0) for f in self.seen), default=0.0)
-        self.capped = {f for f in here if self.served.get(f, 0.0) > least} if self.flow_chunk_tokens else set()
+        least = min((self.served.get(f, 0.0) for f in self.seen if f), default=0.0)
+        self.capped = {f for f in here if f and self.served.get(f, 0.0) > least} if self.flow_chunk_tokens else set()
         if len(here) < 2 and len({s.priority for s in prompts}) < 2:
             return prompts
         return sorted(prompts, key=lambda s: (-s.priority, self.served.get(s.flow, 0.0)))

@@ -211,3 +211,32 @@ def test_a_request_long_ago_from_another_flow_does_not_cap_a_tenant_alone():
         s.add(q)
         assert _planned(s.schedule()) == [(f"q{i}", 16)]
         s.remove(q)
+
+
+def test_a_request_of_no_tenant_is_never_capped_and_caps_nobody():
+    """The router's parity probe (no fairness id) beside a tenant seen just now: its prompt is one
+    whole chunk, as on the probe's other path (a split one rounds differently, and the probe's
+    float32 comparison is exact); and a tenant seen beside probes alone keeps whole chunks."""
+    s = _capped_scheduler()
+    now = _clocked(s)
+    for i in range(3):  # probes: served more than the tenant below
+        p = _seq(f"probe{i}", 12, "")
+        s.add(p)
+        _advance(s.schedule())
+        s.remove(p)
+    _quiet_served_and_gone(s)
+    probe = _seq("probe", 40, "")
+    s.add(probe)
+    assert _planned(s.schedule()) == [("probe", 16)], "no tenant: not capped beside one about"
+    s.remove(probe)
+    now[0] += FLOW_ACTIVE_S + 0.1  # the tenant gone; a probe just now, served less than the next tenant
+    p = _seq("p", 2, "")
+    s.add(p)
+    _advance(s.schedule())
+    s.remove(p)
+    long = _seq("long", 100, "flood")
+    s.add(long)
+    for _ in range(3):
+        _advance(s.schedule())
+    assert long.num_computed == 48
+    assert _planned(s.schedule()) == [("long", 16)], "probes cap no tenant"
