@@ -6,6 +6,7 @@ thread (vLLM's engine bound to core 0)."""
 import argparse
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from tandem.worker.local.cache import cache_root
@@ -51,9 +52,15 @@ def run(args: argparse.Namespace) -> dict:
 
     model = Path(make_toy_model(cache_root() / "models" / "startup-llama-l30", **MODEL))
     out: Path = args.out_dir
-    inductor, vcache = out / "inductor", out / "vllm-cache"
-    for d in (inductor, vcache):
-        shutil.rmtree(d, ignore_errors=True)
+    caches = Path(tempfile.mkdtemp(prefix="startup-caches-"))  # empty; outside the tree (its .py files are no module)
+    inductor, vcache = caches / "inductor", caches / "vllm-cache"
+    try:
+        return _arms(args, model, out, inductor, vcache)
+    finally:
+        shutil.rmtree(caches, ignore_errors=True)
+
+
+def _arms(args: argparse.Namespace, model: Path, out: Path, inductor: Path, vcache: Path) -> dict:
     result: dict = {"model": str(model), "ready_s": {}}
     ready = result["ready_s"]
     ready["tandem_decode_empty_cache"] = _tandem("decode", model, out, "decode-cold", inductor, args.timeout_s)
