@@ -62,6 +62,7 @@ ARCHIVED: dict[str, tuple[str, str]] = {
     "disagg_path": ("882b042", "The first gap after a handoff (issue 23 point 3): what it is made of, not changed"),
     "loadgen": ("c54fddf", "Earlier measurements (a tool: bench/lib/loadgen.py drives every load)"),
     "operator_scale": ("1768a11", "The operator at scale (issue 21, Operations)"),
+    "tp_memory": ("f741fcb", "Tensor parallelism on the transformers path: each rank's memory (issue 30, item 1)"),
 }
 
 

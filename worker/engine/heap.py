@@ -9,7 +9,7 @@ requests create.
 The same moment hands the memory that loading freed back to the system: glibc keeps freed blocks
 below its mmap threshold (which rises to 32 MiB as large blocks are freed) in its heap, and
 loading frees many (each conversion's intermediate tensors). A tensor-parallel rank of a Qwen3-MoE
-kept about a third of its weights' size again resident without this (`python -m bench tp_memory`).
+kept about a third of its weights' size again resident without this (`python -m bench tp_memory`, archived: BENCHMARKS.md).
 """
 
 from __future__ import annotations
