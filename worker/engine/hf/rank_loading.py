@@ -87,8 +87,6 @@ def load_rank_model(folder: str | Path, config: Any, dtype: torch.dtype, device:
     type(model)._finalize_model_loading(model, load, info)
     if missing := [k for k in info.missing_keys if "lm_head" not in k]:
         raise ModelLoadError(f"{folder}: the checkpoint lacks {', '.join(sorted(missing)[:5])}")
-    if any(p.device.type == "meta" for p in model.parameters()):
-        raise ModelLoadError(f"{folder}: some of the model's weights were not in the checkpoint")
     wrap(model, splits, group)
     model.eval()
     log.info("rank %d of %d read %.1f MiB of the checkpoint (its heads, MLP rows and experts; the rest whole)",

@@ -172,13 +172,11 @@ def wrap(model: nn.Module, splits: list[Split], group: Any) -> None:
     linear over its rows, a row split sums the ranks' products, local experts sum the ranks' outputs."""
     for split in splits:
         module = model.get_submodule(split.name)
-        if split.style == "colwise":
-            b = None if module.bias is None else module.bias.detach()
-            new: nn.Module = FlatPackedLinear(module.weight.detach(), b)
-        elif split.style == "rowwise":
-            b = None if module.bias is None else module.bias.detach()
-            new = RowParallelLinear(FlatPackedLinear(module.weight.detach()), group, b)
+        if split.style == "experts":
+            new: nn.Module = LocalExperts(module, split.part, group)
         else:
-            new = LocalExperts(module, split.part, group)
+            b = None if module.bias is None else module.bias.detach()
+            new = (FlatPackedLinear(module.weight.detach(), b) if split.style == "colwise"
+                   else RowParallelLinear(FlatPackedLinear(module.weight.detach()), group, b))
         parent, _, child = split.name.rpartition(".")
         setattr(model.get_submodule(parent), child, new)
