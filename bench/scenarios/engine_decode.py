@@ -3,6 +3,7 @@ memory-bandwidth bound, and at batch N against transformers' generate; fp32 and 
 against the matmul rate: the prefill scenario).
 
     python -m bench engine_decode [--dtypes float32,bfloat16] [--batches 1,32] [--reps 3]
+        [--backends native,transformers]   # Tandem's model paths side by side (their step ratio)
         [--device cuda --model-dir DIR]   # on a GPU (bench/gpu/run_h200.sh: the gpu scenario's model)
 
 Model: issue 13's random ~42M-parameter Llama (bench/lib/models.py's ENGINE_MODEL). A decode step must read
@@ -86,38 +87,46 @@ def run_dtype(torch, dtype: str, model_dir: Path, args, bandwidth: dict, sync) -
     batches = [int(b) for b in args.batches.split(",")]
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(args.device).eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())  # tied: counted once
-    t0 = time.perf_counter()  # the engine's start: loading and, with compile, compiling its decode step
-    drv = OfflineEngine(model=str(model_dir), dtype=dtype, num_blocks=max(batches) * 12 + 16, max_num_seqs=max(batches),
-                        max_batched_tokens=max(batches) * args.prompt_len, compile=args.compile, device=args.device)
+    drvs, out = {}, {"weight_bytes": weight_bytes, "batches": {}, "engine_start_s": {}}
     gen = torch.Generator().manual_seed(0)
     rand = lambda b: [torch.randint(3, 600, (args.prompt_len,), generator=gen).tolist() for _ in range(b)]  # noqa: E731
-    tandem_step(drv, rand(min(2, max(batches))), 4, "warm")
+    for backend in args.backends.split(","):  # each engine's start: loading and, with compile, compiling its step
+        t0 = time.perf_counter()
+        drvs[backend] = OfflineEngine(model=str(model_dir), dtype=dtype, num_blocks=max(batches) * 12 + 16,
+                                      max_num_seqs=max(batches), max_batched_tokens=max(batches) * args.prompt_len,
+                                      compile=args.compile, device=args.device, model_backend=backend)
+        tandem_step(drvs[backend], rand(min(2, max(batches))), 4, "warm")
+        out["engine_start_s"][backend] = time.perf_counter() - t0
     step_seconds(torch, hf, rand(2), 3, sync)
-    out: dict = {"engine_start_s": time.perf_counter() - t0, "weight_bytes": weight_bytes, "kv_bytes_per_token": drv.engine.layout.bytes_per_token, "batches": {}}
+    out["kv_bytes_per_token"] = kv_per_token = next(iter(drvs.values())).engine.layout.bytes_per_token
     for b in batches:
         rows = []
         for rep in range(args.reps):
-            prompts = rand(b)
-            pair = {}
-            for arm in (("hf", "tandem") if rep % 2 == 0 else ("tandem", "hf")):
+            prompts, pair = rand(b), {}
+            for arm in (["hf", *drvs] if rep % 2 == 0 else [*drvs, "hf"]):
                 pair[arm] = (step_seconds(torch, hf, prompts, args.new_tokens, sync) if arm == "hf"
-                             else tandem_step(drv, prompts, args.new_tokens, f"{dtype}-{b}-{rep}"))
+                             else tandem_step(drvs[arm], prompts, args.new_tokens, f"{dtype}-{b}-{rep}-{arm}"))
             pair["load_avg"] = os.getloadavg()[0]
             rows.append(pair)
         # KV read by a step at the median context (prompt + half the output), every sequence
-        kv = b * (args.prompt_len + args.new_tokens // 2) * drv.engine.layout.bytes_per_token
-        bound = (weight_bytes + kv) / bandwidth["read_bytes_per_s"]
-        td, hs = [r["tandem"]["wall_s"] for r in rows], [r["hf"] for r in rows]
-        cpu, host = [r["tandem"]["cpu_s"] for r in rows], [r["tandem"]["host_share"] for r in rows]
-        out["batches"][str(b)] = {
-            "tandem_step_s": td, "tandem_step_cpu_s": cpu, "tandem_host_share": host,
-            "load_avg": [r["load_avg"] for r in rows], "hf_step_s": hs, "bound_s": bound,
-            "tandem_over_bound": [t / bound for t in td], "hf_over_tandem": [h / t for h, t in zip(hs, td, strict=True)]}
-        print(f"{dtype:8s} batch {b:3d} (engine started in {out['engine_start_s']:.1f} s): step Tandem {statistics.median(td) * 1e3:6.2f} ms "
-              f"[{min(td) * 1e3:.2f}-{max(td) * 1e3:.2f}], transformers {statistics.median(hs) * 1e3:6.2f} ms; "
-              f"bound {bound * 1e3:.2f} ms -> Tandem/bound {statistics.median(td) / bound:.2f}x "
-              f"[{min(td) / bound:.2f}-{max(td) / bound:.2f}]; Tandem CPU/step {statistics.median(cpu) * 1e3:.2f} ms "
-              f"[{min(cpu) * 1e3:.2f}-{max(cpu) * 1e3:.2f}], host {statistics.median([h for h in host if h is not None] or [0]):.1%} of it", flush=True)
+        bound = (weight_bytes + b * (args.prompt_len + args.new_tokens // 2) * kv_per_token) / bandwidth["read_bytes_per_s"]
+        hs = [r["hf"] for r in rows]
+        res = out["batches"][str(b)] = {"load_avg": [r["load_avg"] for r in rows], "hf_step_s": hs, "bound_s": bound,
+                                        "paths": {}}
+        for backend in drvs:
+            td = [r[backend]["wall_s"] for r in rows]
+            cpu, host = [r[backend]["cpu_s"] for r in rows], [r[backend]["host_share"] for r in rows]
+            res["paths"][backend] = {"tandem_step_s": td, "tandem_step_cpu_s": cpu, "tandem_host_share": host,
+                            "tandem_over_bound": [t / bound for t in td], "hf_over_tandem": [h / t for h, t in zip(hs, td, strict=True)]}
+            print(f"{dtype:8s} batch {b:3d} {backend} (started in {out['engine_start_s'][backend]:.1f} s): step {statistics.median(td) * 1e3:6.2f} ms "
+                  f"[{min(td) * 1e3:.2f}-{max(td) * 1e3:.2f}], transformers {statistics.median(hs) * 1e3:6.2f} ms; "
+                  f"bound {bound * 1e3:.2f} ms -> /bound {statistics.median(td) / bound:.2f}x; CPU/step {statistics.median(cpu) * 1e3:.2f} ms, "
+                  f"host {statistics.median([h for h in host if h is not None] or [0]):.1%} of it", flush=True)
+        res |= res["paths"][next(iter(drvs))]  # the first path's figures, where the summary reads them
+        if len(drvs) == 2:  # the two paths' ratio, rep by rep (they ran side by side)
+            a, c = drvs
+            res["ratio"] = [r[c]["wall_s"] / r[a]["wall_s"] for r in rows]
+            print(f"{dtype:8s} batch {b:3d} {c}/{a} step: {statistics.median(res['ratio']):.3f}", flush=True)
     return out
 
 
@@ -128,6 +137,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--compile", default="auto", choices=("auto", "on", "off"))
+    ap.add_argument("--backends", default="native", help="Tandem's model paths: native, transformers, or both")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda: the bound is then the device's bandwidth")
     ap.add_argument("--model-dir", default=None, help="another model folder (default: issue 13's model)")
 

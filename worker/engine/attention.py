@@ -14,14 +14,17 @@ import torch.nn.functional as F
 
 def paged_decode_attention(
     q: torch.Tensor, pool_layer: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, scale: float,
-    k_self: torch.Tensor | None = None, v_self: torch.Tensor | None = None,
+    k_self: torch.Tensor | None = None, v_self: torch.Tensor | None = None, window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """One query token per sequence over its cached keys, read from the pool by block table.
 
     q [B, heads, d]; pool_layer [blocks, kv_heads, 2, block_size, d] (one layer of the pool);
     tables [B, max_blocks] (padding any valid block id); lens [B]: cached positions to attend.
-    With k_self/v_self [B, kv_heads, d] the token also attends to its own new K/V, which is not in
-    the pool yet. Softmax in float32; returns [B, heads, d] in q's dtype."""
+    With k_self/v_self [B, kv_heads, d] the token (at position lens[b]) also attends to its own new
+    K/V, which is not in the pool yet. A sliding `window` keeps the cached positions within it of
+    the token; `softcap` caps the scores (tanh) before the mask, as transformers does. Softmax in
+    float32; returns [B, heads, d] in q's dtype."""
     B, max_blocks = tables.shape
     nkv, bs, d = pool_layer.shape[1], pool_layer.shape[3], pool_layer.shape[4]
     g = q.shape[1] // nkv
@@ -29,17 +32,24 @@ def paged_decode_attention(
     k = kv[:, :, :, 0].permute(0, 2, 1, 3, 4).reshape(B, nkv, max_blocks * bs, d)[:, :, None]  # [B, nkv, 1, L, d]
     v = kv[:, :, :, 1].permute(0, 2, 1, 3, 4).reshape(B, nkv, max_blocks * bs, d)[:, :, None]
     qf = q.float().view(B, nkv, g, 1, d)
-    s = (qf * k.float()).sum(-1) * scale  # [B, nkv, g, L]
+    s = _capped((qf * k.float()).sum(-1) * scale, softcap)  # [B, nkv, g, L]
     pos = torch.arange(max_blocks * bs, device=q.device)
-    s = s.masked_fill((pos[None, :] >= lens[:, None])[:, None, None, :], float("-inf"))
+    unseen = pos[None, :] >= lens[:, None]
+    if window is not None:
+        unseen |= pos[None, :] <= lens[:, None] - window
+    s = s.masked_fill(unseen[:, None, None, :], float("-inf"))
     if k_self is not None:
         s_self = (qf[..., 0, :] * k_self.float()[:, :, None, :]).sum(-1, keepdim=True) * scale  # [B, nkv, g, 1]
-        s = torch.cat([s, s_self], dim=-1)
+        s = torch.cat([s, _capped(s_self, softcap)], dim=-1)
     p = torch.softmax(s, dim=-1)
     o = (p[..., : max_blocks * bs, None] * v.float()).sum(-2)  # [B, nkv, g, d]
     if v_self is not None:
         o = o + p[..., -1:] * v_self.float()[:, :, None, :]
     return o.reshape(B, nkv * g, d).to(q.dtype)
+
+
+def _capped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    return scores if softcap is None else torch.tanh(scores / softcap) * softcap
 
 
 def gather_context(pool_layer: torch.Tensor, block_table: torch.Tensor, num_tokens: int

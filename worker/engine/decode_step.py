@@ -16,18 +16,27 @@ import shutil
 import time
 import types
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch._inductor.config as inductor_config
 import torch.fx.experimental._config as fx_config
 from tandem.worker.engine import compile_cache, layers
 from tandem.worker.engine.attention import paged_decode_attention, sdpa_decode_attention
+from tandem.worker.engine.model_runner import StepLogits
 from tandem.worker.engine.weights import ModelWeights
 from torch import nn
+
+if TYPE_CHECKING:
+    from tandem.worker.engine.step_inputs import StepInputs
 
 log = logging.getLogger("tandem.worker.engine")
 
 COMPILE_SETTINGS = ("auto", "on", "off")
+# After start-up a shape the warm-up did not compile runs eagerly rather than compiling inside a
+# request (tests set "fail_on_recompile", here or through $TANDEM_RECOMPILE_STANCE for a worker
+# process and its ranks, to prove the warm-up covers every shape).
+RECOMPILE_STANCE = os.environ.get("TANDEM_RECOMPILE_STANCE", "eager_on_recompile")
 MIN_TABLE_WIDTH = 2  # block tables are padded to this many columns: a width of 1 would compile apart
 LONG_SUM = 4096  # inductor's CPU code sums more float32 values than this in chunks (another graph)
 
@@ -71,7 +80,7 @@ class DecodeStep(nn.Module):
         return logits, argmax, torch.stack(new_kv, dim=2)
 
 
-def _own_code(fn: Callable) -> Callable:
+def own_code(fn: Callable) -> Callable:
     """`fn` with a code object of its own: dynamo keeps compiled graphs per code object, so no other
     model's graphs (tests load many) sit beside this one's, nor count against its recompile limit."""
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__)
@@ -81,10 +90,22 @@ def step_to_compile(weights: ModelWeights) -> DecodeStep:
     """The decode step as torch.compile takes it: its layer a nested compile region, which dynamo
     traces once and inductor compiles once, each layer calling it with its own weights (the weights
     are the region's inputs), so the compile costs one layer, not the model's depth; code objects of
-    its own (_own_code), so no other model's graphs sit beside these."""
-    step = DecodeStep(weights, torch.compiler.nested_compile_region(_own_code(decode_layer)), decode_head)
-    step.forward = types.MethodType(_own_code(DecodeStep.forward), step)
+    its own (own_code), so no other model's graphs sit beside these."""
+    step = DecodeStep(weights, torch.compiler.nested_compile_region(own_code(decode_layer)), decode_head)
+    step.forward = types.MethodType(own_code(DecodeStep.forward), step)
     return step
+
+
+def run_decode_graph(graph: Callable, st: StepInputs, pool: torch.Tensor) -> StepLogits:
+    """A decode-only step through a path's compiled graph (`graph(ids, positions, tables, pool)`:
+    logits, argmax, new K/V), the new K/V then written into their slots with one indexed copy."""
+    with torch.compiler.set_stance(RECOMPILE_STANCE):
+        logits, argmax, new_kv = graph(st.ids, st.positions, st.tables, pool)
+    pool[st.slot_blocks, :, :, :, st.slot_offsets] = new_kv
+    if len(st.sample_rows) == logits.shape[0]:
+        return StepLogits(logits, argmax)
+    rows = torch.tensor(st.sample_rows, device=pool.device)
+    return StepLogits(logits[rows], argmax[rows])
 
 
 def compiler_found() -> str | None:
@@ -113,28 +134,36 @@ def should_compile(setting: str, device: torch.device) -> tuple[bool, str]:
 
 def prepare_kernels(weights: ModelWeights, setting: str, pool: torch.Tensor, max_context: int
                     ) -> tuple[CompiledKernels, str]:
-    """The kernels for an engine, compiled now when the setting asks for it (and why, for the log).
-    With compile: auto, a compile that fails leaves the engine eager with a warning, not down."""
+    """The native path's kernels for an engine, compiled now when the setting asks for it."""
+    return compiled_or_eager(setting, pool, max_context, weights.group,
+                             lambda enabled: kernels_for(weights, enabled, pool.shape[4]))
+
+
+def compiled_or_eager(setting: str, pool: torch.Tensor, max_context: int, group: Any,
+                      build: Callable[[bool], StepGraphs]) -> tuple[StepGraphs, str]:
+    """A path's decode graphs (`build(compiled)`), compiled and warmed up now when the setting asks
+    for it, and why (for the log). With compile: auto, a compile that fails leaves the engine eager
+    with a warning and a metric, not down; a tensor-parallel rank (`group`) cannot fall back alone."""
     enabled, why = should_compile(setting, pool.device)
-    kernels = kernels_for(weights, enabled, pool.shape[4])
+    graphs = build(enabled)
     try:
         if enabled:
             compile_cache.sweep()  # what a killed compile left would otherwise be taken as built
-        kernels.warm_up(pool, max_context)
+        graphs.warm_up(pool, max_context)
     except Exception as e:  # noqa: BLE001 - any compiler failure means the same: run eagerly
         if setting == "on":
             raise
-        if weights.group.size > 1:  # one rank eager and another compiled would not meet in their collectives
-            raise RuntimeError(f"torch.compile failed on rank {weights.group.rank} ({type(e).__name__}: {e}); "
+        if group is not None and group.size > 1:  # one rank eager, another compiled: their collectives part
+            raise RuntimeError(f"torch.compile failed on rank {group.rank} ({type(e).__name__}: {e}); "
                                "a tensor-parallel group cannot leave one rank eager: start it with "
                                "--compile off, or fix the compiler") from e
         compile_cache.RECORD.failures += 1
         compile_cache.RECORD.last_failure = f"{type(e).__name__}: {e}"
         log.warning("torch.compile failed (%s: %s); the decode step runs eagerly, slower (counted in "
                     "tandem_worker_compile_failures_total; compile: on makes it an error)", type(e).__name__, e)
-        kernels = kernels_for(weights, False, pool.shape[4])
+        graphs = build(False)
         why = "eager (torch.compile failed)"
-    return kernels, why
+    return graphs, why
 
 
 def kernels_for(weights: ModelWeights, enabled: bool, block_size: int) -> CompiledKernels:
@@ -153,24 +182,19 @@ def step_compile_options() -> dict:
     return {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
 
 
-class CompiledKernels:
-    """The decode step and the decode attention, compiled or eager, and their warm-up."""
+class StepGraphs:
+    """A path's compiled decode graphs and their warm-up at start-up: `_trace` runs each graph once
+    at a batch size and table width, with the dimensions that vary marked dynamic."""
 
-    def __init__(self, weights: ModelWeights, enabled: bool):
-        self.enabled = enabled
+    enabled: bool
+    name = "the decode step"
+
+    def __init__(self) -> None:
         self.traced: set[int] = set()  # table widths traced (one per range of context lengths)
-        self.shape = weights.shape
-        self.decode_step: Callable | None = None
-        self.decode_attention: Callable = sdpa_decode_attention
-        if enabled:
+        if self.enabled:
             # Each model compiles two graphs (batch 1 and batch > 1) per function; a process that
             # loads several models (tests) would pass dynamo's default limit of 8 per function.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            # The guards on module attributes (0.3 ms a call) can go: these modules never change,
-            # and their weights are the graphs' inputs (read at every call: each layer its own).
-            self.decode_step = torch.compile(step_to_compile(weights), dynamic=False, fullgraph=True,
-                                             options=step_compile_options())
-            self.decode_attention = torch.compile(paged_decode_attention, dynamic=False, fullgraph=True)
 
     @torch.inference_mode()
     def warm_up(self, pool: torch.Tensor, max_context: int) -> None:
@@ -195,18 +219,46 @@ class CompiledKernels:
                     self._trace(pool, 1, width)
                 self._trace(pool, 2, width)
         self.traced |= widths
-        log.info("compiled the decode step in %.1fs", time.monotonic() - t0)
+        log.info("compiled %s in %.1fs", self.name, time.monotonic() - t0)
 
     def _trace(self, pool: torch.Tensor, batch: int, width: int) -> None:
-        dev = pool.device
-        ids = torch.zeros(batch, dtype=torch.long, device=dev)
-        pos = torch.ones(batch, dtype=torch.long, device=dev)
-        tables = torch.zeros(batch, width, dtype=torch.long, device=dev)
-        q = torch.zeros(batch, self.shape.num_heads, self.shape.head_dim, dtype=pool.dtype, device=dev)
+        raise NotImplementedError
+
+
+def step_example(pool: torch.Tensor, batch: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A decode step's ids, positions and block tables to trace with, their varying sizes marked
+    dynamic (the table width; at batch > 1 the batch; the pool's blocks)."""
+    dev = pool.device
+    ids = torch.zeros(batch, dtype=torch.long, device=dev)
+    pos = torch.ones(batch, dtype=torch.long, device=dev)
+    tables = torch.zeros(batch, width, dtype=torch.long, device=dev)
+    dynamic = [(tables, 1), (pool, 0)] + ([(ids, 0), (pos, 0), (tables, 0)] if batch > 1 else [])
+    for t, dim in dynamic:
+        torch._dynamo.mark_dynamic(t, dim)
+    return ids, pos, tables
+
+
+class CompiledKernels(StepGraphs):
+    """The native path's decode step and decode attention, compiled or eager."""
+
+    def __init__(self, weights: ModelWeights, enabled: bool):
+        self.enabled = enabled
+        super().__init__()
+        self.shape = weights.shape
+        self.decode_step: Callable | None = None
+        self.decode_attention: Callable = sdpa_decode_attention
+        if enabled:
+            # The guards on module attributes (0.3 ms a call) can go: these modules never change,
+            # and their weights are the graphs' inputs (read at every call: each layer its own).
+            self.decode_step = torch.compile(step_to_compile(weights), dynamic=False, fullgraph=True,
+                                             options=step_compile_options())
+            self.decode_attention = torch.compile(paged_decode_attention, dynamic=False, fullgraph=True)
+
+    def _trace(self, pool: torch.Tensor, batch: int, width: int) -> None:
+        ids, pos, tables = step_example(pool, batch, width)
+        q = torch.zeros(batch, self.shape.num_heads, self.shape.head_dim, dtype=pool.dtype, device=pool.device)
         pool_layer, lens = pool[:, :, 0], pos + 1
-        dynamic = [(tables, 1), (pool, 0), (pool_layer, 0)]
-        if batch > 1:
-            dynamic += [(ids, 0), (pos, 0), (tables, 0), (q, 0), (lens, 0)]
+        dynamic = [(pool_layer, 0)] + ([(q, 0), (lens, 0)] if batch > 1 else [])
         for t, dim in dynamic:
             torch._dynamo.mark_dynamic(t, dim)
         self.decode_step(ids, pos, tables, pool)

@@ -44,7 +44,7 @@ def build_runner(loaded: Any, pool: torch.Tensor, layout: KVLayout, compile_sett
     """The engine's runner for a loaded model over `pool`, and how its steps run (for the start-up
     log): on rank 0 of a tensor-parallel group, the one that drives the group."""
     if loaded.backend is ModelBackend.TRANSFORMERS:
-        runner, why = rank_runner(loaded, pool, layout)
+        runner, why = rank_runner(loaded, pool, layout, compile_setting, max_context)
     else:
         from tandem.worker.engine.decode_step import prepare_kernels
         from tandem.worker.engine.paged_forward import PagedForward
@@ -64,13 +64,16 @@ def build_runner(loaded: Any, pool: torch.Tensor, layout: KVLayout, compile_sett
     return LeaderRunner(runner, group, limits), why
 
 
-def rank_runner(loaded: Any, pool: torch.Tensor, layout: KVLayout) -> tuple[ModelRunner, str]:
+def rank_runner(loaded: Any, pool: torch.Tensor, layout: KVLayout, compile_setting: str = "off",
+                max_context: int = 0) -> tuple[ModelRunner, str]:
     """The transformers path's forward pass over this rank's share, loaded narrowed to it
     (hf/rank_loading.py); every rank of a group builds one at the same time: its start-up check runs
     the group's collectives."""
     from tandem.worker.engine.hf.runner import TransformersForward
     group = getattr(loaded, "group", None)
-    why = "transformers' model classes, paged attention"
-    if group is not None and group.size > 1:
+    ranks = 1 if group is None else group.size
+    runner = TransformersForward(loaded.model, pool, layout, compile_setting, max_context, ranks)
+    why = f"transformers' model classes, paged attention, {runner.how}"
+    if ranks > 1:
         why += f", rank {group.rank} of {group.size} (heads and experts split)"
-    return TransformersForward(loaded.model, pool, layout), why
+    return runner, why

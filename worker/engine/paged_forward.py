@@ -9,21 +9,14 @@ tokens then attend by block table, and each chunk with SDPA over its context.
 
 from __future__ import annotations
 
-import os
-
 import torch
 from tandem.contracts.kv_layout import KVLayout
-from tandem.worker.engine import layers
+from tandem.worker.engine import decode_step, layers
 from tandem.worker.engine.attention import chunk_attention, gather_context
-from tandem.worker.engine.decode_step import CompiledKernels
+from tandem.worker.engine.decode_step import CompiledKernels, run_decode_graph
 from tandem.worker.engine.model_runner import BatchItem, StepLogits
 from tandem.worker.engine.step_inputs import StepInputs, step_inputs
 from tandem.worker.engine.weights import ModelWeights
-
-# After start-up a shape the warm-up did not compile runs eagerly rather than compiling inside a
-# request (tests set "fail_on_recompile", here or through $TANDEM_RECOMPILE_STANCE for a worker
-# process and its ranks, to prove the warm-up covers every shape).
-RECOMPILE_STANCE = os.environ.get("TANDEM_RECOMPILE_STANCE", "eager_on_recompile")
 
 
 class PagedForward:
@@ -48,13 +41,7 @@ class PagedForward:
         """Logits (float32) for the last token of every item with sample=True, in order."""
         st = step_inputs(items, self.block_size, self.device)
         if st.decode_only and self.kernels.decode_step is not None:
-            with torch.compiler.set_stance(RECOMPILE_STANCE):
-                logits, argmax, new_kv = self.kernels.decode_step(st.ids, st.positions, st.tables, self.pool)
-            self.pool[st.slot_blocks, :, :, :, st.slot_offsets] = new_kv
-            if len(st.sample_rows) == len(items):
-                return StepLogits(logits, argmax)
-            rows = torch.tensor(st.sample_rows, device=self.device)
-            return StepLogits(logits[rows], argmax[rows])
+            return run_decode_graph(self.kernels.decode_step, st, self.pool)
         return StepLogits(self._eager(st))
 
     def _eager(self, st: StepInputs) -> torch.Tensor:
@@ -70,7 +57,7 @@ class PagedForward:
             pool_layer[st.slot_blocks, :, 1, st.slot_offsets] = v
             out = torch.empty_like(q)
             if dec is not None:
-                with torch.compiler.set_stance(RECOMPILE_STANCE):
+                with torch.compiler.set_stance(decode_step.RECOMPILE_STANCE):
                     out[dec] = self.kernels.decode_attention(q[dec], pool_layer, st.tables, lens, w.shape.scaling)
             for c in st.chunks:
                 rows = slice(c.offset, c.offset + c.num_tokens)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tandem.testing.engine_helpers import greedy, submit, tokens_of
-from tandem.worker.engine import paged_forward
+from tandem.worker.engine import decode_step
 from tandem.worker.engine.decode_step import compiler_found
 
 PROMPTS = ["Hello", "The quick brown fox jumps over the lazy dog", "a", "Kubernetes schedules pods onto nodes",
@@ -20,7 +20,7 @@ PROMPTS = ["Hello", "The quick brown fox jumps over the lazy dog", "a", "Kuberne
     "off",
 ])
 def test_decode_matches_generate_compiled_and_eager(compile, make_engine, loaded_toy, reference, monkeypatch):
-    monkeypatch.setattr(paged_forward, "RECOMPILE_STANCE", "fail_on_recompile")
+    monkeypatch.setattr(decode_step, "RECOMPILE_STANCE", "fail_on_recompile")
     eng = make_engine(block_size=4, compile=compile)
     assert (eng.runner.kernels.decode_step is not None) == (compile == "on")
     tok = loaded_toy.tokenizer
@@ -50,7 +50,7 @@ def test_contexts_past_4096_tokens_have_their_own_graph(tmp_path_factory, monkey
     from tandem.worker.local.toy_model import make_toy_model
     from transformers import AutoModelForCausalLM
 
-    monkeypatch.setattr(paged_forward, "RECOMPILE_STANCE", "fail_on_recompile")
+    monkeypatch.setattr(decode_step, "RECOMPILE_STANCE", "fail_on_recompile")
     path = make_toy_model(tmp_path_factory.getbasetemp() / "toy-llama-8k", max_position_embeddings=8192)
     eng = Engine(EngineConfig(model=str(path), dtype="float32", num_blocks=300, block_size=16, max_num_seqs=2,
                               max_batched_tokens=4200, compile="on"))

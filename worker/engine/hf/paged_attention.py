@@ -19,10 +19,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from tandem.worker.engine.attention import chunk_attention, gather_context, sdpa_decode_attention
+from tandem.worker.engine.hf.decode_graph import STEP_KWARG, LayerDecode, decode_attention
 from tandem.worker.engine.step_inputs import StepInputs
 
 ATTENTION_NAME = "tandem_paged"
-STEP_KWARG = "tandem_step"  # the model forward's keyword that carries the PagedStep to every layer
 
 
 @dataclass
@@ -35,6 +35,7 @@ class PagedStep:
     decode: torch.Tensor | None = None  # flat rows of the single-token items
     lens: torch.Tensor | None = None  # their context length, themselves included
     layers_seen: list[int] = field(default_factory=list)  # layer_idx of every call (the runner checks)
+    sinks: bool = False  # a layer called has attention sinks (the compiled decode step has none)
     _masks: dict[tuple, torch.Tensor | None] = field(default_factory=dict)
 
     @classmethod
@@ -135,6 +136,9 @@ def paged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
     if attention_mask is not None:
         raise RuntimeError(f"{type(module).__name__} passes an attention mask of its own making; the paged "
                            "attention builds its masks from positions and windows and cannot honour another")
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if isinstance(step, LayerDecode):  # the compiled decode step (decode_graph.py)
+        return decode_attention(step, query, key, value, scale, softcap), None
     li = module.layer_idx
     step.layers_seen.append(li)
     window = step.windows[li]
@@ -153,10 +157,10 @@ def paged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
     # Heads first: gathering blocks from these views gives [KV, blocks..., bs, d] in one contiguous
     # copy, which reshapes to [KV, tokens, d] without another.
     keys, values = pool_layer[:, :, 0].transpose(0, 1), pool_layer[:, :, 1].transpose(0, 1)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     sinks = s_aux if s_aux is not None else getattr(module, "sinks", None)
     out = torch.empty_like(query)  # [1, H, T, d]
     plain = window is None and softcap is None and sinks is None  # the native path's kernels compute it
+    step.sinks = step.sinks or sinks is not None
     if step.decode is not None:
         assert st.tables is not None and step.lens is not None
         q = query[0, :, step.decode].transpose(0, 1)  # [B, H, d]

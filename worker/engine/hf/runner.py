@@ -15,9 +15,16 @@ from typing import Any
 
 import torch
 from tandem.contracts.kv_layout import KVLayout
+from tandem.worker.engine.decode_step import compiled_or_eager, run_decode_graph
 from tandem.worker.engine.errors import ModelLoadError
+from tandem.worker.engine.hf.decode_graph import (
+    STEP_KWARG,
+    CompiledDecode,
+    decode_graphs,
+    decoder_layers,
+)
 from tandem.worker.engine.hf.packed_linears import pack_linears
-from tandem.worker.engine.hf.paged_attention import STEP_KWARG, PagedStep, layer_windows
+from tandem.worker.engine.hf.paged_attention import PagedStep, layer_windows
 from tandem.worker.engine.model_runner import BatchItem, StepLogits
 from tandem.worker.engine.step_inputs import step_inputs
 
@@ -28,7 +35,8 @@ class TransformersForward:
     # Under tensor parallelism rank 0's LeaderRunner lists the other ranks; a rank's own runner none.
     ranks: tuple = ()
 
-    def __init__(self, model: Any, pool: torch.Tensor, layout: KVLayout):
+    def __init__(self, model: Any, pool: torch.Tensor, layout: KVLayout, compile_setting: str = "off",
+                 max_context: int = 0, ranks: int = 1):
         self.model = model
         self.pool = pool
         self.layout = layout
@@ -40,8 +48,24 @@ class TransformersForward:
             raise ModelLoadError(f"{type(model).__name__} cannot run on the transformers path: {e}") from e
         keeps = getattr(model, "_supports_logits_to_keep", None)
         self.keeps_logits = bool(keeps and keeps())
-        self._check_every_layer_attends()
+        self.sinks = self._check_every_layer_attends()
         self.packed = pack_linears(model)
+        self.kernels, self.how = self._decode_graphs(compile_setting, max_context, ranks)
+
+    def _decode_graphs(self, setting: str, max_context: int, ranks: int) -> tuple[CompiledDecode, str]:
+        """The compiled decode step where this model can have one (decode_graph.py), and how steps run."""
+        cannot = "attention sinks" if self.sinks else None
+        if cannot is None and decoder_layers(self.model) is None:
+            cannot = "no list of decoder layers to compile one by one"
+        if cannot is None and ranks > 1:
+            cannot = "tensor parallelism (the collectives are not compiled yet)"
+        if cannot is not None and setting == "on":
+            raise ModelLoadError(f"compile: on, but {type(self.model).__name__} has no compiled decode step: {cannot}")
+        if cannot is not None or setting == "off":
+            return decode_graphs(self.model, self.windows, False, self.block_size), f"eager decode step ({cannot or 'compile: off'})"
+        graphs, why = compiled_or_eager(setting, self.pool, max_context, None,
+                                        lambda on: decode_graphs(self.model, self.windows, on, self.block_size))
+        return graphs, why
 
     def problem(self) -> str | None:
         """Nothing breaks this runner for good between steps (one process, one rank)."""
@@ -50,6 +74,10 @@ class TransformersForward:
     @torch.inference_mode()
     def forward(self, items: list[BatchItem]) -> StepLogits:
         """Logits (float32) for the last token of every item with sample=True, in order."""
+        if self.kernels.decode_step is not None:
+            st = step_inputs(items, self.block_size, self.device)
+            if st.decode_only:
+                return run_decode_graph(self.kernels.decode_step, st, self.pool)
         logits, _ = self._run(items)
         return StepLogits(logits)
 
@@ -67,10 +95,11 @@ class TransformersForward:
         return logits.float(), step
 
     @torch.inference_mode()
-    def _check_every_layer_attends(self) -> None:
+    def _check_every_layer_attends(self) -> bool:
         """One token through the model at start-up (into block 0, which nothing holds yet): every
         layer must have attended through the pool exactly once, in order, or this model computes
-        attention some other way and its output would be wrong; refuse it here instead."""
+        attention some other way and its output would be wrong; refuse it here instead. True when
+        a layer has attention sinks."""
         try:
             _, step = self._run([BatchItem([0], 0, [0], True)])
         except RuntimeError as e:
@@ -82,3 +111,4 @@ class TransformersForward:
                 f"cache (layers seen: {step.layers_seen}, expected {want}); it cannot run on the "
                 "transformers path")
         self.pool.zero_()
+        return step.sinks

@@ -59,7 +59,7 @@ def load_rank(agreement: Any, group: Any) -> Any:
     layout = kv_layout_for(lm.config, cfg.num_blocks, cfg.block_size, lm.dtype, group)
     pool = torch.zeros(layout.shape, dtype=lm.dtype, device=group.device)
     if lm.backend is ModelBackend.TRANSFORMERS:  # the model's own classes, split (hf/tensor_parallel.py)
-        runner, why = rank_runner(lm, pool, layout)
+        runner, why = rank_runner(lm, pool, layout, cfg.compile, agreement.max_context)
         log.info("rank %d ready: %d KV heads of %d in %d blocks, %s", group.rank, layout.local_kv_heads,
                  layout.num_kv_heads, layout.num_blocks, why)
         return runner
