@@ -3,7 +3,8 @@
     python -m tandem.testing.hf_tensor_parallel_ranks --rank R --size N --port P --out FILE MODEL...
 
 Every rank joins the group (rank 0 hosts the store at 127.0.0.1:P), then for each model in turn
-loads it, splits it (hf/tensor_parallel.py) and builds its runner over a pool of its heads. Rank 0
+loads it, splits it (hf/tensor_parallel.py) and builds its runner over a pool of its heads, its
+decode step compiled (hf/decode_graph.py: the group's collectives inside the graph). Rank 0
 builds an Engine whose runner drives the group, serves the prompts in FILE's "prompts" (batched,
 prefilled in chunks, then again from the prefix cache) and writes each model's greedy outputs
 to FILE; the other ranks follow rank 0's steps until it stops the group for that model.
@@ -22,7 +23,7 @@ def engine_config(model: str):
     from tandem.worker.engine.config import EngineConfig
 
     return EngineConfig(model=model, num_blocks=BLOCKS, block_size=BLOCK_SIZE, max_batched_tokens=64,
-                        max_num_seqs=4, prefill_chunk_tokens=7, compile="off", model_backend="transformers")
+                        max_num_seqs=4, prefill_chunk_tokens=7, compile="on", model_backend="transformers")
 
 
 def lead(model: str, group, prompts: list[list[int]]) -> list[list[int]]:
@@ -53,7 +54,7 @@ def follow_model(model: str, group) -> None:
 
     lm = load_model(model, dtype="float32", device="cpu", backend="transformers", tensor_parallel=group.size, group=group)
     layout = kv_layout_for(lm.config, BLOCKS, BLOCK_SIZE, lm.dtype, group)
-    runner, _ = rank_runner(lm, torch.zeros(layout.shape, dtype=lm.dtype), layout)
+    runner, _ = rank_runner(lm, torch.zeros(layout.shape, dtype=lm.dtype), layout, "on", 384)
     follow(group, runner)
 
 

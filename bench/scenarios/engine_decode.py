@@ -137,7 +137,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--compile", default="auto", choices=("auto", "on", "off"))
-    ap.add_argument("--backends", default="native", help="Tandem's model paths: native, transformers, or both")
+    ap.add_argument("--backends", default="auto", help="Tandem's model paths: auto (a worker's: transformers), native, or several")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda: the bound is then the device's bandwidth")
     ap.add_argument("--model-dir", default=None, help="another model folder (default: issue 13's model)")
 

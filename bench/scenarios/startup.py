@@ -20,6 +20,7 @@ MODEL = dict(num_layers=30, hidden_size=576, num_heads=9, num_kv_heads=3, interm
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--timeout-s", type=float, default=900, help="a start that is not ready by then fails the arm")
     ap.add_argument("--no-vllm", action="store_true", help="Tandem's arms only")
+    ap.add_argument("--model-backend", default="auto", help="Tandem's model path: auto, native or transformers")
 
 
 def _ready_after(p: BenchProcess, path: str, timeout_s: float) -> float:
@@ -31,11 +32,11 @@ def _ready_after(p: BenchProcess, path: str, timeout_s: float) -> float:
         p.kill()
 
 
-def _tandem(role: str, model: Path, out: Path, name: str, inductor: Path, timeout_s: float) -> float:
-    p = worker_process(name, role, model, out / f"{name}.log", None, "--dtype", "bfloat16", num_blocks=256,
-                       kv_backend="tcp")
+def _tandem(role: str, model: Path, out: Path, name: str, inductor: Path, args: argparse.Namespace) -> float:
+    p = worker_process(name, role, model, out / f"{name}.log", None, "--dtype", "bfloat16", "--model-backend",
+                       args.model_backend, num_blocks=256, kv_backend="tcp")
     p.start(os.environ | thread_env(1) | {"TORCHINDUCTOR_CACHE_DIR": str(inductor)})
-    return _ready_after(p, "/ready", timeout_s)
+    return _ready_after(p, "/ready", args.timeout_s)
 
 
 def _vllm(model: Path, out: Path, name: str, cache: Path, timeout_s: float) -> float:
@@ -61,11 +62,11 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _arms(args: argparse.Namespace, model: Path, out: Path, inductor: Path, vcache: Path) -> dict:
-    result: dict = {"model": str(model), "ready_s": {}}
+    result: dict = {"model": str(model), "model_backend": args.model_backend, "ready_s": {}}
     ready = result["ready_s"]
-    ready["tandem_decode_empty_cache"] = _tandem("decode", model, out, "decode-cold", inductor, args.timeout_s)
-    ready["tandem_decode_warm_cache"] = _tandem("decode", model, out, "decode-warm", inductor, args.timeout_s)
-    ready["tandem_prefill"] = _tandem("prefill", model, out, "prefill", inductor, args.timeout_s)
+    ready["tandem_decode_empty_cache"] = _tandem("decode", model, out, "decode-cold", inductor, args)
+    ready["tandem_decode_warm_cache"] = _tandem("decode", model, out, "decode-warm", inductor, args)
+    ready["tandem_prefill"] = _tandem("prefill", model, out, "prefill", inductor, args)
     if not args.no_vllm:
         from bench.lib.peers import available
 

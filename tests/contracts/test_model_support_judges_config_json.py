@@ -25,16 +25,13 @@ def test_every_listed_architecture_passes(model_type):
     assert check_model_config(cfg(model_type)) is None
 
 
-def test_auto_prefers_the_native_path_where_it_is_exact():
-    assert serving_backend(cfg("llama"))[0] is ModelBackend.NATIVE
-    assert serving_backend(cfg("qwen3"))[0] is ModelBackend.TRANSFORMERS
-    # The native pass has no sliding window and only some rotary variants: those go generic.
-    assert serving_backend(cfg("mistral", sliding_window=4096))[0] is ModelBackend.TRANSFORMERS
-    assert serving_backend(cfg("mistral", sliding_window=None))[0] is ModelBackend.NATIVE
-    assert serving_backend(cfg("qwen2", sliding_window=4096, use_sliding_window=False))[0] is ModelBackend.NATIVE
-    assert serving_backend(cfg("llama", rope_scaling={"rope_type": "proportional"}))[0] is ModelBackend.TRANSFORMERS
+def test_auto_takes_the_transformers_path_for_every_architecture():
+    for config in (cfg("llama"), cfg("qwen3"), cfg("mistral", sliding_window=None),
+                   cfg("qwen2", sliding_window=4096, use_sliding_window=False)):
+        assert serving_backend(config)[0] is ModelBackend.TRANSFORMERS
     assert check_model_config(cfg("gemma3_text", rope_parameters={"full_attention": {"rope_type": "linear"},
                                                                   "sliding_attention": {"rope_type": "default"}})) is None
+    assert serving_backend(cfg("llama"), "native")[0] is ModelBackend.NATIVE  # asked for: still served
     assert serving_backend(cfg("qwen3"), "native")[0] is ModelBackend.NATIVE  # asked for: judged below
 
 

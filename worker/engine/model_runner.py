@@ -71,9 +71,8 @@ def rank_runner(loaded: Any, pool: torch.Tensor, layout: KVLayout, compile_setti
     the group's collectives."""
     from tandem.worker.engine.hf.runner import TransformersForward
     group = getattr(loaded, "group", None)
-    ranks = 1 if group is None else group.size
-    runner = TransformersForward(loaded.model, pool, layout, compile_setting, max_context, ranks)
+    runner = TransformersForward(loaded.model, pool, layout, compile_setting, max_context, group)
     why = f"transformers' model classes, paged attention, {runner.how}"
-    if ranks > 1:
+    if group is not None and group.size > 1:
         why += f", rank {group.rank} of {group.size} (heads and experts split)"
     return runner, why

@@ -1,9 +1,9 @@
 """Every architecture of testing/tiny_models.py (llama, mistral, qwen2, qwen3, gemma3, phi3,
-mixtral, qwen3_moe) runs through the engine on the path `auto` chooses and gives greedy outputs
+mixtral, qwen3_moe) runs through the engine on the path `auto` chooses (transformers) and gives greedy outputs
 equal to transformers' generate in float32, token for token: prompts batched together and
 prefilled in chunks that split them across steps (decode tokens and prompt chunks in one step),
 longer than the sliding windows, and again from prefix-cache hits; and the step's float32 logits
-equal the model's own forward at every position. Llama runs both paths. Every other model type the
+equal the model's own forward at every position. Llama also runs the native path, when asked for. Every other model type the
 transformers path lists runs the same checks on a generic tiny model (testing/tiny_models.py)."""
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from tandem.testing.tiny_models import ARCHITECTURES, WINDOW, LoadedForTests
 from tandem.testing.tiny_models import random_prompt as prompt
 
 N = 10
-# Native where the hand-written pass is exact (llama); the windowed Mistral and Qwen2 and the rest generic.
-EXPECTED_BACKEND = {"llama": ModelBackend.NATIVE}
 
 
 @pytest.fixture(scope="module", params=list(ARCHITECTURES))
@@ -43,7 +41,7 @@ def run(eng, prompts: list[list[int]], tag: str) -> list[list[int]]:
 
 
 def test_batched_chunked_prompts_equal_generate(arch):
-    assert arch.loaded.backend is EXPECTED_BACKEND.get(arch.name, ModelBackend.TRANSFORMERS)
+    assert arch.loaded.backend is ModelBackend.TRANSFORMERS
     prompts = [prompt(n, seed) for seed, n in enumerate((1, 5, WINDOW + 5, 40))]
     got = run(engine(arch), prompts, "b")
     for ids, toks in zip(prompts, got, strict=True):
@@ -100,7 +98,7 @@ def test_every_other_listed_type_equals_generate(model_type, tiny_model):
 
 def test_llama_runs_the_same_on_both_paths(tiny_model):
     path = tiny_model("llama")
-    llama, generic = LoadedForTests("llama", path), LoadedForTests("llama", path, backend="transformers")
+    llama, generic = LoadedForTests("llama", path, backend="native"), LoadedForTests("llama", path)
     assert (llama.loaded.backend, generic.loaded.backend) == (ModelBackend.NATIVE, ModelBackend.TRANSFORMERS)
     prompts = [prompt(n, seed) for seed, n in enumerate((3, 17, 33))]
     assert run(engine(generic), prompts, "t") == run(engine(llama), prompts, "n") \

@@ -1,7 +1,8 @@
 """The compiled decode step (torch.compile at start-up) and the eager path give transformers'
-greedy tokens, for batches from 1 to 6 sequences whose contexts span a growing number of
-blocks; after the start-up warm-up no batch shape compiles again (a recompile would fail); and
-every layer runs the one layer graph (the compile costs one layer, not the model's depth)."""
+greedy tokens on both model paths, for batches from 1 to 6 sequences whose contexts span a
+growing number of blocks; after the start-up warm-up no batch shape compiles again (a recompile
+would fail); and the native path's every layer runs the one layer graph (the compile costs one
+layer, not the model's depth; the transformers path's: test_transformers_path_compiles_its_decode_step.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,32 @@ PROMPTS = ["Hello", "The quick brown fox jumps over the lazy dog", "a", "Kuberne
            "Café, naïve, 東京 🚀", "Numbers like 0 1 2 3"]
 
 
+@pytest.fixture(scope="module")
+def loaded_native(toy_model_dir):
+    from tandem.worker.engine.loader import load_model
+
+    return load_model(str(toy_model_dir), dtype="float32", device="cpu", backend="native")
+
+
+def native_engine(loaded_native, toy_model_dir, **kw):
+    from tandem.worker.engine.config import EngineConfig
+    from tandem.worker.engine.engine import Engine
+
+    return Engine(EngineConfig(model=str(toy_model_dir), num_blocks=256, max_num_seqs=16, max_batched_tokens=512,
+                               model_backend="native", **kw), loaded=loaded_native)
+
+
+@pytest.mark.parametrize("backend", ["native", "transformers"])
 @pytest.mark.parametrize("compile", [
     pytest.param("on", marks=pytest.mark.skipif(compiler_found() is None, reason="torch.compile needs g++ or clang++")),
     "off",
 ])
-def test_decode_matches_generate_compiled_and_eager(compile, make_engine, loaded_toy, reference, monkeypatch):
+def test_decode_matches_generate_compiled_and_eager(compile, backend, make_engine, loaded_toy, loaded_native,
+                                                    toy_model_dir, reference, monkeypatch):
     monkeypatch.setattr(decode_step, "RECOMPILE_STANCE", "fail_on_recompile")
-    eng = make_engine(block_size=4, compile=compile)
+    eng = (native_engine(loaded_native, toy_model_dir, block_size=4, compile=compile) if backend == "native"
+           else make_engine(block_size=4, compile=compile))
+    assert eng.loaded.backend.value == backend
     assert (eng.runner.kernels.decode_step is not None) == (compile == "on")
     tok = loaded_toy.tokenizer
     prompt_ids = [tok(p)["input_ids"] for p in PROMPTS]
@@ -53,7 +73,7 @@ def test_contexts_past_4096_tokens_have_their_own_graph(tmp_path_factory, monkey
     monkeypatch.setattr(decode_step, "RECOMPILE_STANCE", "fail_on_recompile")
     path = make_toy_model(tmp_path_factory.getbasetemp() / "toy-llama-8k", max_position_embeddings=8192)
     eng = Engine(EngineConfig(model=str(path), dtype="float32", num_blocks=300, block_size=16, max_num_seqs=2,
-                              max_batched_tokens=4200, compile="on"))
+                              max_batched_tokens=4200, compile="on"))  # the transformers path (auto)
     assert len(eng.runner.kernels.traced) == 2
     long_ids = [3 + (i * 7919) % 500 for i in range(4100)]
     outs = [submit(eng, "long", long_ids, greedy(6)), submit(eng, "short", [1, 5, 9], greedy(6))]
@@ -65,13 +85,13 @@ def test_contexts_past_4096_tokens_have_their_own_graph(tmp_path_factory, monkey
 
 
 @pytest.mark.skipif(compiler_found() is None, reason="torch.compile needs g++ or clang++")
-def test_every_layer_calls_the_one_compiled_layer(make_engine):
+def test_every_layer_calls_the_one_compiled_layer(loaded_native, toy_model_dir):
     """The step's graph holds one decoder layer, called by every layer with its own weights (a nested
     compile region): the compile costs one layer, not the model's depth (a 30-layer model compiled in
     250 s as one unrolled graph, 46 s this way: BENCHMARKS.md)."""
     from tandem.worker.engine.decode_step import step_to_compile
 
-    eng = make_engine(block_size=4, compile="on")
+    eng = native_engine(loaded_native, toy_model_dir, block_size=4, compile="on")
     weights = eng.loaded.engine_weights
     graphs = []
 

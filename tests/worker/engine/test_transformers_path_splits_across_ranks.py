@@ -1,7 +1,8 @@
 """The transformers path at tensor parallelism 2: two real rank processes (gloo) split each model by
 its own plan, attention heads (Mistral's one KV head replicated on both) and dense MLPs, and
 Mixtral's and Qwen3-MoE's experts whole per rank (expert parallelism over the same ranks); rank 0's
-engine drives the group through batched, chunked and prefix-cached steps, and every greedy output
+engine drives the group through batched, chunked and prefix-cached steps (decode steps through each
+rank's compiled graph), and every greedy output
 equals transformers' generate on the unsplit model. One pair of processes serves every model in
 turn (testing/hf_tensor_parallel_ranks.py)."""
 

@@ -36,7 +36,7 @@ class TransformersForward:
     ranks: tuple = ()
 
     def __init__(self, model: Any, pool: torch.Tensor, layout: KVLayout, compile_setting: str = "off",
-                 max_context: int = 0, ranks: int = 1):
+                 max_context: int = 0, group: Any = None):
         self.model = model
         self.pool = pool
         self.layout = layout
@@ -50,20 +50,18 @@ class TransformersForward:
         self.keeps_logits = bool(keeps and keeps())
         self.sinks = self._check_every_layer_attends()
         self.packed = pack_linears(model)
-        self.kernels, self.how = self._decode_graphs(compile_setting, max_context, ranks)
+        self.kernels, self.how = self._decode_graphs(compile_setting, max_context, group)
 
-    def _decode_graphs(self, setting: str, max_context: int, ranks: int) -> tuple[CompiledDecode, str]:
+    def _decode_graphs(self, setting: str, max_context: int, group: Any) -> tuple[CompiledDecode, str]:
         """The compiled decode step where this model can have one (decode_graph.py), and how steps run."""
         cannot = "attention sinks" if self.sinks else None
         if cannot is None and decoder_layers(self.model) is None:
             cannot = "no list of decoder layers to compile one by one"
-        if cannot is None and ranks > 1:
-            cannot = "tensor parallelism (the collectives are not compiled yet)"
         if cannot is not None and setting == "on":
             raise ModelLoadError(f"compile: on, but {type(self.model).__name__} has no compiled decode step: {cannot}")
         if cannot is not None or setting == "off":
             return decode_graphs(self.model, self.windows, False, self.block_size), f"eager decode step ({cannot or 'compile: off'})"
-        graphs, why = compiled_or_eager(setting, self.pool, max_context, None,
+        graphs, why = compiled_or_eager(setting, self.pool, max_context, group,
                                         lambda on: decode_graphs(self.model, self.windows, on, self.block_size))
         return graphs, why
 
