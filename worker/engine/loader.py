@@ -204,7 +204,7 @@ def load_model(
             from tandem.worker.engine.parallel.checkpoint import local_checkpoint
 
             hf_model, _ = load_rank_model(local_checkpoint(src), config, torch_dtype, dev, group,
-                                          extra["attn_implementation"])
+                                          extra["attn_implementation"], trust_remote_code)
         else:
             hf_model = AutoModelForCausalLM.from_pretrained(
                 src, dtype=torch_dtype, trust_remote_code=trust_remote_code, **extra).to(dev).eval()

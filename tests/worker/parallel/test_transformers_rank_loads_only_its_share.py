@@ -85,3 +85,22 @@ def test_experts_another_rank_holds_are_never_read(tiny_model):
 def test_a_plan_that_does_not_split_heads_is_refused_before_any_weight_is_read(tiny_model):
     with pytest.raises(TensorParallelError, match="does not split attention by heads"):
         load(tiny_model("phi3"), rank(0))
+
+
+def test_an_untied_head_missing_from_the_checkpoint_is_refused(tiny_model, tmp_path):
+    """A head tied to the embedding is not in the checkpoint and is not missed; an untied one (Qwen2's
+    tiny model) that is missing would leave random weights: the rank refuses to load instead."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from tandem.worker.engine.errors import ModelLoadError
+
+    src = tiny_model("qwen2")
+    path = tmp_path / "headless"
+    shutil.copytree(src, path)
+    weights = load_file(str(path / "model.safetensors"))
+    assert "lm_head.weight" in weights
+    save_file({k: v for k, v in weights.items() if k != "lm_head.weight"}, str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="lm_head"):
+        load(path, rank(0))

@@ -56,7 +56,7 @@ def _files(folder: Path) -> list[Path]:
 
 
 def load_rank_model(folder: str | Path, config: Any, dtype: torch.dtype, device: torch.device, group: Any,
-                    attn_implementation: str) -> tuple[Any, int]:
+                    attn_implementation: str, trust_remote_code: bool = False) -> tuple[Any, int]:
     """This rank's model: the causal LM narrowed to its share, loaded, with its collectives in place;
     and how many bytes of tensors it read from the checkpoint."""
     from safetensors import safe_open
@@ -66,7 +66,8 @@ def load_rank_model(folder: str | Path, config: Any, dtype: torch.dtype, device:
     from transformers.modeling_utils import LoadStateDictConfig
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation,
+                                                 trust_remote_code=trust_remote_code)
     splits = rank_splits(model, group)
     narrow(model, splits)
     meter = [0]
@@ -85,7 +86,8 @@ def load_rank_model(folder: str | Path, config: Any, dtype: torch.dtype, device:
                              f"tensor-parallel plan: {sorted(info.mismatched_keys)[:3]} {info.conversion_errors} "
                              f"{info.error_msgs[:3]}")
     type(model)._finalize_model_loading(model, load, info)
-    if missing := [k for k in info.missing_keys if "lm_head" not in k]:
+    tied = bool(getattr(config.get_text_config(), "tie_word_embeddings", False))
+    if missing := [k for k in info.missing_keys if not (tied and "lm_head" in k)]:  # a tied head is the embedding
         raise ModelLoadError(f"{folder}: the checkpoint lacks {', '.join(sorted(missing)[:5])}")
     wrap(model, splits, group)
     model.eval()
