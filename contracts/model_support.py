@@ -109,7 +109,7 @@ def serving_backend(config_json: dict[str, Any], requested: str = "auto") -> tup
     choice = ModelBackend(requested)
     if choice is not ModelBackend.AUTO:
         return choice, "asked for"
-    return ModelBackend.TRANSFORMERS, "the model's own classes (one path for every architecture)"
+    return ModelBackend.TRANSFORMERS, "one path for every architecture"
 
 
 def expert_count(config_json: dict[str, Any]) -> int | None:
