@@ -36,9 +36,12 @@ from bench.lib.ready import served_model
 from bench.lib.results import ROOT, host_info
 from bench.lib.scrape import Counters, read_counters
 from bench.lib.workload import PlannedRequest, WorkloadSpec, plan
+from bench.scenarios.startup import MODEL as STARTUP_MODEL
 
 # Issue 13's model (bench/lib/models.py's ENGINE_MODEL shape): ~42M parameters, 32k vocabulary, tied embeddings.
 ISSUE_MODEL = {**ENGINE_MODEL}
+# --model l30: issue 30's 30-layer shape (the startup scenario's), its head restricted the same way.
+MODELS = {"issue13": ISSUE_MODEL, "l30": {**STARTUP_MODEL, "max_position_embeddings": 4096, "seed": 0}}
 
 # Issue 13's interference load: prompts of about 300-1,000 tokens, 64 out, Poisson at 0.6 req/s.
 INTERFERENCE = WorkloadSpec("interference", "poisson", 40, (300, 1000), 64, rate=0.6, seed=13)
@@ -57,7 +60,8 @@ class Bench:
         self.t_start = time.monotonic()
         self.stamp = args.run_id
         self.log_dir = Path(args.out_dir) / "logs"
-        self.model_dir = bench_model_dir(ISSUE_MODEL)
+        self.shape = MODELS[args.model]
+        self.model_dir = bench_model_dir(self.shape)
         self.count_tokens = token_counter(self.model_dir)
         self.specs, self.skipped_arms = peers_or_skip([CATALOG[n] for n in args.arms])
         base = QUICK if args.quick else INTERFERENCE
@@ -181,8 +185,8 @@ class Bench:
             "started_utc": self.stamp, "wall_s": self.elapsed(), "quick": self.args.quick,
             "command": " ".join(["python -m bench", *sys.argv[1:]]),
             "host": {**self.host, "loadavg_at_start": self.host["loadavg"], "loadavg_at_end": host_info()["loadavg"]},
-            "model": {"dir": str(self.model_dir), "params": model_params(ISSUE_MODEL), **ISSUE_MODEL,
-                      "kv_bytes_per_token": {d: kv_bytes_per_token(ISSUE_MODEL, d) for d in ("float32", "bfloat16")}},
+            "model": {"dir": str(self.model_dir), "params": model_params(self.shape), **self.shape,
+                      "kv_bytes_per_token": {d: kv_bytes_per_token(self.shape, d) for d in ("float32", "bfloat16")}},
             "workload": asdict(self.workload), "reps": self.args.reps, "budget_s": self.args.budget_s,
             "skipped_for_budget": self.skipped, "skipped_arms": self.skipped_arms, "arms": arms, "runs": runs_out,
             "comparison": by_runtime(runs_out, arms), "profiles": self.profiles,
@@ -216,6 +220,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout-s", type=float, default=120.0)
     p.add_argument("--worker-arg", action="append", default=[], help="an extra `tandem worker` flag for every "
                    "worker of every arm, e.g. --worker-arg=--compile=off")
+    p.add_argument("--model", choices=list(MODELS), default="issue13", help="the model's shape (random weights)")
     p.add_argument("--quick", action="store_true", help="a tiny smoke run of the whole pipeline")
     p.add_argument("--no-markdown", action="store_true", help="write no BENCHMARKS.md section or figures")
 
