@@ -17,17 +17,12 @@ from tandem.contracts.parallelism import tensor_parallel_problem_for
 
 class ModelBackend(enum.StrEnum):
     """The forward pass a worker runs: transformers' own model classes with Tandem's paged
-    attention plugged in (any verified type; auto), or the hand-written one (Llama family, only when
-    asked for: it goes once the transformers path starts as fast)."""
+    attention plugged in, for every verified type (auto names the same; the hand-written Llama pass
+    it replaced is gone)."""
 
     AUTO = "auto"
-    NATIVE = "native"
     TRANSFORMERS = "transformers"
 
-
-# The hand-written forward pass (worker/engine/layers.py) reproduces these, with these rotary variants.
-NATIVE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
-NATIVE_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 
 # Decoder-only causal LMs whose transformers definitions run on Tandem's paged KV cache, each one
 # checked token for token against transformers' generate, and logit for logit against its forward:
@@ -87,29 +82,11 @@ def rope_types(config_json: dict[str, Any]) -> set[str]:
     return {str(p.get("rope_type", p.get("type", "default"))) for p in parts}
 
 
-def rope_type(config_json: dict[str, Any]) -> str:
-    """The rotary variant of a config with one ('default' when it names none)."""
-    return ",".join(sorted(rope_types(config_json)))
-
-
-def uses_sliding_window(config_json: dict[str, Any]) -> bool:
-    """Whether some layer attends within a window (Mistral's sliding_window, Qwen2's layer_types)."""
-    if config_json.get("sliding_window") is None:
-        return False
-    if config_json.get("model_type") == "qwen2":
-        types = config_json.get("layer_types") or []
-        return "sliding_attention" in types or bool(config_json.get("use_sliding_window"))
-    return True
-
-
 def serving_backend(config_json: dict[str, Any], requested: str = "auto") -> tuple[ModelBackend, str]:
-    """The path a worker runs this model on, and why. auto: the transformers path, one path for
-    every architecture (its compiled decode step is within 10% of the native one's: BENCHMARKS.md);
-    the native pass only when asked for, until it is deleted."""
-    choice = ModelBackend(requested)
-    if choice is not ModelBackend.AUTO:
-        return choice, "asked for"
-    return ModelBackend.TRANSFORMERS, "one path for every architecture"
+    """The path a worker runs this model on, and why: the transformers path, one for every
+    architecture (raises ValueError for a backend that does not exist)."""
+    ModelBackend(requested)
+    return ModelBackend.TRANSFORMERS, "the model's own classes"
 
 
 def expert_count(config_json: dict[str, Any]) -> int | None:
@@ -137,20 +114,20 @@ def _architecture_reason(config_json: dict[str, Any]) -> str | None:
         return (f"rope_type {dependent[0]!r} is not supported: transformers recomputes its rotary frequencies "
                 "from the longest position in each forward call, which in a batch of many sequences (or a "
                 "prompt prefilled in chunks) is not each sequence's own length, so outputs would differ")
-    if model_type not in TRANSFORMERS_MODEL_TYPES | NATIVE_MODEL_TYPES:
+    if model_type not in TRANSFORMERS_MODEL_TYPES:
         return (f"model_type {model_type!r} is not supported: Tandem serves the decoder-only causal LMs it "
-                f"has verified ({', '.join(sorted(TRANSFORMERS_MODEL_TYPES | NATIVE_MODEL_TYPES))})")
+                f"has verified ({', '.join(sorted(TRANSFORMERS_MODEL_TYPES))})")
     return None
 
 
-def _parallel_reason(config_json: dict[str, Any], tensor_parallel: int, backend: ModelBackend) -> str | None:
+def _parallel_reason(config_json: dict[str, Any], tensor_parallel: int) -> str | None:
     if not isinstance(tensor_parallel, int) or tensor_parallel < 1:
         return f"tensor_parallel must be a whole number >= 1, got {tensor_parallel!r}"
     tp = tensor_parallel
     if tp == 1:
         return None
     model_type = config_json.get("model_type")
-    if backend is ModelBackend.TRANSFORMERS and model_type not in TRANSFORMERS_TENSOR_PARALLEL_TYPES:
+    if model_type not in TRANSFORMERS_TENSOR_PARALLEL_TYPES:
         return (f"tensor_parallel {tp} is not available for {model_type!r}: on the transformers path only "
                 f"{', '.join(sorted(TRANSFORMERS_TENSOR_PARALLEL_TYPES))} split across ranks; it runs on one")
     heads = config_json.get("num_attention_heads")
@@ -167,23 +144,15 @@ def _parallel_reason(config_json: dict[str, Any], tensor_parallel: int, backend:
 
 def check_model_config(config_json: dict[str, Any], tensor_parallel: int = 1,
                        backend: str = "auto") -> str | None:
-    """None when a worker can serve this model at this tensor-parallel size (on `backend`: auto,
-    native or transformers); else the reason, in words a person acts on."""
+    """None when a worker can serve this model at this tensor-parallel size (on `backend`: auto or
+    transformers); else the reason, in words a person acts on."""
     if not isinstance(config_json, dict):
         return "config.json is not a JSON object"
     if (reason := _architecture_reason(config_json)) is not None:
         return reason
     try:
-        chosen, _ = serving_backend(config_json, backend)
+        serving_backend(config_json, backend)
     except ValueError:
-        return f"model backend must be auto, native or transformers, got {backend!r}"
-    model_type = config_json["model_type"]
-    if chosen is ModelBackend.NATIVE and model_type not in NATIVE_MODEL_TYPES:
-        return (f"model_type {model_type!r} has no native forward pass (native: "
-                f"{', '.join(sorted(NATIVE_MODEL_TYPES))}); use the transformers backend")
-    if chosen is ModelBackend.NATIVE and rope_type(config_json) not in NATIVE_ROPE_TYPES:
-        return (f"rope_type {rope_type(config_json)!r} is not in the native forward pass (native: "
-                f"{', '.join(sorted(NATIVE_ROPE_TYPES))}); use the transformers backend")
-    if chosen is ModelBackend.TRANSFORMERS and model_type not in TRANSFORMERS_MODEL_TYPES:
-        return f"model_type {model_type!r} has not been verified on the transformers path"
-    return _parallel_reason(config_json, tensor_parallel, chosen)
+        return (f"model backend must be auto or transformers, got {backend!r} (the native path is gone: "
+                "transformers' own classes run every model)")
+    return _parallel_reason(config_json, tensor_parallel)

@@ -3,7 +3,7 @@ memory-bandwidth bound, and at batch N against transformers' generate; fp32 and 
 against the matmul rate: the prefill scenario).
 
     python -m bench engine_decode [--dtypes float32,bfloat16] [--batches 1,32] [--reps 3]
-        [--backends native,transformers]   # Tandem's model paths side by side (their step ratio)
+        [--backends auto,transformers]   # two engines side by side (their step ratio; the native path ran at 07354ca)
         [--device cuda --model-dir DIR]   # on a GPU (bench/gpu/run_h200.sh: the gpu scenario's model)
 
 Model: issue 13's random ~42M-parameter Llama (bench/lib/models.py's ENGINE_MODEL). A decode step must read
@@ -137,7 +137,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--compile", default="auto", choices=("auto", "on", "off"))
-    ap.add_argument("--backends", default="auto", help="Tandem's model paths: auto (a worker's: transformers), native, or several")
+    ap.add_argument("--backends", default="auto", help="engines' model_backend, one or two (auto: the transformers path)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda: the bound is then the device's bandwidth")
     ap.add_argument("--model-dir", default=None, help="another model folder (default: issue 13's model)")
 

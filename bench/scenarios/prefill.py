@@ -4,7 +4,6 @@ against transformers' forward pass, at prompt lengths of 128 to 8k tokens (issue
     taskset -c 0 python -m bench prefill [--lengths 128,512,2048,8192] [--dtypes bfloat16] [--reps 3]
         [--chunks 0,256]      # Tandem arms: 0 = the whole prompt in one step (a prefill worker),
                               # N = N-token chunks (a colocated or decode worker's default 256)
-        [--backends native,transformers]  # the model paths (transformers' arms: tandem-hf...)
         [--profile]           # torch.profiler's top operators of one Tandem prefill at --profile-len
 
 Beside each length: the FLOPs of its prefill at the engine's own matmul rate measured in the run
@@ -35,20 +34,18 @@ def timed(fn) -> tuple[float, float]:
     return time.perf_counter() - w, time.thread_time() - c
 
 
-def engines(model_dir, dtype: str, chunks: list[int], longest: int, backends: list[str]) -> dict:
-    """An engine per Tandem arm: 0 = the whole prompt in one step, N = N-token chunks; on each model path
-    (the transformers path's arms are named tandem-hf...)."""
+def engines(model_dir, dtype: str, chunks: list[int], longest: int) -> dict:
+    """An engine per Tandem arm: 0 = the whole prompt in one step, N = N-token chunks."""
     from tandem.testing.engine_helpers import OfflineEngine
 
-    return {("tandem" if backend == "native" else "tandem-hf") + (f"-c{chunk}" if chunk else ""): OfflineEngine(
+    return {"tandem" + (f"-c{chunk}" if chunk else ""): OfflineEngine(
         model=str(model_dir), dtype=dtype, num_blocks=longest // 16 + 8, max_num_seqs=1, max_batched_tokens=longest,
-        prefill_chunk_tokens=chunk or None, prefix_caching=False, compile="off", model_backend=backend)
-        for backend in backends for chunk in chunks}
+        prefill_chunk_tokens=chunk or None, prefix_caching=False, compile="off") for chunk in chunks}
 
 
 def matmul_rate(torch, dtype: str, m: int = 1024, k: int = 512, n: int = 1536) -> float:
     """FLOP/s of the engine's matmul (oneDNN, prepacked) at a prefill-sized batch: the hardware's rate."""
-    from tandem.worker.engine.weights import PackedLinear
+    from tandem.worker.engine.hf.packed_linears import PackedLinear
 
     lin = PackedLinear(torch.randn(n, k, dtype=getattr(torch, dtype)))
     x = torch.randn(m, k, dtype=getattr(torch, dtype))
@@ -66,7 +63,7 @@ def run_dtype(torch, dtype: str, model_dir, args) -> dict:
 
     lengths = [int(n) for n in args.lengths.split(",")]
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
-    arms = engines(model_dir, dtype, [int(c) for c in args.chunks.split(",")], max(lengths), args.backends.split(","))
+    arms = engines(model_dir, dtype, [int(c) for c in args.chunks.split(",")], max(lengths))
     gen = torch.Generator().manual_seed(0)
 
     def hf_forward(prompt):
@@ -124,7 +121,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--chunks", default="0,256", help="Tandem arms: 0 = whole prompt, N = N-token chunks")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--backends", default="native", help="Tandem's model paths to run: native, transformers or both")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--profile-len", type=int, default=2048)
 

@@ -20,7 +20,7 @@ MODEL = dict(num_layers=30, hidden_size=576, num_heads=9, num_kv_heads=3, interm
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--timeout-s", type=float, default=900, help="a start that is not ready by then fails the arm")
     ap.add_argument("--no-vllm", action="store_true", help="Tandem's arms only")
-    ap.add_argument("--model-backend", default="auto", help="Tandem's model path: auto, native or transformers")
+    ap.add_argument("--model-backend", default="auto", help="Tandem's model path: auto or transformers (the native path ran at 07354ca)")
 
 
 def _ready_after(p: BenchProcess, path: str, timeout_s: float) -> float:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 from tandem.contracts.model_support import (
-    NATIVE_MODEL_TYPES,
     TRANSFORMERS_MODEL_TYPES,
     ModelBackend,
     check_model_config,
@@ -20,7 +19,7 @@ def cfg(model_type: str = "llama", **kw) -> dict:
             "hidden_size": 4096, **kw}
 
 
-@pytest.mark.parametrize("model_type", sorted(TRANSFORMERS_MODEL_TYPES | NATIVE_MODEL_TYPES))
+@pytest.mark.parametrize("model_type", sorted(TRANSFORMERS_MODEL_TYPES))
 def test_every_listed_architecture_passes(model_type):
     assert check_model_config(cfg(model_type)) is None
 
@@ -31,8 +30,7 @@ def test_auto_takes_the_transformers_path_for_every_architecture():
         assert serving_backend(config)[0] is ModelBackend.TRANSFORMERS
     assert check_model_config(cfg("gemma3_text", rope_parameters={"full_attention": {"rope_type": "linear"},
                                                                   "sliding_attention": {"rope_type": "default"}})) is None
-    assert serving_backend(cfg("llama"), "native")[0] is ModelBackend.NATIVE  # asked for: still served
-    assert serving_backend(cfg("qwen3"), "native")[0] is ModelBackend.NATIVE  # asked for: judged below
+    assert serving_backend(cfg("llama"), "transformers")[0] is ModelBackend.TRANSFORMERS
 
 
 @pytest.mark.parametrize(("config", "words"), [
@@ -53,11 +51,9 @@ def test_unservable_models_are_refused_with_a_reason(config, words):
     assert reason is not None and words in reason, reason
 
 
-def test_a_backend_that_cannot_run_the_model_is_refused():
-    assert "no native forward pass" in check_model_config(cfg("qwen3"), backend="native")
-    assert "rope_type 'proportional'" in check_model_config(cfg("llama", rope_scaling={"type": "proportional"}),
-                                                             backend="native")
-    assert "must be auto, native or transformers" in check_model_config(cfg(), backend="vllm")
+def test_a_backend_that_does_not_exist_is_refused():
+    assert "the native path is gone" in check_model_config(cfg("llama"), backend="native")
+    assert "must be auto or transformers" in check_model_config(cfg(), backend="vllm")
     assert check_model_config(cfg("llama"), backend="transformers") is None
 
 

@@ -38,8 +38,8 @@ class EngineConfig:
     # Keep full KV blocks after their sequence ends and start new sequences from the longest
     # cached prefix (prefix_cache.py); off: every prompt is computed whole.
     prefix_caching: bool = True
-    # auto | native | transformers: the forward pass (contracts/model_support.py serving_backend);
-    # auto takes the native one where it reproduces the model exactly, else transformers' own classes
+    # auto | transformers: the forward pass (contracts/model_support.py serving_backend): both are
+    # transformers' own classes with the paged attention (the native pass is gone)
     model_backend: str = "auto"
     compile: str = "auto"  # auto | on | off: torch.compile the decode step (auto: on a CPU with a C++ compiler)
 

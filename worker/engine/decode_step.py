@@ -1,11 +1,13 @@
-"""The decode step: a batch of single tokens through every layer, attending to the pool read-only
-plus their own new K/V, returning the logits and the new K/V to write afterwards.
+"""Compiling the decode step: whether to (`compile` auto|on|off), the warm-up at start-up that
+compiles every graph the step will need (batch 1 and batch > 1, any table width and pool size),
+a failed compile turned into a warning and a metric (or an error with compile: on), and a
+decode-only step run through the graph, its new K/V written into the pool after it.
 
-Without writes inside, the whole step compiles (torch.compile, inductor) into fused C++ loops
-around oneDNN matmuls, with the batch size and the block-table width dynamic: compiled once at
-start-up, never inside a request. Its decoder layer is a nested compile region, compiled once and
-called by every layer, so a 30-layer model compiles about what a 1-layer one does. Steps that
-carry prompt chunks run eagerly (paged_forward.py).
+The graph itself is the model's forward (hf/decode_graph.py): a batch of single tokens through
+every layer, attending to the pool read-only plus their own new K/V, returning the logits and the
+new K/V. Without writes inside, the whole step compiles (torch.compile, inductor) into fused C++
+loops around oneDNN matmuls, once at start-up, never inside a request. Steps that carry prompt
+chunks run eagerly.
 """
 
 from __future__ import annotations
@@ -21,11 +23,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch._inductor.config as inductor_config
 import torch.fx.experimental._config as fx_config
-from tandem.worker.engine import compile_cache, layers
-from tandem.worker.engine.attention import paged_decode_attention, sdpa_decode_attention
+from tandem.worker.engine import compile_cache
 from tandem.worker.engine.model_runner import StepLogits
-from tandem.worker.engine.weights import ModelWeights
-from torch import nn
 
 if TYPE_CHECKING:
     from tandem.worker.engine.step_inputs import StepInputs
@@ -41,59 +40,10 @@ MIN_TABLE_WIDTH = 2  # block tables are padded to this many columns: a width of 
 LONG_SUM = 4096  # inductor's CPU code sums more float32 values than this in chunks (another graph)
 
 
-def decode_layer(w: ModelWeights, layer: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 pool_layer: torch.Tensor, tables: torch.Tensor, positions: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decoder layer of the decode step: h [B, hidden] on, and the layer's new K/V [B, kv_heads, 2, d]."""
-    q, k, v = layers.qkv(w, layer, h, cos, sin)
-    attn = paged_decode_attention(q, pool_layer, tables, positions, w.shape.scaling, k, v)
-    return layers.finish(w, layer, h, attn), torch.stack([k, v], dim=2)
-
-
-def decode_head(w: ModelWeights, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The final norm and output head: logits [B, vocab] (float32) and their argmax [B]."""
-    logits = layers.logits(w, h)
-    return logits, logits.argmax(-1)
-
-
-class DecodeStep(nn.Module):
-    """The decode step through `layer` (decode_layer, once per layer) and `head` (decode_head)."""
-
-    def __init__(self, weights: ModelWeights, layer: Callable = decode_layer, head: Callable = decode_head):
-        super().__init__()
-        self.w = weights
-        self.layer, self.head = layer, head
-
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor, pool: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """ids, positions [B]; tables [B, width] covering positions < positions[b].
-        Returns logits [B, vocab] (float32), their argmax [B] (greedy rows need nothing else)
-        and the new K/V [B, kv_heads, layers, 2, d] (the pool's order)."""
-        w = self.w
-        h = w.embed(ids)
-        cos, sin = w.cos[positions], w.sin[positions]
-        new_kv = []
-        for li, layer in enumerate(w.layers):
-            h, kv = self.layer(w, layer, h, cos, sin, pool[:, :, li], tables, positions)
-            new_kv.append(kv)
-        logits, argmax = self.head(w, h)
-        return logits, argmax, torch.stack(new_kv, dim=2)
-
-
 def own_code(fn: Callable) -> Callable:
     """`fn` with a code object of its own: dynamo keeps compiled graphs per code object, so no other
     model's graphs (tests load many) sit beside this one's, nor count against its recompile limit."""
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__)
-
-
-def step_to_compile(weights: ModelWeights) -> DecodeStep:
-    """The decode step as torch.compile takes it: its layer a nested compile region, which dynamo
-    traces once and inductor compiles once, each layer calling it with its own weights (the weights
-    are the region's inputs), so the compile costs one layer, not the model's depth; code objects of
-    its own (own_code), so no other model's graphs sit beside these."""
-    step = DecodeStep(weights, torch.compiler.nested_compile_region(own_code(decode_layer)), decode_head)
-    step.forward = types.MethodType(own_code(DecodeStep.forward), step)
-    return step
 
 
 def run_decode_graph(graph: Callable, st: StepInputs, pool: torch.Tensor) -> StepLogits:
@@ -132,13 +82,6 @@ def should_compile(setting: str, device: torch.device) -> tuple[bool, str]:
     return True, f"torch.compile (inductor, {cxx})"
 
 
-def prepare_kernels(weights: ModelWeights, setting: str, pool: torch.Tensor, max_context: int
-                    ) -> tuple[CompiledKernels, str]:
-    """The native path's kernels for an engine, compiled now when the setting asks for it."""
-    return compiled_or_eager(setting, pool, max_context, weights.group,
-                             lambda enabled: kernels_for(weights, enabled, pool.shape[4]))
-
-
 def compiled_or_eager(setting: str, pool: torch.Tensor, max_context: int, group: Any,
                       build: Callable[[bool], StepGraphs]) -> tuple[StepGraphs, str]:
     """A path's decode graphs (`build(compiled)`), compiled and warmed up now when the setting asks
@@ -164,15 +107,6 @@ def compiled_or_eager(setting: str, pool: torch.Tensor, max_context: int, group:
         graphs = build(False)
         why = "eager (torch.compile failed)"
     return graphs, why
-
-
-def kernels_for(weights: ModelWeights, enabled: bool, block_size: int) -> CompiledKernels:
-    """One set of kernels per model weights, setting and block size (the graphs are compiled for
-    one): engines over the same loaded model (tests build many) share them, compiled once."""
-    cache = weights.__dict__.setdefault("_kernels", {})
-    if (enabled, block_size) not in cache:
-        cache[enabled, block_size] = CompiledKernels(weights, enabled)
-    return cache[enabled, block_size]
 
 
 def step_compile_options() -> dict:
@@ -236,30 +170,3 @@ def step_example(pool: torch.Tensor, batch: int, width: int) -> tuple[torch.Tens
     for t, dim in dynamic:
         torch._dynamo.mark_dynamic(t, dim)
     return ids, pos, tables
-
-
-class CompiledKernels(StepGraphs):
-    """The native path's decode step and decode attention, compiled or eager."""
-
-    def __init__(self, weights: ModelWeights, enabled: bool):
-        self.enabled = enabled
-        super().__init__()
-        self.shape = weights.shape
-        self.decode_step: Callable | None = None
-        self.decode_attention: Callable = sdpa_decode_attention
-        if enabled:
-            # The guards on module attributes (0.3 ms a call) can go: these modules never change,
-            # and their weights are the graphs' inputs (read at every call: each layer its own).
-            self.decode_step = torch.compile(step_to_compile(weights), dynamic=False, fullgraph=True,
-                                             options=step_compile_options())
-            self.decode_attention = torch.compile(paged_decode_attention, dynamic=False, fullgraph=True)
-
-    def _trace(self, pool: torch.Tensor, batch: int, width: int) -> None:
-        ids, pos, tables = step_example(pool, batch, width)
-        q = torch.zeros(batch, self.shape.num_heads, self.shape.head_dim, dtype=pool.dtype, device=pool.device)
-        pool_layer, lens = pool[:, :, 0], pos + 1
-        dynamic = [(pool_layer, 0)] + ([(q, 0), (lens, 0)] if batch > 1 else [])
-        for t, dim in dynamic:
-            torch._dynamo.mark_dynamic(t, dim)
-        self.decode_step(ids, pos, tables, pool)
-        self.decode_attention(q, pool_layer, tables, lens, self.shape.scaling)

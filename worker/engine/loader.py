@@ -1,10 +1,10 @@
-"""Loading a Hugging Face causal LM and its tokenizer through transformers, on the path that runs it.
+"""Loading a Hugging Face causal LM and its tokenizer through transformers.
 
 The model's config.json is judged first (contracts/model_support.py, the same words the operator
-uses), before any weights load: an architecture neither path reproduces exactly is refused with a
-message instead of producing wrong output. The native path (Llama, Mistral, Qwen2) runs the engine's
-own forward pass over these modules; the transformers path runs the model's own classes with the
-paged attention of hf/paged_attention.py, registered as its `attn_implementation`.
+uses), before any weights load: an architecture the engine does not reproduce exactly is refused
+with a message instead of producing wrong output. The model's own classes then run with the paged
+attention of hf/paged_attention.py, registered as its `attn_implementation`; a tensor-parallel
+rank loads only its share (hf/rank_loading.py).
 """
 
 from __future__ import annotations
@@ -16,12 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tandem.contracts.model_support import (
-    ModelBackend,
-    check_model_config,
-    serving_backend,
-    uses_sliding_window,
-)
+from tandem.contracts.model_support import ModelBackend, check_model_config, serving_backend
 from tandem.worker.engine.errors import ModelLoadError
 
 log = logging.getLogger("tandem.worker.engine")
@@ -39,11 +34,8 @@ class LoadedModel:
     max_model_len: int
     eos_ids: frozenset[int]
     name: str
-    backend: ModelBackend = ModelBackend.NATIVE  # the forward pass that runs it (model_runner.py)
-    # Tensor parallelism (engine/parallel/): the rank's group, and the checkpoint folder its
-    # slices are read from (model is None then: no rank loads the whole model).
-    group: Any = None
-    weights_path: str | None = None
+    backend: ModelBackend = ModelBackend.TRANSFORMERS  # the forward pass that runs it (model_runner.py)
+    group: Any = None  # tensor parallelism (engine/parallel/): the rank's group (model: its share)
 
 
 def resolve_device(device: str) -> Any:
@@ -90,19 +82,10 @@ def resolve_dtype(dtype: str, config: Any, device: Any) -> tuple[Any, str]:
     return torch.float32, f"auto: the checkpoint's {name or 'float32'} (served as saved, exact)"
 
 
-def context_limit(config: Any, backend: ModelBackend, max_model_len: int | None) -> int:
-    """The context length to serve. The native pass has no sliding window: within the window it
-    equals full attention, so a windowed model runs natively only up to its window."""
+def context_limit(config: Any, max_model_len: int | None) -> int:
+    """The context length to serve: the model's, or less when asked for."""
     model_max = int(getattr(config, "max_position_embeddings", 0) or 0) or 2048
     limit = model_max
-    window = getattr(config, "sliding_window", None)
-    if backend is ModelBackend.NATIVE and uses_sliding_window(config.to_dict()):
-        if max_model_len is not None and max_model_len > window:
-            raise ModelLoadError(
-                f"this {config.model_type} model uses sliding-window attention ({window} tokens), which the "
-                f"native path does not implement; set max_model_len <= {window} (asked for {max_model_len}) "
-                "or use the transformers backend")
-        limit = min(limit, window)
     if max_model_len is not None:
         if max_model_len > model_max:
             raise ModelLoadError(
@@ -168,10 +151,9 @@ def load_model(
     trust_remote_code: bool = False, backend: str = "auto", tensor_parallel: int = 1, group: Any = None,
 ) -> LoadedModel:
     """Load weights and tokenizer from a local folder, or a hub id resolved through HF_HOME's cache,
-    for the path `backend` (auto | native | transformers) names or auto chooses. A rank of a
-    tensor-parallel `group` reads only its share of the weights: the native path's later, by name
-    (engine/parallel/sharded_weights.py; model None here), the transformers path's here, into the
-    model's own classes narrowed to it (hf/rank_loading.py)."""
+    into the model's own classes with the paged attention (`backend`: auto or transformers, the
+    same). A rank of a tensor-parallel `group` reads only its share of the weights, into the model's
+    classes narrowed to it (hf/rank_loading.py)."""
     t0 = time.monotonic()
     raw = check_before_loading(model, backend, tensor_parallel)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -183,40 +165,30 @@ def load_model(
         config = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds; all mean "can't load"
         raise ModelLoadError(f"cannot read the model config at {src!r}: {e}") from e
-    limit = context_limit(config, chosen, max_model_len)
+    limit = context_limit(config, max_model_len)
     dev = resolve_device(device)
     torch_dtype, why = resolve_dtype(dtype, config, dev)
     ranks = 1 if group is None else group.size
-    if ranks > 1 and chosen is ModelBackend.NATIVE:
-        lm = _without_weights(src, looks_local, config, torch_dtype, dev, limit, trust_remote_code)
-        lm.group = group
-        return lm
     log.info("loading %s weights (%s) onto %s as %s (%s); %s path (%s)", config.model_type, src, dev,
              str(torch_dtype).removeprefix("torch."), why, chosen.value, why_path)
-    extra: dict[str, Any] = {}
-    if chosen is ModelBackend.TRANSFORMERS:
-        from tandem.worker.engine.hf.paged_attention import register
+    from tandem.worker.engine.hf.paged_attention import register
 
-        extra["attn_implementation"] = register()
+    attn = register()
     try:
         if ranks > 1:
             from tandem.worker.engine.hf.rank_loading import load_rank_model
             from tandem.worker.engine.parallel.checkpoint import local_checkpoint
 
-            hf_model, _ = load_rank_model(local_checkpoint(src), config, torch_dtype, dev, group,
-                                          extra["attn_implementation"], trust_remote_code)
+            hf_model, _ = load_rank_model(local_checkpoint(src), config, torch_dtype, dev, group, attn,
+                                          trust_remote_code)
         else:
             hf_model = AutoModelForCausalLM.from_pretrained(
-                src, dtype=torch_dtype, trust_remote_code=trust_remote_code, **extra).to(dev).eval()
+                src, dtype=torch_dtype, trust_remote_code=trust_remote_code, attn_implementation=attn).to(dev).eval()
         tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
     except ModelLoadError:
         raise
     except Exception as e:  # noqa: BLE001
         raise ModelLoadError(f"cannot load the model or tokenizer at {src!r}: {e}") from e
-    inner = getattr(hf_model, "model", None)
-    native_layout = inner is not None and hasattr(inner, "layers") and hasattr(hf_model, "lm_head")
-    if chosen is ModelBackend.NATIVE and not native_layout:
-        raise ModelLoadError(f"{type(hf_model).__name__} does not have the Llama module layout")
     n_params = sum(p.numel() for p in hf_model.parameters())
     log.info(
         "model loaded in %.1fs: %.1fM parameters, %d layers, context %d",
@@ -225,20 +197,3 @@ def load_model(
     name = Path(src).name if looks_local else model
     eos = _eos_ids(getattr(hf_model, "generation_config", None), config, tokenizer)
     return LoadedModel(hf_model, tokenizer, config, torch_dtype, dev, limit, eos, name, chosen, group=group)
-
-
-def _without_weights(src: str, looks_local: bool, config: Any, dtype: Any, dev: Any, limit: int,
-                     trust_remote_code: bool) -> LoadedModel:
-    from transformers import AutoTokenizer, GenerationConfig
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
-        try:
-            generation = GenerationConfig.from_pretrained(src)
-        except OSError:  # no generation_config.json: the model config's eos only
-            generation = None
-    except Exception as e:  # noqa: BLE001
-        raise ModelLoadError(f"cannot load the tokenizer at {src!r}: {e}") from e
-    name = Path(src).name if looks_local else src
-    return LoadedModel(None, tokenizer, config, dtype, dev, limit, _eos_ids(generation, config, tokenizer), name,
-                       weights_path=src if looks_local else None)

@@ -1,9 +1,8 @@
 """The one interface between the engine and a model: a runner takes a step's `BatchItem`s and
-returns the sampled rows' logits (`StepLogits`). Two implementations, chosen per model by the
-loader: the native forward pass (paged_forward.py, hand-written, compiled on a CPU) and the
-transformers path (hf/runner.py, the model's own classes over the same paged pool). Under tensor
-parallelism every rank runs one over its shard, and rank 0's engine calls the LeaderRunner that
-sends each step to the others (parallel/executor.py)."""
+returns the sampled rows' logits (`StepLogits`). Its implementation is the transformers path
+(hf/runner.py: the model's own classes over the paged pool, the decode step compiled on a CPU).
+Under tensor parallelism every rank runs one over its share, and rank 0's engine calls the
+LeaderRunner that sends each step to the others (parallel/executor.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 from tandem.contracts.kv_layout import KVLayout
-from tandem.contracts.model_support import ModelBackend
 
 
 @dataclass
@@ -43,16 +41,7 @@ def build_runner(loaded: Any, pool: torch.Tensor, layout: KVLayout, compile_sett
                  ) -> tuple[ModelRunner, str]:
     """The engine's runner for a loaded model over `pool`, and how its steps run (for the start-up
     log): on rank 0 of a tensor-parallel group, the one that drives the group."""
-    if loaded.backend is ModelBackend.TRANSFORMERS:
-        runner, why = rank_runner(loaded, pool, layout, compile_setting, max_context)
-    else:
-        from tandem.worker.engine.decode_step import prepare_kernels
-        from tandem.worker.engine.paged_forward import PagedForward
-        from tandem.worker.engine.weights import model_weights
-
-        weights = model_weights(loaded)
-        kernels, why = prepare_kernels(weights, compile_setting, pool, max_context)
-        runner = PagedForward(weights, pool, layout, kernels)
+    runner, why = rank_runner(loaded, pool, layout, compile_setting, max_context)
     group = getattr(loaded, "group", None)
     if group is None or group.size == 1:
         return runner, why

@@ -1,5 +1,5 @@
-"""One step's index tensors, built once from its BatchItems and shared by every layer of either model
-path (the native forward pass and the transformers path's paged attention): token ids and positions,
+"""One step's index tensors, built once from its BatchItems and shared by every layer's paged
+attention (hf/paged_attention.py) and the compiled decode step: token ids and positions,
 the pool slot each token's K/V goes to, the rows to sample, and how each row attends (a single-token
 row by block table, a longer chunk over its context)."""
 

@@ -66,8 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--compile", choices=("auto", "on", "off"), default=None, help="torch.compile the decode step at "
       "start-up (default auto: on a CPU with a C++ compiler; never for --role prefill)")
     a("--model-backend", choices=tuple(b.value for b in ModelBackend), default=None, help="the forward pass: "
-      "native (hand-written, Llama/Mistral/Qwen2), transformers (the model's own classes with paged attention), "
-      "or auto (default: transformers, for every architecture; native only when asked for)")
+      "transformers (the model's own classes with paged attention), or auto (default: the same)")
     a("--prefix-caching", action=argparse.BooleanOptionalAction, default=None, help="keep KV blocks after "
       "their request and start prompts that share a prefix from them (default on)")
     a("--kv-backend", choices=BACKENDS, default=None,

@@ -1,9 +1,9 @@
 """Every architecture of testing/tiny_models.py (llama, mistral, qwen2, qwen3, gemma3, phi3,
-mixtral, qwen3_moe) runs through the engine on the path `auto` chooses (transformers) and gives greedy outputs
+mixtral, qwen3_moe) runs through the engine (transformers' own classes, its paged attention) and gives greedy outputs
 equal to transformers' generate in float32, token for token: prompts batched together and
 prefilled in chunks that split them across steps (decode tokens and prompt chunks in one step),
 longer than the sliding windows, and again from prefix-cache hits; and the step's float32 logits
-equal the model's own forward at every position. Llama also runs the native path, when asked for. Every other model type the
+equal the model's own forward at every position. Every other model type the
 transformers path lists runs the same checks on a generic tiny model (testing/tiny_models.py)."""
 
 from __future__ import annotations
@@ -94,12 +94,3 @@ def test_every_other_listed_type_equals_generate(model_type, tiny_model):
     for ids, toks in zip(prompts, run(engine(arch), prompts, "g"), strict=True):
         assert toks == arch.reference(ids, N), f"{model_type} differs on a {len(ids)}-token prompt"
     check_logits(arch)
-
-
-def test_llama_runs_the_same_on_both_paths(tiny_model):
-    path = tiny_model("llama")
-    llama, generic = LoadedForTests("llama", path, backend="native"), LoadedForTests("llama", path)
-    assert (llama.loaded.backend, generic.loaded.backend) == (ModelBackend.NATIVE, ModelBackend.TRANSFORMERS)
-    prompts = [prompt(n, seed) for seed, n in enumerate((3, 17, 33))]
-    assert run(engine(generic), prompts, "t") == run(engine(llama), prompts, "n") \
-        == [llama.reference(ids, N) for ids in prompts]

@@ -90,21 +90,6 @@ def test_an_architecture_neither_path_verified_is_refused(tmp_path, toy_model_di
         load_model(path)
 
 
-def test_mistral_sliding_window_beyond_it_is_refused_on_the_native_path(tmp_path, toy_model_dir):
-    from tandem.contracts.model_support import ModelBackend
-    from transformers import MistralConfig, MistralForCausalLM
-
-    cfg = MistralConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                        num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=64,
-                        max_position_embeddings=256)
-    path = _save_with_toy_tokenizer(MistralForCausalLM(cfg), toy_model_dir, tmp_path / "mistral")
-    with pytest.raises(ModelLoadError, match="sliding-window"):
-        load_model(path, max_model_len=128, backend="native")
-    assert load_model(path, backend="native").max_model_len == 64  # served within the window, where it is exact
-    generic = load_model(path, max_model_len=128)  # auto: the transformers path has the window
-    assert (generic.backend, generic.max_model_len) == (ModelBackend.TRANSFORMERS, 128)
-
-
 def test_unsupported_architecture_is_refused_before_the_weights_load(tmp_path):
     """The refusal comes from config.json alone (the words the operator uses): a folder with no
     weights at all gets it, rather than a load error."""

@@ -1,8 +1,8 @@
 """The compiled decode step (torch.compile at start-up) and the eager path give transformers'
-greedy tokens on both model paths, for batches from 1 to 6 sequences whose contexts span a
-growing number of blocks; after the start-up warm-up no batch shape compiles again (a recompile
-would fail); and the native path's every layer runs the one layer graph (the compile costs one
-layer, not the model's depth; the transformers path's: test_transformers_path_compiles_its_decode_step.py)."""
+greedy tokens, for batches from 1 to 6 sequences whose contexts span a growing number of blocks;
+after the start-up warm-up no batch shape compiles again (a recompile would fail), also with a
+second graph for contexts past 4096 tokens. (One compiled region per layer kind, and the other
+architectures: test_transformers_path_compiles_its_decode_step.py.)"""
 
 from __future__ import annotations
 
@@ -16,32 +16,13 @@ PROMPTS = ["Hello", "The quick brown fox jumps over the lazy dog", "a", "Kuberne
            "Café, naïve, 東京 🚀", "Numbers like 0 1 2 3"]
 
 
-@pytest.fixture(scope="module")
-def loaded_native(toy_model_dir):
-    from tandem.worker.engine.loader import load_model
-
-    return load_model(str(toy_model_dir), dtype="float32", device="cpu", backend="native")
-
-
-def native_engine(loaded_native, toy_model_dir, **kw):
-    from tandem.worker.engine.config import EngineConfig
-    from tandem.worker.engine.engine import Engine
-
-    return Engine(EngineConfig(model=str(toy_model_dir), num_blocks=256, max_num_seqs=16, max_batched_tokens=512,
-                               model_backend="native", **kw), loaded=loaded_native)
-
-
-@pytest.mark.parametrize("backend", ["native", "transformers"])
 @pytest.mark.parametrize("compile", [
     pytest.param("on", marks=pytest.mark.skipif(compiler_found() is None, reason="torch.compile needs g++ or clang++")),
     "off",
 ])
-def test_decode_matches_generate_compiled_and_eager(compile, backend, make_engine, loaded_toy, loaded_native,
-                                                    toy_model_dir, reference, monkeypatch):
+def test_decode_matches_generate_compiled_and_eager(compile, make_engine, loaded_toy, reference, monkeypatch):
     monkeypatch.setattr(decode_step, "RECOMPILE_STANCE", "fail_on_recompile")
-    eng = (native_engine(loaded_native, toy_model_dir, block_size=4, compile=compile) if backend == "native"
-           else make_engine(block_size=4, compile=compile))
-    assert eng.loaded.backend.value == backend
+    eng = make_engine(block_size=4, compile=compile)
     assert (eng.runner.kernels.decode_step is not None) == (compile == "on")
     tok = loaded_toy.tokenizer
     prompt_ids = [tok(p)["input_ids"] for p in PROMPTS]
@@ -73,7 +54,7 @@ def test_contexts_past_4096_tokens_have_their_own_graph(tmp_path_factory, monkey
     monkeypatch.setattr(decode_step, "RECOMPILE_STANCE", "fail_on_recompile")
     path = make_toy_model(tmp_path_factory.getbasetemp() / "toy-llama-8k", max_position_embeddings=8192)
     eng = Engine(EngineConfig(model=str(path), dtype="float32", num_blocks=300, block_size=16, max_num_seqs=2,
-                              max_batched_tokens=4200, compile="on"))  # the transformers path (auto)
+                              max_batched_tokens=4200, compile="on"))
     assert len(eng.runner.kernels.traced) == 2
     long_ids = [3 + (i * 7919) % 500 for i in range(4100)]
     outs = [submit(eng, "long", long_ids, greedy(6)), submit(eng, "short", [1, 5, 9], greedy(6))]
@@ -81,28 +62,3 @@ def test_contexts_past_4096_tokens_have_their_own_graph(tmp_path_factory, monkey
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     assert tokens_of(outs[0]) == reference_generate(hf, long_ids, 6)
     assert tokens_of(outs[1]) == reference_generate(hf, [1, 5, 9], 6)
-
-
-
-@pytest.mark.skipif(compiler_found() is None, reason="torch.compile needs g++ or clang++")
-def test_every_layer_calls_the_one_compiled_layer(loaded_native, toy_model_dir):
-    """The step's graph holds one decoder layer, called by every layer with its own weights (a nested
-    compile region): the compile costs one layer, not the model's depth (a 30-layer model compiled in
-    250 s as one unrolled graph, 46 s this way: BENCHMARKS.md)."""
-    from tandem.worker.engine.decode_step import step_to_compile
-
-    eng = native_engine(loaded_native, toy_model_dir, block_size=4, compile="on")
-    weights = eng.loaded.engine_weights
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    step = torch.compile(step_to_compile(weights), backend=capture, fullgraph=True, dynamic=False)
-    with torch.inference_mode():
-        step(torch.tensor([5, 6]), torch.tensor([3, 4]), torch.zeros(2, 2, dtype=torch.long), eng.pool)
-    (gm,) = graphs
-    calls = [n for n in gm.graph.nodes if n.op == "call_function" and "invoke_subgraph" in str(n.target)]
-    assert len(weights.layers) > 1 and len(calls) == len(weights.layers)
-    assert len({n.args[0].target for n in calls}) == 1, "every layer calls the same subgraph"

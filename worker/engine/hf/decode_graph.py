@@ -2,8 +2,7 @@
 
 A step of decode tokens only calls the model's forward with a `DecodeOnly` in place of the
 PagedStep. Each decoder layer then runs as a nested compile region (compiled once, called by
-every layer with its own weights and its own layer of the pool, as the native path's step does, so
-a 30-layer model compiles about what a 1-layer one does). Its attention reads the pool and writes
+every layer with its own weights and its own layer of the pool, so a 30-layer model compiles about what a 1-layer one does). Its attention reads the pool and writes
 nothing: the token attends to its own new K/V beside the cached ones (attention.py's
 paged_decode_attention) and hands them back; the runner writes them into their slots with one
 indexed copy after the graph. Compiled at start-up with the batch size and the block-table width

@@ -5,10 +5,11 @@ Registered in transformers' `AttentionInterface` under ATTENTION_NAME: a model l
 queries, keys and values (rotary and any q/k norm applied, as the model computes them) for the
 step's flat batch of tokens. It writes the keys and values into the pool, then attends: decode
 tokens by block table, prompt chunks over their context, each with the layer's own sliding window,
-logit soft-capping and attention sinks. A layer with none of those attends with the native path's
-kernels (attention.py: on a CPU a continuing chunk is two flash passes, context and chunk, merged),
-so both paths share one attention where they compute the same thing. transformers builds no mask for an implementation it does
-not know, so the step (PagedStep) carries what the masks need.
+logit soft-capping and attention sinks. A layer with none of those attends with attention.py's
+kernels (on a CPU a continuing chunk is two flash passes, context and chunk, merged).
+transformers builds no mask for an implementation it does not know, so the step (PagedStep)
+carries what the masks need. A decode-only step compiled as one graph comes as a LayerDecode
+(decode_graph.py): it reads the pool and writes nothing.
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ def paged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
     keys, values = pool_layer[:, :, 0].transpose(0, 1), pool_layer[:, :, 1].transpose(0, 1)
     sinks = s_aux if s_aux is not None else getattr(module, "sinks", None)
     out = torch.empty_like(query)  # [1, H, T, d]
-    plain = window is None and softcap is None and sinks is None  # the native path's kernels compute it
+    plain = window is None and softcap is None and sinks is None  # attention.py's kernels compute it
     step.sinks = step.sinks or sinks is not None
     if step.decode is not None:
         assert st.tables is not None and step.lens is not None

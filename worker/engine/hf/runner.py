@@ -1,7 +1,7 @@
 """The model runner built from transformers' own model classes: any verified decoder-only causal LM
-(contracts/model_support.py) runs on Tandem's paged KV pool, with the same `BatchItem`s in and the
-same `StepLogits` out as the native runner (paged_forward.py), so continuous batching, chunked
-prefill, the prefix cache, KV handoff and migration work unchanged.
+(contracts/model_support.py) runs on Tandem's paged KV pool, `BatchItem`s in and `StepLogits` out
+(model_runner.py), so continuous batching, chunked prefill, the prefix cache, KV handoff and
+migration know nothing of the model.
 
 One step is one call of the model's forward on the flat batch ([1, tokens], each token with its
 own position); every attention layer goes through paged_attention.py, and the model's head keeps

@@ -1,7 +1,7 @@
 """Running one step on every rank: rank 0 broadcasts the step's inputs, every rank runs its shard.
 
 Rank 0's engine calls one model runner as always (`LeaderRunner.forward`, the interface of
-paged_forward.PagedForward); it broadcasts the step's BatchItems to the other ranks, which wait in
+model_runner.ModelRunner); it broadcasts the step's BatchItems to the other ranks, which wait in
 `follow` and run the same forward pass on their shards: the collectives inside it (group.py) meet
 rank by rank, and the logits come back on rank 0 only (the others drop theirs). As vLLM's
 multiprocess executor and SGLang's TP workers do.
@@ -48,7 +48,7 @@ class StepLimits:
     block_size: int
 
     def problem(self, items: list[Any]) -> str | None:
-        """Why one of `items` (paged_forward.BatchItem) cannot run, or None."""
+        """Why one of `items` (model_runner.BatchItem) cannot run, or None."""
         for n, it in enumerate(items):
             ids, table = it.token_ids, it.block_table
             if not ids or min(ids) < 0 or max(ids) >= self.vocab:
@@ -71,7 +71,7 @@ class Kind(enum.StrEnum):
 @dataclass
 class Message:
     kind: Kind
-    items: list[Any] = field(default_factory=list)  # paged_forward.BatchItem
+    items: list[Any] = field(default_factory=list)  # model_runner.BatchItem
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind.value,
@@ -94,7 +94,7 @@ class LeaderRunner:
     """Rank 0's model runner: the step to every rank, then its own shard's forward pass."""
 
     def __init__(self, local: Any, group: ParallelGroup, limits: StepLimits, beat_s: float = 1.0):
-        self.local = local  # the PagedForward over rank 0's shard
+        self.local = local  # the TransformersForward over rank 0's share
         self.group = group
         self.limits = limits
         self.ranks: tuple = ()  # the other ranks' endpoints (KVRank), once they serve

@@ -40,15 +40,11 @@ def read_agreement(group: Any) -> Any:
 
 
 def load_rank(agreement: Any, group: Any) -> Any:
-    """This rank's forward pass over its shard and its pool, compiled in step with the other ranks."""
+    """This rank's forward pass over its share and its pool, compiled in step with the other ranks."""
     import torch
-    from tandem.contracts.model_support import ModelBackend
-    from tandem.worker.engine.decode_step import prepare_kernels
     from tandem.worker.engine.loader import load_model
     from tandem.worker.engine.model_runner import rank_runner
-    from tandem.worker.engine.paged_forward import PagedForward
     from tandem.worker.engine.pool_sizing import kv_layout_for
-    from tandem.worker.engine.weights import model_weights
 
     cfg = agreement.engine_config()
     if cfg.threads:
@@ -58,16 +54,10 @@ def load_rank(agreement: Any, group: Any) -> Any:
                     tensor_parallel=group.size, group=group)
     layout = kv_layout_for(lm.config, cfg.num_blocks, cfg.block_size, lm.dtype, group)
     pool = torch.zeros(layout.shape, dtype=lm.dtype, device=group.device)
-    if lm.backend is ModelBackend.TRANSFORMERS:  # the model's own classes, split (hf/tensor_parallel.py)
-        runner, why = rank_runner(lm, pool, layout, cfg.compile, agreement.max_context)
-        log.info("rank %d ready: %d KV heads of %d in %d blocks, %s", group.rank, layout.local_kv_heads,
-                 layout.num_kv_heads, layout.num_blocks, why)
-        return runner
-    weights = model_weights(lm)
-    kernels, why = prepare_kernels(weights, cfg.compile, pool, agreement.max_context)
-    log.info("rank %d ready: %d KV heads of %d in %d blocks, decode step: %s", group.rank,
-             layout.local_kv_heads, layout.num_kv_heads, layout.num_blocks, why)
-    return PagedForward(weights, pool, layout, kernels)
+    runner, why = rank_runner(lm, pool, layout, cfg.compile, agreement.max_context)  # hf/tensor_parallel.py
+    log.info("rank %d ready: %d KV heads of %d in %d blocks, %s", group.rank, layout.local_kv_heads,
+             layout.num_kv_heads, layout.num_blocks, why)
+    return runner
 
 
 def run_follower(cfg: Any) -> int:
