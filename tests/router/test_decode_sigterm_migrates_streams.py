@@ -66,28 +66,34 @@ def _frozen(workers: list):
             w.signal(signal.SIGCONT)
 
 
-def _worker_running(streams: CompletionStreams, decode: list) -> tuple[object, object, int]:
-    """(the decode worker running the least advanced unfinished stream, the other one, that stream's
-    chunks): read from the workers' logs, which name each request they started."""
+def _worker_running(streams: CompletionStreams, decode: list, busy: set) -> tuple[object, object, int]:
+    """(a decode worker whose engine still runs one of the unfinished streams, the other one, that
+    stream's chunks as the client has read them): the least advanced such stream. The client's view
+    lags the engine's by hundreds of tokens on a loaded machine, so a stream the client has not seen
+    end may be over in its engine (a fresh clone once SIGTERMed a worker with nothing left to hand
+    over); the engine's side is read from the workers' logs (each request started and finished) and
+    from `busy`, the workers that reported running sequences just before they were frozen."""
     unfinished = sorted((c, i) for i, c in enumerate(streams.chunks) if streams.finish[i] is None)
     assert unfinished, "every stream finished before the SIGTERM: nothing to migrate"
-    chunks, i = unfinished[0]
-    rid = streams.ids[i].split("-", 1)[1]
-    holders = [w for w in decode if f"generate started request_id={rid}" in w.log()]
-    assert len(holders) == 1, f"stream {i} ({rid}) started on {len(holders)} decode workers"
-    return holders[0], next(w for w in decode if w is not holders[0]), chunks
+    for chunks, i in unfinished:
+        rid = streams.ids[i].split("-", 1)[1]
+        holders = [w for w in decode if f"generate started request_id={rid}" in w.log()]
+        assert len(holders) == 1, f"stream {i} ({rid}) started on {len(holders)} decode workers"
+        if holders[0] in busy and f"generate finished request_id={rid}" not in holders[0].log():
+            return holders[0], next(w for w in decode if w is not holders[0]), chunks
+    raise AssertionError("every stream had ended in its engine before the SIGTERM: nothing to migrate")
 
 
 def _sigterm_mid_stream(decode: list, router, model: str) -> tuple[CompletionStreams, object, object]:
-    """Start the streams; once each has tokens, SIGTERM the decode worker running the least advanced
+    """Start the streams; once each has tokens, SIGTERM a decode worker whose engine still runs one
     of them while both decode workers are frozen, so that stream is still mid-flight when the
     worker hands its sequences out, however the machine's load spread the streams' progress. The
     streams, the worker that left and the one that stayed."""
     streams = CompletionStreams(router.url, model, PROMPTS, MAX_TOKENS, timeout_s=120)
     streams.wait(lambda: min(streams.chunks) >= TOKENS_BEFORE_SIGTERM, 120, "every stream's first tokens")
+    busy = {w for w in decode if w.metric("tandem_worker_running_sequences") > 0}
     with _frozen(decode):
-        leaving, staying, chunks = _worker_running(streams, decode)
-        assert chunks <= MAX_TOKENS // 2, f"its least advanced stream is {chunks} chunks in already"
+        leaving, staying, _ = _worker_running(streams, decode, busy)
         leaving.signal(signal.SIGTERM)
     streams.join()  # every stream ended by max_tokens, none with an error
     return streams, leaving, staying
