@@ -54,7 +54,7 @@ def follow_model(model: str, group) -> None:
 
     lm = load_model(model, dtype="float32", device="cpu", backend="transformers", tensor_parallel=group.size, group=group)
     layout = kv_layout_for(lm.config, BLOCKS, BLOCK_SIZE, lm.dtype, group)
-    runner, _ = rank_runner(lm, torch.zeros(layout.shape, dtype=lm.dtype), layout, "on", 384)
+    runner, _ = rank_runner(lm, torch.zeros(layout.shape, dtype=lm.dtype), layout, "on", BLOCKS * BLOCK_SIZE)
     follow(group, runner)
 
 

@@ -2,8 +2,8 @@
 
 A step of decode tokens only calls the model's forward with a `DecodeOnly` in place of the
 PagedStep. Each decoder layer then runs as a nested compile region (compiled once, called by
-every layer with its own weights and its own layer of the pool, so a 30-layer model compiles about what a 1-layer one does). Its attention reads the pool and writes
-nothing: the token attends to its own new K/V beside the cached ones (attention.py's
+every layer with its own weights and its own layer of the pool, so a 30-layer model compiles
+about what a 1-layer one does). Its attention reads the pool and writes nothing: the token attends to its own new K/V beside the cached ones (attention.py's
 paged_decode_attention) and hands them back; the runner writes them into their slots with one
 indexed copy after the graph. Compiled at start-up with the batch size and the block-table width
 dynamic (decode_step.StepGraphs), never inside a request.
@@ -125,8 +125,8 @@ class CompiledDecode(StepGraphs):
             region = torch.compiler.nested_compile_region(own_code(decode_layer))
             for li, layer in enumerate(decoder_layers(model) or ()):
                 layer.forward = functools.partial(layer_forward, region, layer, li)
-            self.decode_step = torch.compile(functools.partial(own_code(decode_forward), model, windows), dynamic=False,
-                                      fullgraph=True, options=step_compile_options())
+            step = functools.partial(own_code(decode_forward), model, windows)
+            self.decode_step = torch.compile(step, dynamic=False, fullgraph=True, options=step_compile_options())
 
     def _trace(self, pool: torch.Tensor, batch: int, width: int) -> None:
         self.decode_step(*step_example(pool, batch, width), pool)

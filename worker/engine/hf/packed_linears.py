@@ -61,7 +61,6 @@ class PackedLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-
 class FlatPackedLinear(PackedLinear):
     """PackedLinear for inputs with any leading dimensions ([1, tokens, in] in a transformers model)."""
 

@@ -26,7 +26,7 @@ from tandem.worker.engine.hf.decode_graph import (
 from tandem.worker.engine.hf.packed_linears import pack_linears
 from tandem.worker.engine.hf.paged_attention import PagedStep, layer_windows
 from tandem.worker.engine.model_runner import BatchItem, StepLogits
-from tandem.worker.engine.step_inputs import step_inputs
+from tandem.worker.engine.step_inputs import StepInputs, step_inputs
 
 log = logging.getLogger("tandem.worker.engine")
 
@@ -72,15 +72,13 @@ class TransformersForward:
     @torch.inference_mode()
     def forward(self, items: list[BatchItem]) -> StepLogits:
         """Logits (float32) for the last token of every item with sample=True, in order."""
-        if self.kernels.decode_step is not None:
-            st = step_inputs(items, self.block_size, self.device)
-            if st.decode_only:
-                return run_decode_graph(self.kernels.decode_step, st, self.pool)
-        logits, _ = self._run(items)
+        st = step_inputs(items, self.block_size, self.device)
+        if st.decode_only and self.kernels.decode_step is not None:
+            return run_decode_graph(self.kernels.decode_step, st, self.pool)
+        logits, _ = self._run(st)
         return StepLogits(logits)
 
-    def _run(self, items: list[BatchItem]) -> tuple[torch.Tensor, PagedStep]:
-        st = step_inputs(items, self.block_size, self.device)
+    def _run(self, st: StepInputs) -> tuple[torch.Tensor, PagedStep]:
         step = PagedStep.build(self.pool, st, self.windows)
         rows = torch.tensor(st.sample_rows or [0], dtype=torch.long, device=self.device)
         kwargs: dict[str, Any] = {STEP_KWARG: step}
@@ -99,7 +97,7 @@ class TransformersForward:
         attention some other way and its output would be wrong; refuse it here instead. True when
         a layer has attention sinks."""
         try:
-            _, step = self._run([BatchItem([0], 0, [0], True)])
+            _, step = self._run(step_inputs([BatchItem([0], 0, [0], True)], self.block_size, self.device))
         except RuntimeError as e:
             raise ModelLoadError(f"{type(self.model).__name__} cannot run on the transformers path: {e}") from e
         want = list(range(self.layout.num_layers))
